@@ -1,0 +1,224 @@
+"""A job's state as the fold of its events: ``evolve(job, event) -> job``, pure and total.
+
+``evolve`` applies the transition table and keeps everything the decider and the read side need:
+per-learner state, the current attempt, the GPUs the job holds, its checkpoints, the time it
+entered each state and why. It never looks at a clock; times come from the events.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from enum import StrEnum
+
+from ffdl.core.states import JobState, next_state
+from ffdl.events import types as ev
+from ffdl.events.envelope import Event
+from ffdl.events.model import Checkpoint, ErrorCode, JobSpec, Placement
+
+#: How many recent command ids a job remembers to drop redelivered commands.
+COMMAND_WINDOW = 64
+
+
+class LearnerStatus(StrEnum):
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    EXITED = "EXITED"
+    LOST = "LOST"
+
+
+@dataclass(frozen=True, slots=True)
+class Learner:
+    """One learner of the current attempt (FfDL only ever reported learner 1; we track each)."""
+
+    rank: int
+    status: LearnerStatus = LearnerStatus.PENDING
+    node: str = ""
+    gpus: tuple[int, ...] = ()
+    pid: int | None = None
+    host: str = ""
+    step: int = 0
+    metrics: tuple[tuple[str, float], ...] = ()
+    last_progress_at: datetime | None = None
+    exit_code: int | None = None
+    lost_reason: str = ""
+
+    @property
+    def active(self) -> bool:
+        return self.status in (LearnerStatus.PENDING, LearnerStatus.RUNNING)
+
+    @property
+    def has_started(self) -> bool:
+        return self.status is not LearnerStatus.PENDING
+
+
+@dataclass(frozen=True, slots=True)
+class StateEntry:
+    """The job entered ``state`` at ``at`` because of ``reason``."""
+
+    state: JobState
+    at: datetime
+    reason: str
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    job_id: str
+    tenant: str
+    spec: JobSpec
+    state: JobState
+    seq: int
+    submitted_at: datetime
+    updated_at: datetime
+    attempt: int = 0
+    restarts: int = 0
+    placement: Placement | None = None
+    learners: tuple[Learner, ...] = ()
+    checkpoints: tuple[Checkpoint, ...] = ()
+    resume_from: Checkpoint | None = None
+    history: tuple[StateEntry, ...] = ()
+    failure_code: ErrorCode | None = None
+    reason: str = ""
+    fencing_token: int | None = None
+    recent_commands: tuple[uuid.UUID, ...] = field(default=(), repr=False)
+
+    @property
+    def latest_checkpoint(self) -> Checkpoint | None:
+        return max(self.checkpoints, key=lambda c: (c.step, c.attempt), default=None)
+
+    def learner(self, rank: int) -> Learner | None:
+        return self.learners[rank] if 0 <= rank < len(self.learners) else None
+
+    def seen_command(self, command_id: uuid.UUID) -> bool:
+        return command_id in self.recent_commands
+
+
+class EvolveError(ValueError):
+    """An event that cannot be applied to the job: wrong seq, wrong job, or an illegal transition."""
+
+
+def _reason_of(data: ev.EventData) -> str:
+    for name in ("reason", "detail"):
+        value = getattr(data, name, None)
+        if isinstance(value, str) and value:
+            return value
+    return data.type_name()
+
+
+def _fresh_learners(placement: Placement | None, count: int) -> tuple[Learner, ...]:
+    if placement is None:
+        return tuple(Learner(rank=rank) for rank in range(count))
+    return tuple(Learner(rank=p.rank, node=p.node, gpus=p.gpus) for p in placement.learners)
+
+
+def _update_learner(job: Job, rank: int, **changes: object) -> tuple[Learner, ...]:
+    learners = list(job.learners)
+    learners[rank] = replace(learners[rank], **changes)  # type: ignore[arg-type]
+    return tuple(learners)
+
+
+def start(event: Event) -> Job:
+    """The job that a ``JobSubmitted`` event creates."""
+    if not isinstance(event.data, ev.JobSubmitted):
+        raise EvolveError(f"job {event.job_id} must start with JobSubmitted, not {event.type}")
+    if event.seq != 1:
+        raise EvolveError(f"job {event.job_id}: JobSubmitted must have seq 1, has {event.seq}")
+    state = next_state(None, ev.JobSubmitted)
+    return Job(
+        job_id=event.job_id,
+        tenant=event.tenant,
+        spec=event.data.spec,
+        state=state,
+        seq=1,
+        submitted_at=event.occurred_at,
+        updated_at=event.occurred_at,
+        learners=_fresh_learners(None, event.data.spec.learners),
+        history=(StateEntry(state, event.occurred_at, "submitted", 1),),
+        recent_commands=(event.causation_id,) if event.causation_id else (),
+    )
+
+
+def evolve(job: Job | None, event: Event) -> Job:
+    """Apply one event; raises :class:`EvolveError` for a gap, a duplicate seq or an illegal event."""
+    if job is None:
+        return start(event)
+    if event.job_id != job.job_id:
+        raise EvolveError(f"event of job {event.job_id} applied to job {job.job_id}")
+    if event.seq != job.seq + 1:
+        raise EvolveError(f"job {job.job_id}: expected seq {job.seq + 1}, got {event.seq}")
+    try:
+        state = next_state(job.state, type(event.data))
+    except ValueError as exc:
+        raise EvolveError(f"job {job.job_id} seq {event.seq}: {exc}") from exc
+    job = _apply(job, event)
+    recent = job.recent_commands
+    if event.causation_id is not None and event.causation_id not in recent:
+        recent = (*recent[-(COMMAND_WINDOW - 1) :], event.causation_id)
+    history = job.history
+    if state is not job.state:
+        history = (*history, StateEntry(state, event.occurred_at, _reason_of(event.data), event.seq))
+    token = job.fencing_token
+    if event.fencing_token is not None:
+        token = max(token or 0, event.fencing_token)
+    return replace(
+        job,
+        state=state,
+        seq=event.seq,
+        updated_at=event.occurred_at,
+        history=history,
+        recent_commands=recent,
+        fencing_token=token,
+    )
+
+
+def _apply(job: Job, event: Event) -> Job:
+    at = event.occurred_at
+    match event.data:
+        case ev.JobRejected(code=code, reason=reason) | ev.JobFailed(code=code, reason=reason):
+            return replace(job, failure_code=code, reason=reason)
+        case ev.GpusAllocated(placement=placement):
+            return replace(job, placement=placement, learners=_fresh_learners(placement, job.spec.learners))
+        case ev.JobLaunching(attempt=attempt, resume_from=resume_from):
+            return replace(
+                job, attempt=attempt, resume_from=resume_from, learners=_fresh_learners(job.placement, job.spec.learners)
+            )
+        case ev.LearnerStarted(rank=rank, pid=pid, host=host):
+            learner = job.learners[rank]
+            status = learner.status if learner.has_started else LearnerStatus.RUNNING
+            changes = {"status": status, "pid": pid, "host": host, "last_progress_at": at}
+            return replace(job, learners=_update_learner(job, rank, **changes))
+        case ev.LearnerProgressed(rank=rank, step=step, metrics=metrics):
+            changes = {"step": step, "metrics": tuple(sorted(metrics.items())), "last_progress_at": at}
+            return replace(job, learners=_update_learner(job, rank, **changes))
+        case ev.CheckpointRecorded(checkpoint=checkpoint):
+            kept = tuple(c for c in job.checkpoints if c.uri != checkpoint.uri)[-15:]
+            return replace(job, checkpoints=(*kept, checkpoint))
+        case ev.LearnerExited(rank=rank, exit_code=code):
+            return replace(job, learners=_update_learner(job, rank, status=LearnerStatus.EXITED, exit_code=code))
+        case ev.LearnerLost(rank=rank, reason=reason):
+            return replace(job, learners=_update_learner(job, rank, status=LearnerStatus.LOST, lost_reason=str(reason)))
+        case ev.JobRestarting(attempt=attempt, reason=reason, resume_from=resume_from):
+            return replace(
+                job,
+                attempt=attempt,
+                restarts=job.restarts + 1,
+                resume_from=resume_from,
+                reason=reason,
+                learners=_fresh_learners(job.placement, job.spec.learners),
+            )
+        case ev.GpusReleased():
+            return replace(job, placement=None)
+        case ev.JobQueued(reason=reason) | ev.JobCancelled(reason=reason) | ev.HaltRequested(reason=reason):
+            return replace(job, reason=reason or job.reason)
+        case _:
+            return job
+
+
+def fold(events: list[Event]) -> Job | None:
+    """A job's state after all of ``events`` (in seq order)."""
+    job: Job | None = None
+    for event in events:
+        job = evolve(job, event)
+    return job

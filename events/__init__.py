@@ -1,0 +1,49 @@
+"""The contract of ffdl: every event and command, its envelope, its versions and its wire format.
+
+This package imports nothing else of ours: services that publish commands, SREs reading exported
+logs and our own handlers all speak through these types alone.
+"""
+
+from ffdl.events.codec import (
+    DecodeError,
+    command_from_json,
+    command_to_json,
+    event_from_json,
+    event_to_json,
+)
+from ffdl.events.commands import COMMAND_TYPES, Command, CommandData
+from ffdl.events.envelope import Event, EventData, derived_id
+from ffdl.events.model import (
+    Checkpoint,
+    ErrorCode,
+    FailureKind,
+    JobSpec,
+    LearnerPlacement,
+    LossReason,
+    Placement,
+    ResultSummary,
+)
+from ffdl.events.types import EVENT_TYPES
+
+__all__ = [
+    "COMMAND_TYPES",
+    "EVENT_TYPES",
+    "Checkpoint",
+    "Command",
+    "CommandData",
+    "DecodeError",
+    "ErrorCode",
+    "Event",
+    "EventData",
+    "FailureKind",
+    "JobSpec",
+    "LearnerPlacement",
+    "LossReason",
+    "Placement",
+    "ResultSummary",
+    "command_from_json",
+    "command_to_json",
+    "derived_id",
+    "event_from_json",
+    "event_to_json",
+]

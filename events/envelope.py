@@ -1,0 +1,94 @@
+"""The envelope every event and command travels in (DESIGN §3).
+
+Payloads are typed pydantic models; the envelope names their type and schema version, so the
+decoder picks the payload class by ``type`` (a discriminated union) and upcasts old versions.
+Event ids of derived events are deterministic, so a replayed or redelivered reaction yields the
+same ids and a reader can tell a duplicate from a conflict.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Annotated, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ffdl.events.model import Frozen
+
+_DERIVED_NAMESPACE = uuid.UUID("5f0c2a5e-6d1b-4c31-9a8e-0f5d0e7a1b2c")
+
+
+def derived_id(cause: uuid.UUID, producer: str, index: int) -> uuid.UUID:
+    """The id of the ``index``-th event that ``producer`` derived from ``cause``: a name-based UUID."""
+    return uuid.uuid5(_DERIVED_NAMESPACE, f"{cause}:{producer}:{index}")
+
+
+class Payload(Frozen):
+    """Base of every event and command payload; ``VERSION`` is bumped on any schema change."""
+
+    VERSION: ClassVar[int] = 1
+
+    @classmethod
+    def type_name(cls) -> str:
+        return cls.__name__
+
+
+class EventData(Payload):
+    """Base of event payloads: facts the job's owner appended to the log."""
+
+
+class CommandData(Payload):
+    """Base of command payloads: requests and observations sent to the job's owner."""
+
+
+class Event(BaseModel):
+    """One fact on the log, in its envelope. ``seq`` numbers a job's events 1, 2, 3 ... with no gaps."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    event_id: uuid.UUID
+    job_id: Annotated[str, Field(min_length=1, max_length=128)]
+    tenant: Annotated[str, Field(min_length=1, max_length=63)]
+    seq: Annotated[int, Field(ge=1)]
+    occurred_at: datetime
+    causation_id: uuid.UUID | None = None
+    correlation_id: uuid.UUID | None = None
+    producer: str
+    fencing_token: int | None = None
+    data: EventData
+
+    @property
+    def type(self) -> str:
+        return self.data.type_name()
+
+    @property
+    def schema_version(self) -> int:
+        return self.data.VERSION
+
+
+class Command(BaseModel):
+    """A request or an observation addressed to one job's owner, on the untrusted commands topic.
+
+    ``fencing_token`` is set by singleton roles (the scheduler) elected through a lease; the owner
+    refuses commands that carry a token older than one it has already seen for the job.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    command_id: uuid.UUID
+    job_id: Annotated[str, Field(min_length=1, max_length=128)]
+    tenant: Annotated[str, Field(min_length=1, max_length=63)]
+    issued_at: datetime
+    producer: Annotated[str, Field(min_length=1, max_length=200)]
+    correlation_id: uuid.UUID | None = None
+    fencing_token: int | None = None
+    data: CommandData
+
+    @property
+    def type(self) -> str:
+        return self.data.type_name()
+
+    @property
+    def schema_version(self) -> int:
+        return self.data.VERSION

@@ -1,0 +1,186 @@
+"""Every event of a job's life. Each is a fact the job's owner appended; names are past tense."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field
+
+from ffdl.events.envelope import EventData
+from ffdl.events.model import (
+    Checkpoint,
+    ErrorCode,
+    JobSpec,
+    LossReason,
+    Placement,
+    ResultSummary,
+)
+
+Rank = Annotated[int, Field(ge=0)]
+Attempt = Annotated[int, Field(ge=1)]
+Reason = Annotated[str, Field(max_length=2000)]
+
+
+class JobSubmitted(EventData):
+    spec: JobSpec
+    submitted_by: str = ""
+
+
+class JobAccepted(EventData):
+    """Admission found the job can run on this cluster under its tenant's limits."""
+
+
+class JobRejected(EventData):
+    """Admission refused the job (it can never fit, or its tenant may never run it)."""
+
+    code: ErrorCode
+    reason: Reason
+
+
+class JobQueued(EventData):
+    """The job waits for GPUs: first after admission, again after a halt was resumed."""
+
+    reason: Reason = ""
+
+
+class GpusAllocated(EventData):
+    """The scheduler reserved the whole gang's GPUs at once."""
+
+    placement: Placement
+    reason: Reason = ""
+
+
+class JobLaunching(EventData):
+    """The launcher starts every learner of ``attempt``, resuming from ``resume_from`` if set."""
+
+    attempt: Attempt
+    resume_from: Checkpoint | None = None
+
+
+class LearnerStarted(EventData):
+    rank: Rank
+    attempt: Attempt
+    pid: int | None = None
+    host: str = ""
+
+
+class JobRunning(EventData):
+    """Every learner of ``attempt`` has started."""
+
+    attempt: Attempt
+
+
+class LearnerProgressed(EventData):
+    rank: Rank
+    attempt: Attempt
+    step: Annotated[int, Field(ge=0)]
+    metrics: dict[str, float] = Field(default_factory=dict)
+
+
+class CheckpointRecorded(EventData):
+    checkpoint: Checkpoint
+
+
+class LearnerExited(EventData):
+    rank: Rank
+    attempt: Attempt
+    exit_code: int
+
+
+class LearnerLost(EventData):
+    rank: Rank
+    attempt: Attempt
+    reason: LossReason
+    detail: Reason = ""
+
+
+class JobRestarting(EventData):
+    """The gang restarts as ``attempt`` after ``backoff_s`` seconds, from ``resume_from``."""
+
+    attempt: Attempt
+    reason: Reason
+    backoff_s: Annotated[float, Field(ge=0)]
+    resume_from: Checkpoint | None = None
+
+
+class HaltRequested(EventData):
+    reason: Reason = ""
+    requested_by: str = ""
+
+
+class JobHalted(EventData):
+    """Every learner stopped; the job resumes from ``checkpoint`` (None: from the start)."""
+
+    checkpoint: Checkpoint | None = None
+
+
+class ResumeRequested(EventData):
+    requested_by: str = ""
+
+
+class CancelRequested(EventData):
+    reason: Reason = ""
+    requested_by: str = ""
+
+
+class JobCancelled(EventData):
+    reason: Reason = ""
+
+
+class JobStoring(EventData):
+    """Every learner exited 0; the platform records the job's results."""
+
+    attempt: Attempt
+
+
+class JobCompleted(EventData):
+    result: ResultSummary
+
+
+class JobFailed(EventData):
+    code: ErrorCode
+    reason: Reason
+
+
+class GpusReleased(EventData):
+    """The gang's GPUs are free again; only ever after a terminal or halted event."""
+
+    placement: Placement
+
+
+class CommandRejected(EventData):
+    """A command that was illegal in the job's state: recorded, and processing moved on."""
+
+    command_id: str
+    command_type: str
+    reason: Reason
+
+
+EVENT_TYPES: dict[str, type[EventData]] = {
+    cls.type_name(): cls
+    for cls in (
+        JobSubmitted,
+        JobAccepted,
+        JobRejected,
+        JobQueued,
+        GpusAllocated,
+        JobLaunching,
+        LearnerStarted,
+        JobRunning,
+        LearnerProgressed,
+        CheckpointRecorded,
+        LearnerExited,
+        LearnerLost,
+        JobRestarting,
+        HaltRequested,
+        JobHalted,
+        ResumeRequested,
+        CancelRequested,
+        JobCancelled,
+        JobStoring,
+        JobCompleted,
+        JobFailed,
+        GpusReleased,
+        CommandRejected,
+    )
+}

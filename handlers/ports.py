@@ -1,0 +1,210 @@
+"""The ports: what handlers need from the world, as Protocols. Adapters implement them.
+
+Every port has an embedded adapter (in-process or a local file) and a real one, and one contract
+suite in ``tests/contract`` that all of them pass.
+
+* :class:`Bus` is the log with Kafka's semantics: topics split into partitions by key, offsets,
+  consumer groups that share partitions and commit positions, at-least-once delivery.
+* :class:`HeartbeatStore` is etcd's model: leases with a TTL, keys bound to leases, prefix watches.
+* :class:`Launcher` starts and stops the learners of a job attempt, idempotently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Protocol
+
+from ffdl.events.model import Checkpoint, JobSpec, Placement
+
+# --------------------------------------------------------------------------- bus
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class TopicPartition:
+    topic: str
+    partition: int
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One record as read from the log."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: str
+    value: bytes
+    headers: tuple[tuple[str, bytes], ...] = ()
+    timestamp_ms: int = 0
+
+    @property
+    def where(self) -> TopicPartition:
+        return TopicPartition(self.topic, self.partition)
+
+
+@dataclass(frozen=True, slots=True)
+class OutgoingRecord:
+    key: str
+    value: bytes
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """Where an appended record landed; its ``token`` is what a write returns for read-your-writes."""
+
+    topic: str
+    partition: int
+    offset: int
+
+    @property
+    def token(self) -> str:
+        return f"{self.partition}:{self.offset}"
+
+    @classmethod
+    def parse(cls, topic: str, token: str) -> Position:
+        partition, _, offset = token.partition(":")
+        if not partition.isdigit() or not offset.isdigit():
+            raise ValueError(f"position must look like PARTITION:OFFSET, got {token!r}")
+        return cls(topic, int(partition), int(offset))
+
+
+class BusUnavailable(ConnectionError):
+    """The log cannot be reached now; callers retry with backoff."""
+
+
+class CommitFailed(RuntimeError):
+    """A commit for partitions this member no longer owns (a rebalance took them)."""
+
+
+class RebalanceListener(Protocol):
+    async def on_assigned(self, partitions: frozenset[TopicPartition]) -> None: ...
+
+    async def on_revoked(self, partitions: frozenset[TopicPartition]) -> None: ...
+
+
+class Subscription(Protocol):
+    """A member of a consumer group: it fetches from the partitions assigned to it."""
+
+    async def fetch(self, max_records: int = 500, timeout_s: float = 0.5) -> list[Record]: ...
+
+    async def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
+        """Record, per partition, the offset of the next record the group should read."""
+
+    def assignment(self) -> frozenset[TopicPartition]: ...
+
+    async def close(self) -> None: ...
+
+
+class Bus(Protocol):
+    partitions: int
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    def partition_for(self, key: str) -> int: ...
+
+    async def publish(self, topic: str, records: Sequence[OutgoingRecord]) -> list[Position]:
+        """Append records (each to its key's partition); returns once the log has them durably."""
+
+    async def subscribe(
+        self, group: str, topics: Sequence[str], listener: RebalanceListener | None = None
+    ) -> Subscription: ...
+
+    def read(self, topic: str, partition: int, start: int = 0, end: int | None = None) -> AsyncIterator[Record]:
+        """Records of one partition from ``start`` up to ``end`` (exclusive; ``None``: the current end)."""
+
+    async def end_offsets(self, topic: str) -> dict[int, int]: ...
+
+
+# --------------------------------------------------------------------------- heartbeats
+
+
+class StoreUnavailable(ConnectionError):
+    """The heartbeat store cannot be reached: not the same as a learner being gone."""
+
+
+class WatchKind(StrEnum):
+    PUT = "put"
+    DELETE = "delete"
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    kind: WatchKind
+    key: str
+    value: bytes
+    revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Every key under a prefix at one revision; a watch from ``revision + 1`` continues it."""
+
+    values: Mapping[str, bytes]
+    revision: int
+
+
+class HeartbeatStore(Protocol):
+    async def grant(self, ttl_s: float) -> int:
+        """A new lease that lives ``ttl_s`` seconds unless kept alive; returns its id."""
+
+    async def keepalive(self, lease: int) -> bool:
+        """Renew the lease; False when it has expired or was revoked already."""
+
+    async def revoke(self, lease: int) -> None: ...
+
+    async def put(self, key: str, value: bytes, lease: int | None = None) -> None: ...
+
+    async def delete(self, key: str) -> None: ...
+
+    async def snapshot(self, prefix: str) -> Snapshot: ...
+
+    def watch(self, prefix: str, start_revision: int) -> AsyncIterator[WatchEvent]:
+        """Changes under ``prefix`` from ``start_revision`` on, deletions by lease expiry included.
+
+        Raises :class:`StoreUnavailable` when the store goes away; the caller resyncs with a snapshot.
+        """
+
+    async def close(self) -> None: ...
+
+
+# --------------------------------------------------------------------------- launcher
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchRequest:
+    """Everything a launcher needs to start every learner of one attempt of a job."""
+
+    job_id: str
+    tenant: str
+    attempt: int
+    spec: JobSpec
+    placement: Placement
+    resume_from: Checkpoint | None
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class LearnerHandle:
+    """A learner the launcher knows to be alive (or not yet reaped)."""
+
+    job_id: str
+    attempt: int
+    rank: int
+
+
+class Launcher(Protocol):
+    async def launch(self, request: LaunchRequest) -> None:
+        """Start every learner of the attempt; launching the same attempt twice starts nothing new."""
+
+    async def stop(self, job_id: str, grace_s: float) -> None:
+        """Stop every learner of the job (any attempt): SIGTERM, then SIGKILL after ``grace_s``."""
+
+    async def running(self) -> list[LearnerHandle]:
+        """The learners this launcher has alive, for reconciling against the jobs that should have them."""
+
+    async def close(self) -> None: ...

@@ -1,0 +1,1 @@
+"""ffdl: an event-sourced multi-tenant deep-learning training platform core."""
