@@ -18,7 +18,7 @@ from ffdl.core.states import JobState
 from ffdl.events import commands as cmd
 from ffdl.events import types as ev
 from ffdl.events.envelope import Command, Event, EventData, derived_id
-from ffdl.events.model import ErrorCode, LossReason
+from ffdl.events.model import ErrorCode, LossReason, Placement
 
 S = JobState
 DECIDER = "decider"
@@ -67,8 +67,13 @@ def decide(
     *,
     policy: RestartPolicy | None = None,
     producer: str = DECIDER,
+    leader_token: int | None = None,
 ) -> list[Event]:
-    """The events that ``command`` causes on ``job`` (``None``: the job does not exist yet)."""
+    """The events that ``command`` causes on ``job`` (``None``: the job does not exist yet).
+
+    ``leader_token`` is the fencing token of the scheduler's current leader: a fenced command
+    carrying another token comes from a deposed leader and is rejected.
+    """
     decision = _Decision(command, now, producer, job)
     data = command.data
     if job is None:
@@ -80,8 +85,8 @@ def decide(
         return []
     if command.tenant != job.tenant:
         decision.reject(f"job belongs to another tenant than {command.tenant!r}")
-    elif command.fencing_token is not None and job.fencing_token is not None and command.fencing_token < job.fencing_token:
-        decision.reject(f"fencing token {command.fencing_token} is older than {job.fencing_token}: sender was deposed")
+    elif _deposed(command.fencing_token, job.fencing_token, leader_token):
+        decision.reject(f"fencing token {command.fencing_token} is not the leader's: sender was deposed")
     else:
         _decide(decision, job, data, policy or RestartPolicy())
     return decision.events
@@ -153,7 +158,13 @@ def _decide(d: _Decision, job: Job, data: cmd.CommandData, policy: RestartPolicy
             d.reject(f"{d.command.type} is not allowed in state {state}")
 
 
-def _placement_problem(job: Job, placement: ev.Placement) -> str:
+def _deposed(token: int | None, job_token: int | None, leader_token: int | None) -> bool:
+    if token is None:
+        return False
+    return (job_token is not None and token < job_token) or (leader_token is not None and token != leader_token)
+
+
+def _placement_problem(job: Job, placement: Placement) -> str:
     ranks = [learner.rank for learner in placement.learners]
     if ranks != list(range(job.spec.learners)):
         return f"placement must list ranks 0..{job.spec.learners - 1} in order, got {ranks}"

@@ -14,8 +14,8 @@ from enum import StrEnum
 
 from ffdl.core.states import JobState, next_state
 from ffdl.events import types as ev
-from ffdl.events.envelope import Event
-from ffdl.events.model import Checkpoint, ErrorCode, JobSpec, Placement
+from ffdl.events.envelope import Event, EventData
+from ffdl.events.model import Checkpoint, ErrorCode, JobSpec, Placement, ResultSummary
 
 #: How many recent command ids a job remembers to drop redelivered commands.
 COMMAND_WINDOW = 64
@@ -74,12 +74,14 @@ class Job:
     updated_at: datetime
     attempt: int = 0
     restarts: int = 0
+    backoff_s: float = 0.0
     placement: Placement | None = None
     learners: tuple[Learner, ...] = ()
     checkpoints: tuple[Checkpoint, ...] = ()
     resume_from: Checkpoint | None = None
     history: tuple[StateEntry, ...] = ()
     failure_code: ErrorCode | None = None
+    result: ResultSummary | None = None
     reason: str = ""
     fencing_token: int | None = None
     recent_commands: tuple[uuid.UUID, ...] = field(default=(), repr=False)
@@ -99,11 +101,11 @@ class EvolveError(ValueError):
     """An event that cannot be applied to the job: wrong seq, wrong job, or an illegal transition."""
 
 
-def _reason_of(data: ev.EventData) -> str:
+def _reason_of(data: EventData) -> str:
     for name in ("reason", "detail"):
         value = getattr(data, name, None)
         if isinstance(value, str) and value:
-            return value
+            return str(value)
     return data.type_name()
 
 
@@ -187,11 +189,11 @@ def _apply(job: Job, event: Event) -> Job:
         case ev.LearnerStarted(rank=rank, pid=pid, host=host):
             learner = job.learners[rank]
             status = learner.status if learner.has_started else LearnerStatus.RUNNING
-            changes = {"status": status, "pid": pid, "host": host, "last_progress_at": at}
+            changes: dict[str, object] = {"status": status, "pid": pid, "host": host, "last_progress_at": at}
             return replace(job, learners=_update_learner(job, rank, **changes))
         case ev.LearnerProgressed(rank=rank, step=step, metrics=metrics):
-            changes = {"step": step, "metrics": tuple(sorted(metrics.items())), "last_progress_at": at}
-            return replace(job, learners=_update_learner(job, rank, **changes))
+            progress: dict[str, object] = {"step": step, "metrics": tuple(sorted(metrics.items())), "last_progress_at": at}
+            return replace(job, learners=_update_learner(job, rank, **progress))
         case ev.CheckpointRecorded(checkpoint=checkpoint):
             kept = tuple(c for c in job.checkpoints if c.uri != checkpoint.uri)[-15:]
             return replace(job, checkpoints=(*kept, checkpoint))
@@ -199,15 +201,18 @@ def _apply(job: Job, event: Event) -> Job:
             return replace(job, learners=_update_learner(job, rank, status=LearnerStatus.EXITED, exit_code=code))
         case ev.LearnerLost(rank=rank, reason=reason):
             return replace(job, learners=_update_learner(job, rank, status=LearnerStatus.LOST, lost_reason=str(reason)))
-        case ev.JobRestarting(attempt=attempt, reason=reason, resume_from=resume_from):
+        case ev.JobRestarting(attempt=attempt, reason=reason, resume_from=resume_from, backoff_s=backoff_s):
             return replace(
                 job,
                 attempt=attempt,
                 restarts=job.restarts + 1,
+                backoff_s=backoff_s,
                 resume_from=resume_from,
                 reason=reason,
                 learners=_fresh_learners(job.placement, job.spec.learners),
             )
+        case ev.JobCompleted(result=result):
+            return replace(job, result=result)
         case ev.GpusReleased():
             return replace(job, placement=None)
         case ev.JobQueued(reason=reason) | ev.JobCancelled(reason=reason) | ev.HaltRequested(reason=reason):

@@ -48,7 +48,7 @@ _LIVE = frozenset(S) - TERMINAL
 _ACTIVE = frozenset({S.LAUNCHING, S.RUNNING, S.HALTING})
 
 
-def _same(states: frozenset[JobState]) -> dict[JobState, JobState]:
+def _same(states: frozenset[JobState]) -> dict[JobState | None, JobState]:
     return {state: state for state in states}
 
 

@@ -11,7 +11,7 @@ suite in ``tests/contract`` that all of them pass.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
@@ -163,7 +163,7 @@ class HeartbeatStore(Protocol):
 
     async def snapshot(self, prefix: str) -> Snapshot: ...
 
-    def watch(self, prefix: str, start_revision: int) -> AsyncIterator[WatchEvent]:
+    def watch(self, prefix: str, start_revision: int) -> AsyncGenerator[WatchEvent, None]:
         """Changes under ``prefix`` from ``start_revision`` on, deletions by lease expiry included.
 
         Raises :class:`StoreUnavailable` when the store goes away; the caller resyncs with a snapshot.
@@ -206,5 +206,25 @@ class Launcher(Protocol):
 
     async def running(self) -> list[LearnerHandle]:
         """The learners this launcher has alive, for reconciling against the jobs that should have them."""
+
+    async def close(self) -> None: ...
+
+
+# --------------------------------------------------------------------------- leader election
+
+
+class Election(Protocol):
+    """Leader election for singleton roles, with a fencing token that grows with every new leader."""
+
+    async def campaign(self, role: str) -> int:
+        """Wait until this process leads ``role``; returns its fencing token."""
+
+    async def current_token(self, role: str) -> int | None:
+        """The token of the current leader of ``role`` (None: nobody has led it yet)."""
+
+    async def is_leader(self, role: str, token: int) -> bool:
+        """Whether ``token`` still leads ``role`` (False once the lease behind it was lost)."""
+
+    async def resign(self, role: str) -> None: ...
 
     async def close(self) -> None: ...

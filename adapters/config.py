@@ -1,0 +1,93 @@
+"""Configuration: one optional YAML file (``FFDL_CONFIG``) plus ``FFDL_*`` environment overrides.
+
+The default is fully embedded: the log, the heartbeats and the projections live in files under
+``data_dir``, learners are local processes, and the inventory is one node with 8 simulated GPUs
+(or the real NVIDIA GPUs of this machine, when there are any).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+from ffdl.core.allocator import Node
+
+
+class NodeConfig(BaseModel):
+    name: str
+    gpus: int = Field(default=8, ge=0)
+    gpu_type: str = "simulated"
+    cpus: float = Field(default=64.0, gt=0)
+    memory_mb: int = Field(default=262_144, gt=0)
+
+    def node(self) -> Node:
+        return Node(self.name, self.gpus, self.gpu_type, self.cpus, self.memory_mb)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="FFDL_", env_nested_delimiter="__", extra="ignore")
+
+    data_dir: Path = Path(".ffdl")
+    bus: str | None = Field(default=None, description="embedded:///DIR or kafka://HOST:PORT[,HOST:PORT]")
+    heartbeats: str | None = Field(default=None, description="embedded:///FILE or etcd://HOST:PORT")
+    launcher: Literal["local"] = "local"
+    api: str = "http://127.0.0.1:8080"
+    token: str | None = None
+    partitions: int = Field(default=8, ge=1, le=1024)
+    topic_prefix: str = "ffdl"
+    nodes: list[NodeConfig] | None = None
+    heartbeat_ttl_s: float = Field(default=5.0, gt=0)
+    monitor_grace_s: float = Field(default=15.0, ge=0)
+    launch_timeout_s: float = Field(default=120.0, gt=0)
+    stop_grace_s: float = Field(default=10.0, ge=0)
+    restart_backoff_base_s: float = Field(default=1.0, ge=0)
+    restart_backoff_max_s: float = Field(default=60.0, ge=0)
+    log_format: Literal["console", "json"] = "console"
+    log_level: str = "info"
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        config_file = os.environ.get("FFDL_CONFIG")
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        if config_file:
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=config_file))
+        return tuple(sources)
+
+    @property
+    def bus_url(self) -> str:
+        return self.bus or f"embedded://{self.data_dir.resolve()}"
+
+    @property
+    def heartbeats_url(self) -> str:
+        return self.heartbeats or f"embedded://{(self.data_dir / 'heartbeats.sqlite').resolve()}"
+
+    @property
+    def work_dir(self) -> Path:
+        return (self.data_dir / "jobs").resolve()
+
+    @property
+    def projection_path(self) -> Path:
+        return (self.data_dir / "projections.sqlite").resolve()
+
+    def inventory(self) -> list[Node]:
+        from ffdl.adapters.gpus import detect_local_node  # noqa: PLC0415 - only when no nodes are configured
+
+        if self.nodes:
+            return [n.node() for n in self.nodes]
+        return [detect_local_node()]

@@ -1,0 +1,168 @@
+"""Wiring: builds the adapters the settings name and runs the platform's roles in one process.
+
+Roles (``ffdl up --roles``): ``workers`` (the job owners on the commands topic and the reactor
+host with the monitor on the events topic), ``scheduler`` (under leader election), ``projector``
+(the read models) and ``api`` (served by the CLI's ``up``). Each role runs under a supervisor
+that restarts it after a crash with backoff; a restarted role refolds its partitions first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import structlog
+
+from ffdl.adapters.bus import open_bus
+from ffdl.adapters.config import Settings
+from ffdl.adapters.election import FileElection
+from ffdl.adapters.heartbeats import open_store
+from ffdl.adapters.projector import Projector
+from ffdl.core.restart import RestartPolicy
+from ffdl.handlers.context import ReactionContext
+from ffdl.handlers.driver import Driver
+from ffdl.handlers.messaging import CommandSender, Topics
+from ffdl.handlers.monitoring import Monitor
+from ffdl.handlers.owner import SCHEDULER_ROLE, JobOwner
+from ffdl.handlers.ports import Bus, Election, HeartbeatStore, Launcher
+from ffdl.handlers.reactor import ReactorHost
+from ffdl.handlers.runtime import consume
+from ffdl.handlers.scheduler import Scheduler
+from ffdl.projections.store import Projection
+
+log = structlog.get_logger(__name__)
+
+ALL_ROLES = frozenset({"api", "workers", "scheduler", "projector"})
+
+
+def open_launcher(settings: Settings) -> Launcher:
+    from ffdl.adapters.launchers.local import LocalLauncher  # noqa: PLC0415 - load only the chosen adapter
+
+    return LocalLauncher(settings.work_dir, settings.heartbeats_url, heartbeat_ttl_s=settings.heartbeat_ttl_s)
+
+
+@dataclass
+class Platform:
+    """Everything one ``ffdl up`` process runs; use ``async with Platform(settings) as p``."""
+
+    settings: Settings
+    roles: frozenset[str] = ALL_ROLES
+    launcher: Launcher | None = None
+    instance: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+
+    def __post_init__(self) -> None:
+        s = self.settings
+        self.topics = Topics.with_prefix(s.topic_prefix)
+        self.bus: Bus = open_bus(s.bus_url, s.partitions)
+        self.heartbeats: HeartbeatStore = open_store(s.heartbeats_url)
+        self.election: Election = FileElection(s.data_dir.resolve())
+        self.projection = Projection(s.projection_path)
+        self.projector = Projector(self.bus, self.topics, self.projection)
+        self.sender = CommandSender(self.bus, self.topics, f"api@{self.instance}")
+        self.policy = RestartPolicy(base_s=s.restart_backoff_base_s, max_backoff_s=s.restart_backoff_max_s)
+        self.reactor: ReactorHost | None = None
+        self.owner: JobOwner | None = None
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def __aenter__(self) -> Platform:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        s = self.settings
+        s.data_dir.mkdir(parents=True, exist_ok=True)
+        await self._start_bus()
+        if "workers" in self.roles:
+            self.launcher = self.launcher or open_launcher(s)
+            ctx = ReactionContext(
+                sender=CommandSender(self.bus, self.topics, f"reactor@{self.instance}"),
+                launcher=self.launcher,
+                inventory=s.inventory,
+                learner_env={"FFDL_HEARTBEATS": s.heartbeats_url, "FFDL_HEARTBEAT_TTL": str(s.heartbeat_ttl_s)},
+                stop_grace_s=s.stop_grace_s,
+                result_dir=lambda job_id: s.work_dir / job_id / "results",
+            )
+            monitor = Monitor(
+                self.heartbeats,
+                CommandSender(self.bus, self.topics, f"monitor@{self.instance}"),
+                grace_s=s.monitor_grace_s,
+                launch_timeout_s=s.launch_timeout_s,
+            )
+            self.reactor = ReactorHost(self.bus, self.topics.events, Driver(ctx), [monitor])
+            self.owner = JobOwner(self.bus, self.topics, self.election, producer=f"owner@{self.instance}",
+                                  policy=self.policy)
+            owner, reactor = self.owner, self.reactor
+            self._supervise("owner", lambda: consume(self.bus, "ffdl.owners", [self.topics.commands], owner,
+                                                     self._stop))
+            self._supervise("reactor", lambda: consume(self.bus, "ffdl.reactors", [self.topics.events], reactor,
+                                                       self._stop))
+            self._supervise("reconciler", lambda: reactor.reconcile_forever(self._stop))
+            self._supervise("monitor", lambda: monitor.run(self._stop))
+        if "scheduler" in self.roles:
+            self._supervise("scheduler", self._lead_scheduler)
+        if "projector" in self.roles:
+            self._supervise("projector", lambda: consume(self.bus, "ffdl.projector", [self.topics.events],
+                                                         self.projector, self._stop, max_records=2000))
+        log.info("platform started", roles=sorted(self.roles), bus=s.bus_url, heartbeats=s.heartbeats_url,
+                 data_dir=str(s.data_dir.resolve()))
+
+    async def _start_bus(self) -> None:
+        backoff = 0.5
+        while True:
+            try:
+                await self.bus.start()
+                return
+            except ConnectionError as exc:
+                log.warning("event log unreachable; retrying", bus=self.settings.bus_url, error=str(exc),
+                            retry_in_s=backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(10.0, backoff * 2)
+
+    async def _lead_scheduler(self) -> None:
+        token = await self.election.campaign(SCHEDULER_ROLE)
+        log.info("leading the scheduler", fencing_token=token)
+        scheduler = Scheduler(
+            self.bus,
+            self.topics.events,
+            CommandSender(self.bus, self.topics, f"scheduler@{self.instance}"),
+            self.settings.inventory,
+            token,
+        )
+        try:
+            await consume(self.bus, "ffdl.scheduler", [self.topics.events], scheduler, self._stop)
+        finally:
+            await self.election.resign(SCHEDULER_ROLE)
+
+    def _supervise(self, name: str, run: Callable[[], Awaitable[None]]) -> None:
+        async def supervised() -> None:
+            backoff = 0.5
+            while not self._stop.is_set():
+                try:
+                    await run()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("role crashed; restarting", role=name, retry_in_s=backoff)
+                    await asyncio.sleep(backoff)
+                    backoff = min(10.0, backoff * 2)
+
+        self._tasks.append(asyncio.create_task(supervised(), name=name))
+
+    async def stop(self) -> None:
+        self._stop.set()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.reactor is not None:
+            await self.reactor.driver.close()
+        if self.launcher is not None:
+            await self.launcher.close()
+        await self.election.close()
+        await self.heartbeats.close()
+        await self.bus.close()
+        self.projection.close()

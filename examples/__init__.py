@@ -1,0 +1,1 @@
+"""Example learner programs that run on ffdl unchanged outside it too."""

@@ -1,0 +1,1 @@
+"""Data-parallel softmax regression on scikit-learn's digits, with checkpoints and resume."""

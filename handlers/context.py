@@ -1,0 +1,34 @@
+"""What reactions share: the ports they act through and the settings they act by."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ffdl.core.allocator import Node
+from ffdl.core.job import Job
+from ffdl.core.reconcile import Action
+from ffdl.events.envelope import CommandData
+from ffdl.handlers.messaging import CommandSender
+from ffdl.handlers.ports import Launcher
+
+_ACTION_NAMESPACE = uuid.UUID("a3d2f1e0-58b4-4f0e-9c1d-7b6a5e4d3c2b")
+
+
+@dataclass(frozen=True, slots=True)
+class ReactionContext:
+    sender: CommandSender
+    launcher: Launcher
+    inventory: Callable[[], Sequence[Node]]
+    learner_env: Mapping[str, str] = field(default_factory=dict)
+    stop_grace_s: float = 10.0
+    result_dir: Callable[[str], Path | None] = lambda job_id: None
+
+    async def send(self, job: Job, action: Action, data: CommandData) -> None:
+        """Send the command an action calls for, with an id fixed by the job, action and state entry,
+        so re-running the action after a crash or redelivery sends the very same command."""
+        command_id = uuid.uuid5(_ACTION_NAMESPACE, f"{job.job_id}:{action.kind}:{action.attempt}:{action.since_seq}")
+        command = self.sender.make(job.job_id, job.tenant, data, command_id=command_id)
+        await self.sender.send(command)

@@ -1,0 +1,132 @@
+"""The helper a training program calls to tell the platform how far it got (DESIGN §6).
+
+It needs nothing but the environment the platform sets for every learner:
+
+* :func:`report_progress` and :func:`report_checkpoint` append one JSON line each to the file named by
+  ``FFDL_REPORT_FILE``; the learner agent tails that file and publishes what it reads in the learner's
+  heartbeat, which is what the monitor turns into progress and checkpoint records;
+* :func:`resume_from` is the checkpoint to start from (``FFDL_RESUME_FROM``, empty on a fresh start);
+* :func:`checkpoint_dir` is where checkpoints go (``FFDL_CHECKPOINT_DIR``, shared by the attempts).
+
+Outside the platform ``FFDL_REPORT_FILE`` is unset: reports are then dropped with one warning, so the
+same program runs on a laptop unchanged.
+
+Each report is written with a single ``write`` to a descriptor opened with ``O_APPEND`` and closed
+again at once: the agent never sees half a line once the write returned, a report survives the
+program crashing right after it, and no descriptor stays open behind the program's back. The
+functions are safe to call from several threads; lines from different threads never interleave.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+import warnings
+from pathlib import Path
+
+__all__ = ["checkpoint_dir", "report_checkpoint", "report_progress", "resume_from"]
+
+REPORT_FILE_VARIABLE = "FFDL_REPORT_FILE"
+RESUME_FROM_VARIABLE = "FFDL_RESUME_FROM"
+CHECKPOINT_DIR_VARIABLES = ("FFDL_CHECKPOINT_DIR", "CHECKPOINT_DIR")
+DEFAULT_CHECKPOINT_DIR = "checkpoints"
+
+_warned_unreported = False
+
+
+def report_progress(step: int, **metrics: float) -> None:
+    """Report that the program reached ``step`` (with metrics such as ``loss=0.3``).
+
+    Metrics that are not finite numbers (a diverged loss) are left out: JSON cannot carry them.
+    """
+    if step < 0:
+        raise ValueError(f"step must not be negative, got {step}")
+    finite = {name: float(value) for name, value in metrics.items() if math.isfinite(value)}
+    _append({"type": "progress", "step": int(step), "metrics": finite, "time": time.time()})
+
+
+def report_checkpoint(path: str | Path, step: int) -> None:
+    """Report a checkpoint (a file or a directory) that is completely written at ``path``.
+
+    Its size and SHA-256 are computed here, so call this after the checkpoint was written (and
+    renamed into place), never before.
+    """
+    if step < 0:
+        raise ValueError(f"step must not be negative, got {step}")
+    location = Path(path).resolve()
+    size_bytes, checksum = _measure(location)
+    _append(
+        {
+            "type": "checkpoint",
+            "step": int(step),
+            "uri": f"file://{location}",
+            "size_bytes": size_bytes,
+            "checksum": f"sha256:{checksum}",
+            "time": time.time(),
+        }
+    )
+
+
+def resume_from() -> Path | None:
+    """The checkpoint this attempt starts from, or ``None`` on a fresh start."""
+    value = os.environ.get(RESUME_FROM_VARIABLE, "")
+    return Path(value) if value else None
+
+
+def checkpoint_dir() -> Path:
+    """The directory for checkpoints (created if missing); ``./checkpoints`` outside the platform."""
+    value = next((os.environ[name] for name in CHECKPOINT_DIR_VARIABLES if os.environ.get(name)), "")
+    directory = Path(value or DEFAULT_CHECKPOINT_DIR)
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory
+
+
+def _append(report: dict[str, object]) -> None:
+    global _warned_unreported  # noqa: PLW0603 - the one-time warning is process state by nature
+    target = os.environ.get(REPORT_FILE_VARIABLE, "")
+    if not target:
+        if not _warned_unreported:
+            _warned_unreported = True
+            warnings.warn(
+                f"{REPORT_FILE_VARIABLE} is not set (not running under ffdl): progress and checkpoint "
+                "reports are dropped",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        return
+    line = (json.dumps(report, separators=(",", ":"), allow_nan=False) + "\n").encode()
+    descriptor = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        written = os.write(descriptor, line)
+    finally:
+        os.close(descriptor)
+    if written != len(line):
+        raise OSError(f"short write to {target}: {written} of {len(line)} bytes")
+
+
+def _measure(location: Path) -> tuple[int, str]:
+    """Size and SHA-256 of a file; for a directory, the SHA-256 of its manifest of files.
+
+    The manifest has one line per file, in name order: relative name, size and the file's SHA-256.
+    """
+    if location.is_file():
+        return location.stat().st_size, _sha256_of(location)
+    if not location.is_dir():
+        raise FileNotFoundError(f"checkpoint {location} does not exist")
+    manifest = hashlib.sha256()
+    size_bytes = 0
+    for file in sorted(p for p in location.rglob("*") if p.is_file()):
+        file_size = file.stat().st_size
+        size_bytes += file_size
+        manifest.update(
+            f"{file.relative_to(location).as_posix()}\0{file_size}\0{_sha256_of(file)}\n".encode()
+        )
+    return size_bytes, manifest.hexdigest()
+
+
+def _sha256_of(file: Path) -> str:
+    with file.open("rb") as stream:
+        return hashlib.file_digest(stream, "sha256").hexdigest()

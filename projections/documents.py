@@ -1,0 +1,60 @@
+"""The read side's view of a job: one JSON document per job, a pure function of its folded state.
+
+Everything here is deterministic (sorted keys, times from events, never the clock), so a
+projection rebuilt from the log is byte-for-byte the live one.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ffdl.core.job import Job
+
+JsonObject = dict[str, Any]
+
+
+def job_document(job: Job) -> JsonObject:
+    spec = job.spec
+    return {
+        "job_id": job.job_id,
+        "tenant": job.tenant,
+        "name": spec.name,
+        "state": str(job.state),
+        "seq": job.seq,
+        "attempt": job.attempt,
+        "restarts": job.restarts,
+        "submitted_at": job.submitted_at.isoformat(),
+        "updated_at": job.updated_at.isoformat(),
+        "reason": job.reason,
+        "failure_code": str(job.failure_code) if job.failure_code else None,
+        "spec": spec.model_dump(mode="json"),
+        "placement": job.placement.model_dump(mode="json")["learners"] if job.placement else None,
+        "learners": [
+            {
+                "rank": learner.rank,
+                "status": str(learner.status),
+                "node": learner.node,
+                "gpus": list(learner.gpus),
+                "pid": learner.pid,
+                "host": learner.host,
+                "step": learner.step,
+                "metrics": dict(learner.metrics),
+                "last_progress_at": learner.last_progress_at.isoformat() if learner.last_progress_at else None,
+                "exit_code": learner.exit_code,
+                "lost_reason": learner.lost_reason or None,
+            }
+            for learner in job.learners
+        ],
+        "checkpoints": [c.model_dump(mode="json") for c in job.checkpoints],
+        "latest_checkpoint": job.latest_checkpoint.model_dump(mode="json") if job.latest_checkpoint else None,
+        "history": [
+            {"state": str(entry.state), "at": entry.at.isoformat(), "reason": entry.reason, "seq": entry.seq}
+            for entry in job.history
+        ],
+        "result": job.result.model_dump(mode="json") if job.result else None,
+    }
+
+
+def dumps(document: JsonObject) -> str:
+    return json.dumps(document, sort_keys=True, separators=(",", ":"))

@@ -1,0 +1,294 @@
+"""The read models in one SQLite file: jobs, per-job history, and the applied log positions.
+
+``apply`` folds a batch of events and, in the same transaction, stores the position it reached
+per partition (exactly-once folding: a batch is either wholly applied with its positions or not
+at all, and records below a stored position are skipped when redelivered). Events whose seq is
+already taken (a redelivery, or a stale owner's conflicting write) are ignored and counted.
+The cluster GPU map and the queue are queries over the jobs table, not tables of their own.
+
+Writers: one projector per file. Readers: any number, each with its own connection (WAL).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ffdl.core.job import EvolveError, Job, evolve
+from ffdl.events.codec import event_from_json, event_to_json
+from ffdl.events.envelope import Event
+from ffdl.projections.documents import JsonObject, dumps, job_document
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    job_id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    name TEXT NOT NULL,
+    state TEXT NOT NULL,
+    priority INTEGER NOT NULL,
+    submitted_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL,
+    queued_at TEXT,
+    labels TEXT NOT NULL,
+    document TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS jobs_by_tenant ON jobs (tenant, submitted_at, job_id);
+CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, submitted_at, job_id);
+CREATE TABLE IF NOT EXISTS history (
+    job_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    event_id TEXT NOT NULL,
+    type TEXT NOT NULL,
+    occurred_at TEXT NOT NULL,
+    position TEXT NOT NULL,
+    causation_id TEXT,
+    body TEXT NOT NULL,
+    PRIMARY KEY (job_id, seq)
+);
+CREATE INDEX IF NOT EXISTS history_by_cause ON history (causation_id);
+CREATE TABLE IF NOT EXISTS positions (
+    partition INTEGER PRIMARY KEY,
+    next_offset INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS counters (
+    name TEXT PRIMARY KEY,
+    value INTEGER NOT NULL
+);
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class LoggedEvent:
+    """An event with where it sits in the log."""
+
+    event: Event
+    partition: int
+    offset: int
+
+    @property
+    def position(self) -> str:
+        return f"{self.partition}:{self.offset}"
+
+
+class Projection:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._local = threading.local()
+        self._jobs: dict[str, Job] = {}
+        with self._connection() as db:
+            db.executescript(SCHEMA)
+
+    @contextmanager
+    def _connection(self) -> Iterator[sqlite3.Connection]:
+        db: sqlite3.Connection | None = getattr(self._local, "db", None)
+        if db is None:
+            db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=True)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            self._local.db = db
+        yield db
+
+    # -- writing ---------------------------------------------------------------------------------
+
+    def positions(self) -> dict[int, int]:
+        with self._connection() as db:
+            return {p: o for p, o in db.execute("SELECT partition, next_offset FROM positions")}
+
+    def apply(self, batch: Sequence[LoggedEvent]) -> int:
+        """Fold a batch in one transaction; returns how many events were applied."""
+        if not batch:
+            return 0
+        with self._connection() as db:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                applied = self._apply(db, batch)
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                self._jobs.clear()  # the cache may hold what the rollback undid
+                raise
+        return applied
+
+    def _apply(self, db: sqlite3.Connection, batch: Sequence[LoggedEvent]) -> int:
+        stored = {p: o for p, o in db.execute("SELECT partition, next_offset FROM positions")}
+        reached = dict(stored)
+        changed: dict[str, Job] = {}
+        history = []
+        ignored = 0
+        for logged in batch:
+            if logged.offset < stored.get(logged.partition, 0):
+                continue
+            reached[logged.partition] = max(reached.get(logged.partition, 0), logged.offset + 1)
+            event = logged.event
+            job = changed.get(event.job_id) or self._load(db, event.job_id)
+            if job is not None and event.seq <= job.seq:
+                ignored += 1
+                continue
+            try:
+                job = evolve(job, event)
+            except EvolveError:
+                ignored += 1
+                continue
+            changed[event.job_id] = job
+            history.append(
+                (event.job_id, event.seq, str(event.event_id), event.type, event.occurred_at.isoformat(),
+                 logged.position, str(event.causation_id) if event.causation_id else None,
+                 event_to_json(event).decode())
+            )
+        db.executemany("INSERT INTO history VALUES (?, ?, ?, ?, ?, ?, ?, ?)", history)
+        db.executemany("INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                       [_job_row(job) for job in changed.values()])
+        db.executemany("INSERT OR REPLACE INTO positions VALUES (?, ?)", sorted(reached.items()))
+        if ignored:
+            db.execute("INSERT INTO counters VALUES ('ignored_events', ?) "
+                       "ON CONFLICT(name) DO UPDATE SET value = value + excluded.value", (ignored,))
+        self._jobs.update(changed)
+        return len(history)
+
+    def _load(self, db: sqlite3.Connection, job_id: str) -> Job | None:
+        job = self._jobs.get(job_id)
+        if job is not None:
+            return job
+        for (body,) in db.execute("SELECT body FROM history WHERE job_id = ? ORDER BY seq", (job_id,)):
+            job = evolve(job, event_from_json(body))
+        return job
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def get(self, job_id: str) -> JsonObject | None:
+        with self._connection() as db:
+            row = db.execute("SELECT document FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def list_jobs(
+        self,
+        *,
+        tenant: str | None = None,
+        states: Sequence[str] = (),
+        label: tuple[str, str] | None = None,
+        submitted_since: str | None = None,
+        submitted_until: str | None = None,
+        after: tuple[str, str] | None = None,
+        limit: int = 50,
+        newest_first: bool = True,
+    ) -> list[JsonObject]:
+        """Jobs matching the filters, in submission order, continuing after the cursor ``after``."""
+        clauses, params = [], []  # type: tuple[list[str], list[Any]]
+        if tenant is not None:
+            clauses.append("tenant = ?")
+            params.append(tenant)
+        if states:
+            clauses.append(f"state IN ({','.join('?' * len(states))})")
+            params.extend(states)
+        if label is not None:
+            clauses.append("json_extract(labels, ?) = ?")
+            params.extend([f'$."{label[0]}"', label[1]])
+        if submitted_since is not None:
+            clauses.append("submitted_at >= ?")
+            params.append(submitted_since)
+        if submitted_until is not None:
+            clauses.append("submitted_at < ?")
+            params.append(submitted_until)
+        if after is not None:
+            clauses.append("(submitted_at, job_id) < (?, ?)" if newest_first else "(submitted_at, job_id) > (?, ?)")
+            params.extend(after)
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        order = "DESC" if newest_first else "ASC"
+        sql = f"SELECT document FROM jobs {where} ORDER BY submitted_at {order}, job_id {order} LIMIT ?"  # noqa: S608
+        with self._connection() as db:
+            return [json.loads(doc) for (doc,) in db.execute(sql, (*params, limit))]
+
+    def history(self, job_id: str, after_seq: int = 0, limit: int = 1000) -> list[JsonObject]:
+        with self._connection() as db:
+            rows = db.execute(
+                "SELECT body, position FROM history WHERE job_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+                (job_id, after_seq, limit),
+            ).fetchall()
+        return [{**json.loads(body), "position": position} for body, position in rows]
+
+    def position_of_cause(self, causation_id: str) -> str | None:
+        """The log position of the first event a command caused (read-your-writes for a write)."""
+        with self._connection() as db:
+            row = db.execute(
+                "SELECT position FROM history WHERE causation_id = ? ORDER BY seq LIMIT 1", (causation_id,)
+            ).fetchone()
+        return str(row[0]) if row else None
+
+    def reached(self, partition: int, offset: int) -> bool:
+        """Whether the event at ``partition:offset`` has been applied."""
+        with self._connection() as db:
+            row = db.execute("SELECT next_offset FROM positions WHERE partition = ?", (partition,)).fetchone()
+        return bool(row and row[0] > offset)
+
+    def holdings(self) -> list[JsonObject]:
+        """Jobs that hold GPUs now, with their placement: the cluster GPU map's source."""
+        with self._connection() as db:
+            rows = db.execute(
+                "SELECT document FROM jobs WHERE json_extract(document, '$.placement') IS NOT NULL ORDER BY job_id"
+            ).fetchall()
+        return [json.loads(doc) for (doc,) in rows]
+
+    def queue(self) -> list[JsonObject]:
+        """QUEUED jobs in the order the scheduler considers them (priority, then time queued)."""
+        with self._connection() as db:
+            rows = db.execute(
+                "SELECT document FROM jobs WHERE state = 'QUEUED' ORDER BY priority DESC, queued_at, job_id"
+            ).fetchall()
+        return [json.loads(doc) for (doc,) in rows]
+
+    def counts(self) -> dict[tuple[str, str], int]:
+        with self._connection() as db:
+            rows = db.execute("SELECT tenant, state, COUNT(*) FROM jobs GROUP BY tenant, state").fetchall()
+        return {(tenant, state): count for tenant, state, count in rows}
+
+    def dump(self) -> str:
+        """Every row of every table in a fixed order: equal dumps mean equal projections."""
+        with self._connection() as db:
+            lines = []
+            for table, order in (("jobs", "job_id"), ("history", "job_id, seq"), ("positions", "partition"),
+                                 ("counters", "name")):
+                for row in db.execute(f"SELECT * FROM {table} ORDER BY {order}"):  # noqa: S608
+                    lines.append(f"{table}\t{json.dumps(list(row))}")
+        return "\n".join(lines)
+
+    def close(self) -> None:
+        db: sqlite3.Connection | None = getattr(self._local, "db", None)
+        if db is not None:
+            db.close()
+            self._local.db = None
+
+
+def _job_row(job: Job) -> tuple[Any, ...]:
+    document = job_document(job)
+    queued_at = next((e.at.isoformat() for e in reversed(job.history) if str(e.state) == "QUEUED"), None)
+    return (
+        job.job_id,
+        job.tenant,
+        job.spec.name,
+        str(job.state),
+        job.spec.priority,
+        job.submitted_at.isoformat(),
+        job.updated_at.isoformat(),
+        queued_at,
+        json.dumps(job.spec.labels, sort_keys=True),
+        dumps(document),
+    )
+
+
+def rebuild(projection: Projection, events: Iterable[LoggedEvent], batch_size: int = 5000) -> int:
+    """Fold a whole log into an empty projection; returns the number of events applied."""
+    total = 0
+    batch: list[LoggedEvent] = []
+    for logged in events:
+        batch.append(logged)
+        if len(batch) >= batch_size:
+            total += projection.apply(batch)
+            batch = []
+    return total + projection.apply(batch)

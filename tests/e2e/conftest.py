@@ -1,0 +1,113 @@
+"""End-to-end fixtures: the whole platform on embedded backends, real learner processes, real HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from ffdl.adapters.config import NodeConfig, Settings
+from ffdl.adapters.platform import Platform
+from ffdl.adapters.serve import api_server
+from tests.services import free_port
+
+LEARNER = Path(__file__).with_name("learners") / "counting.py"
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED"}
+
+
+def fast_settings(data_dir: Path, **overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "data_dir": data_dir,
+        "api": f"http://127.0.0.1:{free_port()}",
+        "heartbeat_ttl_s": 1.0,
+        "monitor_grace_s": 3.0,
+        "stop_grace_s": 3.0,
+        "restart_backoff_base_s": 0.2,
+        "launch_timeout_s": 30.0,
+        "partitions": 4,
+        "nodes": [NodeConfig(name="node-a", gpus=4)],
+    }
+    values.update(overrides)
+    return Settings(**values)
+
+
+def learner_command(*args: str) -> str:
+    return " ".join([sys.executable, str(LEARNER), *args])
+
+
+def manifest(name: str = "job", *, learners: int = 2, gpus: int = 1, args: Iterable[str] = (), **extra: Any) -> str:
+    spec = {"name": name, "learners": learners, "gpus": gpus, "command": learner_command(*args), **extra}
+    return yaml.safe_dump(spec)
+
+
+class Api:
+    """The platform's HTTP API as a test sees it, with bounded waits for states."""
+
+    def __init__(self, client: httpx.AsyncClient) -> None:
+        self.http = client
+
+    async def submit(self, text: str) -> str:
+        response = await self.http.post("/v1/jobs", content=text, headers={"Content-Type": "application/yaml"})
+        assert response.status_code == 201, response.text
+        return str(response.json()["job_id"])
+
+    async def job(self, job_id: str) -> dict[str, Any]:
+        response = await self.http.get(f"/v1/jobs/{job_id}")
+        assert response.status_code == 200, response.text
+        return dict(response.json())
+
+    async def wait(self, job_id: str, *states: str, timeout_s: float = 60.0, released: bool = False) -> dict[str, Any]:
+        """Wait until the job is in one of ``states`` (and, with ``released``, holds no GPUs)."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        job: dict[str, Any] = {}
+        while asyncio.get_running_loop().time() < deadline:
+            job = await self.job(job_id)
+            if job["state"] in states and (not released or job["placement"] is None):
+                return job
+            if job["state"] in TERMINAL and job["state"] not in states:
+                break
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"job {job_id} did not reach {states}: it is {job.get('state')} ({job.get('reason')})")
+
+    async def wait_for(self, job_id: str, predicate: Any, what: str, timeout_s: float = 60.0) -> dict[str, Any]:
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        job: dict[str, Any] = {}
+        while asyncio.get_running_loop().time() < deadline:
+            job = await self.job(job_id)
+            if predicate(job):
+                return job
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"job {job_id}: {what} did not happen; last state {job.get('state')}")
+
+
+@pytest.fixture
+async def settings(tmp_path: Path) -> Settings:
+    return fast_settings(tmp_path / "ffdl")
+
+
+@pytest.fixture
+async def platform(settings: Settings) -> AsyncIterator[Platform]:
+    async with Platform(settings) as running:
+        yield running
+
+
+@pytest.fixture
+async def api(platform: Platform) -> AsyncIterator[Api]:
+    server = api_server(platform, platform.settings.api)
+    serving = asyncio.create_task(server.serve())
+    async with httpx.AsyncClient(base_url=platform.settings.api, timeout=30) as client:
+        for _ in range(200):
+            try:
+                if (await client.get("/healthz")).status_code == 200:
+                    break
+            except httpx.TransportError:
+                await asyncio.sleep(0.05)
+        yield Api(client)
+    server.should_exit = True
+    await serving
