@@ -10,8 +10,9 @@ through, and for as long as the command runs it keeps the learner's key
 ``/ffdl/jobs/<job>/exits/<attempt>/<rank>`` (no lease, so it outlives the agent), then revokes the
 lease, and exits with the command's status.
 
-Concurrency: one asyncio loop, one child process. Beside the coroutine that waits for the child,
-four tasks share the in-memory beat, which only this loop touches:
+Concurrency: one asyncio loop, one child process. Beside the coroutine that waits for the child
+(on a pidfd, so a daemon the command leaves behind holding its output pipe cannot delay the exit
+report), four tasks share the in-memory beat, which only this loop touches:
 
 * the output pump copies the child's stdout and stderr (one pipe) into ``FFDL_LOG_FILE`` as it comes;
   any new output counts as progress (``last_progress``, not ``step``), so a program that uses no
@@ -41,6 +42,7 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -49,7 +51,9 @@ from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
 import structlog
+
 from ffdl.adapters.heartbeats import exit_key, learner_key, open_store
+from ffdl.adapters.logging import configure_logging
 from ffdl.events.commands import ReportProgress
 from ffdl.events.model import Checkpoint
 from ffdl.handlers.heartbeat_keys import LearnerBeat, encode_exit
@@ -188,7 +192,9 @@ class LearnerAgent:
         self._store = store
         self._command = command
         self._clock = clock
-        self._log = log.bind(job_id=config.job_id, rank=config.rank, attempt=config.attempt)
+        self._log = log.bind(
+            job_id=config.job_id, tenant=config.tenant, rank=config.rank, attempt=config.attempt
+        )
         self._key = learner_key(config.job_id, config.rank)
         self._ttl_s = config.heartbeat_ttl_s
         self._call_timeout_s = max(config.heartbeat_ttl_s, MIN_CALL_TIMEOUT_S)
@@ -225,38 +231,44 @@ class LearnerAgent:
             self._log.info("stopped before the learner started")
             return await self._finish(-self._stop_signal)
         with self._output_sink() as sink:
-            child = await asyncio.create_subprocess_exec(
-                SHELL,
-                "-c",
-                SHELL_PRELUDE + self._command,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-            )
+            child = self._start_command()
             self._beat = replace(self._beat, pid=child.pid)
             self._log.info("learner started", pid=child.pid, command=self._command)
             assert child.stdout is not None  # asked for a pipe
-            pump = asyncio.create_task(self._pump_output(child.stdout, sink))
+            output = asyncio.StreamReader()
+            loop = asyncio.get_running_loop()
+            pipe, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(output), child.stdout)
+            pump = asyncio.create_task(self._pump_output(output, sink))
             helpers = [
                 asyncio.create_task(self._keep_lease()),
                 asyncio.create_task(self._publish()),
                 asyncio.create_task(self._tail_reports()),
             ]
             try:
-                returncode = await child.wait()
+                returncode = await wait_for_exit(child)
                 # Output still in the pipe belongs to the log; a daemon the command left behind may
                 # hold the pipe open for ever, so the wait for the end of output is bounded.
                 await asyncio.wait({pump}, timeout=OUTPUT_DRAIN_TIMEOUT_S)
             finally:
                 if child.returncode is None:
                     child.kill()
-                    await child.wait()
+                    child.wait()
                 for task in (pump, *helpers):
                     task.cancel()
                 await asyncio.gather(pump, *helpers, return_exceptions=True)
+                pipe.close()
         self._read_reports()
         self._reports.close()
         return await self._finish(exit_code_of(returncode))
+
+    def _start_command(self) -> subprocess.Popen[bytes]:
+        """The learner's command under ``/bin/sh``, in the agent's process group, output on one pipe."""
+        return subprocess.Popen(
+            [SHELL, "-c", SHELL_PRELUDE + self._command],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
 
     # -- the tasks ------------------------------------------------------------------------------
 
@@ -414,6 +426,33 @@ class LearnerAgent:
             )
 
 
+async def wait_for_exit(process: subprocess.Popen[bytes]) -> int:
+    """Wait for a child process to exit (on a pidfd: no polling, no thread), reap it, return its status.
+
+    ``asyncio``'s own ``Process.wait`` also waits for the child's pipes to close, which a daemon the
+    child left behind may never do; this waits for the process alone.
+    """
+    if process.poll() is not None:
+        return process.returncode
+    loop = asyncio.get_running_loop()
+    exited: asyncio.Future[None] = loop.create_future()
+
+    def on_exit() -> None:
+        if not exited.done():
+            exited.set_result(None)
+
+    pidfd = os.pidfd_open(process.pid)
+    try:
+        loop.add_reader(pidfd, on_exit)
+        try:
+            await exited
+        finally:
+            loop.remove_reader(pidfd)
+    finally:
+        os.close(pidfd)
+    return process.wait()
+
+
 async def run_agent(config: AgentConfig, store: HeartbeatStore, command: str) -> int:
     """Run a learner under an agent in this process, with SIGTERM and SIGINT handled as stops."""
     agent = LearnerAgent(config, store, command)
@@ -430,6 +469,7 @@ async def run_agent(config: AgentConfig, store: HeartbeatStore, command: str) ->
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m ffdl.adapters.agent -- COMMAND...``: the words after ``--`` form one shell command."""
+    configure_logging(os.environ.get("FFDL_LOG_FORMAT", "console"), os.environ.get("FFDL_LOG_LEVEL", "info"))
     words = list(sys.argv[1:] if argv is None else argv)
     if words[:1] == ["--"]:
         words = words[1:]

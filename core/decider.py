@@ -5,6 +5,10 @@ numbered from the job's current ``seq`` and get ids derived from the command id,
 same command twice yields the same events: a reader can tell a duplicate from a conflict.
 Observations that no longer matter (a stale attempt, a learner of a finished job) decide nothing;
 requests that are illegal in the job's state become a ``CommandRejected`` event.
+
+A halt with ``requeue`` (the scheduler preempting the job) ends like any halt, with the learners'
+checkpoint recorded in ``JobHalted``, and then queues the job again at once, so it resumes from
+that checkpoint when the scheduler next gives it GPUs.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from ffdl.core.job import Job, LearnerStatus, evolve, start
+from ffdl.core.job import Job, LearnerStatus, WaitRecord, evolve, start
 from ffdl.core.restart import RestartPolicy
 from ffdl.core.states import JobState
 from ffdl.events import commands as cmd
@@ -108,6 +112,10 @@ def _decide(d: _Decision, job: Job, data: cmd.CommandData, policy: RestartPolicy
                 d.reject(problem)
             else:
                 d.emit(ev.GpusAllocated(placement=placement, reason=reason))
+        case cmd.RecordWaitReason(code=code, detail=detail, waiting_for=waiting_for, reserved_nodes=reserved_nodes):
+            record = WaitRecord(code, detail, waiting_for, reserved_nodes)
+            if state is S.QUEUED and job.placement is None and not record.same_as(job.waiting):
+                d.emit(ev.JobWaiting(code=code, detail=detail, waiting_for=waiting_for, reserved_nodes=reserved_nodes))
         case cmd.BeginLaunch(attempt=attempt):
             _begin_launch(d, job, attempt)
         case cmd.ReportLearnerStarted(rank=rank, attempt=attempt, pid=pid, host=host):
@@ -135,8 +143,8 @@ def _decide(d: _Decision, job: Job, data: cmd.CommandData, policy: RestartPolicy
             if _observes_current(d, job, rank, attempt) and job.learners[rank].active:
                 d.emit(ev.LearnerLost(rank=rank, attempt=attempt, reason=reason, detail=detail))
                 _consequences(d, policy)
-        case cmd.HaltJob(reason=reason):
-            _halt(d, job, reason)
+        case cmd.HaltJob(reason=reason, requeue=requeue):
+            _halt(d, job, reason, requeue)
         case cmd.ResumeJob():
             if state is S.HALTED:
                 d.emit(ev.ResumeRequested(requested_by=d.command.producer))
@@ -200,16 +208,30 @@ def _observes_current(d: _Decision, job: Job, rank: int, attempt: int) -> bool:
     return attempt == job.attempt and job.state in (S.LAUNCHING, S.RUNNING, S.HALTING)
 
 
-def _halt(d: _Decision, job: Job, reason: str) -> None:
+def _halt(d: _Decision, job: Job, reason: str, requeue: bool) -> None:
     state = job.state
+    if state is S.HALTING and job.requeue_on_halt and not requeue:
+        d.emit(ev.HaltRequested(reason=reason or "halt requested", requested_by=d.command.producer))
+        return
     if state in (S.HALTING, S.HALTED):
         return
     if state not in (S.QUEUED, S.SCHEDULED, S.LAUNCHING, S.RUNNING, S.RESTARTING):
         d.reject(f"a job in state {state} cannot be halted")
         return
-    job = d.emit(ev.HaltRequested(reason=reason or "halt requested", requested_by=d.command.producer))
+    requested = ev.HaltRequested(reason=reason or "halt requested", requested_by=d.command.producer, requeue=requeue)
+    job = d.emit(requested)
     if job.state is not S.HALTING or not any(learner.active for learner in job.learners):
-        d.emit(ev.JobHalted(checkpoint=job.latest_checkpoint))
+        _halted(d, job)
+
+
+def _halted(d: _Decision, job: Job) -> None:
+    """Every learner has stopped: the job is HALTED, and queues again at once if it was preempted."""
+    checkpoint = job.latest_checkpoint
+    job = d.emit(ev.JobHalted(checkpoint=checkpoint))
+    if job.requeue_on_halt:
+        d.emit(ev.ResumeRequested(requested_by=d.producer))
+        where = f"its checkpoint at step {checkpoint.step}" if checkpoint else "the start (it had no checkpoint)"
+        d.emit(ev.JobQueued(reason=f"requeued after preemption: resumes from {where}"))
 
 
 def _failure(job: Job) -> tuple[ErrorCode, str] | None:
@@ -229,7 +251,7 @@ def _consequences(d: _Decision, policy: RestartPolicy) -> None:
     assert job is not None  # an observation always follows at least one event
     if job.state is S.HALTING:
         if not any(learner.active for learner in job.learners):
-            d.emit(ev.JobHalted(checkpoint=job.latest_checkpoint))
+            _halted(d, job)
         return
     failure = _failure(job)
     if failure is not None:

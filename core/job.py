@@ -15,7 +15,7 @@ from enum import StrEnum
 from ffdl.core.states import JobState, next_state
 from ffdl.events import types as ev
 from ffdl.events.envelope import Event, EventData
-from ffdl.events.model import Checkpoint, ErrorCode, JobSpec, Placement, ResultSummary
+from ffdl.events.model import Checkpoint, ErrorCode, JobSpec, Placement, ResultSummary, WaitReason
 
 #: How many recent command ids a job remembers to drop redelivered commands.
 COMMAND_WINDOW = 64
@@ -64,6 +64,25 @@ class StateEntry:
 
 
 @dataclass(frozen=True, slots=True)
+class WaitRecord:
+    """The scheduler's recorded reason why a queued job does not run yet (a ``JobWaiting`` event)."""
+
+    code: WaitReason
+    detail: str = ""
+    waiting_for: tuple[str, ...] = ()
+    reserved_nodes: tuple[str, ...] = ()
+
+    def same_as(self, other: WaitRecord | None) -> bool:
+        """Whether ``other`` says the same thing; the detail's wording alone is no change worth an event."""
+        return (
+            other is not None
+            and self.code is other.code
+            and self.waiting_for == other.waiting_for
+            and self.reserved_nodes == other.reserved_nodes
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class Job:
     job_id: str
     tenant: str
@@ -84,11 +103,19 @@ class Job:
     result: ResultSummary | None = None
     reason: str = ""
     fencing_token: int | None = None
+    waiting: WaitRecord | None = None
+    waiting_since: datetime | None = None
+    requeue_on_halt: bool = False
     recent_commands: tuple[uuid.UUID, ...] = field(default=(), repr=False)
 
     @property
     def latest_checkpoint(self) -> Checkpoint | None:
         return max(self.checkpoints, key=lambda c: (c.step, c.attempt), default=None)
+
+    @property
+    def allocated_at(self) -> datetime | None:
+        """When the job last got its GPUs (entered SCHEDULED): how long its current run has lasted."""
+        return next((entry.at for entry in reversed(self.history) if entry.state is JobState.SCHEDULED), None)
 
     def learner(self, rank: int) -> Learner | None:
         return self.learners[rank] if 0 <= rank < len(self.learners) else None
@@ -180,8 +207,12 @@ def _apply(job: Job, event: Event) -> Job:
     match event.data:
         case ev.JobRejected(code=code, reason=reason) | ev.JobFailed(code=code, reason=reason):
             return replace(job, failure_code=code, reason=reason)
+        case ev.JobWaiting(code=code, detail=detail, waiting_for=waiting_for, reserved_nodes=reserved_nodes):
+            waiting = WaitRecord(code, detail, waiting_for, reserved_nodes)
+            return replace(job, waiting=waiting, waiting_since=at, reason=detail or job.reason)
         case ev.GpusAllocated(placement=placement):
-            return replace(job, placement=placement, learners=_fresh_learners(placement, job.spec.learners))
+            learners = _fresh_learners(placement, job.spec.learners)
+            return replace(job, placement=placement, learners=learners, waiting=None, waiting_since=None)
         case ev.JobLaunching(attempt=attempt, resume_from=resume_from):
             return replace(
                 job, attempt=attempt, resume_from=resume_from, learners=_fresh_learners(job.placement, job.spec.learners)
@@ -215,7 +246,11 @@ def _apply(job: Job, event: Event) -> Job:
             return replace(job, result=result)
         case ev.GpusReleased():
             return replace(job, placement=None)
-        case ev.JobQueued(reason=reason) | ev.JobCancelled(reason=reason) | ev.HaltRequested(reason=reason):
+        case ev.JobQueued(reason=reason):
+            return replace(job, reason=reason or job.reason, waiting=None, waiting_since=None, requeue_on_halt=False)
+        case ev.HaltRequested(reason=reason, requeue=requeue):
+            return replace(job, reason=reason or job.reason, requeue_on_halt=requeue)
+        case ev.JobCancelled(reason=reason):
             return replace(job, reason=reason or job.reason)
         case _:
             return job

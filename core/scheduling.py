@@ -1,47 +1,340 @@
-"""Which queued gangs get GPUs now: a pure planning function over the queue and free capacity.
+"""Which waiting gangs get GPUs now, which jobs are preempted for them, and why each other one waits.
 
-Jobs are considered by priority (higher first), then by the order they were queued; a gang that
-does not fit is skipped so smaller ones behind it can run (no head-of-line blocking, FfDL's FIFO
-flaw). Each planned placement is subtracted from the capacity before the next job is considered,
-so one plan never promises a GPU twice.
+One planning step, pure and deterministic: the inputs are the cluster state (nodes, jobs holding
+GPUs), the waiting jobs with the reason last recorded for each, the time, and the policy; the
+output is a :class:`Plan`. The scheduler role runs it after every batch of events and turns the
+plan into commands; the simulator runs the very same step in virtual time.
+
+**Order.** Priority classes from high to low. Within a class, first the jobs that hold a
+reservation (in queue order), then the others interleaved by weighted fair share: the next job
+comes from the tenant with the fewest GPUs per unit of weight, tenants inside their guarantee
+first (:mod:`ffdl.core.tenancy`); within a tenant, first queued first.
+
+**Each job**, in that order:
+
+1. *quota*: it waits if its tenant would exceed guaranteed + borrowing limit;
+2. *placement*: the whole gang or nothing (:mod:`ffdl.core.cluster`), never on nodes reserved for
+   a job considered before it. Each placement is taken from the room before the next job is
+   weighed, so one plan never promises a GPU twice;
+3. *preemption*: if halting lower-priority jobs (or, to reclaim its guarantee, borrowers' jobs)
+   makes it fit, they are halted and requeued (:mod:`ffdl.core.preemption`) and the nodes it will
+   use are reserved for it until they are free; while its victims stop it preempts nobody else;
+4. otherwise it waits, with the reason: capacity, fragmentation, GPU type, priority (a
+   higher-priority job waits ahead for the same GPUs) or reservation (it would fit, but only on
+   nodes kept for a job ahead of it).
+
+**Backfill without starvation.** The first ``max_reservations`` jobs that wait for capacity get a
+reservation: the fewest nodes that could hold them once empty, those with the most free GPUs
+first. Jobs behind them run on every other node (backfill) but never on reserved ones, so the
+reserved nodes only drain, and the reserved job starts at the latest when the jobs already on
+them end. A reservation is recorded with the job's reason (``reserved_nodes``) and kept from cycle
+to cycle while it stays valid, and its holder is weighed first in its class, so a shifting fair
+share order cannot move it to another job. Runtimes are not needed; only a strictly higher
+priority class can overtake it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from heapq import heappop, heappush
 
-from ffdl.core.allocator import Capacity, place_gang, subtract
-from ffdl.events.model import JobSpec, Placement
+from ffdl.core.cluster import ClusterState, Demand, Gang, HeldJob
+from ffdl.core.job import WaitRecord
+from ffdl.core.preemption import Preemptor, VictimPool
+from ffdl.core.tenancy import TenancyPolicy, TenantLedger
+from ffdl.events.model import WaitReason
+
+W = WaitReason
+_COMPETING = frozenset({W.CAPACITY, W.FRAGMENTATION, W.GPU_TYPE, W.PRIORITY})
 
 
 @dataclass(frozen=True, slots=True)
-class QueuedJob:
+class WaitingJob:
+    """A queued job that holds no GPUs, with the wait reason last recorded for it."""
+
     job_id: str
     tenant: str
-    spec: JobSpec
-    queued_order: int
+    demand: Demand
+    priority: int
+    queued_order: tuple[float, str]  # (when it was queued, a tie-breaker): first queued, first served
+    wait: WaitRecord | None = None
 
 
 @dataclass(frozen=True, slots=True)
-class PlannedAllocation:
+class SchedulerPolicy:
+    tenancy: TenancyPolicy = field(default_factory=TenancyPolicy)
+    preemption: bool = True
+    min_runtime_s: float = 60.0  # a job runs at least this long between being given GPUs and a preemption
+    max_reservations: int = 2  # jobs waiting for capacity that get nodes reserved (backfill around them)
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
     job_id: str
-    placement: Placement
+    gang: Gang
     reason: str
 
 
-def queue_order(queue: Iterable[QueuedJob]) -> list[QueuedJob]:
-    return sorted(queue, key=lambda job: (-job.spec.priority, job.queued_order, job.job_id))
+@dataclass(frozen=True, slots=True)
+class Eviction:
+    """A running job to halt with a checkpoint and requeue: preempted for ``preempted_by``, or its node left."""
+
+    job_id: str
+    reason: str
+    preempted_by: str | None = None
 
 
-def plan(queue: Iterable[QueuedJob], capacity: Capacity) -> list[PlannedAllocation]:
-    """Allocations to make now, in the order they should be sent."""
-    planned = []
-    for position, job in enumerate(queue_order(queue)):
-        placement = place_gang(job.spec, capacity)
-        if placement is None:
-            continue
-        capacity = subtract(capacity, job.spec, placement)
-        reason = f"fits now ({job.spec.placement}); was position {position + 1} in the queue"
-        planned.append(PlannedAllocation(job.job_id, placement, reason))
-    return planned
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What one planning step decided for one waiting job: GPUs now, or why not (and whom it preempts)."""
+
+    job: WaitingJob
+    allocation: Allocation | None = None
+    wait: WaitRecord | None = None
+    evictions: tuple[Eviction, ...] = ()
+
+
+@dataclass(slots=True)
+class Plan:
+    allocations: list[Allocation] = field(default_factory=list)
+    evictions: list[Eviction] = field(default_factory=list)
+    waits: dict[str, WaitRecord] = field(default_factory=dict)
+    order: list[str] = field(default_factory=list)  # every waiting job, in the order it was considered
+
+
+class Planner:
+    """One planning step over ``state``, which it changes as it decides (see :class:`ClusterState`)."""
+
+    def __init__(
+        self, state: ClusterState, waiting: Iterable[WaitingJob], now: float, policy: SchedulerPolicy
+    ) -> None:
+        self._state = state
+        self._room = state.room
+        self._waiting = sorted(waiting, key=lambda job: (-job.priority, job.queued_order, job.job_id))
+        self._now = now
+        self._policy = policy
+        self._ledger = TenantLedger(policy.tenancy, state.usage, state.releasing)
+        self._reserved: dict[str, str] = {}  # node -> the job it is kept for
+        self._backfill_reservations = 0
+        self._blocked: dict[tuple[int, str | None], str] = {}  # (priority, GPU type) -> first job blocked
+        self._no_fit: set[Demand] = set()  # gangs that found no room this cycle (room only shrinks)
+        self._no_fit_anywhere: set[Demand] = set()  # ... not even on reserved nodes
+        self._no_victims: set[tuple[Demand, int, str | None]] = set()
+        self._pool: VictimPool | None = None
+        self.evictions = self._evict_from_lost_nodes()
+
+    def _evict_from_lost_nodes(self) -> list[Eviction]:
+        evictions = []
+        for job_id in sorted(self._state.orphans):
+            job = self._state.held[job_id]
+            if job.stopping:
+                continue
+            lost = next(node for node in job.gang.nodes if node not in self._room)
+            reason = f"node {lost} left the inventory: halted to resume elsewhere from its checkpoint"
+            evictions.append(Eviction(job_id, reason))
+            self._state.stop(job_id)
+        return evictions
+
+    def decisions(self) -> Iterator[Decision]:
+        """Decide for each waiting job in turn (the caller may time each step)."""
+        for position, job in enumerate(self._ordered(), start=1):
+            yield self._decide(job, position)
+
+    def run(self) -> Plan:
+        plan = Plan(evictions=list(self.evictions))
+        for decision in self.decisions():
+            plan.order.append(decision.job.job_id)
+            if decision.allocation is not None:
+                plan.allocations.append(decision.allocation)
+            if decision.wait is not None:
+                plan.waits[decision.job.job_id] = decision.wait
+            plan.evictions.extend(decision.evictions)
+        return plan
+
+    # -- order ------------------------------------------------------------------------------------
+
+    def _ordered(self) -> Iterator[WaitingJob]:
+        start = 0
+        while start < len(self._waiting):
+            priority = self._waiting[start].priority
+            end = start
+            while end < len(self._waiting) and self._waiting[end].priority == priority:
+                end += 1
+            level = self._waiting[start:end]
+            start = end
+            yield from (job for job in level if job.wait is not None and job.wait.reserved_nodes)
+            by_tenant: dict[str, list[WaitingJob]] = {}
+            for job in reversed(level):
+                if job.wait is None or not job.wait.reserved_nodes:
+                    by_tenant.setdefault(job.tenant, []).append(job)
+            heap = [(self._ledger.order_key(tenant), tenant) for tenant in by_tenant]
+            heap.sort()
+            while heap:
+                _, tenant = heappop(heap)
+                jobs = by_tenant[tenant]
+                yield jobs.pop()
+                if jobs:
+                    heappush(heap, (self._ledger.order_key(tenant), tenant))
+
+    # -- one job ----------------------------------------------------------------------------------
+
+    def _decide(self, job: WaitingJob, position: int) -> Decision:
+        demand = job.demand
+        if not self._ledger.within_limit(job.tenant, demand.total_gpus):
+            return Decision(job, wait=self._quota_wait(job))
+        gang = None if demand in self._no_fit else self._room.find(demand, self._reserved.keys())
+        if gang is not None:
+            self._state.hold(HeldJob(job.job_id, job.tenant, demand, job.priority, gang, self._now))
+            reason = (
+                f"placed {demand.describe()} on {len(gang.nodes)} node(s) ({demand.policy}); "
+                f"considered {_ordinal(position)} in this cycle"
+            )
+            return Decision(job, allocation=Allocation(job.job_id, gang, reason))
+        self._no_fit.add(demand)
+        claim = self._claim(job)
+        if claim is not None:
+            return Decision(job, wait=claim)
+        if self._policy.preemption:
+            preempted = self._preempt(job)
+            if preempted is not None:
+                return preempted
+        return Decision(job, wait=self._blocked_wait(job))
+
+    def _quota_wait(self, job: WaitingJob) -> WaitRecord:
+        quota = self._ledger.quota(job.tenant)
+        need = job.demand.total_gpus
+        limit = f"its tenant {job.tenant} may hold at most {quota.limit} GPUs ({quota.describe()})"
+        if quota.limit is not None and need > quota.limit:
+            return WaitRecord(W.QUOTA, f"{limit} and it needs {need}: it cannot run under this quota")
+        return WaitRecord(W.QUOTA, f"{limit}; it needs {need} on top of what the tenant holds")
+
+    def _claim(self, job: WaitingJob) -> WaitRecord | None:
+        """The job's own preemption, while its victims are still stopping: keep waiting for them."""
+        wait = job.wait
+        if wait is None or wait.code is not W.PREEMPTION:
+            return None
+        held = self._state.held
+        if not any(victim in held and held[victim].stopping for victim in wait.waiting_for):
+            return None
+        nodes = tuple(node for node in wait.reserved_nodes if node in self._room and node not in self._reserved)
+        self._reserve(job, nodes)
+        return WaitRecord(W.PREEMPTION, wait.detail, wait.waiting_for, nodes)
+
+    def _preempt(self, job: WaitingJob) -> Decision | None:
+        demand = job.demand
+        need = demand.total_gpus
+        reclaims = self._ledger.within_guarantee(job.tenant, need)
+        key = (demand, job.priority, job.tenant if reclaims else None)
+        if key in self._no_victims or self._room.free_for(demand) + self._victim_bound(job, reclaims) < need:
+            self._no_victims.add(key)
+            return None
+        if self._pool is None:
+            self._pool = VictimPool.of(self._state, self._ledger, self._now, self._policy.min_runtime_s)
+        found = self._pool.search(Preemptor(job.job_id, job.tenant, demand, job.priority, reclaims),
+                                  self._reserved.keys())
+        if found is None:
+            self._no_victims.add(key)
+            return None
+        victims, gang = found
+        evictions = tuple(Eviction(victim.job_id, self._eviction_reason(job, victim), job.job_id) for victim in victims)
+        for victim in victims:
+            self._state.stop(victim.job_id)
+        self._reserve(job, gang.nodes)
+        names = ", ".join(victim.job_id for victim in victims[:5]) + (" ..." if len(victims) > 5 else "")
+        detail = f"preempting {len(victims)} job(s) ({names}); it starts once their GPUs are released"
+        wait = WaitRecord(W.PREEMPTION, detail, tuple(victim.job_id for victim in victims), gang.nodes)
+        return Decision(job, wait=wait, evictions=evictions)
+
+    def _victim_bound(self, job: WaitingJob, reclaims: bool) -> int:
+        """An upper bound on the GPUs preemption could free for ``job``, from running totals alone."""
+        bound = sum(gpus for priority, gpus in self._state.gpus_by_priority.items() if priority < job.priority)
+        if reclaims:
+            bound += sum(self._ledger.borrowed(t) for t in self._ledger.tenants() if t != job.tenant)
+        return bound
+
+    def _eviction_reason(self, job: WaitingJob, victim: HeldJob) -> str:
+        if victim.priority < job.priority:
+            return f"preempted by job {job.job_id} (priority {job.priority} over {victim.priority})"
+        quota = self._ledger.quota(job.tenant)
+        return (
+            f"preempted to reclaim tenant {job.tenant}'s guarantee of {quota.guaranteed_gpus} GPUs "
+            f"for job {job.job_id}: tenant {victim.tenant} borrows beyond its own"
+        )
+
+    def _blocked_wait(self, job: WaitingJob) -> WaitRecord:
+        demand = job.demand
+        code, waiting_for = self._blocking_reason(job)
+        nodes: tuple[str, ...] = ()
+        if code in _COMPETING:
+            self._blocked.setdefault((job.priority, demand.gpu_type if demand.gpus else None), job.job_id)
+            if self._backfill_reservations < self._policy.max_reservations:
+                nodes = self._reservation_nodes(job)
+                if nodes:
+                    self._reserve(job, nodes)
+                    self._backfill_reservations += 1
+        detail = _DETAILS[code].format(need=demand.describe(), ahead=", ".join(waiting_for))
+        if nodes:
+            detail += f"; {len(nodes)} node(s) are kept free for it, so jobs behind it cannot delay it"
+        return WaitRecord(code, detail, waiting_for, nodes)
+
+    def _blocking_reason(self, job: WaitingJob) -> tuple[WaitReason, tuple[str, ...]]:
+        demand = job.demand
+        room = self._room
+        need = demand.total_gpus
+        if demand.gpus and room.free_for(demand) < need:
+            code = W.GPU_TYPE if demand.gpu_type is not None and room.free_gpus() >= need else W.CAPACITY
+        else:
+            code = W.FRAGMENTATION if demand.gpus else W.CAPACITY
+            if self._reserved and demand not in self._no_fit_anywhere:
+                anywhere = room.find(demand)
+                if anywhere is not None:
+                    holders = sorted({self._reserved[n] for n in anywhere.nodes if n in self._reserved})
+                    return W.RESERVATION, tuple(holders)
+                self._no_fit_anywhere.add(demand)
+        ahead = self._higher_priority_blocked(job)
+        if ahead is not None:
+            return W.PRIORITY, (ahead,)
+        return code, ()
+
+    def _higher_priority_blocked(self, job: WaitingJob) -> str | None:
+        """A job of a higher priority class that waits for the same kind of GPUs, if any."""
+        if not job.demand.gpus:
+            return None
+        wanted = job.demand.gpu_type
+        for (priority, gpu_type), job_id in self._blocked.items():
+            if priority > job.priority and (gpu_type is None or wanted is None or gpu_type == wanted):
+                return job_id
+        return None
+
+    def _reservation_nodes(self, job: WaitingJob) -> tuple[str, ...]:
+        """The job's recorded reservation while it is still valid and free; else a new one."""
+        wait = job.wait
+        if wait is not None and wait.reserved_nodes and wait.code is not W.PREEMPTION:
+            kept = wait.reserved_nodes
+            if all(node not in self._reserved for node in kept) and self._room.can_hold_when_empty(job.demand, kept):
+                return kept
+        return self._room.reservation(job.demand, self._reserved.keys()) or ()
+
+    def _reserve(self, job: WaitingJob, nodes: Iterable[str]) -> None:
+        for node in nodes:
+            self._reserved.setdefault(node, job.job_id)
+
+
+_DETAILS: dict[WaitReason, str] = {
+    W.CAPACITY: "needs {need}; not enough are free",
+    W.GPU_TYPE: "needs {need}; GPUs are free, but too few of that type",
+    W.FRAGMENTATION: "needs {need}; enough GPUs are free in total, but not on few enough nodes to hold the gang",
+    W.PRIORITY: "needs {need}; higher-priority job {ahead} waits ahead of it for the same GPUs",
+    W.RESERVATION: "needs {need}; it would fit, but only on nodes kept free for {ahead}, ahead of it",
+}
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def plan(state: ClusterState, waiting: Iterable[WaitingJob], now: float, policy: SchedulerPolicy) -> Plan:
+    """Decide one cycle: allocations, evictions and wait reasons; ``state`` is left as the plan leaves it."""
+    return Planner(state, waiting, now, policy).run()

@@ -58,6 +58,7 @@ TRANSITIONS: Mapping[type[EventData], Mapping[JobState | None, JobState]] = {
     ev.JobAccepted: {S.SUBMITTED: S.SUBMITTED},
     ev.JobRejected: {S.SUBMITTED: S.FAILED},
     ev.JobQueued: {S.SUBMITTED: S.QUEUED, S.HALTED: S.QUEUED},
+    ev.JobWaiting: {S.QUEUED: S.QUEUED},
     ev.GpusAllocated: {S.QUEUED: S.SCHEDULED},
     ev.JobLaunching: {S.SCHEDULED: S.LAUNCHING, S.RESTARTING: S.LAUNCHING},
     ev.LearnerStarted: _same(_ACTIVE),
@@ -73,6 +74,7 @@ TRANSITIONS: Mapping[type[EventData], Mapping[JobState | None, JobState]] = {
         S.LAUNCHING: S.HALTING,
         S.RUNNING: S.HALTING,
         S.RESTARTING: S.HALTING,
+        S.HALTING: S.HALTING,  # a user's halt overriding a preemption's requeue
     },
     ev.JobHalted: {S.QUEUED: S.HALTED, S.SCHEDULED: S.HALTED, S.HALTING: S.HALTED},
     ev.ResumeRequested: {S.HALTED: S.HALTED},

@@ -20,8 +20,17 @@ from ffdl.events.types import EVENT_TYPES
 JsonObject = dict[str, Any]
 Upcaster = Callable[[JsonObject], JsonObject]
 
+
+def _not_requeued(data: JsonObject) -> JsonObject:
+    """v1 -> v2 of ``HaltJob`` and ``HaltRequested``: a halt before preemption existed never requeued."""
+    return {**data, "requeue": False}
+
+
 #: (type, version) -> function that turns that version's payload into version + 1.
-UPCASTERS: dict[tuple[str, int], Upcaster] = {}
+UPCASTERS: dict[tuple[str, int], Upcaster] = {
+    ("HaltJob", 1): _not_requeued,
+    ("HaltRequested", 1): _not_requeued,
+}
 
 CE_SPECVERSION = "1.0"
 

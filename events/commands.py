@@ -11,8 +11,8 @@ from typing import Annotated
 from pydantic import Field
 
 from ffdl.events.envelope import Command, CommandData
-from ffdl.events.model import Checkpoint, ErrorCode, JobSpec, LossReason, Placement, ResultSummary
-from ffdl.events.types import Attempt, Rank, Reason
+from ffdl.events.model import Checkpoint, ErrorCode, JobSpec, LossReason, Placement, ResultSummary, WaitReason
+from ffdl.events.types import Attempt, JobIds, NodeNames, Rank, Reason
 
 
 class SubmitJob(CommandData):
@@ -33,6 +33,15 @@ class AllocateGpus(CommandData):
 
     placement: Placement
     reason: Reason = ""
+
+
+class RecordWaitReason(CommandData):
+    """Sent by the scheduler (with its fencing token) when its reason for not starting a queued job changes."""
+
+    code: WaitReason
+    detail: Reason = ""
+    waiting_for: JobIds = ()
+    reserved_nodes: NodeNames = ()
 
 
 class BeginLaunch(CommandData):
@@ -73,7 +82,12 @@ class ReportLearnerLost(CommandData):
 
 
 class HaltJob(CommandData):
+    """``requeue``: queue the job again once it halted (the scheduler preempting it), to resume from its checkpoint."""
+
+    VERSION = 2
+
     reason: Reason = ""
+    requeue: bool = False
 
 
 class ResumeJob(CommandData):
@@ -99,6 +113,7 @@ COMMAND_TYPES: dict[str, type[CommandData]] = {
         AdmitJob,
         RejectJob,
         AllocateGpus,
+        RecordWaitReason,
         BeginLaunch,
         ReportLearnerStarted,
         ReportProgress,

@@ -120,6 +120,18 @@ class ErrorCode(StrEnum):
         return FailureKind.CLIENT if self.value.startswith("C") else FailureKind.PLATFORM
 
 
+class WaitReason(StrEnum):
+    """Why the scheduler has not started a queued job yet: what ``ffdl why`` answers with."""
+
+    QUOTA = "quota"  # its tenant would exceed its GPU limit (guaranteed + borrowing)
+    CAPACITY = "capacity"  # not enough GPUs are free
+    FRAGMENTATION = "fragmentation"  # enough GPUs are free in total, but not on few enough nodes for the gang
+    GPU_TYPE = "gpu-type"  # GPUs are free, but not of the type it asks for
+    PRIORITY = "priority"  # a higher-priority job waits ahead of it for the same GPUs
+    RESERVATION = "reservation"  # it would fit, but only on nodes reserved for a job ahead of it
+    PREEMPTION = "preemption"  # lower-priority or borrowing jobs are being halted to make room for it
+
+
 class LossReason(StrEnum):
     """Why the platform decided a learner is gone although it reported no exit."""
 

@@ -1,7 +1,8 @@
 """JSON Schemas of every event and command, one file per type and version under ``schemas/``.
 
 A schema file, once written for a version, never changes: a payload change needs a version bump
-(and an upcaster from the old version), which the test suite enforces.
+(and an upcaster from the old version), which the test suite enforces. After a bump, run
+``python -m ffdl.events.schema_export`` to write the new version's file next to the old ones.
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ SCHEMA_DIR = Path(__file__).resolve().with_name("schemas")
 
 
 def all_payload_types() -> dict[str, type[Payload]]:
-    return {**{f"event.{k}": v for k, v in EVENT_TYPES.items()}, **{f"command.{k}": v for k, v in COMMAND_TYPES.items()}}
+    return {
+        **{f"event.{k}": v for k, v in EVENT_TYPES.items()},
+        **{f"command.{k}": v for k, v in COMMAND_TYPES.items()},
+    }
 
 
 def schema_filename(key: str, cls: type[Payload]) -> str:
@@ -40,3 +44,8 @@ def export_schemas(directory: Path = SCHEMA_DIR) -> list[Path]:
         path.write_text(render_schema(cls))
         written.append(path)
     return written
+
+
+if __name__ == "__main__":
+    for written in export_schemas():
+        print(written)

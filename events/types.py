@@ -14,11 +14,14 @@ from ffdl.events.model import (
     LossReason,
     Placement,
     ResultSummary,
+    WaitReason,
 )
 
 Rank = Annotated[int, Field(ge=0)]
 Attempt = Annotated[int, Field(ge=1)]
 Reason = Annotated[str, Field(max_length=2000)]
+JobIds = Annotated[tuple[str, ...], Field(max_length=1024)]
+NodeNames = Annotated[tuple[str, ...], Field(max_length=1024)]
 
 
 class JobSubmitted(EventData):
@@ -41,6 +44,19 @@ class JobQueued(EventData):
     """The job waits for GPUs: first after admission, again after a halt was resumed."""
 
     reason: Reason = ""
+
+
+class JobWaiting(EventData):
+    """Why the queued job does not run yet, appended only when the scheduler's reason changes.
+
+    ``waiting_for`` names the jobs it waits on (the reservation holder ahead of it, the jobs being
+    preempted for it); ``reserved_nodes`` are the nodes kept free for it, which jobs behind it may not use.
+    """
+
+    code: WaitReason
+    detail: Reason = ""
+    waiting_for: JobIds = ()
+    reserved_nodes: NodeNames = ()
 
 
 class GpusAllocated(EventData):
@@ -104,8 +120,13 @@ class JobRestarting(EventData):
 
 
 class HaltRequested(EventData):
+    """``requeue``: once halted the job queues again by itself (a preemption), resuming from its checkpoint."""
+
+    VERSION = 2
+
     reason: Reason = ""
     requested_by: str = ""
+    requeue: bool = False
 
 
 class JobHalted(EventData):
@@ -163,6 +184,7 @@ EVENT_TYPES: dict[str, type[EventData]] = {
         JobAccepted,
         JobRejected,
         JobQueued,
+        JobWaiting,
         GpusAllocated,
         JobLaunching,
         LearnerStarted,

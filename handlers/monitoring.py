@@ -144,20 +144,24 @@ class Monitor:
             await self._on_put(key, value)
         watch = self._store.watch(JOBS_PREFIX, snapshot.revision + 1)
         stopping = asyncio.create_task(stop.wait())
+        next_change: asyncio.Future[WatchEvent] | None = None
         try:
             while not stop.is_set():
                 next_change = asyncio.ensure_future(anext(watch))
                 done, _ = await asyncio.wait({next_change, stopping}, return_when=asyncio.FIRST_COMPLETED)
                 if next_change not in done:
-                    next_change.cancel()
                     break
-                change: WatchEvent = next_change.result()
+                change = next_change.result()
+                next_change = None
                 if change.kind is WatchKind.PUT:
                     await self._on_put(change.key, change.value)
                 else:
                     await self._on_delete(change.key)
         finally:
             stopping.cancel()
+            if next_change is not None:
+                next_change.cancel()
+                await asyncio.gather(next_change, return_exceptions=True)
             await watch.aclose()
 
     async def _check_forever(self, stop: asyncio.Event) -> None:

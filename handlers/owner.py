@@ -65,7 +65,7 @@ class JobOwner:
         if decided:
             await self._bus.publish(self._topics.events, event_records(decided, self._producer))
             for event in decided:
-                log.info("event appended", job_id=event.job_id, event=event.type, seq=event.seq,
+                log.info("event appended", job_id=event.job_id, type=event.type, seq=event.seq,
                          event_id=str(event.event_id), causation_id=str(event.causation_id))
 
     async def _decide(self, record: Record) -> list[Event]:

@@ -27,8 +27,11 @@ Consumer groups and rebalancing
     A member joins by inserting its row and bumping the group's version. A background task per
     member refreshes its heartbeat every quarter of its session timeout (KIP-62 style, so a slow
     batch does not cost the member its partitions); a member whose heartbeat is older than its own
-    session timeout is expired, with its claims, by the next member that syncs. Every membership change
-    and every released claim bumps the group's version.
+    session timeout is expired, with its claims, by the next member that syncs. A heartbeat never
+    brings an expired member back: a member that was only paused (SIGSTOP, a long GC) finds out at
+    its next sync, loses everything it was fetching, and rejoins. ``close`` revokes what the member
+    holds, then leaves at once; :meth:`EmbeddedBus.abandon` stops without leaving, as a crash would.
+    Every membership change and every released claim bumps the group's version.
 
     The target assignment is Kafka's range assignor over the sorted live member ids, topic by topic,
     so topics subscribed together (``ffdl.commands`` and ``ffdl.events``) keep partition ``p`` on the
@@ -38,15 +41,16 @@ Consumer groups and rebalancing
     1. one transaction: refresh its heartbeat (rejoining if it was expired), expire dead members,
        compute its target, claim every target partition nobody holds, drop claims it holds but never
        started fetching, and read the committed offsets of what it newly holds;
-    2. ``listener.on_revoked(lost | moving)``: *lost* were taken while it was presumed dead, *moving*
-       are held but now belong to someone else. It still holds *moving* during the callback, so the
-       listener can commit them; then it releases those claims (bumping the version);
+    2. ``listener.on_revoked(lost | moving)``: *lost* is everything it was fetching if it had been
+       expired, *moving* what it holds that now belongs to someone else. It still holds *moving*
+       during the callback, so the listener can commit them; then it releases those claims;
     3. ``listener.on_assigned(gained)``, then it fetches them from the committed offset (or 0).
 
     A partition is claimed only once its previous holder released it (after its ``on_revoked``) or
-    was expired, so two live members never fetch the same partition, and the old owner's revocation
-    always precedes the new owner's assignment. A member that stops calling ``fetch`` keeps its
-    claims until it leaves or stops heart-beating. Listener errors are logged and the rebalance goes
+    was expired, so the old owner's revocation precedes the new owner's assignment and two members in
+    good standing never fetch the same partition (an expired member that still runs may fetch until
+    its next sync, but cannot commit). A member that stops calling ``fetch`` keeps its claims until
+    it leaves or stops heart-beating. Listener errors are logged and the rebalance goes
     on, as aiokafka does; a cancelled rebalance is redone by the next ``fetch``.
 
 Why at-least-once
@@ -74,9 +78,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 import structlog
+
 from ffdl.adapters.bus.partitioning import partition_for
 from ffdl.handlers.ports import (
     BusUnavailable,
@@ -156,7 +161,7 @@ def _names(partitions: frozenset[TopicPartition]) -> list[str]:
     return [f"{tp.topic}[{tp.partition}]" for tp in sorted(partitions)]
 
 
-def range_assignment(
+def _range_assignment(
     subscriptions: Mapping[str, frozenset[str]], partitions: int
 ) -> dict[str, frozenset[TopicPartition]]:
     """Kafka's range assignor: per topic, its subscribers in member-id order take consecutive runs of
@@ -184,7 +189,8 @@ def _write_transaction(connection: sqlite3.Connection) -> Iterator[sqlite3.Conne
     try:
         yield connection
     except BaseException:
-        connection.execute("ROLLBACK")
+        if connection.in_transaction:
+            connection.execute("ROLLBACK")
         raise
     connection.execute("COMMIT")
 
@@ -241,6 +247,7 @@ def _end_offset(connection: sqlite3.Connection, topic: str, partition: int) -> i
 
 def _append(
     connection: sqlite3.Connection,
+    *,
     topic: str,
     records: Sequence[OutgoingRecord],
     partitions: int,
@@ -333,6 +340,8 @@ class _GroupView:
     held: frozenset[TopicPartition]
     #: Next offsets of the partitions the member holds and should start fetching.
     committed: Mapping[TopicPartition, int]
+    #: Whether the member had been expired: everything it was fetching is lost, whatever it holds now.
+    rejoined: bool
     #: Whether the sync changed the group (expired members, rejoined, released claims).
     changed_group: bool
 
@@ -350,13 +359,18 @@ def _bump_group_version(connection: sqlite3.Connection, group: str) -> None:
     )
 
 
-def _touch_member(connection: sqlite3.Connection, member: _Membership, now_ms: int) -> bool:
-    """Refresh the member's heartbeat; insert its row if it has none. Returns whether it (re)joined."""
-    updated = connection.execute(
+def _refresh_heartbeat(connection: sqlite3.Connection, member: _Membership, now_ms: int) -> bool:
+    """Returns False when the member has no row (it never joined or was expired)."""
+    updated: int = connection.execute(
         "UPDATE group_members SET heartbeat_ms = ? WHERE group_id = ? AND member_id = ?",
         (now_ms, member.group, member.member_id),
     ).rowcount
-    if updated:
+    return updated == 1
+
+
+def _touch_member(connection: sqlite3.Connection, member: _Membership, now_ms: int) -> bool:
+    """Refresh the member's heartbeat; insert its row if it has none. Returns whether it (re)joined."""
+    if _refresh_heartbeat(connection, member, now_ms):
         return False
     connection.execute(
         "INSERT INTO group_members (group_id, member_id, topics, heartbeat_ms, session_timeout_ms)"
@@ -373,12 +387,12 @@ def _join(connection: sqlite3.Connection, member: _Membership, now_ms: int) -> N
 
 
 def _heartbeat(connection: sqlite3.Connection, member: _Membership, now_ms: int) -> bool:
-    """Returns whether the member had been expired and joined again."""
+    """Refresh the member's heartbeat; False when it is a member no more (it was expired).
+
+    Only a sync brings an expired member back, so that it also learns it lost its partitions.
+    """
     with _write_transaction(connection):
-        rejoined = _touch_member(connection, member, now_ms)
-        if rejoined:
-            _bump_group_version(connection, member.group)
-    return rejoined
+        return _refresh_heartbeat(connection, member, now_ms)
 
 
 def _expire_members(connection: sqlite3.Connection, group: str, now_ms: int) -> list[str]:
@@ -442,8 +456,10 @@ def _sync_member(
                 "SELECT member_id, topics FROM group_members WHERE group_id = ?", (group,)
             )
         }
-        target = range_assignment(subscriptions, partitions)[me]
-        stale = _claims_of(connection, group, me) - target - fetching
+        target = _range_assignment(subscriptions, partitions)[me]
+        # What the member fetches is still backed by its claims unless it was expired meanwhile.
+        continuing = frozenset() if rejoined else fetching
+        stale = _claims_of(connection, group, me) - target - continuing
         _delete_claims(connection, group, me, stale)
         connection.executemany(
             "INSERT OR IGNORE INTO group_claims (group_id, topic, partition, member_id) VALUES (?, ?, ?, ?)",
@@ -454,12 +470,14 @@ def _sync_member(
         if changed_group:
             _bump_group_version(connection, group)
         committed = {
-            where: _committed_offset(connection, group, where) for where in (held & target) - fetching
+            where: _committed_offset(connection, group, where) for where in (held & target) - continuing
         }
         version = _group_version(connection, group)
     if expired:
         log.info("group members expired", group=group, member=me, expired=expired)
-    return _GroupView(version, target, held, committed, changed_group)
+    if rejoined:
+        log.warning("member had been expired from its group; it rejoined", group=group, member=me)
+    return _GroupView(version, target, held, committed, rejoined, changed_group)
 
 
 def _release(
@@ -518,15 +536,16 @@ def _commit(
 
 
 class _SqliteThread:
-    """One SQLite connection and the single thread that uses it."""
+    """One SQLite connection and the single thread that uses it; it can be opened again after a close."""
 
     def __init__(self, path: Path, name: str) -> None:
         self._path = path
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self._name = name
+        self._executor: ThreadPoolExecutor | None = None
         self._connection: sqlite3.Connection | None = None
-        self._closed = False
 
     async def open(self, *pragmas: str) -> None:
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self._name)
         await asyncio.get_running_loop().run_in_executor(self._executor, self._connect, pragmas)
 
     def _connect(self, pragmas: Sequence[str]) -> None:
@@ -545,14 +564,16 @@ class _SqliteThread:
         return work(self._connection)
 
     async def run(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        if self._executor is None:
+            raise RuntimeError(f"the event log at {self._path} is not open")
         return await asyncio.get_running_loop().run_in_executor(self._executor, self._call, work)
 
     async def close(self) -> None:
-        if self._closed:
+        executor, self._executor = self._executor, None
+        if executor is None:
             return
-        self._closed = True
-        await asyncio.get_running_loop().run_in_executor(self._executor, self._disconnect)
-        self._executor.shutdown(wait=False)
+        await asyncio.get_running_loop().run_in_executor(executor, self._disconnect)
+        executor.shutdown(wait=False)
 
     def _disconnect(self) -> None:
         if self._connection is not None:
@@ -698,18 +719,21 @@ class EmbeddedSubscription:
                 await self._heartbeats
 
     async def _beat(self) -> None:
+        reported_expiry = False
         while True:
             await asyncio.sleep(self._session_timeout_s / 4)
             try:
-                rejoined = await self._file.writer.run(
+                member = await self._file.writer.run(
                     partial(_heartbeat, member=self._membership, now_ms=_now_ms())
                 )
             except sqlite3.Error as exc:
                 self._log.warning("heartbeat failed; retrying", error=str(exc))
                 continue
-            if rejoined:
-                self._log.warning("member had been expired from its group (session timed out); rejoined")
-                self._file.notify()
+            if not member and not reported_expiry:
+                self._log.warning(
+                    "member was expired from its group (session timed out); it rejoins at its next fetch"
+                )
+            reported_expiry = not member
 
     async def _rebalance(self) -> None:
         view = await self._file.writer.run(
@@ -725,8 +749,8 @@ class EmbeddedSubscription:
         if view.changed_group:
             self._file.notify()
         fetching = frozenset(self._fetching)
-        lost = fetching - view.held
-        moving = (fetching & view.held) - view.target
+        lost = fetching if view.rejoined else fetching - view.held
+        moving = (fetching - lost) - view.target
         if lost or moving:
             self._log.info("partitions revoked", lost=_names(lost), moving=_names(moving))
             await self._call_listener("on_revoked", lost | moving)
@@ -744,7 +768,9 @@ class EmbeddedSubscription:
             for where in gained:
                 self._fetching[where] = view.committed[where]
 
-    async def _call_listener(self, callback: str, partitions: frozenset[TopicPartition]) -> None:
+    async def _call_listener(
+        self, callback: Literal["on_assigned", "on_revoked"], partitions: frozenset[TopicPartition]
+    ) -> None:
         if self._listener is None:
             return
         try:

@@ -48,6 +48,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
+
+from ffdl.adapters.agent import wait_for_exit
 from ffdl.events.model import LearnerPlacement
 from ffdl.handlers.ports import LaunchRequest, LearnerHandle
 
@@ -377,21 +379,37 @@ def _process_stat(pid: int) -> _ProcessStat | None:
     return _ProcessStat(state=fields[0], process_group=int(fields[2]), start_ticks=int(fields[19]))
 
 
-def _live_process_groups() -> set[int]:
-    groups = set()
+def _live_groups(groups: set[int]) -> set[int]:
+    """The ``groups`` that still have a process that has not exited.
+
+    ``killpg(group, 0)`` answers cheaply for a group that is gone, but succeeds for a group of
+    zombies too, so only the groups it finds are looked for in ``/proc``.
+    """
+    existing = {group for group in groups if _group_exists(group)}
+    if not existing:
+        return set()
+    live = set()
     for entry in os.scandir("/proc"):
         if entry.name.isdigit() and (stat := _process_stat(int(entry.name))) is not None and stat.alive:
-            groups.add(stat.process_group)
-    return groups
+            live.add(stat.process_group)
+    return existing & live
+
+
+def _group_exists(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists, but belongs to another user
+    return True
 
 
 async def _wait_until_gone(groups: set[int], timeout_s: float) -> set[int]:
     """Wait until no live process is left in ``groups``; returns the groups that still have one."""
-    if not groups:
-        return set()
     deadline = time.monotonic() + timeout_s
     while True:
-        remaining = groups & _live_process_groups()
+        remaining = _live_groups(groups)
         if not remaining or time.monotonic() >= deadline:
             return remaining
         await asyncio.sleep(STOP_POLL_INTERVAL_S)
@@ -404,23 +422,7 @@ def _signal_group(group: int, signum: signal.Signals) -> None:
 
 async def _reap(handle: LearnerHandle, process: subprocess.Popen[bytes]) -> None:
     """Wait for an agent this launcher started to exit, and collect its status (no zombie stays)."""
-    loop = asyncio.get_running_loop()
-    exited: asyncio.Future[None] = loop.create_future()
-
-    def on_exit() -> None:
-        if not exited.done():
-            exited.set_result(None)
-
-    pidfd = os.pidfd_open(process.pid)
-    try:
-        loop.add_reader(pidfd, on_exit)
-        try:
-            await exited
-        finally:
-            loop.remove_reader(pidfd)
-    finally:
-        os.close(pidfd)
-    returncode = process.wait()
+    returncode = await wait_for_exit(process)
     log.info(
         "learner agent ended",
         job_id=handle.job_id,

@@ -27,12 +27,15 @@ WAIT_S = 15.0
 class BusFactory(Protocol):
     """Opens instances of one adapter's bus on one log."""
 
-    def open(self, partitions: int = 4, *, session_timeout_s: float = 10.0) -> AbstractAsyncContextManager[Bus]:
+    def open(
+        self, partitions: int = 4, *, session_timeout_s: float = 10.0
+    ) -> AbstractAsyncContextManager[Bus]:
         """A started bus on this test's log, closed on exit; each call is another instance."""
 
     async def crash(self, bus: Bus) -> None:
         """End ``bus`` as a killed process would: no revoke, no commit, no leave. Its group members
-        keep their partitions until their session times out."""
+        keep their partitions until their session times out. Leaving its ``open`` context afterwards
+        must do nothing more."""
 
 
 class EmbeddedBusFactory:
@@ -58,16 +61,6 @@ class EmbeddedBusFactory:
 def unique(name: str) -> str:
     """``name`` made unique to this test, for topics and groups."""
     return f"{name}-{uuid.uuid4().hex[:10]}"
-
-
-async def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
-    """Poll ``condition`` until it holds; fail with ``what`` after ``timeout_s``."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not condition():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting until {what}")
-        await asyncio.sleep(0.02)
 
 
 #: One rebalance callback as it happened: (member name, "assigned" or "revoked", partitions).
@@ -115,20 +108,27 @@ async def join(
     return Member(await bus.subscribe(group, topics, listener), listener)
 
 
-async def drive(members: Sequence[Member], until: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
-    """Fetch on every member at once, round after round, until ``until()`` holds.
+async def fetch_round(members: Sequence[Member], timeout_s: float = 0.1) -> None:
+    """One fetch on every member at once; what each gets is added to its ``received``.
 
-    Members fetch concurrently because a rebalance may need all of them to take part; between rounds
-    no fetch is in flight, so a test may commit or close a member then.
+    Members fetch concurrently because a rebalance may need all of them to take part.
     """
+    batches = await asyncio.gather(*(m.subscription.fetch(500, timeout_s) for m in members))
+    for member, batch in zip(members, batches, strict=True):
+        member.received.extend(batch)
+
+
+async def drive(
+    members: Sequence[Member], until: Callable[[], bool], what: str, timeout_s: float = WAIT_S
+) -> None:
+    """Fetch rounds until ``until()`` holds. Between rounds no fetch is in flight, so a test may commit
+    or close a member then."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while not until():
         if loop.time() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s driving members until {what}")
-        batches = await asyncio.gather(*(m.subscription.fetch(500, 0.1) for m in members))
-        for member, batch in zip(members, batches, strict=True):
-            member.received.extend(batch)
+        await fetch_round(members)
 
 
 def all_partitions(topics: Sequence[str], partitions: int) -> frozenset[TopicPartition]:

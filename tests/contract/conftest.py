@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from bus_contract import BusFactory, EmbeddedBusFactory
+
+from tests.contract.bus_contract import BusFactory, EmbeddedBusFactory
 
 
 def embedded_bus_factory(request: pytest.FixtureRequest) -> BusFactory:

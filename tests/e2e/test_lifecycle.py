@@ -11,7 +11,7 @@ import pytest
 from ffdl.adapters.config import Settings
 from ffdl.adapters.platform import Platform
 from ffdl.adapters.sre import verify_log
-from tests.e2e.conftest import Api, manifest
+from tests.e2e.conftest import Api, learner_command, manifest
 
 pytestmark = pytest.mark.e2e
 
@@ -152,8 +152,7 @@ async def test_bad_manifests_get_a_4xx_naming_the_field_and_record_nothing(
 
 
 async def test_an_ffdl_manifest_runs_as_is(api: Api, settings: Settings) -> None:
-    text = manifest("x", learners=1, gpus=1, args=["--steps", "3", "--delay", "0.01"])
-    command = text.split("command: ")[1].split("\n")[0]
+    command = learner_command("--steps", "3", "--delay", "0.01")
     ffdl_manifest = (
         "name: FfDL_Tutorial\nversion: '1.0'\ndescription: from FfDL\nlearners: 1\ngpus: 1\ncpus: 1\nmemory: 1Gb\n"
         "data_stores:\n  - id: store\n    type: mount_cos\n    training_data: {container: train-data}\n"

@@ -1,0 +1,410 @@
+"""Free room on every node, indexed by free GPU count, for fast gang placement.
+
+The scheduler weighs thousands of waiting gangs per cycle against a thousand nodes. Scanning every
+node for every learner (what :func:`ffdl.core.allocator.place_gang` does; it stays the reference
+that the tests hold this index to) costs about a millisecond per gang there. Here each GPU type
+keeps its schedulable nodes in buckets by free GPU count, so every placement is a walk over at
+most "GPUs per node" buckets that usually stops at the first node it looks at.
+
+The learners of a gang are identical, so what a node can take of a gang is a number of *slots*:
+the least of its free GPUs, milli-CPUs and memory over one learner's need. A placement chooses a
+slot count per node; GPU indices are handed out lowest first.
+
+* ``pack`` (the default, FfDL's "dense") is topology-aware: the whole gang on the one node that
+  fits it most tightly if any node can take it; else the fewest nodes, largest first, the last one
+  chosen by best fit for what remains (the minimum node count when GPUs are the limit).
+* ``spread`` gives each learner in turn to the node with the most free GPUs.
+
+A :class:`ClusterRoom` is the mutable working state of one planning thread (a scheduling cycle, a
+simulation). It is never shared; its decisions depend only on the nodes it was built from and the
+operations applied to it since, so the same inputs always give the same placements.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence, Set
+from dataclasses import dataclass, replace
+from heapq import heapify, heappop, heappush
+
+from ffdl.core.allocator import Node, PlacementPolicy
+from ffdl.events.model import JobSpec, LearnerPlacement, Placement
+
+_UNLIMITED = 1 << 62
+
+
+def milli_cpus(cpus: float) -> int:
+    """CPUs as an integer count of thousandths, so slot arithmetic is exact (and never zero)."""
+    return max(1, round(cpus * 1000))
+
+
+@dataclass(frozen=True, slots=True)
+class Demand:
+    """What one gang needs: ``learners`` identical learners, each with these GPUs, CPUs and memory."""
+
+    learners: int
+    gpus: int
+    gpu_type: str | None = None
+    mcpus: int = 1000
+    memory_mb: int = 1024
+    policy: PlacementPolicy = "pack"
+
+    @classmethod
+    def of(cls, spec: JobSpec) -> Demand:
+        return cls(spec.learners, spec.gpus, spec.gpu_type, milli_cpus(spec.cpus), spec.memory_mb, spec.placement)
+
+    @property
+    def total_gpus(self) -> int:
+        return self.learners * self.gpus
+
+    def describe(self) -> str:
+        kind = f" of type {self.gpu_type}" if self.gpu_type and self.gpus else ""
+        return f"{self.learners} learner(s) x {self.gpus} GPU(s){kind}"
+
+
+@dataclass(frozen=True, slots=True)
+class Gang:
+    """Where each learner of a gang runs, by rank: its node and the GPU indices it holds there."""
+
+    learners: tuple[tuple[str, tuple[int, ...]], ...]
+
+    @classmethod
+    def of(cls, placement: Placement) -> Gang:
+        return cls(tuple((learner.node, learner.gpus) for learner in placement.learners))
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """The distinct nodes the gang uses, sorted."""
+        return tuple(sorted({node for node, _ in self.learners}))
+
+    @property
+    def gpus(self) -> int:
+        return sum(len(gpus) for _, gpus in self.learners)
+
+    def placement(self, room: ClusterRoom) -> Placement:
+        return Placement(
+            learners=tuple(
+                LearnerPlacement(rank=rank, node=node, gpus=gpus, gpu_type=room.gpu_type(node))
+                for rank, (node, gpus) in enumerate(self.learners)
+            )
+        )
+
+
+class NodeRoom:
+    """What is free on one node now."""
+
+    __slots__ = ("free", "mcpus", "memory_mb", "node")
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.free = list(range(node.gpus))
+        self.mcpus = milli_cpus(node.cpus)
+        self.memory_mb = node.memory_mb
+
+    def slots(self, demand: Demand) -> int:
+        """How many learners of ``demand`` fit here now."""
+        by_gpus = len(self.free) // demand.gpus if demand.gpus else _UNLIMITED
+        return min(by_gpus, self.mcpus // demand.mcpus, self.memory_mb // demand.memory_mb)
+
+    def slots_when_empty(self, demand: Demand) -> int:
+        """How many learners of ``demand`` fit here once every job on the node has gone."""
+        by_gpus = self.node.gpus // demand.gpus if demand.gpus else _UNLIMITED
+        return min(by_gpus, milli_cpus(self.node.cpus) // demand.mcpus, self.node.memory_mb // demand.memory_mb)
+
+
+class ClusterRoom:
+    """The free capacity of a set of nodes, with gang placement over it (see the module docstring)."""
+
+    def __init__(self, nodes: Iterable[Node]) -> None:
+        self._rooms: dict[str, NodeRoom] = {}
+        self._buckets: dict[str, list[dict[str, NodeRoom]]] = {}
+        self._free: dict[str, int] = {}
+        for node in sorted(nodes, key=lambda n: n.name):
+            room = NodeRoom(node)
+            self._rooms[node.name] = room
+            if node.schedulable:
+                buckets = self._buckets.setdefault(node.gpu_type, [])
+                buckets.extend({} for _ in range(len(buckets), node.gpus + 1))
+                buckets[node.gpus][node.name] = room
+                self._free[node.gpu_type] = self._free.get(node.gpu_type, 0) + node.gpus
+        self._types = tuple(sorted(self._buckets))
+        self._max_gpus = max((len(b) - 1 for b in self._buckets.values()), default=0)
+
+    # -- the view ---------------------------------------------------------------------------------
+
+    def __contains__(self, node: str) -> bool:
+        return node in self._rooms
+
+    def room(self, node: str) -> NodeRoom | None:
+        return self._rooms.get(node)
+
+    def gpu_type(self, node: str) -> str | None:
+        room = self._rooms.get(node)
+        return room.node.gpu_type if room else None
+
+    def schedulable(self, node: str) -> bool:
+        room = self._rooms.get(node)
+        return room is not None and room.node.schedulable
+
+    @property
+    def gpu_types(self) -> tuple[str, ...]:
+        return self._types
+
+    def free_gpus(self, gpu_type: str | None = None) -> int:
+        """Free GPUs on schedulable nodes, of ``gpu_type`` (``None``: of any type)."""
+        if gpu_type is None:
+            return sum(self._free.values())
+        return self._free.get(gpu_type, 0)
+
+    def free_for(self, demand: Demand) -> int:
+        """Free GPUs that ``demand`` could use."""
+        return self.free_gpus(demand.gpu_type if demand.gpus else None)
+
+    # -- changing it ------------------------------------------------------------------------------
+
+    def take(self, demand: Demand, gang: Gang) -> None:
+        """Hold ``gang`` (of a job with ``demand``). GPUs already taken or unknown are skipped, so a
+        stale or doubled holding never makes the room negative."""
+        for node, (gpus, learners) in _per_node(gang).items():
+            room = self._rooms.get(node)
+            if room is None:
+                continue
+            taken = set(gpus)
+            before = len(room.free)
+            room.free = [gpu for gpu in room.free if gpu not in taken]
+            room.mcpus -= demand.mcpus * learners
+            room.memory_mb -= demand.memory_mb * learners
+            self._rebucket(room, before)
+
+    def release(self, demand: Demand, gang: Gang) -> None:
+        """Give back what :meth:`take` held for ``gang``."""
+        for node, (gpus, learners) in _per_node(gang).items():
+            room = self._rooms.get(node)
+            if room is None:
+                continue
+            before = len(room.free)
+            room.free = sorted(set(room.free) | {gpu for gpu in gpus if gpu < room.node.gpus})
+            room.mcpus += demand.mcpus * learners
+            room.memory_mb += demand.memory_mb * learners
+            self._rebucket(room, before)
+
+    def _rebucket(self, room: NodeRoom, before: int) -> None:
+        node = room.node
+        after = len(room.free)
+        if not node.schedulable or after == before:
+            return
+        buckets = self._buckets[node.gpu_type]
+        del buckets[before][node.name]
+        buckets[after][node.name] = room
+        self._free[node.gpu_type] += after - before
+
+    # -- placing ----------------------------------------------------------------------------------
+
+    def find(self, demand: Demand, excluded: Set[str] = frozenset()) -> Gang | None:
+        """A placement of the whole gang on nodes not in ``excluded``, or ``None``; changes nothing."""
+        types = self._types_for(demand)
+        if demand.gpus and self._slot_bound(demand, types) < demand.learners:
+            return None
+        if demand.policy == "spread":
+            return self._spread(demand, types, excluded)
+        return self._pack(demand, types, excluded)
+
+    def _types_for(self, demand: Demand) -> tuple[str, ...]:
+        if demand.gpus and demand.gpu_type is not None:
+            return (demand.gpu_type,) if demand.gpu_type in self._buckets else ()
+        return self._types
+
+    def _slot_bound(self, demand: Demand, types: Sequence[str]) -> int:
+        """Slots by free GPUs alone, ignoring CPUs, memory and exclusions: an upper bound, in O(buckets)."""
+        return sum(
+            len(bucket) * (free // demand.gpus)
+            for gpu_type in types
+            for free, bucket in enumerate(self._buckets[gpu_type])
+            if free >= demand.gpus
+        )
+
+    def _rooms_by_free(self, types: Sequence[str], lowest: int, ascending: bool) -> Iterator[NodeRoom]:
+        """Schedulable rooms with at least ``lowest`` free GPUs, by free GPUs, then bucket order."""
+        levels = range(lowest, self._max_gpus + 1)
+        for free in levels if ascending else reversed(levels):
+            for gpu_type in types:
+                buckets = self._buckets[gpu_type]
+                if free < len(buckets):
+                    yield from buckets[free].values()
+
+    def _pack(self, demand: Demand, types: Sequence[str], excluded: Set[str]) -> Gang | None:
+        need = demand.learners
+        for room in self._rooms_by_free(types, need * demand.gpus, ascending=True):
+            if room.node.name not in excluded and room.slots(demand) >= need:
+                return _gang(demand, [(room, need)])
+        chosen: list[tuple[NodeRoom, int]] = []
+        total = 0
+        for room in self._rooms_by_free(types, demand.gpus, ascending=False):
+            if room.node.name in excluded:
+                continue
+            slots = room.slots(demand)
+            if slots == 0:
+                continue
+            if total + slots >= need:
+                rest = need - total
+                taken = {r.node.name for r, _ in chosen}
+                chosen.append((self._best_fit(demand, types, rest, excluded | taken) or room, rest))
+                return _gang(demand, chosen)
+            chosen.append((room, slots))
+            total += slots
+        return None
+
+    def _best_fit(self, demand: Demand, types: Sequence[str], learners: int, excluded: Set[str]) -> NodeRoom | None:
+        for room in self._rooms_by_free(types, learners * demand.gpus, ascending=True):
+            if room.node.name not in excluded and room.slots(demand) >= learners:
+                return room
+        return None
+
+    def _spread(self, demand: Demand, types: Sequence[str], excluded: Set[str]) -> Gang | None:
+        need = demand.learners
+        candidates: list[tuple[NodeRoom, int]] = []
+        total = 0
+        for room in self._rooms_by_free(types, demand.gpus, ascending=False):
+            if room.node.name in excluded:
+                continue
+            slots = room.slots(demand)
+            if slots:
+                candidates.append((room, slots))
+                total += slots
+                if total >= need and len(candidates) >= need:
+                    break
+        if total < need:
+            return None
+        # (-free GPUs left, learners given, order): the most free first; CPU-only gangs by fewest given.
+        heap = [(-len(room.free), 0, order) for order, (room, _) in enumerate(candidates)]
+        heapify(heap)
+        picks: list[int] = []
+        while len(picks) < need:
+            minus_free, given, order = heappop(heap)
+            picks.append(order)
+            if given + 1 < candidates[order][1]:
+                heappush(heap, (minus_free + demand.gpus, given + 1, order))
+        handed = [0] * len(candidates)
+        learners = []
+        for order in picks:
+            room = candidates[order][0]
+            start = handed[order] * demand.gpus
+            learners.append((room.node.name, tuple(room.free[start : start + demand.gpus])))
+            handed[order] += 1
+        return Gang(tuple(learners))
+
+    # -- reserving --------------------------------------------------------------------------------
+
+    def reservation(self, demand: Demand, excluded: Set[str]) -> tuple[str, ...] | None:
+        """The nodes to keep for ``demand`` until it fits: the fewest that could hold it once empty,
+        those with the most free GPUs first (the quickest to drain); ``None`` if no such set exists."""
+        rooms = [
+            room
+            for gpu_type in self._types_for(demand)
+            for bucket in self._buckets[gpu_type]
+            for room in bucket.values()
+            if room.node.name not in excluded and room.slots_when_empty(demand) > 0
+        ]
+        rooms.sort(key=lambda room: (-len(room.free), room.node.name))
+        chosen: list[str] = []
+        total = 0
+        for room in rooms:
+            chosen.append(room.node.name)
+            total += room.slots_when_empty(demand)
+            if total >= demand.learners:
+                return tuple(sorted(chosen))
+        return None
+
+    def can_hold_when_empty(self, demand: Demand, nodes: Sequence[str]) -> bool:
+        """Whether ``nodes`` (all schedulable and of a usable type) could hold the gang once empty."""
+        types = set(self._types_for(demand))
+        total = 0
+        for name in nodes:
+            room = self._rooms.get(name)
+            if room is None or not room.node.schedulable or room.node.gpu_type not in types:
+                return False
+            total += room.slots_when_empty(demand)
+        return total >= demand.learners
+
+
+def _gang(demand: Demand, chosen: Sequence[tuple[NodeRoom, int]]) -> Gang:
+    learners = []
+    for room, count in chosen:
+        for index in range(count):
+            start = index * demand.gpus
+            learners.append((room.node.name, tuple(room.free[start : start + demand.gpus])))
+    return Gang(tuple(learners))
+
+
+def _per_node(gang: Gang) -> dict[str, tuple[list[int], int]]:
+    """Per node of the gang: the GPUs it holds there and how many of its learners run there."""
+    by_node: dict[str, tuple[list[int], int]] = {}
+    for node, gpus in gang.learners:
+        held, learners = by_node.get(node, ([], 0))
+        by_node[node] = ([*held, *gpus], learners + 1)
+    return by_node
+
+
+@dataclass(frozen=True, slots=True)
+class HeldJob:
+    """A job that holds GPUs: running, or being stopped (``stopping``: halting, halted, ended)."""
+
+    job_id: str
+    tenant: str
+    demand: Demand
+    priority: int
+    gang: Gang
+    started_at: float  # when it last got its GPUs, in seconds (the planner's clock)
+    stopping: bool = False
+
+
+class ClusterState:
+    """The planner's working view: the free room of every node, the jobs holding GPUs, and the GPUs
+    each tenant holds (and of those, how many are being freed). Callers build one per cycle from
+    their fold (the scheduler role) or keep one up to date (the simulator); a plan applies its own
+    decisions to it, so it reads the same afterwards as the cluster will once they take effect."""
+
+    def __init__(self, nodes: Iterable[Node]) -> None:
+        self.room = ClusterRoom(nodes)
+        self.held: dict[str, HeldJob] = {}
+        self.usage: dict[str, int] = {}
+        self.releasing: dict[str, int] = {}
+        self.gpus_by_priority: dict[int, int] = {}  # GPUs of running (not stopping) jobs per priority
+        self.orphans: set[str] = set()  # jobs with a learner on a node that is not in the inventory
+
+    def hold(self, job: HeldJob) -> None:
+        if job.job_id in self.held:
+            self.release(job.job_id)
+        self.held[job.job_id] = job
+        self.room.take(job.demand, job.gang)
+        gpus = job.gang.gpus
+        self.usage[job.tenant] = self.usage.get(job.tenant, 0) + gpus
+        if job.stopping:
+            self.releasing[job.tenant] = self.releasing.get(job.tenant, 0) + gpus
+        else:
+            self.gpus_by_priority[job.priority] = self.gpus_by_priority.get(job.priority, 0) + gpus
+        if any(node not in self.room for node in job.gang.nodes):
+            self.orphans.add(job.job_id)
+
+    def release(self, job_id: str) -> HeldJob | None:
+        """The job's GPUs are free again."""
+        job = self.held.pop(job_id, None)
+        if job is None:
+            return None
+        self.room.release(job.demand, job.gang)
+        gpus = job.gang.gpus
+        self.usage[job.tenant] -= gpus
+        if job.stopping:
+            self.releasing[job.tenant] -= gpus
+        else:
+            self.gpus_by_priority[job.priority] -= gpus
+        self.orphans.discard(job_id)
+        return job
+
+    def stop(self, job_id: str) -> HeldJob:
+        """The job is being stopped: it holds its GPUs until released, but they are on their way out."""
+        job = self.held[job_id]
+        if not job.stopping:
+            self.held[job_id] = replace(job, stopping=True)
+            self.releasing[job.tenant] = self.releasing.get(job.tenant, 0) + job.gang.gpus
+            self.gpus_by_priority[job.priority] -= job.gang.gpus
+        return self.held[job_id]

@@ -1,0 +1,105 @@
+"""Choosing victims: which running jobs to halt so that a waiting gang fits, and which are off limits.
+
+A waiting job may preempt a running job of strictly lower priority. A waiting job whose tenant
+stays inside its guarantee with it may also *reclaim*: preempt jobs of other tenants that borrow
+(hold more than their own guarantee), whatever their priority — a guarantee that a borrower could
+keep from its owner would be none. Preemption halts the victims with a checkpoint and requeues
+them; they resume from it (see :mod:`ffdl.core.decider`).
+
+What keeps preemption from looping:
+
+* a job is protected until it has held its GPUs for ``min_runtime_s`` since it last got them, so
+  a victim that is re-admitted runs at least that long before it can be preempted again, and a
+  job admitted in this very cycle is never a victim of it;
+* a job already being stopped is never chosen again, and the GPUs it frees are reserved for the
+  job it was stopped for (see :mod:`ffdl.core.scheduling`), so a requeued victim cannot take them
+  back in between and be preempted at once;
+* victims are the fewest the search finds: lowest priority first, then the youngest (the least
+  work since its start), added until the gang fits, then pruned of every victim it fits without.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Set
+from dataclasses import dataclass, field
+
+from ffdl.core.cluster import ClusterState, Demand, Gang, HeldJob
+from ffdl.core.tenancy import TenantLedger
+
+
+@dataclass(frozen=True, slots=True)
+class Preemptor:
+    """The waiting job that needs room, as the victim search sees it."""
+
+    job_id: str
+    tenant: str
+    demand: Demand
+    priority: int
+    reclaims: bool  # its tenant stays inside its guarantee with this job
+
+
+@dataclass(slots=True)
+class VictimPool:
+    """The running jobs that may be preempted in this cycle, lowest priority and youngest first."""
+
+    state: ClusterState
+    ledger: TenantLedger
+    candidates: list[HeldJob] = field(default_factory=list)
+    chosen: set[str] = field(default_factory=set)
+
+    @classmethod
+    def of(cls, state: ClusterState, ledger: TenantLedger, now: float, min_runtime_s: float) -> VictimPool:
+        candidates = [
+            job
+            for job in state.held.values()
+            if not job.stopping and job.gang.gpus > 0 and job.started_at + min_runtime_s <= now
+        ]
+        candidates.sort(key=lambda job: (job.priority, -job.started_at, job.job_id))
+        return cls(state, ledger, candidates)
+
+    def may_preempt(self, preemptor: Preemptor, victim: HeldJob) -> bool:
+        if victim.job_id in self.chosen:
+            return False
+        if victim.priority < preemptor.priority:
+            return True
+        return preemptor.reclaims and victim.tenant != preemptor.tenant and self.ledger.borrowing(victim.tenant)
+
+    def search(self, preemptor: Preemptor, excluded: Set[str]) -> tuple[list[HeldJob], Gang] | None:
+        """The fewest victims found whose GPUs let the preemptor's gang fit (outside ``excluded``),
+        with the placement it would then get; ``None`` if halting every candidate would not do.
+        The room is left exactly as it was."""
+        room = self.state.room
+        demand = preemptor.demand
+        gpu_type = demand.gpu_type if demand.gpus else None
+        deficit = demand.total_gpus - room.free_for(demand)
+        victims: list[HeldJob] = []
+        freed = 0
+        gang: Gang | None = None
+        for victim in self.candidates:
+            if not self.may_preempt(preemptor, victim):
+                continue
+            if gpu_type is not None and all(room.gpu_type(node) != gpu_type for node in victim.gang.nodes):
+                continue
+            room.release(victim.demand, victim.gang)
+            victims.append(victim)
+            freed += victim.gang.gpus
+            if freed >= deficit:
+                gang = room.find(demand, excluded)
+                if gang is not None:
+                    break
+        if gang is None:
+            for victim in victims:
+                room.take(victim.demand, victim.gang)
+            return None
+        for victim in reversed(victims[:-1]):
+            room.take(victim.demand, victim.gang)
+            without = room.find(demand, excluded)
+            if without is None:
+                room.release(victim.demand, victim.gang)
+            else:
+                victims.remove(victim)
+                gang = without
+        for victim in victims:
+            room.take(victim.demand, victim.gang)
+        self.chosen.update(victim.job_id for victim in victims)
+        return victims, gang

@@ -1,0 +1,96 @@
+"""Tenants' GPU quotas and their fair share of the cluster (DESIGN §7).
+
+Each tenant has a *guaranteed* number of GPUs, a *borrowing limit* (how many GPUs beyond its
+guarantee it may use while others leave theirs idle; ``None``: no limit) and a *weight*. A tenant
+never holds more than guaranteed + borrowing limit. While it holds less than its guarantee it may
+reclaim GPUs that borrowing tenants hold, by preemption (see :mod:`ffdl.core.scheduling`).
+
+Fair share is *weighted fair share over GPUs*: among jobs of one priority, the next job comes from
+the tenant with the least GPUs held per unit of weight, tenants still inside their guarantee
+first. We chose it over dominant-resource fairness because GPUs are the one scarce, priced
+resource here: CPUs and memory are per-learner side conditions that placement checks on each
+node, and a job never needs a lot of them without GPUs. DRF would rank tenants by whichever of
+the three is most used, so a CPU-heavy tenant could lose its GPU turn on account of CPUs that
+nobody else is short of.
+
+The :class:`TenantLedger` reads the live usage of the cluster state it is given, so what a plan
+holds or frees counts at once for the next job of the same cycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class TenantQuota:
+    guaranteed_gpus: int = 0
+    borrowing_limit_gpus: int | None = None
+    weight: float = 1.0
+
+    @property
+    def limit(self) -> int | None:
+        """The most GPUs the tenant may hold at once (``None``: as many as are free)."""
+        if self.borrowing_limit_gpus is None:
+            return None
+        return self.guaranteed_gpus + self.borrowing_limit_gpus
+
+    def describe(self) -> str:
+        borrowing = "any idle" if self.borrowing_limit_gpus is None else str(self.borrowing_limit_gpus)
+        return f"{self.guaranteed_gpus} guaranteed + {borrowing} borrowed"
+
+
+@dataclass(frozen=True, slots=True)
+class TenancyPolicy:
+    """Every tenant's quota; tenants not named get ``default`` (unlimited, weight 1, by default)."""
+
+    quotas: Mapping[str, TenantQuota] = field(default_factory=dict)
+    default: TenantQuota = TenantQuota()
+
+    def quota(self, tenant: str) -> TenantQuota:
+        return self.quotas.get(tenant, self.default)
+
+
+class TenantLedger:
+    """Quotas applied to live counts: GPUs each tenant holds (``usage``) and how many of those are
+    being freed by preemption (``releasing``). Both mappings are read, never copied or changed."""
+
+    def __init__(self, policy: TenancyPolicy, usage: Mapping[str, int], releasing: Mapping[str, int]) -> None:
+        self._policy = policy
+        self._usage = usage
+        self._releasing = releasing
+
+    def usage(self, tenant: str) -> int:
+        return self._usage.get(tenant, 0)
+
+    def quota(self, tenant: str) -> TenantQuota:
+        return self._policy.quota(tenant)
+
+    def within_limit(self, tenant: str, gpus: int) -> bool:
+        """Whether the tenant may take ``gpus`` more: never beyond guaranteed + borrowing limit."""
+        limit = self.quota(tenant).limit
+        return limit is None or self.usage(tenant) + gpus <= limit
+
+    def within_guarantee(self, tenant: str, gpus: int) -> bool:
+        """Whether ``gpus`` more keep the tenant inside its guarantee, counting GPUs already being freed."""
+        kept = self.usage(tenant) - self._releasing.get(tenant, 0)
+        return kept + gpus <= self.quota(tenant).guaranteed_gpus
+
+    def borrowing(self, tenant: str) -> bool:
+        """Whether the tenant holds more than its guarantee, not counting GPUs already being freed."""
+        return self.usage(tenant) - self._releasing.get(tenant, 0) > self.quota(tenant).guaranteed_gpus
+
+    def borrowed(self, tenant: str) -> int:
+        """GPUs the tenant holds beyond its guarantee, not counting those already being freed."""
+        return max(0, self.usage(tenant) - self._releasing.get(tenant, 0) - self.quota(tenant).guaranteed_gpus)
+
+    def tenants(self) -> list[str]:
+        """Every tenant that holds GPUs now."""
+        return sorted(tenant for tenant, gpus in self._usage.items() if gpus > 0)
+
+    def order_key(self, tenant: str) -> tuple[bool, float, str]:
+        """Who goes next among tenants of one priority: inside the guarantee first, then least per weight."""
+        quota = self.quota(tenant)
+        usage = self.usage(tenant)
+        return (usage >= quota.guaranteed_gpus, usage / quota.weight, tenant)

@@ -1,0 +1,252 @@
+"""The launcher contract, run against every launcher adapter, and what only the local launcher does.
+
+An adapter joins the contract with one entry in :data:`LAUNCHER_RIGS`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
+from pathlib import Path
+
+import pytest
+from launcher_contract import (
+    SHORT_GRACE_S,
+    STOP_SLACK_S,
+    LauncherContract,
+    LauncherRig,
+    beat,
+    environment_of,
+    exit_code,
+    launch_request,
+    new_job_id,
+    wait_for_output,
+    wait_for_running,
+)
+
+from ffdl.adapters.heartbeats import open_store
+from ffdl.adapters.launchers.local import LocalLauncher
+from ffdl.handlers.ports import HeartbeatStore, Launcher
+from tests.services import wait_until_async
+
+HEARTBEAT_TTL_S = 2.0
+CLEANUP_GRACE_S = 1.0
+
+
+class LocalRig:
+    """Local launchers over one work directory, their learners reporting to an embedded store."""
+
+    def __init__(self, work_dir: Path, heartbeats_url: str) -> None:
+        self.work_dir = work_dir
+        self.heartbeats_url = heartbeats_url
+        self._store = open_store(heartbeats_url)
+        self._launchers = [self.new_launcher()]
+
+    def new_launcher(self, python: str | None = None) -> LocalLauncher:
+        extra = {"python": python} if python else {}
+        return LocalLauncher(self.work_dir, self.heartbeats_url, heartbeat_ttl_s=HEARTBEAT_TTL_S, **extra)
+
+    @property
+    def launcher(self) -> LocalLauncher:
+        return self._launchers[-1]
+
+    @property
+    def store(self) -> HeartbeatStore:
+        return self._store
+
+    async def restart_launcher(self) -> Launcher:
+        await self.launcher.close()
+        self._launchers.append(self.new_launcher())
+        return self.launcher
+
+    async def learner_output(self, job_id: str, attempt: int, rank: int) -> str:
+        path = self.launcher.log_path(job_id, attempt, rank)
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def pidfile(self, job_id: str, attempt: int, rank: int) -> Path:
+        return self.launcher.job_dir(job_id) / "run" / f"attempt-{attempt}-rank-{rank}.pid"
+
+    async def shutdown(self) -> None:
+        """Stop whatever a test left running, then close the launchers and the store."""
+        if self.work_dir.is_dir():
+            for job_dir in self.work_dir.iterdir():
+                await self.launcher.stop(job_dir.name, CLEANUP_GRACE_S)
+        for launcher in self._launchers:
+            await launcher.close()
+        await self._store.close()
+
+
+@contextlib.asynccontextmanager
+async def local_rig(tmp_path: Path) -> AsyncIterator[LocalRig]:
+    rig = LocalRig(tmp_path / "jobs", f"embedded://{tmp_path / 'heartbeats.sqlite'}")
+    try:
+        yield rig
+    finally:
+        await rig.shutdown()
+
+
+#: Adapter name -> a context manager that gives a rig in a fresh directory and cleans it up.
+LAUNCHER_RIGS: dict[str, Callable[[Path], AbstractAsyncContextManager[LauncherRig]]] = {
+    "local": local_rig,
+}
+
+
+@pytest.fixture(params=sorted(LAUNCHER_RIGS))
+async def rig(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[LauncherRig]:
+    async with LAUNCHER_RIGS[request.param](tmp_path) as launcher_rig:
+        yield launcher_rig
+
+
+class TestLauncherContract(LauncherContract):
+    """Every contract test, once per launcher adapter."""
+
+
+# --------------------------------------------------------------------------- local launcher only
+
+
+@pytest.fixture
+async def local(tmp_path: Path) -> AsyncIterator[LocalRig]:
+    async with local_rig(tmp_path) as launcher_rig:
+        yield launcher_rig
+
+
+def process_exists(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not exited (a zombie has)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat[stat.rindex(")") + 2] not in "ZX"
+
+
+def processes_in_group(group: int) -> list[int]:
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except FileNotFoundError:
+            continue
+        state, _, process_group = stat[stat.rindex(")") + 2 :].split()[:3]
+        if int(process_group) == group and state not in "ZX":
+            members.append(int(entry.name))
+    return members
+
+
+def command_of(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except FileNotFoundError:
+        return ""
+
+
+def children_of(pid: int) -> list[int]:
+    try:
+        return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except FileNotFoundError:
+        return []
+
+
+def agent_pid(local: LocalRig, job_id: str, attempt: int, rank: int) -> int:
+    return int(local.pidfile(job_id, attempt, rank).read_text().split()[0])
+
+
+async def test_learners_run_in_the_job_directory_with_its_files(local: LocalRig) -> None:
+    job_id = new_job_id()
+
+    await local.launcher.launch(launch_request(job_id, "pwd; env", nodes=("node-a",)))
+
+    assert await exit_code(local.store, job_id, 1, 0) == 0
+    output = await local.learner_output(job_id, 1, 0)
+    job_dir = local.work_dir.resolve() / job_id
+    env = environment_of(output)
+    assert output.splitlines()[0] == str(job_dir)
+    assert env["FFDL_CHECKPOINT_DIR"] == str(job_dir / "checkpoints")
+    assert (job_dir / "checkpoints").is_dir()
+    assert env["RESULT_DIR"] == str(job_dir / "results")
+    assert env["MASTER_ADDR"] == "127.0.0.1"
+    assert env["FFDL_HEARTBEATS"] == local.heartbeats_url
+    assert float(env["FFDL_HEARTBEAT_TTL"]) == HEARTBEAT_TTL_S
+    assert env["FFDL_LOG_FILE"] == str(local.launcher.log_path(job_id, 1, 0))
+    assert Path(env["FFDL_REPORT_FILE"]).parent == local.launcher.log_path(job_id, 1, 0).parent
+
+
+async def test_a_learner_process_killed_by_sigkill_is_reported_with_exit_code_minus_9(
+    local: LocalRig,
+) -> None:
+    job_id = new_job_id()
+    await local.launcher.launch(launch_request(job_id, "echo ready; sleep 60", nodes=("node-a",)))
+    await wait_for_output(local, job_id, 1, 0, "ready")
+    shells: list[int] = []
+
+    async def shell_started_the_command() -> bool:
+        learner = await beat(local.store, job_id, 0)
+        shells[:] = [learner.pid] if learner is not None and learner.pid is not None else []
+        return bool(shells) and bool(children_of(shells[0]))
+
+    await wait_until_async(shell_started_the_command, 10.0, what="the learner's command to start")
+    (user_process,) = children_of(shells[0])
+
+    os.kill(user_process, signal.SIGKILL)
+
+    assert await exit_code(local.store, job_id, 1, 0) == -9
+    await wait_for_running(local.launcher, [])
+
+
+async def test_stop_leaves_no_process_of_the_learner_behind(local: LocalRig) -> None:
+    job_id = new_job_id()
+    # A background process that ignores SIGTERM outlives the learner's shell: only SIGKILL ends it.
+    command = "(trap '' TERM; sleep 60) & echo ready; wait"
+    await local.launcher.launch(launch_request(job_id, command, nodes=("node-a",)))
+    await wait_for_output(local, job_id, 1, 0, "ready")
+    group = agent_pid(local, job_id, 1, 0)
+    await wait_until_async(
+        lambda: any(command_of(pid) == "sleep" for pid in processes_in_group(group)), 10.0, what="the sleep"
+    )
+
+    started = time.monotonic()
+    await local.launcher.stop(job_id, SHORT_GRACE_S)
+
+    assert SHORT_GRACE_S <= time.monotonic() - started < SHORT_GRACE_S + STOP_SLACK_S
+    assert processes_in_group(group) == []
+    assert not local.pidfile(job_id, 1, 0).exists()
+
+
+async def test_agents_that_exit_are_reaped(local: LocalRig) -> None:
+    job_id = new_job_id()
+    await local.launcher.launch(launch_request(job_id, "exit 0", nodes=("node-a",)))
+    pid = agent_pid(local, job_id, 1, 0)
+
+    assert await exit_code(local.store, job_id, 1, 0) == 0
+    await wait_until_async(lambda: not Path(f"/proc/{pid}").exists(), 10.0, what="the agent to be reaped")
+
+
+async def test_a_failed_launch_starts_nothing_and_can_be_retried(local: LocalRig) -> None:
+    job_id = new_job_id()
+    request = launch_request(job_id, "exit 0")
+    broken = local.new_launcher(python=str(local.work_dir / "no-such-python"))
+
+    with pytest.raises(FileNotFoundError):
+        await broken.launch(request)
+
+    assert await local.launcher.running() == []
+    await local.launcher.launch(request)
+    assert [await exit_code(local.store, job_id, 1, rank) for rank in range(2)] == [0, 0]
+
+
+async def test_a_restarted_launcher_stops_agents_that_are_no_longer_its_children(local: LocalRig) -> None:
+    job_id = new_job_id()
+    await local.launcher.launch(launch_request(job_id, "echo ready; sleep 60"))
+    pids = [agent_pid(local, job_id, 1, rank) for rank in range(2)]
+    await wait_for_output(local, job_id, 1, 1, "ready")
+
+    restarted = await local.restart_launcher()
+    await restarted.stop(job_id, SHORT_GRACE_S)
+
+    assert not any(process_exists(pid) for pid in pids)
+    assert [processes_in_group(pid) for pid in pids] == [[], []]

@@ -1,0 +1,332 @@
+"""The learner agent: what it publishes, how it rides out a store outage, how it stops and exits.
+
+Most tests run the agent in this process against :class:`FlakyStore`, an in-memory heartbeat
+store that can be taken down and can expire leases on demand; the signal tests run the agent as the
+launcher does (its own process and session) against the embedded store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from ffdl.adapters.agent import AgentConfig, LearnerAgent, ReportTail, exit_code_of, main
+from ffdl.adapters.heartbeats import exit_key, learner_key, open_store
+from ffdl.handlers.heartbeat_keys import LearnerBeat, parse_exit
+from ffdl.handlers.ports import Snapshot, StoreUnavailable, WatchEvent
+from tests.services import wait_until_async
+
+JOB = "job-agent"
+WAIT_S = 10.0
+
+AgentRunner = Callable[[LearnerAgent], "asyncio.Task[int]"]
+
+
+class FlakyStore:
+    """A heartbeat store in memory that fails every call while ``down`` is set."""
+
+    def __init__(self) -> None:
+        self.down = False
+        self.failed_calls = 0
+        self.leases: set[int] = set()
+        self.keys: dict[str, tuple[bytes, int | None]] = {}
+        self._next_lease = 1
+
+    def expire_all_leases(self) -> None:
+        self.keys = {key: (value, lease) for key, (value, lease) in self.keys.items() if lease is None}
+        self.leases.clear()
+
+    def beat(self, rank: int = 0) -> LearnerBeat | None:
+        entry = self.keys.get(learner_key(JOB, rank))
+        return LearnerBeat.from_json(entry[0]) if entry else None
+
+    def _check_up(self) -> None:
+        if self.down:
+            self.failed_calls += 1
+            raise StoreUnavailable("store is down")
+
+    async def grant(self, ttl_s: float) -> int:
+        self._check_up()
+        lease, self._next_lease = self._next_lease, self._next_lease + 1
+        self.leases.add(lease)
+        return lease
+
+    async def keepalive(self, lease: int) -> bool:
+        self._check_up()
+        return lease in self.leases
+
+    async def revoke(self, lease: int) -> None:
+        self._check_up()
+        self.leases.discard(lease)
+        self.keys = {key: entry for key, entry in self.keys.items() if entry[1] != lease}
+
+    async def put(self, key: str, value: bytes, lease: int | None = None) -> None:
+        self._check_up()
+        if lease is not None and lease not in self.leases:
+            raise LookupError(f"lease {lease} not found")
+        self.keys[key] = (value, lease)
+
+    async def delete(self, key: str) -> None:
+        self._check_up()
+        self.keys.pop(key, None)
+
+    async def snapshot(self, prefix: str) -> Snapshot:
+        self._check_up()
+        return Snapshot({key: value for key, (value, _) in self.keys.items() if key.startswith(prefix)}, 0)
+
+    def watch(self, prefix: str, start_revision: int) -> AsyncGenerator[WatchEvent, None]:
+        raise StoreUnavailable("this store has no watches: the agent never watches")
+
+    async def close(self) -> None:
+        return None
+
+
+def config(tmp_path: Path, ttl_s: float = 0.3) -> AgentConfig:
+    return AgentConfig(
+        job_id=JOB,
+        attempt=1,
+        rank=0,
+        heartbeats_url="memory://",
+        heartbeat_ttl_s=ttl_s,
+        log_file=tmp_path / "learner.log",
+        report_file=tmp_path / "learner.reports.jsonl",
+    )
+
+
+@pytest.fixture
+async def run_agent() -> AsyncIterator[AgentRunner]:
+    """Runs agents in this process; one a failed test left running is cancelled (its learner killed)."""
+    tasks: list[asyncio.Task[int]] = []
+
+    def start(agent: LearnerAgent) -> asyncio.Task[int]:
+        tasks.append(asyncio.create_task(agent.run()))
+        return tasks[-1]
+
+    yield start
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def until_go(go_file: Path) -> str:
+    return f'while [ ! -e "{go_file}" ]; do sleep 0.05; done'
+
+
+async def test_the_beat_carries_progress_metrics_and_the_latest_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run_agent: AgentRunner
+) -> None:
+    store = FlakyStore()
+    monkeypatch.setenv("FFDL_REPORT_FILE", str(tmp_path / "learner.reports.jsonl"))
+    checkpoint = tmp_path / "step-7.bin"
+    program = (
+        "from ffdl import learner; from pathlib import Path\n"
+        "learner.report_progress(5, loss=0.5, accuracy=0.8)\n"
+        f"Path({str(checkpoint)!r}).write_bytes(b'weights')\n"
+        f"learner.report_checkpoint({str(checkpoint)!r}, 7)\n"
+        "learner.report_progress(7, loss=0.25)\n"
+    )
+    command = f'{sys.executable} -c "{program}" && {until_go(tmp_path / "go")}'
+    agent = LearnerAgent(config(tmp_path), store, command)
+    running = run_agent(agent)
+
+    await wait_until_async(lambda: (b := store.beat()) is not None and b.step == 7, WAIT_S, what="step 7")
+    beat = store.beat()
+    assert beat is not None
+    assert beat.metrics == {"loss": 0.25, "accuracy": 0.8}
+    assert beat.checkpoint is not None
+    assert beat.checkpoint["step"] == 7
+    assert beat.checkpoint["uri"] == f"file://{checkpoint}"
+    assert beat.checkpoint["size_bytes"] == len(b"weights")
+    assert beat.checkpoint["checksum"].startswith("sha256:")
+    assert beat.attempt == 1
+    assert beat.agent_pid == os.getpid()
+    assert beat.pid is not None and beat.pid != os.getpid()
+    assert beat.host
+
+    (tmp_path / "go").touch()
+    assert await running == 0
+    assert parse_exit(store.keys[exit_key(JOB, 1, 0)][0]) == 0
+    assert learner_key(JOB, 0) not in store.keys  # the lease was revoked
+
+
+async def test_new_output_counts_as_progress_but_does_not_move_the_step(
+    tmp_path: Path, run_agent: AgentRunner
+) -> None:
+    store = FlakyStore()
+    go_file = tmp_path / "go"
+    command = f"echo first; sleep 0.3; echo second; {until_go(go_file)}"
+    agent = LearnerAgent(config(tmp_path), store, command)
+    running = run_agent(agent)
+
+    def second_line_seen() -> bool:
+        beat = store.beat()
+        return beat is not None and beat.last_progress - beat.started_at >= 0.3
+
+    await wait_until_async(second_line_seen, WAIT_S, what="progress from the second line")
+    go_file.touch()
+    assert await running == 0
+    assert agent.beat.step == 0
+    assert (tmp_path / "learner.log").read_text() == "first\nsecond\n"
+
+
+async def test_a_store_outage_longer_than_the_lease_neither_stops_the_learner_nor_loses_its_key(
+    tmp_path: Path, run_agent: AgentRunner
+) -> None:
+    store = FlakyStore()
+    go_file = tmp_path / "go"
+    agent = LearnerAgent(config(tmp_path), store, until_go(go_file))
+    running = run_agent(agent)
+    await wait_until_async(lambda: store.beat() is not None, WAIT_S, what="the first heartbeat")
+    (_, first_lease) = store.keys[learner_key(JOB, 0)]
+
+    store.down = True
+    store.expire_all_leases()
+    await wait_until_async(lambda: store.failed_calls >= 3, WAIT_S, what="calls failing during the outage")
+    assert not running.done()
+    store.down = False
+
+    def re_established() -> bool:
+        entry = store.keys.get(learner_key(JOB, 0))
+        return (
+            entry is not None
+            and entry[1] is not None
+            and entry[1] != first_lease
+            and entry[1] in store.leases
+        )
+
+    await wait_until_async(re_established, WAIT_S, what="the key under a new lease")
+    go_file.touch()
+    assert await running == 0
+    assert parse_exit(store.keys[exit_key(JOB, 1, 0)][0]) == 0
+
+
+async def test_the_exit_is_reported_once_the_store_is_back(tmp_path: Path, run_agent: AgentRunner) -> None:
+    store = FlakyStore()
+    go_file = tmp_path / "go"
+    agent = LearnerAgent(config(tmp_path), store, f"{until_go(go_file)}; exit 4")
+    running = run_agent(agent)
+    await wait_until_async(lambda: store.beat() is not None, WAIT_S, what="the first heartbeat")
+
+    store.down = True
+    go_file.touch()
+    await wait_until_async(lambda: store.failed_calls >= 2, WAIT_S, what="the exit report failing")
+    store.down = False
+
+    assert await running == 4
+    assert parse_exit(store.keys[exit_key(JOB, 1, 0)][0]) == 4
+
+
+async def test_a_daemon_left_holding_the_output_does_not_hold_up_the_exit_report(
+    tmp_path: Path, run_agent: AgentRunner
+) -> None:
+    store = FlakyStore()
+    daemon_pid = tmp_path / "daemon.pid"
+    agent = LearnerAgent(config(tmp_path), store, f"sleep 30 & echo $! > {daemon_pid}; echo bye; exit 5")
+    try:
+        assert await asyncio.wait_for(run_agent(agent), WAIT_S) == 5
+    finally:
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError, ValueError):
+            os.kill(int(daemon_pid.read_text()), signal.SIGKILL)
+    assert parse_exit(store.keys[exit_key(JOB, 1, 0)][0]) == 5
+    assert (tmp_path / "learner.log").read_text() == "bye\n"
+
+
+def test_the_shell_status_of_a_signalled_command_becomes_a_negative_exit_code() -> None:
+    assert [exit_code_of(code) for code in (0, 3, 126, 128, 137, 143, 255, -9)] == [
+        0,
+        3,
+        126,
+        128,
+        -9,
+        -15,
+        255,
+        -9,
+    ]
+
+
+def test_the_report_tail_returns_only_complete_lines(tmp_path: Path) -> None:
+    reports = tmp_path / "reports.jsonl"
+    tail = ReportTail(reports)
+    assert tail.read_new() == []
+    with reports.open("ab") as stream:
+        stream.write(b'{"type": "progress", "step": 1}\n{"type": "pro')
+        stream.flush()
+        assert tail.read_new() == [{"type": "progress", "step": 1}]
+        stream.write(b'gress", "step": 2}\nnot json\n')
+        stream.flush()
+        assert tail.read_new() == [{"type": "progress", "step": 2}]
+    tail.close()
+
+
+def test_the_agent_refuses_to_start_without_its_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FFDL_JOB_ID", raising=False)
+    assert main(["--", "true"]) == os.EX_CONFIG
+    assert main(["--"]) == os.EX_USAGE
+
+
+# --------------------------------------------------------------------------- a real agent process
+
+
+def start_agent(tmp_path: Path, command: str) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        "FFDL_JOB_ID": JOB,
+        "FFDL_ATTEMPT": "1",
+        "RANK": "0",
+        "FFDL_HEARTBEATS": f"embedded://{tmp_path / 'heartbeats.sqlite'}",
+        "FFDL_HEARTBEAT_TTL": "2",
+        "FFDL_LOG_FILE": str(tmp_path / "learner.log"),
+        "FFDL_REPORT_FILE": str(tmp_path / "learner.reports.jsonl"),
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "ffdl.adapters.agent", "--", command],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+async def stop_group_and_collect(tmp_path: Path, agent: subprocess.Popen[bytes]) -> tuple[int, int]:
+    """SIGTERM the learner's process group once it is ready; the agent's status and reported exit."""
+    log_file = tmp_path / "learner.log"
+    try:
+        await wait_until_async(
+            lambda: log_file.exists() and "ready" in log_file.read_text(), WAIT_S, what="the learner to start"
+        )
+        os.killpg(agent.pid, signal.SIGTERM)
+        status = await asyncio.to_thread(agent.wait, WAIT_S)
+    finally:
+        if agent.poll() is None:
+            os.killpg(agent.pid, signal.SIGKILL)
+            agent.wait()
+    store = open_store(f"embedded://{tmp_path / 'heartbeats.sqlite'}")
+    try:
+        values = (await store.snapshot(exit_key(JOB, 1, 0))).values
+    finally:
+        await store.close()
+    return status, parse_exit(values[exit_key(JOB, 1, 0)])
+
+
+async def test_on_sigterm_the_agent_waits_for_the_learner_and_reports_its_exit(tmp_path: Path) -> None:
+    command = "trap 'sleep 0.3; echo checkpointed; exit 0' TERM; echo ready; while :; do sleep 0.05; done"
+
+    status, reported = await stop_group_and_collect(tmp_path, start_agent(tmp_path, command))
+
+    assert (status, reported) == (0, 0)
+    assert "checkpointed" in (tmp_path / "learner.log").read_text()
+
+
+async def test_a_learner_ended_by_sigterm_is_reported_as_signal_15(tmp_path: Path) -> None:
+    command = f"echo ready; exec {sys.executable} -c 'import time; time.sleep(60)'"
+
+    status, reported = await stop_group_and_collect(tmp_path, start_agent(tmp_path, command))
+
+    assert (status, reported) == (128 + signal.SIGTERM, -signal.SIGTERM)
