@@ -50,7 +50,9 @@ class Demand:
 
     @classmethod
     def of(cls, spec: JobSpec) -> Demand:
-        return cls(spec.learners, spec.gpus, spec.gpu_type, milli_cpus(spec.cpus), spec.memory_mb, spec.placement)
+        return cls(
+            spec.learners, spec.gpus, spec.gpu_type, milli_cpus(spec.cpus), spec.memory_mb, spec.placement
+        )
 
     @property
     def total_gpus(self) -> int:
@@ -108,7 +110,9 @@ class NodeRoom:
     def slots_when_empty(self, demand: Demand) -> int:
         """How many learners of ``demand`` fit here once every job on the node has gone."""
         by_gpus = self.node.gpus // demand.gpus if demand.gpus else _UNLIMITED
-        return min(by_gpus, milli_cpus(self.node.cpus) // demand.mcpus, self.node.memory_mb // demand.memory_mb)
+        return min(
+            by_gpus, milli_cpus(self.node.cpus) // demand.mcpus, self.node.memory_mb // demand.memory_mb
+        )
 
 
 class ClusterRoom:
@@ -253,7 +257,9 @@ class ClusterRoom:
             total += slots
         return None
 
-    def _best_fit(self, demand: Demand, types: Sequence[str], learners: int, excluded: Set[str]) -> NodeRoom | None:
+    def _best_fit(
+        self, demand: Demand, types: Sequence[str], learners: int, excluded: Set[str]
+    ) -> NodeRoom | None:
         for room in self._rooms_by_free(types, learners * demand.gpus, ascending=True):
             if room.node.name not in excluded and room.slots(demand) >= learners:
                 return room

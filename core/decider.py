@@ -112,10 +112,10 @@ def _decide(d: _Decision, job: Job, data: cmd.CommandData, policy: RestartPolicy
                 d.reject(problem)
             else:
                 d.emit(ev.GpusAllocated(placement=placement, reason=reason))
-        case cmd.RecordWaitReason(code=code, detail=detail, waiting_for=waiting_for, reserved_nodes=reserved_nodes):
-            record = WaitRecord(code, detail, waiting_for, reserved_nodes)
+        case cmd.RecordWaitReason(code=code, detail=detail, waiting_for=waiting_for, reserved_nodes=nodes):
+            record = WaitRecord(code, detail, waiting_for, nodes)
             if state is S.QUEUED and job.placement is None and not record.same_as(job.waiting):
-                d.emit(ev.JobWaiting(code=code, detail=detail, waiting_for=waiting_for, reserved_nodes=reserved_nodes))
+                d.emit(ev.JobWaiting(code=code, detail=detail, waiting_for=waiting_for, reserved_nodes=nodes))
         case cmd.BeginLaunch(attempt=attempt):
             _begin_launch(d, job, attempt)
         case cmd.ReportLearnerStarted(rank=rank, attempt=attempt, pid=pid, host=host):
@@ -230,7 +230,7 @@ def _halted(d: _Decision, job: Job) -> None:
     job = d.emit(ev.JobHalted(checkpoint=checkpoint))
     if job.requeue_on_halt:
         d.emit(ev.ResumeRequested(requested_by=d.producer))
-        where = f"its checkpoint at step {checkpoint.step}" if checkpoint else "the start (it had no checkpoint)"
+        where = f"its checkpoint at step {checkpoint.step}" if checkpoint else "the start (no checkpoint)"
         d.emit(ev.JobQueued(reason=f"requeued after preemption: resumes from {where}"))
 
 

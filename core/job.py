@@ -129,6 +129,21 @@ class EvolveError(ValueError):
 
 
 def _reason_of(data: EventData) -> str:
+    match data:
+        case ev.JobLaunching(attempt=attempt, resume_from=None):
+            return f"attempt {attempt} from the start"
+        case ev.JobLaunching(attempt=attempt, resume_from=checkpoint) if checkpoint is not None:
+            return f"attempt {attempt} from the checkpoint of step {checkpoint.step}"
+        case ev.JobRunning(attempt=attempt):
+            return f"every learner of attempt {attempt} started"
+        case ev.JobStoring():
+            return "every learner exited 0; recording results"
+        case ev.JobCompleted(result=result):
+            return f"results recorded: {result.files} file(s), {result.size_bytes} bytes"
+        case ev.JobHalted(checkpoint=checkpoint):
+            return f"halted at the checkpoint of step {checkpoint.step}" if checkpoint else "halted before a checkpoint"
+        case _:
+            pass
     for name in ("reason", "detail"):
         value = getattr(data, name, None)
         if isinstance(value, str) and value:

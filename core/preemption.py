@@ -20,7 +20,7 @@ What keeps preemption from looping:
 
 from __future__ import annotations
 
-from collections.abc import Set
+from collections.abc import Mapping, Set
 from dataclasses import dataclass, field
 
 from ffdl.core.cluster import ClusterState, Demand, Gang, HeldJob
@@ -57,12 +57,16 @@ class VictimPool:
         candidates.sort(key=lambda job: (job.priority, -job.started_at, job.job_id))
         return cls(state, ledger, candidates)
 
-    def may_preempt(self, preemptor: Preemptor, victim: HeldJob) -> bool:
+    def may_preempt(self, preemptor: Preemptor, victim: HeldJob, taking: Mapping[str, int]) -> bool:
+        """Whether ``victim`` may be halted for ``preemptor``, with ``taking`` GPUs per tenant already
+        picked in this search (a tenant is reclaimed from only while it still borrows)."""
         if victim.job_id in self.chosen:
             return False
         if victim.priority < preemptor.priority:
             return True
-        return preemptor.reclaims and victim.tenant != preemptor.tenant and self.ledger.borrowing(victim.tenant)
+        if not preemptor.reclaims or victim.tenant == preemptor.tenant:
+            return False
+        return self.ledger.borrowed(victim.tenant) > taking.get(victim.tenant, 0)
 
     def search(self, preemptor: Preemptor, excluded: Set[str]) -> tuple[list[HeldJob], Gang] | None:
         """The fewest victims found whose GPUs let the preemptor's gang fit (outside ``excluded``),
@@ -73,16 +77,18 @@ class VictimPool:
         gpu_type = demand.gpu_type if demand.gpus else None
         deficit = demand.total_gpus - room.free_for(demand)
         victims: list[HeldJob] = []
+        taking: dict[str, int] = {}
         freed = 0
         gang: Gang | None = None
         for victim in self.candidates:
-            if not self.may_preempt(preemptor, victim):
+            if not self.may_preempt(preemptor, victim, taking):
                 continue
             if gpu_type is not None and all(room.gpu_type(node) != gpu_type for node in victim.gang.nodes):
                 continue
             room.release(victim.demand, victim.gang)
             victims.append(victim)
             freed += victim.gang.gpus
+            taking[victim.tenant] = taking.get(victim.tenant, 0) + victim.gang.gpus
             if freed >= deficit:
                 gang = room.find(demand, excluded)
                 if gang is not None:

@@ -78,7 +78,7 @@ class Allocation:
 
 @dataclass(frozen=True, slots=True)
 class Eviction:
-    """A running job to halt with a checkpoint and requeue: preempted for ``preempted_by``, or its node left."""
+    """A job to halt with a checkpoint and requeue: preempted for ``preempted_by``, or its node has gone."""
 
     job_id: str
     reason: str
@@ -114,7 +114,8 @@ class Planner:
         self._waiting = sorted(waiting, key=lambda job: (-job.priority, job.queued_order, job.job_id))
         self._now = now
         self._policy = policy
-        self._ledger = TenantLedger(policy.tenancy, state.usage, state.releasing)
+        self._claimed: dict[str, int] = {}  # tenant -> GPUs its preempting jobs will take
+        self._ledger = TenantLedger(policy.tenancy, state.usage, state.releasing, self._claimed)
         self._reserved: dict[str, str] = {}  # node -> the job it is kept for
         self._backfill_reservations = 0
         self._blocked: dict[tuple[int, str | None], str] = {}  # (priority, GPU type) -> first job blocked
@@ -217,7 +218,9 @@ class Planner:
         held = self._state.held
         if not any(victim in held and held[victim].stopping for victim in wait.waiting_for):
             return None
-        nodes = tuple(node for node in wait.reserved_nodes if node in self._room and node not in self._reserved)
+        nodes = tuple(
+            node for node in wait.reserved_nodes if node in self._room and node not in self._reserved
+        )
         self._reserve(job, nodes)
         return WaitRecord(W.PREEMPTION, wait.detail, wait.waiting_for, nodes)
 
@@ -231,16 +234,19 @@ class Planner:
             return None
         if self._pool is None:
             self._pool = VictimPool.of(self._state, self._ledger, self._now, self._policy.min_runtime_s)
-        found = self._pool.search(Preemptor(job.job_id, job.tenant, demand, job.priority, reclaims),
-                                  self._reserved.keys())
+        found = self._pool.search(
+            Preemptor(job.job_id, job.tenant, demand, job.priority, reclaims), self._reserved.keys()
+        )
         if found is None:
             self._no_victims.add(key)
             return None
         victims, gang = found
-        evictions = tuple(Eviction(victim.job_id, self._eviction_reason(job, victim), job.job_id) for victim in victims)
+        evictions = tuple(
+            Eviction(victim.job_id, self._eviction_reason(job, victim), job.job_id) for victim in victims
+        )
         for victim in victims:
             self._state.stop(victim.job_id)
-        self._reserve(job, gang.nodes)
+        self._claim_for(job, gang.nodes)
         names = ", ".join(victim.job_id for victim in victims[:5]) + (" ..." if len(victims) > 5 else "")
         detail = f"preempting {len(victims)} job(s) ({names}); it starts once their GPUs are released"
         wait = WaitRecord(W.PREEMPTION, detail, tuple(victim.job_id for victim in victims), gang.nodes)
@@ -248,7 +254,9 @@ class Planner:
 
     def _victim_bound(self, job: WaitingJob, reclaims: bool) -> int:
         """An upper bound on the GPUs preemption could free for ``job``, from running totals alone."""
-        bound = sum(gpus for priority, gpus in self._state.gpus_by_priority.items() if priority < job.priority)
+        bound = sum(
+            gpus for priority, gpus in self._state.gpus_by_priority.items() if priority < job.priority
+        )
         if reclaims:
             bound += sum(self._ledger.borrowed(t) for t in self._ledger.tenants() if t != job.tenant)
         return bound
@@ -312,9 +320,16 @@ class Planner:
         wait = job.wait
         if wait is not None and wait.reserved_nodes and wait.code is not W.PREEMPTION:
             kept = wait.reserved_nodes
-            if all(node not in self._reserved for node in kept) and self._room.can_hold_when_empty(job.demand, kept):
+            if all(node not in self._reserved for node in kept) and self._room.can_hold_when_empty(
+                job.demand, kept
+            ):
                 return kept
         return self._room.reservation(job.demand, self._reserved.keys()) or ()
+
+    def _claim_for(self, job: WaitingJob, nodes: Iterable[str]) -> None:
+        """The job preempts for GPUs on ``nodes``: they are kept for it and count for its tenant."""
+        self._reserve(job, nodes)
+        self._claimed[job.tenant] = self._claimed.get(job.tenant, 0) + job.demand.total_gpus
 
     def _reserve(self, job: WaitingJob, nodes: Iterable[str]) -> None:
         for node in nodes:
@@ -324,7 +339,7 @@ class Planner:
 _DETAILS: dict[WaitReason, str] = {
     W.CAPACITY: "needs {need}; not enough are free",
     W.GPU_TYPE: "needs {need}; GPUs are free, but too few of that type",
-    W.FRAGMENTATION: "needs {need}; enough GPUs are free in total, but not on few enough nodes to hold the gang",
+    W.FRAGMENTATION: "needs {need}; enough GPUs are free, but not on few enough nodes to hold the gang",
     W.PRIORITY: "needs {need}; higher-priority job {ahead} waits ahead of it for the same GPUs",
     W.RESERVATION: "needs {need}; it would fit, but only on nodes kept free for {ahead}, ahead of it",
 }

@@ -53,13 +53,21 @@ class TenancyPolicy:
 
 
 class TenantLedger:
-    """Quotas applied to live counts: GPUs each tenant holds (``usage``) and how many of those are
-    being freed by preemption (``releasing``). Both mappings are read, never copied or changed."""
+    """Quotas applied to live counts, which it reads and never changes: the GPUs each tenant holds
+    (``usage``), how many of those are being freed by preemption (``releasing``), and how many its
+    preempting jobs will take once their victims are gone (``claimed``)."""
 
-    def __init__(self, policy: TenancyPolicy, usage: Mapping[str, int], releasing: Mapping[str, int]) -> None:
+    def __init__(
+        self,
+        policy: TenancyPolicy,
+        usage: Mapping[str, int],
+        releasing: Mapping[str, int],
+        claimed: Mapping[str, int],
+    ) -> None:
         self._policy = policy
         self._usage = usage
         self._releasing = releasing
+        self._claimed = claimed
 
     def usage(self, tenant: str) -> int:
         return self._usage.get(tenant, 0)
@@ -67,23 +75,27 @@ class TenantLedger:
     def quota(self, tenant: str) -> TenantQuota:
         return self._policy.quota(tenant)
 
+    def _kept(self, tenant: str) -> int:
+        """What the tenant will hold once the preemptions under way are done."""
+        return self.usage(tenant) - self._releasing.get(tenant, 0) + self._claimed.get(tenant, 0)
+
     def within_limit(self, tenant: str, gpus: int) -> bool:
-        """Whether the tenant may take ``gpus`` more: never beyond guaranteed + borrowing limit."""
+        """Whether the tenant may take ``gpus`` more: never beyond guaranteed + borrowing limit, at
+        any instant (GPUs being freed still count until they are)."""
         limit = self.quota(tenant).limit
-        return limit is None or self.usage(tenant) + gpus <= limit
+        return limit is None or self.usage(tenant) + self._claimed.get(tenant, 0) + gpus <= limit
 
     def within_guarantee(self, tenant: str, gpus: int) -> bool:
-        """Whether ``gpus`` more keep the tenant inside its guarantee, counting GPUs already being freed."""
-        kept = self.usage(tenant) - self._releasing.get(tenant, 0)
-        return kept + gpus <= self.quota(tenant).guaranteed_gpus
+        """Whether ``gpus`` more keep the tenant inside its guarantee."""
+        return self._kept(tenant) + gpus <= self.quota(tenant).guaranteed_gpus
 
     def borrowing(self, tenant: str) -> bool:
-        """Whether the tenant holds more than its guarantee, not counting GPUs already being freed."""
-        return self.usage(tenant) - self._releasing.get(tenant, 0) > self.quota(tenant).guaranteed_gpus
+        """Whether the tenant holds (or will) more than its guarantee."""
+        return self.borrowed(tenant) > 0
 
     def borrowed(self, tenant: str) -> int:
-        """GPUs the tenant holds beyond its guarantee, not counting those already being freed."""
-        return max(0, self.usage(tenant) - self._releasing.get(tenant, 0) - self.quota(tenant).guaranteed_gpus)
+        """GPUs the tenant holds (or will) beyond its guarantee."""
+        return max(0, self._kept(tenant) - self.quota(tenant).guaranteed_gpus)
 
     def tenants(self) -> list[str]:
         """Every tenant that holds GPUs now."""
@@ -92,5 +104,5 @@ class TenantLedger:
     def order_key(self, tenant: str) -> tuple[bool, float, str]:
         """Who goes next among tenants of one priority: inside the guarantee first, then least per weight."""
         quota = self.quota(tenant)
-        usage = self.usage(tenant)
-        return (usage >= quota.guaranteed_gpus, usage / quota.weight, tenant)
+        kept = self._kept(tenant)
+        return (kept >= quota.guaranteed_gpus, kept / quota.weight, tenant)

@@ -36,7 +36,7 @@ class AllocateGpus(CommandData):
 
 
 class RecordWaitReason(CommandData):
-    """Sent by the scheduler (with its fencing token) when its reason for not starting a queued job changes."""
+    """Sent by the scheduler (with its fencing token) when its reason for not starting a job changes."""
 
     code: WaitReason
     detail: Reason = ""
@@ -82,7 +82,7 @@ class ReportLearnerLost(CommandData):
 
 
 class HaltJob(CommandData):
-    """``requeue``: queue the job again once it halted (the scheduler preempting it), to resume from its checkpoint."""
+    """``requeue``: queue the job again once halted (a preemption), to resume from its checkpoint."""
 
     VERSION = 2
 

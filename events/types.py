@@ -120,7 +120,7 @@ class JobRestarting(EventData):
 
 
 class HaltRequested(EventData):
-    """``requeue``: once halted the job queues again by itself (a preemption), resuming from its checkpoint."""
+    """``requeue``: once halted the job queues again (a preemption), to resume from its checkpoint."""
 
     VERSION = 2
 

@@ -1,10 +1,21 @@
-"""The scheduler role: the one process that sees the whole cluster and hands out GPUs.
+"""The scheduler role: the one process that sees the whole cluster, hands out GPUs and preempts.
 
 It runs under leader election and folds every partition of the events topic (its consumer group
-has one active member). After each batch it plans with ``core.scheduling.plan`` over the queued
-jobs and the free capacity, and sends ``AllocateGpus`` with its fencing token; the jobs' owners
-refuse a token that is no longer the leader's. An allocation it sent counts as held until the
-job's next event shows it accepted or refused, so one GPU is never promised twice.
+has one active member). After each batch it builds the cluster state from the inventory and the
+folded jobs, runs one planning step of :mod:`ffdl.core.scheduling`, and sends what the plan says,
+all with its fencing token (the jobs' owners refuse a token that is no longer the leader's):
+
+* ``AllocateGpus`` for each gang that fits;
+* ``HaltJob(requeue=True)`` for each job preempted, or stranded on a node that left the inventory;
+* ``RecordWaitReason`` for each waiting job whose reason changed since the one on the log.
+
+Everything it sent counts as done until the job's next event shows the owner's answer: an
+allocation it sent is held, a preempted job is stopping, a reason is recorded. So one GPU is never
+promised twice, no job is preempted twice, and an unchanged reason is never sent again. A new
+leader starts from the log alone: reservations and preemption claims live in the jobs' recorded
+reasons, so it carries on where the old one stopped.
+
+Processing is sequential: one lock serialises the planning step with the folding of new records.
 """
 
 from __future__ import annotations
@@ -12,26 +23,36 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 import structlog
 
-from ffdl.core.allocator import Node, empty_capacity, subtract
-from ffdl.core.job import Job
-from ffdl.core.scheduling import QueuedJob, plan
+from ffdl.core.allocator import Node
+from ffdl.core.cluster import ClusterState, Demand, Gang, HeldJob
+from ffdl.core.job import Job, WaitRecord
+from ffdl.core.scheduling import SchedulerPolicy, WaitingJob, plan
 from ffdl.core.states import JobState
 from ffdl.events import commands as cmd
+from ffdl.events.envelope import Command
 from ffdl.events.model import Placement
-from ffdl.handlers.messaging import CommandSender
+from ffdl.handlers.messaging import CommandSender, utcnow
 from ffdl.handlers.ports import Bus, Record, TopicPartition
 from ffdl.handlers.runtime import JobBook, decode_event
 
 log = structlog.get_logger(__name__)
 
+S = JobState
+#: States in which a job holding GPUs may be preempted; in any other it is already on its way out.
+_PREEMPTIBLE = frozenset({S.SCHEDULED, S.LAUNCHING, S.RUNNING, S.RESTARTING})
+
 
 @dataclass(frozen=True, slots=True)
-class _Pending:
-    placement: Placement
+class _Sent:
+    """A command sent for a job whose owner has not answered yet (the job's seq has not moved)."""
+
     seq_when_sent: int
+    placement: Placement | None = None
+    wait: WaitRecord | None = None
 
 
 class Scheduler:
@@ -42,16 +63,23 @@ class Scheduler:
         sender: CommandSender,
         inventory: Callable[[], Sequence[Node]],
         fencing_token: int,
+        *,
+        policy: SchedulerPolicy | None = None,
+        clock: Callable[[], datetime] = utcnow,
     ) -> None:
         self._bus = bus
         self._topic = events_topic
         self._sender = sender
         self._inventory = inventory
         self._token = fencing_token
+        self._policy = policy or SchedulerPolicy()
+        self._clock = clock
         self.book = JobBook(bus, events_topic)
         self._loaded_until: dict[int, int] = {}
-        self._pending: dict[str, _Pending] = {}
-        self._queued_order: dict[str, tuple[str, str]] = {}
+        self._allocations: dict[str, _Sent] = {}
+        self._halts: dict[str, _Sent] = {}
+        self._reasons: dict[str, _Sent] = {}
+        self._queued_order: dict[str, tuple[float, str]] = {}
         self._lock = asyncio.Lock()
 
     async def on_assigned(self, partitions: frozenset[TopicPartition]) -> None:
@@ -68,54 +96,127 @@ class Scheduler:
         self.book.drop(gone)
         for partition in gone:
             self._loaded_until.pop(partition, None)
+        for sent in (self._allocations, self._halts, self._reasons, self._queued_order):
+            for job_id in [j for j in sent if j not in self.book.jobs]:
+                del sent[job_id]
 
     async def process(self, records: Sequence[Record]) -> None:
-        for record in records:
-            if record.offset < self._loaded_until.get(record.partition, 0):
-                continue
-            event = decode_event(record)
-            if event is None:
-                continue
-            applied = self.book.apply(event, record.partition)
-            if applied is not None:
-                self._track(applied[1])
+        async with self._lock:
+            for record in records:
+                if record.offset < self._loaded_until.get(record.partition, 0):
+                    continue
+                event = decode_event(record)
+                if event is None:
+                    continue
+                applied = self.book.apply(event, record.partition)
+                if applied is not None:
+                    self._track(applied[1])
         await self.schedule()
 
     def _track(self, job: Job) -> None:
-        pending = self._pending.get(job.job_id)
-        if pending is not None and job.seq > pending.seq_when_sent:
-            del self._pending[job.job_id]
-        if job.state is JobState.QUEUED:
+        for sent in (self._allocations, self._halts, self._reasons):
+            entry = sent.get(job.job_id)
+            if entry is not None and job.seq > entry.seq_when_sent:
+                del sent[job.job_id]
+        if job.state is S.QUEUED:
             entered = job.history[-1]
-            self._queued_order.setdefault(job.job_id, (entered.at.isoformat(), job.job_id))
+            self._queued_order.setdefault(job.job_id, (entered.at.timestamp(), job.job_id))
         else:
             self._queued_order.pop(job.job_id, None)
+            self._reasons.pop(job.job_id, None)
 
-    def queue(self) -> list[QueuedJob]:
-        ordered = sorted(self._queued_order.items(), key=lambda item: item[1])
-        return [
-            QueuedJob(job_id, self.book.jobs[job_id].tenant, self.book.jobs[job_id].spec, order)
-            for order, (job_id, _) in enumerate(ordered)
-            if job_id not in self._pending and self.book.jobs[job_id].placement is None
-        ]
+    def cluster_state(self, now: float) -> ClusterState:
+        """The inventory with every GPU held: by the folded jobs and by allocations sent but unanswered."""
+        state = ClusterState(self._inventory())
+        for job_id in sorted(self.book.jobs):
+            job = self.book.jobs[job_id]
+            sent = self._allocations.get(job_id)
+            placement = job.placement or (sent.placement if sent else None)
+            if placement is None:
+                continue
+            allocated_at = job.allocated_at if job.placement is not None else None
+            stopping = (job.placement is not None and job.state not in _PREEMPTIBLE) or job_id in self._halts
+            state.hold(
+                HeldJob(
+                    job_id=job_id,
+                    tenant=job.tenant,
+                    demand=Demand.of(job.spec),
+                    priority=job.spec.priority,
+                    gang=Gang.of(placement),
+                    started_at=allocated_at.timestamp() if allocated_at else now,
+                    stopping=stopping,
+                )
+            )
+        return state
+
+    def waiting(self) -> list[WaitingJob]:
+        """Queued jobs that hold no GPUs and have no allocation on the way, with their latest reason."""
+        waiting = []
+        for job_id, order in self._queued_order.items():
+            job = self.book.jobs[job_id]
+            if job.placement is not None or job_id in self._allocations:
+                continue
+            waiting.append(
+                WaitingJob(
+                    job_id,
+                    job.tenant,
+                    Demand.of(job.spec),
+                    job.spec.priority,
+                    order,
+                    self._current_reason(job),
+                )
+            )
+        return waiting
+
+    def _current_reason(self, job: Job) -> WaitRecord | None:
+        sent = self._reasons.get(job.job_id)
+        return sent.wait if sent is not None else job.waiting
 
     async def schedule(self) -> None:
         async with self._lock:
-            capacity = empty_capacity(self._inventory())
-            for job in self.book.jobs.values():
-                if job.placement is not None:
-                    capacity = subtract(capacity, job.spec, job.placement)
-            for job_id, pending in self._pending.items():
-                capacity = subtract(capacity, self.book.jobs[job_id].spec, pending.placement)
-            for allocation in plan(self.queue(), capacity):
-                job = self.book.jobs[allocation.job_id]
-                command = self._sender.make(
-                    job.job_id,
-                    job.tenant,
-                    cmd.AllocateGpus(placement=allocation.placement, reason=allocation.reason),
-                    fencing_token=self._token,
+            now = self._clock().timestamp()
+            state = self.cluster_state(now)
+            decided = plan(state, self.waiting(), now, self._policy)
+            commands: list[Command] = []
+            for eviction in decided.evictions:
+                job = self.book.jobs[eviction.job_id]
+                commands.append(self._command(job, cmd.HaltJob(reason=eviction.reason, requeue=True)))
+                self._halts[job.job_id] = _Sent(job.seq)
+                log.info(
+                    "job preempted",
+                    job_id=job.job_id,
+                    preempted_by=eviction.preempted_by,
+                    reason=eviction.reason,
+                    command_id=str(commands[-1].command_id),
                 )
-                self._pending[job.job_id] = _Pending(allocation.placement, job.seq)
-                await self._sender.send(command)
-                log.info("gpus offered", job_id=job.job_id, reason=allocation.reason,
-                         command_id=str(command.command_id))
+            for allocation in decided.allocations:
+                job = self.book.jobs[allocation.job_id]
+                placement = allocation.gang.placement(state.room)
+                commands.append(
+                    self._command(job, cmd.AllocateGpus(placement=placement, reason=allocation.reason))
+                )
+                self._allocations[job.job_id] = _Sent(job.seq, placement=placement)
+                log.info(
+                    "gpus offered",
+                    job_id=job.job_id,
+                    reason=allocation.reason,
+                    command_id=str(commands[-1].command_id),
+                )
+            for job_id, wait in decided.waits.items():
+                job = self.book.jobs[job_id]
+                if wait.same_as(self._current_reason(job)):
+                    continue
+                data = cmd.RecordWaitReason(
+                    code=wait.code,
+                    detail=wait.detail,
+                    waiting_for=wait.waiting_for,
+                    reserved_nodes=wait.reserved_nodes,
+                )
+                commands.append(self._command(job, data))
+                self._reasons[job_id] = _Sent(job.seq, wait=wait)
+                log.debug("job waits", job_id=job_id, code=str(wait.code), detail=wait.detail)
+            if commands:
+                await self._sender.send(*commands)
+
+    def _command(self, job: Job, data: cmd.CommandData) -> Command:
+        return self._sender.make(job.job_id, job.tenant, data, fencing_token=self._token)

@@ -69,7 +69,7 @@ async def run_demo(*, chaos: bool, steps: int, keep: bool) -> int:
                 server.should_exit = True
                 await serving
         elapsed = time.monotonic() - started
-    report = await verify_log(settings)
+        report = await verify_log(settings)
     console.print(timeline_table(job))
     accuracy = job["result"]["metrics"].get("accuracy") if job.get("result") else None
     console.print(f"job {job['job_id']} ended {styled(job['state'])} after {job['restarts']} restart(s) "

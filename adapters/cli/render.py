@@ -42,8 +42,8 @@ def timeline_table(job: dict[str, Any]) -> Table:
         end = history[index + 1]["at"] if index + 1 < len(history) else None
         if end is None and entry["state"] in ("COMPLETED", "FAILED", "CANCELLED"):
             end = entry["at"]
-        table.add_row(str(entry["seq"]), styled(entry["state"]), entry["at"], _duration(entry["at"], end),
-                      entry["reason"])
+        at = datetime.fromisoformat(entry["at"]).strftime("%H:%M:%S.%f")[:-3]
+        table.add_row(str(entry["seq"]), styled(entry["state"]), at, _duration(entry["at"], end), entry["reason"])
     return table
 
 

@@ -25,10 +25,10 @@ nothing. Attempt numbers are never reused by the platform, so a re-delivered lau
 starts a second set of learners. A launch that fails halfway kills what it started and withdraws
 the claim, so it can be retried.
 
-Concurrency: ``launch`` and ``stop`` of one launcher are serialised by an asyncio lock. Every agent
-this object starts gets a reaper task that waits on a pidfd (no polling) and collects the exit
-status, so no zombie is left behind. ``close`` cancels the reapers and leaves the learners running.
-Linux only: pidfds and ``/proc``.
+Concurrency: ``launch`` and ``stop`` of one job are serialised by an asyncio lock per job (a stop
+waiting out its grace holds up no other job). Every agent this object starts gets a reaper task
+that waits on a pidfd (no polling) and collects the exit status, so no zombie is left behind.
+``close`` cancels the reapers and leaves the learners running. Linux only: pidfds and ``/proc``.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ import socket
 import subprocess
 import sys
 import time
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,7 +116,7 @@ class LocalLauncher:
         self._heartbeats_url = heartbeats_url
         self._heartbeat_ttl_s = heartbeat_ttl_s
         self._python = python
-        self._lock = asyncio.Lock()
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._reapers: set[asyncio.Task[None]] = set()
 
     # -- where things are -----------------------------------------------------------------------
@@ -148,15 +149,15 @@ class LocalLauncher:
     # -- the port -------------------------------------------------------------------------------
 
     async def launch(self, request: LaunchRequest) -> None:
-        async with self._lock:
+        async with self._job_lock(request.job_id):
             bound = log.bind(job_id=request.job_id, attempt=request.attempt)
             master_port = _free_port()
             if not self._claim(request, master_port):
                 bound.info("attempt launched before: nothing to start")
                 return
-            self._make_directories(request)
             started: list[tuple[LearnerHandle, subprocess.Popen[bytes]]] = []
             try:
+                self._make_directories(request)
                 for learner, local_rank in _local_ranks(request.placement.learners):
                     handle = LearnerHandle(request.job_id, request.attempt, learner.rank)
                     process = self._start_agent(request, learner, local_rank, master_port)
@@ -172,7 +173,7 @@ class LocalLauncher:
             bound.info("learners launched", learners=len(started), master_port=master_port)
 
     async def stop(self, job_id: str, grace_s: float) -> None:
-        async with self._lock:
+        async with self._job_lock(job_id):
             recorded = self._recorded(self._run_dir(job_id))
             groups = {
                 learner: group for learner in recorded if (group := learner.process_group()) is not None
@@ -217,6 +218,13 @@ class LocalLauncher:
             reaper.cancel()
         await asyncio.gather(*self._reapers, return_exceptions=True)
         self._reapers.clear()
+
+    def _job_lock(self, job_id: str) -> asyncio.Lock:
+        """The lock that serialises launching and stopping one job (held locks stay in the map)."""
+        lock = self._locks.get(job_id)
+        if lock is None:
+            lock = self._locks[job_id] = asyncio.Lock()
+        return lock
 
     # -- launching ------------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ every wait is bounded.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 import uuid
@@ -206,13 +207,13 @@ class LauncherContract:
         assert await exit_code(rig.store, job_id, 1, 0) == 3
         assert await exit_code(rig.store, job_id, 1, 1) == -9
 
-    async def test_launching_an_attempt_twice_starts_no_second_set(
+    async def test_launching_an_attempt_twice_or_concurrently_starts_no_second_set(
         self, rig: LauncherRig, tmp_path: Path
     ) -> None:
         job_id = new_job_id()
         go_file = tmp_path / "go"
         request = launch_request(job_id, f"echo started; {WAIT_FOR_GO}", go_file=go_file)
-        await rig.launcher.launch(request)
+        await asyncio.gather(rig.launcher.launch(request), rig.launcher.launch(request))
         await wait_for_running(rig.launcher, handles(job_id, 1, range(2)))
 
         await rig.launcher.launch(request)

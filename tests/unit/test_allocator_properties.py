@@ -4,14 +4,16 @@ The feasibility oracle is a brute-force search over how many learners each node 
 allocator must agree with it exactly: learners of one gang are identical, so placing one on any
 node that fits lowers that node's count of learners that still fit by exactly one, and the greedy
 succeeds precisely when the counts add up to the gang. CPU amounts are drawn from binary fractions
-so that float arithmetic is exact here; the float case is pinned by its own example test.
+so that float arithmetic is exact here; the float case is pinned by its own example test. The
+scheduler's planning step is held to the same oracle and must never promise a GPU twice.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -25,7 +27,8 @@ from ffdl.core.allocator import (
     place_gang,
     subtract,
 )
-from ffdl.core.scheduling import QueuedJob, plan, queue_order
+from ffdl.core.cluster import ClusterState, Demand, Gang, HeldJob, milli_cpus
+from ffdl.core.scheduling import SchedulerPolicy, WaitingJob, plan
 from ffdl.events.model import JobSpec, Placement
 
 GPU_TYPES = ("a100", "h100", "t4")
@@ -178,45 +181,98 @@ def test_could_ever_fit_is_feasibility_on_the_empty_inventory(
         assert ever, "fits a partly used inventory but never the empty one"
 
 
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """An inventory, the gangs already holding GPUs on it, and the capacity they leave."""
+
+    nodes: list[Node]
+    held: list[tuple[str, JobSpec, Placement]]
+    left: dict[str, NodeCapacity]
+
+    def state(self) -> ClusterState:
+        state = ClusterState(self.nodes)
+        for job_id, spec, placement in self.held:
+            state.hold(
+                HeldJob(
+                    job_id, "tenant-c", Demand.of(spec), spec.priority, Gang.of(placement), started_at=0.0
+                )
+            )
+        return state
+
+
+@st.composite
+def scenarios(draw: st.DrawFn) -> Scenario:
+    nodes = draw(inventories())
+    left = empty_capacity(nodes)
+    held = []
+    for index, spec in enumerate(draw(st.lists(job_specs(max_learners=3), max_size=3))):
+        placement = place_gang(spec, left)
+        if placement is not None:
+            left = subtract(left, spec, placement)
+            held.append((f"held-{index}", spec, placement))
+    return Scenario(nodes, held, left)
+
+
+def waiting_job(index: int, spec: JobSpec, tenant: str) -> WaitingJob:
+    return WaitingJob(f"job-{index}", tenant, Demand.of(spec), spec.priority, (float(index), f"job-{index}"))
+
+
 @fast
 @given(
+    scenario=scenarios(),
     specs=st.lists(job_specs(max_learners=3), min_size=1, max_size=5),
-    capacity=capacities(),
+    tenants=st.lists(st.sampled_from(("tenant-a", "tenant-b")), min_size=5, max_size=5),
+    preemption=st.booleans(),
 )
 def test_a_plan_never_promises_a_gpu_twice_nor_over_commits_a_node(
-    specs: list[JobSpec], capacity: dict[str, NodeCapacity]
+    scenario: Scenario, specs: list[JobSpec], tenants: list[str], preemption: bool
 ) -> None:
-    queue = [QueuedJob(f"job-{i}", "tenant", spec, queued_order=i) for i, spec in enumerate(specs)]
-    by_id = {job.job_id: job for job in queue}
+    waiting = [waiting_job(i, spec, tenants[i]) for i, spec in enumerate(specs)]
+    spec_of = {job.job_id: spec for job, spec in zip(waiting, specs, strict=True)}
+    nodes = {node.name: node for node in scenario.nodes}
 
-    planned = plan(queue, capacity)
+    result = plan(scenario.state(), waiting, now=1000.0, policy=SchedulerPolicy(preemption=preemption))
 
-    assert len({allocation.job_id for allocation in planned}) == len(planned)
-    slots = [slot for allocation in planned for slot in allocation.placement.gpu_slots()]
-    assert len(slots) == len(set(slots)), "one GPU promised to two jobs"
-    cpus: defaultdict[str, float] = defaultdict(float)
+    assert len({allocation.job_id for allocation in result.allocations}) == len(result.allocations)
+    assert {eviction.job_id for eviction in result.evictions} <= {job_id for job_id, _, _ in scenario.held}
+    holdings = [(spec, Gang.of(placement).learners) for _, spec, placement in scenario.held]
+    for allocation in result.allocations:
+        spec = spec_of[allocation.job_id]
+        learners = allocation.gang.learners
+        assert len(learners) == spec.learners, "not the whole gang"
+        for node_name, gpus in learners:
+            node = nodes[node_name]
+            assert node.schedulable
+            assert len(gpus) == spec.gpus
+            assert set(gpus) <= set(range(node.gpus))
+            if spec.gpus and spec.gpu_type is not None:
+                assert node.gpu_type == spec.gpu_type
+        holdings.append((spec, learners))
+    slots = [(node, gpu) for _, learners in holdings for node, gpus in learners for gpu in gpus]
+    assert len(slots) == len(set(slots)), "one GPU promised twice (or promised while still held)"
+    mcpus: Counter[str] = Counter()
     memory: Counter[str] = Counter()
-    for allocation in planned:
-        spec = by_id[allocation.job_id].spec
-        assert_valid(spec, capacity, allocation.placement)
-        for learner in allocation.placement.learners:
-            cpus[learner.node] += spec.cpus
-            memory[learner.node] += spec.memory_mb
-    for name in cpus:
-        assert cpus[name] <= capacity[name].free_cpus
-        assert memory[name] <= capacity[name].free_memory_mb
+    for spec, learners in holdings:
+        for node_name, _ in learners:
+            mcpus[node_name] += milli_cpus(spec.cpus)
+            memory[node_name] += spec.memory_mb
+    for name, used in mcpus.items():
+        assert used <= milli_cpus(nodes[name].cpus), f"{name}'s CPUs over-committed"
+        assert memory[name] <= nodes[name].memory_mb, f"{name}'s memory over-committed"
 
-    # No head-of-line blocking, and nothing left out that would have fitted in its turn.
-    remaining: Mapping[str, NodeCapacity] = capacity
-    placements = {allocation.job_id: allocation.placement for allocation in planned}
-    for job in queue_order(queue):
-        if job.job_id in placements:
-            remaining = subtract(remaining, job.spec, placements[job.job_id])
-        else:
-            assert not feasible(job.spec, remaining), f"{job.job_id} fitted in its turn but was not planned"
-    assert [allocation.job_id for allocation in planned] == [
-        j.job_id for j in queue_order(queue) if j.job_id in placements
-    ]
+
+@fast
+@given(scenario=scenarios(), spec=job_specs(), preemption=st.booleans())
+def test_a_plan_places_a_lone_waiting_gang_exactly_when_it_fits(
+    scenario: Scenario, spec: JobSpec, preemption: bool
+) -> None:
+    result = plan(
+        scenario.state(), [waiting_job(0, spec, "tenant-a")], 1000.0, SchedulerPolicy(preemption=preemption)
+    )
+
+    assert bool(result.allocations) == feasible(spec, scenario.left)
+    if not result.allocations:
+        assert "job-0" in result.waits, "a job that waits must say why"
 
 
 def test_learners_that_exactly_use_up_a_nodes_cpus_all_fit() -> None:
