@@ -3,6 +3,12 @@
 The default is fully embedded: the log, the heartbeats and the projections live in files under
 ``data_dir``, learners are local processes, and the inventory is one node with 8 simulated GPUs
 (or the real NVIDIA GPUs of this machine, when there are any).
+
+Scheduling: ``tenants`` gives each named tenant its guaranteed GPUs, borrowing limit and fair
+share weight (tenants not named, like the API's ``default``, are unlimited with weight 1);
+``scheduler`` sets preemption, the minimum runtime before a job may be preempted, and how many
+waiting jobs get nodes reserved. A node with ``schedulable: false`` is cordoned: its jobs run on,
+nothing new is placed there.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ from pydantic_settings import (
 )
 
 from ffdl.core.allocator import Node
+from ffdl.core.scheduling import SchedulerPolicy
+from ffdl.core.tenancy import TenancyPolicy, TenantQuota
 
 
 class NodeConfig(BaseModel):
@@ -28,9 +36,25 @@ class NodeConfig(BaseModel):
     gpu_type: str = "simulated"
     cpus: float = Field(default=64.0, gt=0)
     memory_mb: int = Field(default=262_144, gt=0)
+    schedulable: bool = Field(default=True, description="false: cordoned, nothing new is placed here")
 
     def node(self) -> Node:
-        return Node(self.name, self.gpus, self.gpu_type, self.cpus, self.memory_mb)
+        return Node(self.name, self.gpus, self.gpu_type, self.cpus, self.memory_mb, self.schedulable)
+
+
+class TenantConfig(BaseModel):
+    guaranteed_gpus: int = Field(default=0, ge=0)
+    borrowing_limit_gpus: int | None = Field(default=None, ge=0, description="null: may borrow any idle GPU")
+    weight: float = Field(default=1.0, gt=0, description="fair share weight")
+
+    def quota(self) -> TenantQuota:
+        return TenantQuota(self.guaranteed_gpus, self.borrowing_limit_gpus, self.weight)
+
+
+class SchedulerConfig(BaseModel):
+    preemption: bool = True
+    min_runtime_s: float = Field(default=60.0, ge=0, description="seconds a job runs before preemption")
+    max_reservations: int = Field(default=2, ge=0, description="waiting jobs that get nodes kept for them")
 
 
 class Settings(BaseSettings):
@@ -45,6 +69,8 @@ class Settings(BaseSettings):
     partitions: int = Field(default=8, ge=1, le=1024)
     topic_prefix: str = "ffdl"
     nodes: list[NodeConfig] | None = None
+    tenants: dict[str, TenantConfig] = Field(default_factory=dict)
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     heartbeat_ttl_s: float = Field(default=5.0, gt=0)
     monitor_grace_s: float = Field(default=15.0, ge=0)
     launch_timeout_s: float = Field(default=120.0, gt=0)
@@ -84,6 +110,11 @@ class Settings(BaseSettings):
     @property
     def projection_path(self) -> Path:
         return (self.data_dir / "projections.sqlite").resolve()
+
+    def scheduler_policy(self) -> SchedulerPolicy:
+        tenancy = TenancyPolicy({name: tenant.quota() for name, tenant in self.tenants.items()})
+        s = self.scheduler
+        return SchedulerPolicy(tenancy, s.preemption, s.min_runtime_s, s.max_reservations)
 
     def inventory(self) -> list[Node]:
         from ffdl.adapters.gpus import detect_local_node  # noqa: PLC0415 - only when no nodes are configured

@@ -43,7 +43,7 @@ class NodeCapacity:
             self.node.schedulable
             and (spec.gpu_type is None or spec.gpu_type == self.node.gpu_type or spec.gpus == 0)
             and len(self.free_gpus) >= spec.gpus
-            and self.free_cpus >= spec.cpus
+            and self.free_cpus >= spec.cpus - CPU_EPSILON
             and self.free_memory_mb >= spec.memory_mb
         )
 
@@ -52,13 +52,16 @@ class NodeCapacity:
         rest = replace(
             self,
             free_gpus=self.free_gpus - frozenset(gpus),
-            free_cpus=self.free_cpus - spec.cpus,
+            free_cpus=round(self.free_cpus - spec.cpus, 6),
             free_memory_mb=self.free_memory_mb - spec.memory_mb,
         )
         return rest, gpus
 
 
 Capacity = Mapping[str, NodeCapacity]
+
+#: CPUs are fractional (0.2 of a core); sums of such fractions are kept rounded to this precision.
+CPU_EPSILON = 1e-6
 
 
 def empty_capacity(nodes: Iterable[Node]) -> dict[str, NodeCapacity]:
@@ -75,7 +78,7 @@ def subtract(capacity: Capacity, spec: JobSpec, placement: Placement) -> dict[st
         left[learner.node] = replace(
             node,
             free_gpus=node.free_gpus - frozenset(learner.gpus),
-            free_cpus=node.free_cpus - spec.cpus,
+            free_cpus=round(node.free_cpus - spec.cpus, 6),
             free_memory_mb=node.free_memory_mb - spec.memory_mb,
         )
     return left

@@ -42,18 +42,19 @@ class _Decision:
     job: Job | None
     events: list[Event] = field(default_factory=list)
 
-    def emit(self, data: EventData) -> Job:
+    def emit(self, data: EventData, *, fenced: bool = True) -> Job:
+        """Append ``data``; a refusal is not fenced (it must not carry a deposed sender's token)."""
         seq = (self.job.seq if self.job else 0) + 1
         event = Event(
             event_id=derived_id(self.command.command_id, self.producer, len(self.events)),
             job_id=self.command.job_id,
-            tenant=self.command.tenant,
+            tenant=self.job.tenant if self.job else self.command.tenant,
             seq=seq,
             occurred_at=self.now,
             causation_id=self.command.command_id,
             correlation_id=self.command.correlation_id or self.command.command_id,
             producer=self.producer,
-            fencing_token=self.command.fencing_token,
+            fencing_token=self.command.fencing_token if fenced else None,
             data=data,
         )
         self.job = evolve(self.job, event) if self.job else start(event)
@@ -61,7 +62,10 @@ class _Decision:
         return self.job
 
     def reject(self, reason: str) -> None:
-        self.emit(ev.CommandRejected(command_id=str(self.command.command_id), command_type=self.command.type, reason=reason))
+        rejected = ev.CommandRejected(
+            command_id=str(self.command.command_id), command_type=self.command.type, reason=reason
+        )
+        self.emit(rejected, fenced=False)
 
 
 def decide(
@@ -220,7 +224,8 @@ def _halt(d: _Decision, job: Job, reason: str, requeue: bool) -> None:
         return
     requested = ev.HaltRequested(reason=reason or "halt requested", requested_by=d.command.producer, requeue=requeue)
     job = d.emit(requested)
-    if job.state is not S.HALTING or not any(learner.active for learner in job.learners):
+    nothing_runs = state is S.RESTARTING or not any(learner.active for learner in job.learners)
+    if job.state is not S.HALTING or nothing_runs:
         _halted(d, job)
 
 

@@ -1,0 +1,257 @@
+"""A workload trace through the scheduler's own planning step, in virtual time.
+
+There is no clock and no sleeping: time jumps from one happening (a job arrives, a job ends, a
+preempted job has stopped) to the next, and after each the very :class:`~ffdl.core.scheduling.Planner`
+that the scheduler role runs decides, with the reasons and reservations it recorded carried to
+the next step as the log carries them for the role.
+
+The model: a job starts the moment it is allocated and runs for its remaining runtime. A
+preempted job keeps its GPUs for ``halt_s`` while it writes its checkpoint and stops, loses no
+work (it resumes from that checkpoint), and queues again. A job that can never run (its gang fits
+no empty cluster, or it needs more than its tenant may ever hold) is reported, not queued.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from heapq import heappop, heappush
+from typing import Any
+
+from ffdl.core.allocator import Node, PlacementPolicy
+from ffdl.core.cluster import ClusterRoom, ClusterState, Demand
+from ffdl.core.job import WaitRecord
+from ffdl.core.scheduling import Planner, SchedulerPolicy, WaitingJob
+
+_FINISHED = 0  # ends before halts and arrivals at the same instant, so their GPUs are free for the step
+_HALTED = 1
+
+
+@dataclass(frozen=True, slots=True)
+class TraceJob:
+    """One line of a trace: a gang submitted at ``submit_time`` that runs ``runtime`` seconds once started."""
+
+    job_id: str
+    submit_time: float
+    tenant: str
+    learners: int
+    gpus_per_learner: int
+    runtime: float
+    priority: int = 0
+    gpu_type: str | None = None
+
+    @property
+    def gpus(self) -> int:
+        return self.learners * self.gpus_per_learner
+
+
+@dataclass(slots=True)
+class JobOutcome:
+    job: TraceJob
+    first_start: float | None = None
+    end: float | None = None
+    preemptions: int = 0
+    never_runs: str = ""  # why it can never run here, if so
+    last_wait: WaitRecord | None = None
+
+
+@dataclass(slots=True)
+class SimulationResult:
+    outcomes: list[JobOutcome]
+    capacity_gpus: int
+    busy_gpu_seconds: float = 0.0
+    max_gpus_in_use: int = 0
+    first_submit: float = 0.0
+    last_end: float = 0.0
+    preemptions: int = 0
+    cycles: int = 0
+
+
+@dataclass(slots=True)
+class _Running:
+    since: float
+    remaining: float
+    generation: int
+
+
+@dataclass(slots=True)
+class _Simulator:
+    nodes: Sequence[Node]
+    policy: SchedulerPolicy
+    placement: PlacementPolicy | None
+    halt_s: float
+    state: ClusterState = field(init=False)
+    outcomes: dict[str, JobOutcome] = field(default_factory=dict)
+    waiting: dict[str, WaitingJob] = field(default_factory=dict)
+    running: dict[str, _Running] = field(default_factory=dict)
+    remaining: dict[str, float] = field(default_factory=dict)
+    timeline: list[tuple[float, int, str, int]] = field(default_factory=list)
+    generation: int = 0
+
+    def __post_init__(self) -> None:
+        self.state = ClusterState(self.nodes)
+
+    def demand(self, job: TraceJob) -> Demand:
+        return Demand(job.learners, job.gpus_per_learner, job.gpu_type, policy=self.placement or "pack")
+
+    def arrive(self, job: TraceJob, now: float, empty: ClusterRoom) -> None:
+        outcome = self.outcomes[job.job_id] = JobOutcome(job)
+        demand = self.demand(job)
+        limit = self.policy.tenancy.quota(job.tenant).limit
+        if empty.find(demand) is None:
+            outcome.never_runs = f"{demand.describe()} fits no node set of this cluster, even empty"
+        elif limit is not None and job.gpus > limit:
+            outcome.never_runs = f"needs {job.gpus} GPUs; tenant {job.tenant} may hold at most {limit}"
+        else:
+            self.remaining[job.job_id] = job.runtime
+            self.waiting[job.job_id] = WaitingJob(job.job_id, job.tenant, demand, job.priority, (now, job.job_id))
+
+    def happen(self, kind: int, job_id: str, generation: int, now: float) -> None:
+        running = self.running.get(job_id)
+        if kind == _FINISHED:
+            if running is not None and running.generation == generation:
+                del self.running[job_id]
+                self.state.release(job_id)
+                self.outcomes[job_id].end = now
+            return
+        self.state.release(job_id)
+        outcome = self.outcomes[job_id]
+        job = outcome.job
+        self.waiting[job_id] = WaitingJob(job_id, job.tenant, self.demand(job), job.priority, (now, job_id))
+
+    def step(self, now: float) -> None:
+        decided = Planner(self.state, self.waiting.values(), now, self.policy).run()
+        for eviction in decided.evictions:
+            running = self.running.pop(eviction.job_id)
+            self.remaining[eviction.job_id] = max(0.0, running.remaining - (now - running.since))
+            self.outcomes[eviction.job_id].preemptions += 1
+            heappush(self.timeline, (now + self.halt_s, _HALTED, eviction.job_id, running.generation))
+        for allocation in decided.allocations:
+            job_id = allocation.job_id
+            del self.waiting[job_id]
+            self.generation += 1
+            remaining = self.remaining[job_id]
+            self.running[job_id] = _Running(now, remaining, self.generation)
+            outcome = self.outcomes[job_id]
+            if outcome.first_start is None:
+                outcome.first_start = now
+            heappush(self.timeline, (now + remaining, _FINISHED, job_id, self.generation))
+        for job_id, wait in decided.waits.items():
+            waiting = self.waiting[job_id]
+            if not wait.same_as(waiting.wait):
+                self.waiting[job_id] = replace(waiting, wait=wait)
+            self.outcomes[job_id].last_wait = wait
+
+
+def simulate(
+    trace: Sequence[TraceJob],
+    nodes: Sequence[Node],
+    policy: SchedulerPolicy | None = None,
+    *,
+    placement: PlacementPolicy | None = None,
+    halt_s: float = 30.0,
+) -> SimulationResult:
+    """Run ``trace`` on ``nodes`` until every job that can run has ended; see the module docstring."""
+    sim = _Simulator(nodes, policy or SchedulerPolicy(), placement, halt_s)
+    empty = ClusterRoom(nodes)
+    arrivals = sorted(trace, key=lambda job: (job.submit_time, job.job_id))
+    result = SimulationResult([], capacity_gpus=sum(n.gpus for n in nodes if n.schedulable))
+    result.first_submit = arrivals[0].submit_time if arrivals else 0.0
+    now = result.first_submit
+    next_arrival = 0
+    in_use = 0
+    while next_arrival < len(arrivals) or sim.timeline:
+        arrival_at = arrivals[next_arrival].submit_time if next_arrival < len(arrivals) else math.inf
+        at = min(arrival_at, sim.timeline[0][0] if sim.timeline else math.inf)
+        result.busy_gpu_seconds += in_use * (at - now)
+        now = at
+        while sim.timeline and sim.timeline[0][0] == now:
+            _, kind, job_id, generation = heappop(sim.timeline)
+            sim.happen(kind, job_id, generation, now)
+        while next_arrival < len(arrivals) and arrivals[next_arrival].submit_time == now:
+            sim.arrive(arrivals[next_arrival], now, empty)
+            next_arrival += 1
+        if sim.waiting:
+            sim.step(now)
+            result.cycles += 1
+        in_use = sum(sim.state.usage.values())
+        result.max_gpus_in_use = max(result.max_gpus_in_use, in_use)
+    result.outcomes = [sim.outcomes[job.job_id] for job in arrivals]
+    result.preemptions = sum(outcome.preemptions for outcome in result.outcomes)
+    result.last_end = max((o.end for o in result.outcomes if o.end is not None), default=result.first_submit)
+    return result
+
+
+def percentile(values: Sequence[float], fraction: float) -> float:
+    """The nearest-rank percentile of ``values`` (0.0 when there are none)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = max(1, math.ceil(fraction * len(ordered)))
+    return ordered[rank - 1]
+
+
+def jain_index(values: Sequence[float]) -> float:
+    """Jain's fairness index: 1.0 when all values are equal, 1/n when one value has everything."""
+    if not values or not any(values):
+        return 1.0
+    return sum(values) ** 2 / (len(values) * sum(v * v for v in values))
+
+
+def _slowdown(outcome: JobOutcome) -> float:
+    """Bounded slowdown: time in the system over runtime, runtimes under 10 s counted as 10 s."""
+    assert outcome.end is not None
+    return (outcome.end - outcome.job.submit_time) / max(outcome.job.runtime, 10.0)
+
+
+def _delays(outcomes: Sequence[JobOutcome]) -> dict[str, float]:
+    delays = [o.first_start - o.job.submit_time for o in outcomes if o.first_start is not None]
+    completions = [o.end - o.job.submit_time for o in outcomes if o.end is not None]
+    return {
+        "queue_delay_p50": percentile(delays, 0.5),
+        "queue_delay_p99": percentile(delays, 0.99),
+        "completion_time_p50": percentile(completions, 0.5),
+        "completion_time_p99": percentile(completions, 0.99),
+    }
+
+
+def summarize(result: SimulationResult) -> dict[str, Any]:
+    """The report: utilisation, queueing delay and completion time (overall and per tenant),
+    makespan, preemptions, the fairness index across tenants, and the jobs that can never run."""
+    outcomes = result.outcomes
+    completed = [o for o in outcomes if o.end is not None]
+    makespan = result.last_end - result.first_submit
+    capacity = result.capacity_gpus * makespan
+    by_tenant: dict[str, list[JobOutcome]] = {}
+    for outcome in outcomes:
+        by_tenant.setdefault(outcome.job.tenant, []).append(outcome)
+    tenants = {}
+    slowdowns = []
+    for tenant in sorted(by_tenant):
+        mine = by_tenant[tenant]
+        done = [o for o in mine if o.end is not None]
+        mean_slowdown = sum(_slowdown(o) for o in done) / len(done) if done else 0.0
+        if done:
+            slowdowns.append(mean_slowdown)
+        tenants[tenant] = {
+            "jobs": len(mine),
+            "completed": len(done),
+            "gpu_hours": sum(o.job.gpus * o.job.runtime for o in done) / 3600,
+            "mean_slowdown": mean_slowdown,
+            **_delays(mine),
+        }
+    return {
+        "jobs": len(outcomes),
+        "completed": len(completed),
+        "never_run": [{"job_id": o.job.job_id, "reason": o.never_runs} for o in outcomes if o.never_runs],
+        "utilization": result.busy_gpu_seconds / capacity if capacity > 0 else 0.0,
+        **_delays(outcomes),
+        "makespan": makespan,
+        "preemptions": result.preemptions,
+        "max_gpus_in_use": result.max_gpus_in_use,
+        "capacity_gpus": result.capacity_gpus,
+        "fairness": jain_index(slowdowns),
+        "scheduling_cycles": result.cycles,
+        "tenants": tenants,
+    }
