@@ -2,8 +2,11 @@
 
 Roles (``ffdl up --roles``): ``workers`` (the job owners on the commands topic and the reactor
 host with the monitor on the events topic), ``scheduler`` (under leader election), ``projector``
-(the read models) and ``api`` (served by the CLI's ``up``). Each role runs under a supervisor
+(the read models), ``notifier`` (MQTT status out and telemetry in, when ``FFDL_MQTT`` is set) and
+``api`` (served by the CLI's ``up``). Each role runs under a supervisor
 that restarts it after a crash with backoff; a restarted role refolds its partitions first.
+Singleton roles are elected through etcd when ``FFDL_ELECTION`` (or, by default, the heartbeat
+store) names an etcd, else through lock files in the data dir.
 """
 
 from __future__ import annotations
@@ -18,9 +21,10 @@ import structlog
 
 from ffdl.adapters.bus import open_bus
 from ffdl.adapters.config import Settings
-from ffdl.adapters.election import FileElection
+from ffdl.adapters.election import open_election
 from ffdl.adapters.heartbeats import open_store
 from ffdl.adapters.projector import Projector
+from ffdl.core.allocator import Node
 from ffdl.core.restart import RestartPolicy
 from ffdl.handlers.context import ReactionContext
 from ffdl.handlers.driver import Driver
@@ -35,7 +39,9 @@ from ffdl.projections.store import Projection
 
 log = structlog.get_logger(__name__)
 
-ALL_ROLES = frozenset({"api", "workers", "scheduler", "projector"})
+ALL_ROLES = frozenset({"api", "workers", "scheduler", "projector", "notifier"})
+#: How often a leading scheduler checks that it still leads.
+LEADERSHIP_CHECK_S = 0.25
 
 
 def open_launcher(settings: Settings) -> Launcher:
@@ -58,10 +64,11 @@ class Platform:
         self.topics = Topics.with_prefix(s.topic_prefix)
         self.bus: Bus = open_bus(s.bus_url, s.partitions)
         self.heartbeats: HeartbeatStore = open_store(s.heartbeats_url)
-        self.election: Election = FileElection(s.data_dir.resolve())
+        self.election: Election = open_election(s.election_url, s.leader_ttl_s)
         self.projection = Projection(s.projection_path)
         self.projector = Projector(self.bus, self.topics, self.projection)
         self.sender = CommandSender(self.bus, self.topics, f"api@{self.instance}")
+        self.inventory: Callable[[], list[Node]] = s.inventory
         self.policy = RestartPolicy(base_s=s.restart_backoff_base_s, max_backoff_s=s.restart_backoff_max_s)
         self.reactor: ReactorHost | None = None
         self.owner: JobOwner | None = None
@@ -84,7 +91,7 @@ class Platform:
             ctx = ReactionContext(
                 sender=CommandSender(self.bus, self.topics, f"reactor@{self.instance}"),
                 launcher=self.launcher,
-                inventory=s.inventory,
+                inventory=self.inventory,
                 learner_env={"FFDL_HEARTBEATS": s.heartbeats_url, "FFDL_HEARTBEAT_TTL": str(s.heartbeat_ttl_s)},
                 stop_grace_s=s.stop_grace_s,
                 result_dir=lambda job_id: s.work_dir / job_id / "results",
@@ -92,6 +99,7 @@ class Platform:
             monitor = Monitor(
                 self.heartbeats,
                 CommandSender(self.bus, self.topics, f"monitor@{self.instance}"),
+                heartbeat_ttl_s=s.heartbeat_ttl_s,
                 grace_s=s.monitor_grace_s,
                 launch_timeout_s=s.launch_timeout_s,
             )
@@ -107,6 +115,12 @@ class Platform:
             self._supervise("monitor", lambda: monitor.run(self._stop))
         if "scheduler" in self.roles:
             self._supervise("scheduler", self._lead_scheduler)
+        if "notifier" in self.roles and s.mqtt:
+            from ffdl.adapters.mqtt import MqttBridge  # noqa: PLC0415 - only with an MQTT broker configured
+
+            bridge = MqttBridge(s.mqtt, self.bus, self.topics, CommandSender(self.bus, self.topics,
+                                                                             f"mqtt@{self.instance}"))
+            self._supervise("notifier", lambda: bridge.run(self._stop))
         if "projector" in self.roles:
             self._supervise("projector", lambda: consume(self.bus, "ffdl.projector", [self.topics.events],
                                                          self.projector, self._stop, max_records=2000))
@@ -126,19 +140,55 @@ class Platform:
                 backoff = min(10.0, backoff * 2)
 
     async def _lead_scheduler(self) -> None:
-        token = await self.election.campaign(SCHEDULER_ROLE)
+        """One term: campaign, then schedule until deposed or stopped; the supervisor campaigns again.
+
+        Each term consumes in a consumer group of its own (named by its fencing token): a leader
+        that died without leaving its group still holds its claims there until its session
+        expires, and the scheduler must see every partition from the start. Leadership is checked
+        every :data:`LEADERSHIP_CHECK_S`; once lost, the term's consumer is cancelled at once, so a
+        deposed leader stops sending commands (those already sent carry its old token, which the
+        jobs' owners refuse).
+        """
+        token = await self._campaign(SCHEDULER_ROLE)
+        if token is None:
+            return
         log.info("leading the scheduler", fencing_token=token)
         scheduler = Scheduler(
             self.bus,
             self.topics.events,
             CommandSender(self.bus, self.topics, f"scheduler@{self.instance}"),
-            self.settings.inventory,
+            self.inventory,
             token,
         )
+        term = asyncio.create_task(
+            consume(self.bus, f"ffdl.scheduler.{token}", [self.topics.events], scheduler, self._stop),
+            name=f"scheduler-term-{token}",
+        )
         try:
-            await consume(self.bus, "ffdl.scheduler", [self.topics.events], scheduler, self._stop)
+            while not term.done():
+                await asyncio.wait({term}, timeout=LEADERSHIP_CHECK_S)
+                if not term.done() and not await self.election.is_leader(SCHEDULER_ROLE, token):
+                    log.warning("scheduler deposed: it stops scheduling", fencing_token=token)
+                    break
         finally:
+            term.cancel()
+            await asyncio.gather(term, return_exceptions=True)
             await self.election.resign(SCHEDULER_ROLE)
+        if not term.cancelled() and (error := term.exception()) is not None:
+            raise error
+
+    async def _campaign(self, role: str) -> int | None:
+        """Campaign for ``role`` until elected (its token) or until the platform stops (None)."""
+        campaign = asyncio.ensure_future(self.election.campaign(role))
+        stopping = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({campaign, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+            if not campaign.done():
+                campaign.cancel()
+            await asyncio.gather(campaign, stopping, return_exceptions=True)
+        return campaign.result() if not campaign.cancelled() else None
 
     def _supervise(self, name: str, run: Callable[[], Awaitable[None]]) -> None:
         async def supervised() -> None:

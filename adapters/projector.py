@@ -8,9 +8,11 @@ position (read-your-writes) or follows a job (SSE).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 
 import structlog
+from prometheus_client import Histogram
 
 from ffdl.events.codec import DecodeError, event_from_json
 from ffdl.handlers.messaging import Topics, dead_letter
@@ -27,6 +29,12 @@ class Projector:
         self.projection = projection
         self.changed = asyncio.Condition()
         self.applied = 0
+        self.latency = Histogram(
+            "ffdl_event_to_projection_seconds",
+            "Time from an event's occurrence to its projection being applied",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+            registry=None,
+        )
 
     async def on_assigned(self, partitions: frozenset[TopicPartition]) -> None:
         log.info("projecting partitions", partitions=sorted(tp.partition for tp in partitions))
@@ -43,18 +51,16 @@ class Projector:
                 await dead_letter(self._bus, self._topics, record, exc.reason)
         applied = await asyncio.to_thread(self.projection.apply, batch)
         self.applied += applied
+        now = time.time()
+        for logged in batch:
+            self.latency.observe(max(0.0, now - logged.event.occurred_at.timestamp()))
         async with self.changed:
             self.changed.notify_all()
 
-    async def wait_for(self, partition: int, offset: int, timeout_s: float) -> bool:
-        """Wait until the event at ``partition:offset`` is applied; False on timeout."""
-        async def reached() -> None:
-            async with self.changed:
-                while not await asyncio.to_thread(self.projection.reached, partition, offset):
-                    await self.changed.wait()
-
-        try:
-            await asyncio.wait_for(reached(), timeout_s)
-        except TimeoutError:
-            return False
-        return True
+    async def wait_for_change(self, timeout_s: float) -> None:
+        """Return after the next applied batch, or after ``timeout_s`` (the projector may run elsewhere)."""
+        async with self.changed:
+            try:
+                await asyncio.wait_for(self.changed.wait(), timeout_s)
+            except TimeoutError:
+                return

@@ -12,6 +12,7 @@ import uvicorn
 from ffdl.adapters.api.app import create_app
 from ffdl.adapters.config import Settings
 from ffdl.adapters.platform import ALL_ROLES, Platform
+from ffdl.adapters.tenants import TenantRegistry
 
 log = structlog.get_logger(__name__)
 
@@ -35,6 +36,9 @@ async def serve(settings: Settings, roles: frozenset[str] | None = None) -> None
         print(f"ffdl is up: roles {','.join(sorted(roles))}")
         if server:
             print(f"  API       {settings.api}")
+            if TenantRegistry(settings.tenants_path).open:
+                print("  tenants   none configured: the API is OPEN to anyone who reaches it "
+                      "(add one with `ffdl tenants add NAME`)")
         print(f"  event log {settings.bus_url}")
         print(f"  data dir  {settings.data_dir.resolve()}")
         await stop.wait()

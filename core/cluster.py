@@ -23,8 +23,9 @@ operations applied to it since, so the same inputs always give the same placemen
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence, Set
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from heapq import heapify, heappop, heappush
+from typing import NamedTuple
 
 from ffdl.core.allocator import Node, PlacementPolicy
 from ffdl.events.model import JobSpec, LearnerPlacement, Placement
@@ -37,9 +38,9 @@ def milli_cpus(cpus: float) -> int:
     return max(1, round(cpus * 1000))
 
 
-@dataclass(frozen=True, slots=True)
-class Demand:
-    """What one gang needs: ``learners`` identical learners, each with these GPUs, CPUs and memory."""
+class Demand(NamedTuple):
+    """What one gang needs: ``learners`` identical learners, each with these GPUs, CPUs and memory.
+    (A named tuple: the planner hashes demands for its per-cycle memos, and tuples hash fastest.)"""
 
     learners: int
     gpus: int
@@ -68,19 +69,16 @@ class Gang:
     """Where each learner of a gang runs, by rank: its node and the GPU indices it holds there."""
 
     learners: tuple[tuple[str, tuple[int, ...]], ...]
+    nodes: tuple[str, ...] = field(init=False, compare=False)  # the distinct nodes it uses, sorted
+    gpus: int = field(init=False, compare=False)  # how many GPUs it holds in all
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "nodes", tuple(sorted({node for node, _ in self.learners})))
+        object.__setattr__(self, "gpus", sum(len(gpus) for _, gpus in self.learners))
 
     @classmethod
     def of(cls, placement: Placement) -> Gang:
         return cls(tuple((learner.node, learner.gpus) for learner in placement.learners))
-
-    @property
-    def nodes(self) -> tuple[str, ...]:
-        """The distinct nodes the gang uses, sorted."""
-        return tuple(sorted({node for node, _ in self.learners}))
-
-    @property
-    def gpus(self) -> int:
-        return sum(len(gpus) for _, gpus in self.learners)
 
     def placement(self, room: ClusterRoom) -> Placement:
         return Placement(

@@ -166,6 +166,11 @@ def _decide(d: _Decision, job: Job, data: cmd.CommandData, policy: RestartPolicy
         case cmd.ReleaseGpus():
             if job.placement is not None and (state.terminal or state in (S.HALTED, S.QUEUED)):
                 d.emit(ev.GpusReleased(placement=job.placement))
+        case cmd.DeleteJob():
+            if not state.terminal:
+                d.reject(f"only an ended job can be deleted; this one is {state} (cancel it first)")
+            elif not job.deleted:
+                d.emit(ev.JobDeleted(requested_by=d.command.producer))
         case _:
             d.reject(f"{d.command.type} is not allowed in state {state}")
 

@@ -101,6 +101,7 @@ class Job:
     history: tuple[StateEntry, ...] = ()
     failure_code: ErrorCode | None = None
     result: ResultSummary | None = None
+    deleted: bool = False
     reason: str = ""
     fencing_token: int | None = None
     waiting: WaitRecord | None = None
@@ -259,6 +260,8 @@ def _apply(job: Job, event: Event) -> Job:
             )
         case ev.JobCompleted(result=result):
             return replace(job, result=result)
+        case ev.JobDeleted():
+            return replace(job, deleted=True)
         case ev.GpusReleased():
             return replace(job, placement=None)
         case ev.JobQueued(reason=reason):

@@ -120,7 +120,7 @@ class Planner:
         self._backfill_reservations = 0
         self._blocked: dict[tuple[int, str | None], str] = {}  # (priority, GPU type) -> first job blocked
         self._no_fit: set[Demand] = set()  # gangs that found no room this cycle (room only shrinks)
-        self._no_fit_anywhere: set[Demand] = set()  # ... not even on reserved nodes
+        self._held_back: dict[Demand, tuple[str, ...]] = {}  # gangs that only reservations keep out
         self._no_victims: set[tuple[Demand, int, str | None]] = set()
         self._pool: VictimPool | None = None
         self.evictions = self._evict_from_lost_nodes()
@@ -187,6 +187,7 @@ class Planner:
         gang = None if demand in self._no_fit else self._room.find(demand, self._reserved.keys())
         if gang is not None:
             self._state.hold(HeldJob(job.job_id, job.tenant, demand, job.priority, gang, self._now))
+            self._held_back.clear()
             reason = (
                 f"placed {demand.describe()} on {len(gang.nodes)} node(s) ({demand.policy}); "
                 f"considered {_ordinal(position)} in this cycle"
@@ -229,7 +230,10 @@ class Planner:
         need = demand.total_gpus
         reclaims = self._ledger.within_guarantee(job.tenant, need)
         key = (demand, job.priority, job.tenant if reclaims else None)
-        if key in self._no_victims or self._room.free_for(demand) + self._victim_bound(job, reclaims) < need:
+        if key in self._no_victims:
+            return None
+        bound = self._victim_bound(job, reclaims)
+        if bound == 0 or self._room.free_for(demand) + bound < need:
             self._no_victims.add(key)
             return None
         if self._pool is None:
@@ -281,6 +285,9 @@ class Planner:
                 if nodes:
                     self._reserve(job, nodes)
                     self._backfill_reservations += 1
+        record = WaitRecord(code, "", waiting_for, nodes)
+        if job.wait is not None and record.same_as(job.wait):
+            return job.wait  # the same reason: keep its wording, and spare the formatting
         detail = _DETAILS[code].format(need=demand.describe(), ahead=", ".join(waiting_for))
         if nodes:
             detail += f"; {len(nodes)} node(s) are kept free for it, so jobs behind it cannot delay it"
@@ -294,16 +301,26 @@ class Planner:
             code = W.GPU_TYPE if demand.gpu_type is not None and room.free_gpus() >= need else W.CAPACITY
         else:
             code = W.FRAGMENTATION if demand.gpus else W.CAPACITY
-            if self._reserved and demand not in self._no_fit_anywhere:
-                anywhere = room.find(demand)
-                if anywhere is not None:
-                    holders = sorted({self._reserved[n] for n in anywhere.nodes if n in self._reserved})
-                    return W.RESERVATION, tuple(holders)
-                self._no_fit_anywhere.add(demand)
+            holders = self._held_back_by(demand)
+            if holders:
+                return W.RESERVATION, holders
         ahead = self._higher_priority_blocked(job)
         if ahead is not None:
             return W.PRIORITY, (ahead,)
         return code, ()
+
+    def _held_back_by(self, demand: Demand) -> tuple[str, ...]:
+        """The jobs whose reserved nodes are all that keep ``demand`` from fitting now (none if it
+        would not fit anyway). Memoised until the room or the reservations change."""
+        if not self._reserved:
+            return ()
+        holders = self._held_back.get(demand)
+        if holders is None:
+            anywhere = self._room.find(demand)
+            nodes = anywhere.nodes if anywhere is not None else ()
+            holders = tuple(sorted({self._reserved[n] for n in nodes if n in self._reserved}))
+            self._held_back[demand] = holders
+        return holders
 
     def _higher_priority_blocked(self, job: WaitingJob) -> str | None:
         """A job of a higher priority class that waits for the same kind of GPUs, if any."""
@@ -334,6 +351,7 @@ class Planner:
     def _reserve(self, job: WaitingJob, nodes: Iterable[str]) -> None:
         for node in nodes:
             self._reserved.setdefault(node, job.job_id)
+        self._held_back.clear()
 
 
 _DETAILS: dict[WaitReason, str] = {

@@ -85,6 +85,7 @@ TRANSITIONS: Mapping[type[EventData], Mapping[JobState | None, JobState]] = {
     ev.JobFailed: {state: S.FAILED for state in _LIVE},
     ev.GpusReleased: _same(TERMINAL | {S.HALTED, S.QUEUED}),
     ev.CommandRejected: _same(frozenset(S)),
+    ev.JobDeleted: _same(TERMINAL),
 }
 
 

@@ -106,6 +106,10 @@ class ReleaseGpus(CommandData):
     """Sent by the finaliser once the learners of a halted or ended job are stopped."""
 
 
+class DeleteJob(CommandData):
+    """Forget an ended job in the listings (its events stay on the log)."""
+
+
 COMMAND_TYPES: dict[str, type[CommandData]] = {
     cls.type_name(): cls
     for cls in (
@@ -125,6 +129,7 @@ COMMAND_TYPES: dict[str, type[CommandData]] = {
         CancelJob,
         FinishStoring,
         ReleaseGpus,
+        DeleteJob,
     )
 }
 

@@ -158,6 +158,12 @@ class JobCompleted(EventData):
     result: ResultSummary
 
 
+class JobDeleted(EventData):
+    """An ended job was deleted by its owner: it leaves the job listings; its history stays on the log."""
+
+    requested_by: str = ""
+
+
 class JobFailed(EventData):
     code: ErrorCode
     reason: Reason
@@ -201,6 +207,7 @@ EVENT_TYPES: dict[str, type[EventData]] = {
         JobCancelled,
         JobStoring,
         JobCompleted,
+        JobDeleted,
         JobFailed,
         GpusReleased,
         CommandRejected,

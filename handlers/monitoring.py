@@ -7,15 +7,37 @@ revision; after the watch breaks it starts over with a new snapshot) and reports
 * a change of step or metrics -> ``ReportProgress`` (at most every ``progress_interval_s`` per
   learner, flushed before an exit so final metrics are never lost);
 * a new checkpoint in the heartbeat -> ``ReportCheckpoint``;
-* an exit record -> ``ReportLearnerExited`` with the code;
+* an exit record -> ``ReportLearnerExited`` with the code (also when the record was seen before
+  the job was: a monitor that starts reads the store before its jobs are folded from the log);
 * a learner key deleted without an exit record (its lease expired) -> ``ReportLearnerLost(expired)``;
 * no progress for the job's ``progress_timeout_s`` -> ``ReportLearnerLost(hung)``; process liveness
   is not progress.
 
-A store outage is not a learner death: while the store is unreachable nothing is reaped, and
-after it comes back (and after the monitor starts) learners get ``grace_s`` to re-register
-before a missing heartbeat counts as a loss. Only jobs of the partitions this process reacts for
-are watched, so several monitors split the work like every other role.
+A store outage is not a learner death. Losses are decided only while the store is *healthy*:
+
+* the follower holds a current snapshot and watch (after any break it resyncs), and
+* the prober's last read of the store came back within ``heartbeat_ttl_s / 4``. A frozen etcd
+  keeps its connections open, so a watch on it just goes quiet; the probe (every TTL/4) is what
+  notices. A live learner's lease can only expire in etcd when the store could not serve its
+  renewals (every TTL/3) for two thirds of a TTL, and any such stretch keeps a probe outstanding
+  for longer than TTL/4, so it is seen as trouble before the expiries it causes are.
+
+Whenever the store becomes healthy (at start, after a resync, after a slow or failed probe),
+learners get ``grace_s`` to re-register before anything is reaped: etcd itself expires the leases
+that could not be renewed while it was frozen, so the deletions that follow an outage are of
+learners that are alive and about to write their key again with a new lease. A deletion seen while
+unhealthy or within the grace marks the learner *gone*; when the grace ends, a learner still gone
+(no new heartbeat of its attempt) is lost. A job adopted from the log (a partition this monitor
+took over from another, or loaded at start) gets the same grace. Hang detection waits the same way.
+
+Only jobs of the partitions this process reacts for are watched, so several monitors split the
+work like every other role; every monitor reads every key, and adopts a job's heartbeats and exit
+records from what it has read when it starts watching that job.
+
+Concurrency: three tasks on one event loop share the state: the follower (snapshot and watch,
+reacting to each change), the checker (every ``check_interval_s``: exits not yet reported, grace
+decisions, hangs) and the prober. The reactor host calls ``observe`` and ``forget`` from its own
+task on the same loop. None of them yields in the middle of updating a learner's entry.
 """
 
 from __future__ import annotations
@@ -33,13 +55,15 @@ from ffdl.core.states import JobState
 from ffdl.events import commands as cmd
 from ffdl.events.envelope import CommandData, Event
 from ffdl.events.model import Checkpoint, LossReason
-from ffdl.handlers.heartbeat_keys import JOBS_PREFIX, LearnerBeat, exit_key, parse_exit, parse_key
+from ffdl.handlers.heartbeat_keys import JOBS_PREFIX, LearnerBeat, learner_key, parse_exit, parse_key
 from ffdl.handlers.messaging import CommandSender
 from ffdl.handlers.ports import HeartbeatStore, StoreUnavailable, WatchEvent, WatchKind
 
 log = structlog.get_logger(__name__)
 
 _WATCHED = (JobState.LAUNCHING, JobState.RUNNING, JobState.HALTING)
+#: What the prober reads: a key nobody writes, so the read is as cheap as the store can answer.
+PROBE_KEY = "/ffdl/monitor/probe"
 
 
 @dataclass(slots=True)
@@ -54,12 +78,14 @@ class _Learner:
     sent_checkpoint: tuple[str, int] | None = None
     exited: bool = False
     lost: bool = False
+    gone: bool = False
     started_sent: bool = False
 
 
 @dataclass(slots=True)
 class _Watched:
     job: Job
+    reap_after: float = 0.0
     learners: dict[int, _Learner] = field(default_factory=dict)
 
     def learner(self, rank: int) -> _Learner:
@@ -75,6 +101,7 @@ class Monitor:
         store: HeartbeatStore,
         sender: CommandSender,
         *,
+        heartbeat_ttl_s: float = 5.0,
         grace_s: float = 15.0,
         launch_timeout_s: float = 120.0,
         progress_interval_s: float = 0.5,
@@ -83,6 +110,8 @@ class Monitor:
     ) -> None:
         self._store = store
         self._sender = sender
+        self._probe_interval_s = heartbeat_ttl_s / 4
+        self._slow_probe_s = heartbeat_ttl_s / 4
         self._grace_s = grace_s
         self._launch_timeout_s = launch_timeout_s
         self._progress_interval_s = progress_interval_s
@@ -90,19 +119,29 @@ class Monitor:
         self._clock = clock
         self._watched: dict[str, _Watched] = {}
         self._beats_by_key: dict[str, LearnerBeat] = {}
-        self._exits: set[tuple[str, int, int]] = set()
+        self._exits: dict[str, dict[tuple[int, int], int]] = {}
         self._reap_after = clock() + grace_s
         self.store_up = False
+        self.probe_ok = True
+
+    @property
+    def healthy(self) -> bool:
+        """Whether the store is followed and answering: losses may be decided (after the grace)."""
+        return self.store_up and self.probe_ok
 
     # -- what the reactor host tells us ---------------------------------------------------------
 
     def observe(self, event: Event | None, job: Job) -> None:
+        """Track ``job``; ``event`` None means the job was loaded from the log, not followed live."""
         if job.state not in _WATCHED:
             self._watched.pop(job.job_id, None)
+            self._forget_exits(job.job_id, up_to_attempt=job.attempt)
             return
         watched = self._watched.get(job.job_id)
         if watched is None:
-            self._watched[job.job_id] = watched = _Watched(job)
+            watched = self._watched[job.job_id] = _Watched(job)
+            if event is None:
+                watched.reap_after = self._clock() + self._grace_s
         watched.job = job
 
     def forget(self, job_ids: set[str]) -> None:
@@ -112,8 +151,12 @@ class Monitor:
     # -- the loops ------------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Follow the store until ``stop``; resync after any outage."""
-        checker = asyncio.create_task(self._check_forever(stop))
+        """Follow the store until ``stop``; resync after any outage. Every (re)start begins with a grace."""
+        self.store_up = False
+        helpers = [
+            asyncio.create_task(self._check_forever(stop)),
+            asyncio.create_task(self._probe_forever(stop)),
+        ]
         backoff = 0.2
         try:
             while not stop.is_set():
@@ -127,21 +170,27 @@ class Monitor:
                     await _sleep_or_stop(stop, backoff)
                     backoff = min(2.0, backoff * 2)
         finally:
-            checker.cancel()
-            await asyncio.gather(checker, return_exceptions=True)
+            for helper in helpers:
+                helper.cancel()
+            await asyncio.gather(*helpers, return_exceptions=True)
 
     async def _follow(self, stop: asyncio.Event) -> None:
         snapshot = await self._store.snapshot(JOBS_PREFIX)
         if not self.store_up:
-            self._reap_after = max(self._reap_after, self._clock() + self._grace_s)
             self.store_up = True
-            log.info("heartbeat store reachable: following learners", revision=snapshot.revision,
-                     keys=len(snapshot.values))
-        present = set(snapshot.values)
-        for key in [k for k in self._beats_by_key if k not in present]:
+            self._start_grace(
+                "heartbeat store reachable: following learners",
+                revision=snapshot.revision,
+                keys=len(snapshot.values),
+            )
+        exits = {k: v for k, v in snapshot.values.items() if _is_exit(k)}
+        for key, value in sorted(exits.items()):
+            await self._on_put(key, value)
+        for key in [k for k in self._beats_by_key if k not in snapshot.values]:
             await self._on_delete(key)
         for key, value in sorted(snapshot.values.items()):
-            await self._on_put(key, value)
+            if key not in exits:
+                await self._on_put(key, value)
         watch = self._store.watch(JOBS_PREFIX, snapshot.revision + 1)
         stopping = asyncio.create_task(stop.wait())
         next_change: asyncio.Future[WatchEvent] | None = None
@@ -151,7 +200,7 @@ class Monitor:
                 done, _ = await asyncio.wait({next_change, stopping}, return_when=asyncio.FIRST_COMPLETED)
                 if next_change not in done:
                     break
-                change = next_change.result()
+                change = await next_change
                 next_change = None
                 if change.kind is WatchKind.PUT:
                     await self._on_put(change.key, change.value)
@@ -174,6 +223,38 @@ class Monitor:
             except Exception:
                 log.exception("monitor check failed")
 
+    async def _probe_forever(self, stop: asyncio.Event) -> None:
+        """Read the store every TTL/4; a read slower than TTL/4, or failed, is trouble (see the docstring)."""
+        while not stop.is_set():
+            await _sleep_or_stop(stop, self._probe_interval_s)
+            probe = asyncio.ensure_future(self._store.snapshot(PROBE_KEY))
+            done, _ = await asyncio.wait({probe}, timeout=self._slow_probe_s)
+            if not done:
+                self._probe_failed(f"no answer within {self._slow_probe_s:.2f}s")
+                # The adapters bound every call with a deadline; this bound is only a backstop.
+                done, _ = await asyncio.wait({probe}, timeout=max(10.0, 10 * self._slow_probe_s))
+            if not done:
+                probe.cancel()
+                await asyncio.gather(probe, return_exceptions=True)
+                continue
+            error = probe.exception()
+            if error is not None:
+                if not isinstance(error, StoreUnavailable):
+                    log.error("heartbeat store probe failed", error=repr(error))
+                self._probe_failed(str(error) or type(error).__name__)
+            elif not self.probe_ok:
+                self.probe_ok = True
+                self._start_grace("heartbeat store answers again")
+
+    def _probe_failed(self, reason: str) -> None:
+        if self.probe_ok:
+            log.warning("heartbeat store slow or unreachable: reaping paused", reason=reason)
+        self.probe_ok = False
+
+    def _start_grace(self, message: str, **details: object) -> None:
+        self._reap_after = max(self._reap_after, self._clock() + self._grace_s)
+        log.info(message, grace_s=self._grace_s, **details)
+
     # -- reactions to the store -----------------------------------------------------------------
 
     async def _on_put(self, key: str, value: bytes) -> None:
@@ -181,7 +262,7 @@ class Monitor:
         if parsed is None:
             return
         if parsed.kind == "exit":
-            await self._on_exit(parsed.job_id, parsed.attempt or 0, parsed.rank, value)
+            await self._on_exit_record(parsed.job_id, parsed.attempt or 0, parsed.rank, value)
             return
         try:
             beat = LearnerBeat.from_json(value)
@@ -193,39 +274,58 @@ class Monitor:
         watched = self._watched.get(parsed.job_id)
         if watched is None or beat.attempt != watched.job.attempt:
             return
-        learner = watched.learner(parsed.rank)
+        await self._take_beat(
+            watched, parsed.rank, beat, new=previous is None or previous.attempt != beat.attempt
+        )
+
+    async def _take_beat(self, watched: _Watched, rank: int, beat: LearnerBeat, *, new: bool) -> None:
+        """A heartbeat of the job's current attempt: the learner is there (again)."""
+        learner = watched.learner(rank)
+        if learner.gone:
+            learner.gone = False
+            log.info("learner re-registered", job_id=watched.job.job_id, rank=rank, attempt=beat.attempt)
         now = self._clock()
-        if learner.beat is None or (beat.step, beat.last_progress) != (learner.beat.step, learner.beat.last_progress):
-            learner.progress_at = now
-        if previous is None or previous.attempt != beat.attempt:
+        if (
+            new
+            or learner.beat is None
+            or (beat.step, beat.last_progress)
+            != (
+                learner.beat.step,
+                learner.beat.last_progress,
+            )
+        ):
             learner.progress_at = now
         learner.beat = beat
         job = watched.job
-        if not learner.started_sent and parsed.rank < len(job.learners) and not job.learners[parsed.rank].has_started:
+        if not learner.started_sent and rank < len(job.learners) and not job.learners[rank].has_started:
             learner.started_sent = True
-            await self._send(job, cmd.ReportLearnerStarted(rank=parsed.rank, attempt=beat.attempt, pid=beat.pid,
-                                                           host=beat.host))
-        await self._maybe_progress(job, parsed.rank, learner, force=False)
-        await self._maybe_checkpoint(job, parsed.rank, learner)
+            await self._send(
+                job, cmd.ReportLearnerStarted(rank=rank, attempt=beat.attempt, pid=beat.pid, host=beat.host)
+            )
+        await self._maybe_progress(job, rank, learner, force=False)
+        await self._maybe_checkpoint(job, rank, learner)
 
-    async def _on_exit(self, job_id: str, attempt: int, rank: int, value: bytes) -> None:
-        marker = (job_id, attempt, rank)
-        if marker in self._exits:
-            return
-        self._exits.add(marker)
-        watched = self._watched.get(job_id)
-        if watched is None or watched.job.attempt != attempt:
-            return
+    async def _on_exit_record(self, job_id: str, attempt: int, rank: int, value: bytes) -> None:
         try:
             code = parse_exit(value)
         except ValueError as exc:
-            log.warning("unreadable exit record", job_id=job_id, rank=rank, error=str(exc))
+            log.warning("unreadable exit record", job_id=job_id, rank=rank, attempt=attempt, error=str(exc))
             return
+        self._exits.setdefault(job_id, {})[(attempt, rank)] = code
+        watched = self._watched.get(job_id)
+        if watched is not None and watched.job.attempt == attempt:
+            await self._report_exit(watched, rank, code)
+
+    async def _report_exit(self, watched: _Watched, rank: int, code: int) -> None:
         learner = watched.learner(rank)
+        if learner.exited:
+            return
         await self._maybe_progress(watched.job, rank, learner, force=True)
         await self._maybe_checkpoint(watched.job, rank, learner)
         learner.exited = True
-        await self._send(watched.job, cmd.ReportLearnerExited(rank=rank, attempt=attempt, exit_code=code))
+        await self._send(
+            watched.job, cmd.ReportLearnerExited(rank=rank, attempt=watched.job.attempt, exit_code=code)
+        )
 
     async def _on_delete(self, key: str) -> None:
         parsed = parse_key(key)
@@ -235,43 +335,79 @@ class Monitor:
         watched = self._watched.get(parsed.job_id)
         if watched is None or watched.job.attempt != beat.attempt:
             return
-        if (parsed.job_id, beat.attempt, parsed.rank) in self._exits:
+        if (beat.attempt, parsed.rank) in self._exits.get(parsed.job_id, {}):
+            return  # a clean exit: the agent wrote its exit record before it revoked the lease
+        learner = watched.learner(parsed.rank)
+        if learner.lost or learner.exited:
             return
-        try:
-            exit_value = (await self._store.snapshot(exit_key(parsed.job_id, beat.attempt, parsed.rank))).values
-        except StoreUnavailable:
-            exit_value = {}
-        if exit_value:
-            for exit_key_name, value in exit_value.items():
-                await self._on_put(exit_key_name, value)
+        if self._may_reap(watched, self._clock()):
+            await self._lose(watched, parsed.rank, LossReason.EXPIRED, "heartbeat lease expired")
             return
-        await self._lose(watched, parsed.rank, LossReason.EXPIRED, "heartbeat lease expired")
+        learner.gone = True
+        log.info(
+            "heartbeat deleted during a grace period: waiting for the learner to re-register",
+            job_id=parsed.job_id,
+            rank=parsed.rank,
+            attempt=beat.attempt,
+        )
 
     # -- periodic checks ------------------------------------------------------------------------
+
+    def _may_reap(self, watched: _Watched, now: float) -> bool:
+        return self.healthy and now >= self._reap_after and now >= watched.reap_after
 
     async def _check(self) -> None:
         now = self._clock()
         wall = datetime.now(UTC)
         for watched in list(self._watched.values()):
             job = watched.job
+            exits = self._exits.get(job.job_id, {})
             for state in job.learners:
                 if not state.active:
                     continue
                 learner = watched.learner(state.rank)
                 if learner.lost or learner.exited:
                     continue
-                await self._maybe_progress(job, state.rank, learner, force=False)
-                if not self.store_up or now < self._reap_after:
+                code = exits.get((job.attempt, state.rank))
+                if code is not None:
+                    await self._report_exit(watched, state.rank, code)
                     continue
                 if learner.beat is None:
+                    known = self._beats_by_key.get(learner_key(job.job_id, state.rank))
+                    if known is not None and known.attempt == job.attempt:
+                        await self._take_beat(watched, state.rank, known, new=True)
+                await self._maybe_progress(job, state.rank, learner, force=False)
+                if not self._may_reap(watched, now):
+                    continue
+                if learner.gone:
+                    await self._lose(
+                        watched,
+                        state.rank,
+                        LossReason.EXPIRED,
+                        f"heartbeat lease expired; not re-registered within {self._grace_s:.0f}s",
+                    )
+                elif learner.beat is None:
                     waited = (wall - job.history[-1].at).total_seconds()
                     limit = self._launch_timeout_s if job.state is JobState.LAUNCHING else self._grace_s
                     if waited > limit:
-                        await self._lose(watched, state.rank, LossReason.EXPIRED,
-                                         f"no heartbeat within {limit:.0f}s")
-                elif job.state is JobState.RUNNING and now - learner.progress_at > job.spec.progress_timeout_s:
+                        await self._lose(
+                            watched, state.rank, LossReason.EXPIRED, f"no heartbeat within {limit:.0f}s"
+                        )
+                elif (
+                    job.state is JobState.RUNNING and now - learner.progress_at > job.spec.progress_timeout_s
+                ):
                     detail = f"no progress for {job.spec.progress_timeout_s:.0f}s (step {learner.beat.step})"
                     await self._lose(watched, state.rank, LossReason.HUNG, detail)
+
+    def _forget_exits(self, job_id: str, up_to_attempt: int) -> None:
+        """Exit records of attempts that are over matter no more; later attempts have higher numbers."""
+        exits = self._exits.get(job_id)
+        if exits is None:
+            return
+        for attempt, rank in [k for k in exits if k[0] <= up_to_attempt]:
+            del exits[(attempt, rank)]
+        if not exits:
+            del self._exits[job_id]
 
     # -- sending --------------------------------------------------------------------------------
 
@@ -286,7 +422,9 @@ class Monitor:
         if not force and now - learner.sent_progress_at < self._progress_interval_s:
             return
         learner.sent_progress, learner.sent_progress_at = current, now
-        await self._send(job, cmd.ReportProgress(rank=rank, attempt=beat.attempt, step=beat.step, metrics=beat.metrics))
+        await self._send(
+            job, cmd.ReportProgress(rank=rank, attempt=beat.attempt, step=beat.step, metrics=beat.metrics)
+        )
 
     async def _maybe_checkpoint(self, job: Job, rank: int, learner: _Learner) -> None:
         beat = learner.beat
@@ -306,13 +444,26 @@ class Monitor:
     async def _lose(self, watched: _Watched, rank: int, reason: LossReason, detail: str) -> None:
         learner = watched.learner(rank)
         learner.lost = True
-        log.warning("learner lost", job_id=watched.job.job_id, rank=rank, attempt=watched.job.attempt,
-                    reason=str(reason), detail=detail)
-        await self._send(watched.job, cmd.ReportLearnerLost(rank=rank, attempt=watched.job.attempt, reason=reason,
-                                                            detail=detail))
+        log.warning(
+            "learner lost",
+            job_id=watched.job.job_id,
+            rank=rank,
+            attempt=watched.job.attempt,
+            reason=str(reason),
+            detail=detail,
+        )
+        await self._send(
+            watched.job,
+            cmd.ReportLearnerLost(rank=rank, attempt=watched.job.attempt, reason=reason, detail=detail),
+        )
 
     async def _send(self, job: Job, data: CommandData) -> None:
         await self._sender.send(self._sender.make(job.job_id, job.tenant, data))
+
+
+def _is_exit(key: str) -> bool:
+    parsed = parse_key(key)
+    return parsed is not None and parsed.kind == "exit"
 
 
 async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:

@@ -53,7 +53,36 @@ def job_document(job: Job) -> JsonObject:
             for entry in job.history
         ],
         "result": job.result.model_dump(mode="json") if job.result else None,
+        "waiting": _waiting(job),
     }
+
+
+def _waiting(job: Job) -> JsonObject | None:
+    """The scheduler's recorded reason why the queued job does not run yet (None if none)."""
+    if job.waiting is None:
+        return None
+    return {
+        "code": str(job.waiting.code),
+        "detail": job.waiting.detail,
+        "waiting_for": list(job.waiting.waiting_for),
+        "reserved_nodes": list(job.waiting.reserved_nodes),
+        "since": job.waiting_since.isoformat() if job.waiting_since else None,
+    }
+
+
+def why_summary(answer: JsonObject) -> str:
+    """One sentence for ``ffdl why``: what the job waits for, or where it stands if it waits no more."""
+    job_id, state = answer["job_id"], answer["state"]
+    if state != "QUEUED":
+        return f"{job_id} is {state}: {answer['reason'] or 'no reason recorded'}"
+    place = f"position {answer['position']} of {answer['queue_length']} in the queue"
+    waiting = answer["waiting"]
+    if waiting is None:
+        return f"{job_id} is queued ({place}); the scheduler has not weighed it yet"
+    text = f"{job_id} waits ({waiting['code']}, {place}): {waiting['detail']}"
+    if waiting["waiting_for"]:
+        text += f"; waiting for {', '.join(waiting['waiting_for'])}"
+    return text
 
 
 def dumps(document: JsonObject) -> str:

@@ -23,7 +23,7 @@ from typing import Any
 from ffdl.core.job import EvolveError, Job, evolve
 from ffdl.events.codec import event_from_json, event_to_json
 from ffdl.events.envelope import Event
-from ffdl.projections.documents import JsonObject, dumps, job_document
+from ffdl.projections.documents import JsonObject, dumps, job_document, why_summary
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -144,7 +144,8 @@ class Projection:
             )
         db.executemany("INSERT INTO history VALUES (?, ?, ?, ?, ?, ?, ?, ?)", history)
         db.executemany("INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                       [_job_row(job) for job in changed.values()])
+                       [_job_row(job) for job in changed.values() if not job.deleted])
+        db.executemany("DELETE FROM jobs WHERE job_id = ?", [(j.job_id,) for j in changed.values() if j.deleted])
         db.executemany("INSERT OR REPLACE INTO positions VALUES (?, ?)", sorted(reached.items()))
         if ignored:
             db.execute("INSERT INTO counters VALUES ('ignored_events', ?) "
@@ -242,6 +243,47 @@ class Projection:
                 "SELECT document FROM jobs WHERE state = 'QUEUED' ORDER BY priority DESC, queued_at, job_id"
             ).fetchall()
         return [json.loads(doc) for (doc,) in rows]
+
+    def ignored_events(self) -> int:
+        with self._connection() as db:
+            row = db.execute("SELECT value FROM counters WHERE name = 'ignored_events'").fetchone()
+        return int(row[0]) if row else 0
+
+    def why(self, job_id: str) -> JsonObject | None:
+        """Why the job is pending: the scheduler's recorded reason, its place in the queue (by
+        priority, then time queued; within its tenant that is exactly the scheduler's order), and
+        what its tenant holds. For a job that no longer waits, its state and the reason it has."""
+        document = self.get(job_id)
+        if document is None:
+            return None
+        answer: JsonObject = {
+            "job_id": job_id,
+            "tenant": document["tenant"],
+            "state": document["state"],
+            "reason": document["reason"],
+            "priority": document["spec"]["priority"],
+            "waiting": document["waiting"] if document["state"] == "QUEUED" else None,
+        }
+        if document["state"] == "QUEUED":
+            answer.update(self._queue_place(job_id, document))
+        answer["summary"] = why_summary(answer)
+        return answer
+
+    def _queue_place(self, job_id: str, document: JsonObject) -> JsonObject:
+        ahead = "(priority > ? OR (priority = ? AND (queued_at < ? OR (queued_at = ? AND job_id < ?))))"
+        queued = f"SELECT COUNT(*) FROM jobs WHERE state = 'QUEUED' AND {ahead}"
+        priority = document["spec"]["priority"]
+        tenant = document["tenant"]
+        with self._connection() as db:
+            queued_at = db.execute("SELECT queued_at FROM jobs WHERE job_id = ?", (job_id,)).fetchone()[0]
+            key = (priority, priority, queued_at, queued_at, job_id)
+            before = db.execute(queued, key).fetchone()[0]
+            tenant_before = db.execute(f"{queued} AND tenant = ?", (*key, tenant)).fetchone()[0]
+            length = db.execute("SELECT COUNT(*) FROM jobs WHERE state = 'QUEUED'").fetchone()[0]
+        held = sum(len(learner["gpus"]) for job in self.holdings() if job["tenant"] == tenant
+                   for learner in job["placement"])
+        return {"position": before + 1, "tenant_position": tenant_before + 1, "queue_length": length,
+                "tenant_gpus_held": held}
 
     def counts(self) -> dict[tuple[str, str], int]:
         with self._connection() as db:

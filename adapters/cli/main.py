@@ -8,7 +8,6 @@ Every command prints rich tables on a terminal and JSON with ``--json``.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -28,7 +27,7 @@ TERMINAL = {"COMPLETED", "FAILED", "CANCELLED"}
 
 def _client() -> ApiClient:
     settings = Settings()
-    return ApiClient(settings.api, settings.token or os.environ.get("FFDL_TOKEN"))
+    return ApiClient(settings.api, settings.token)
 
 
 def _fail(exc: Exception) -> typer.Exit:
@@ -168,6 +167,111 @@ def events(
 
 def _summary(data: dict[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in data.items() if k != "spec" and v not in (None, "", {}, []))
+
+
+tenants_app = typer.Typer(help="Tenants and their API tokens.", no_args_is_help=True)
+app.add_typer(tenants_app, name="tenants")
+
+
+@tenants_app.command("add")
+def tenants_add(
+    name: str,
+    admin: Annotated[bool, typer.Option("--admin", help="May see and steer every tenant's jobs (SREs).")] = False,
+    json_output: JsonFlag = False,
+) -> None:
+    """Create a tenant and print its API token once (only its hash is kept)."""
+    from ffdl.adapters.tenants import TenantError, TenantRegistry  # noqa: PLC0415
+
+    settings = Settings()
+    try:
+        token = TenantRegistry(settings.tenants_path).add(name, admin=admin)
+    except TenantError as exc:
+        raise _fail(exc) from exc
+    if json_output:
+        print_json({"tenant": name, "admin": admin, "token": token})
+    else:
+        console.print(f"tenant [bold]{name}[/]{' (admin)' if admin else ''} created; its token, shown only now:")
+        print(token)
+        console.print("clients send it as 'Authorization: Bearer TOKEN'; the CLI reads FFDL_TOKEN")
+
+
+@tenants_app.command("list")
+def tenants_list(json_output: JsonFlag = False) -> None:
+    """List tenant names."""
+    from ffdl.adapters.tenants import TenantRegistry  # noqa: PLC0415
+
+    names = TenantRegistry(Settings().tenants_path).names()
+    if json_output:
+        print_json(names)
+    else:
+        console.print("\n".join(names) or "no tenants: the API runs open")
+
+
+@app.command()
+def why(job_id: str, json_output: JsonFlag = False) -> None:
+    """Say why a job is pending: the scheduler's reason, its place in the queue and what it waits for."""
+    answer = _call(lambda c: c._call("GET", f"/v1/jobs/{job_id}/why"))
+    if json_output:
+        print_json(answer)
+        return
+    console.print(answer["summary"])
+    waiting = answer["waiting"]
+    if waiting and waiting["reserved_nodes"]:
+        console.print(f"nodes kept free for it: {', '.join(waiting['reserved_nodes'])}")
+    if answer["state"] == "QUEUED":
+        console.print(f"tenant {answer['tenant']}: position {answer['tenant_position']} among its jobs, "
+                      f"{answer['tenant_gpus_held']} GPU(s) held now")
+
+
+@app.command()
+def simulate(
+    trace: Annotated[Path | None, typer.Argument(help="Trace file, JSON Lines (docs/scheduling.md).")] = None,
+    *,
+    nodes: Annotated[int, typer.Option(min=1, help="Nodes of the simulated cluster.")] = 16,
+    gpus_per_node: Annotated[int, typer.Option(min=1, help="GPUs per node.")] = 8,
+    policy: Annotated[str | None, typer.Option(help="pack or spread, for every job (default: pack).")] = None,
+    generate: Annotated[int | None, typer.Option(min=1, help="First write a Philly-shaped trace of N jobs")] = (
+        None
+    ),
+    out: Annotated[Path | None, typer.Option(help="Where --generate writes its trace.")] = None,
+    load: Annotated[float, typer.Option(min=0.01, help="--generate: offered load, x cluster GPUs.")] = 0.9,
+    tenants: Annotated[int, typer.Option(min=1, help="--generate: how many tenants submit.")] = 6,
+    seed: Annotated[int, typer.Option(help="--generate: random seed (same seed, same trace).")] = 0,
+    json_output: JsonFlag = False,
+) -> None:
+    """Run a workload trace through the scheduler in virtual time and report how it went.
+
+    Tenant quotas and scheduler settings come from the configuration, as for `ffdl up`.
+    """
+    from ffdl.adapters.simulate import PLACEMENTS, homogeneous_cluster, report_tables, run_simulation  # noqa: PLC0415
+    from ffdl.adapters.traces import TraceError, generate_trace, read_trace, write_trace  # noqa: PLC0415
+
+    if policy is not None and policy not in PLACEMENTS:
+        raise _fail(ValueError(f"--policy is pack or spread, not {policy!r}"))
+    if generate is not None:
+        if out is None or trace is not None:
+            raise _fail(ValueError("--generate N writes to --out FILE (and simulates it); give no TRACE"))
+        jobs = generate_trace(generate, nodes=nodes, gpus_per_node=gpus_per_node, load=load, tenants=tenants,
+                              seed=seed)
+        write_trace(jobs, out)
+        if not json_output:
+            console.print(f"wrote {len(jobs)} jobs to {out}")
+    elif trace is None:
+        raise _fail(ValueError("give a TRACE file, or --generate N --out FILE"))
+    else:
+        try:
+            jobs = read_trace(trace)
+        except (OSError, TraceError) as exc:
+            raise _fail(exc) from exc
+    cluster = homogeneous_cluster(nodes, gpus_per_node)
+    report = run_simulation(jobs, cluster, Settings().scheduler_policy(), PLACEMENTS.get(policy or ""))
+    if json_output:
+        print_json(report)
+        return
+    for table in report_tables(report):
+        console.print(table)
+    for job in report["never_run"][:10]:
+        console.print(f"[yellow]never runs[/] {job['job_id']}: {job['reason']}")
 
 
 @app.command()

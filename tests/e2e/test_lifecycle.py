@@ -11,7 +11,7 @@ import pytest
 from ffdl.adapters.config import Settings
 from ffdl.adapters.platform import Platform
 from ffdl.adapters.sre import verify_log
-from tests.e2e.conftest import Api, learner_command, manifest
+from tests.harness import Api, learner_command, manifest
 
 pytestmark = pytest.mark.e2e
 
@@ -40,7 +40,15 @@ def pid_alive(pid: int) -> bool:
 async def test_happy_path_runs_every_learner_to_completion(api: Api, settings: Settings) -> None:
     job_id = await api.submit(manifest("happy", args=["--steps", "20", "--delay", "0.02"]))
     job = await api.wait(job_id, "COMPLETED", released=True)
-    assert states_of(job) == ["SUBMITTED", "QUEUED", "SCHEDULED", "LAUNCHING", "RUNNING", "STORING", "COMPLETED"]
+    assert states_of(job) == [
+        "SUBMITTED",
+        "QUEUED",
+        "SCHEDULED",
+        "LAUNCHING",
+        "RUNNING",
+        "STORING",
+        "COMPLETED",
+    ]
     assert [learner["exit_code"] for learner in job["learners"]] == [0, 0]
     assert all(learner["step"] == 20 for learner in job["learners"])
     assert job["latest_checkpoint"]["step"] == 20
@@ -48,10 +56,15 @@ async def test_happy_path_runs_every_learner_to_completion(api: Api, settings: S
     await assert_log_clean(settings)
 
 
-async def test_learner_killed_with_sigkill_restarts_from_last_checkpoint(api: Api, settings: Settings) -> None:
+async def test_learner_killed_with_sigkill_restarts_from_last_checkpoint(
+    api: Api, settings: Settings
+) -> None:
     job_id = await api.submit(manifest("killed", args=["--steps", "60", "--delay", "0.05"]))
-    running = await api.wait_for(job_id, lambda j: j["state"] == "RUNNING" and j["learners"][1]["step"] >= 15,
-                                 "learner 1 passing step 15")
+    running = await api.wait_for(
+        job_id,
+        lambda j: j["state"] == "RUNNING" and j["learners"][1]["step"] >= 15,
+        "learner 1 passing step 15",
+    )
     os.kill(running["learners"][1]["pid"], signal.SIGKILL)
     job = await api.wait(job_id, "COMPLETED", released=True)
     assert job["restarts"] == 1 and job["attempt"] == 2
@@ -63,8 +76,12 @@ async def test_learner_killed_with_sigkill_restarts_from_last_checkpoint(api: Ap
     await assert_log_clean(settings)
 
 
-async def test_learner_that_stops_progressing_is_detected_as_hung_and_restarted(api: Api, settings: Settings) -> None:
-    text = manifest("hung", args=["--steps", "30", "--delay", "0.02", "--hang-at", "10"], progress_timeout_s=2)
+async def test_learner_that_stops_progressing_is_detected_as_hung_and_restarted(
+    api: Api, settings: Settings
+) -> None:
+    text = manifest(
+        "hung", args=["--steps", "30", "--delay", "0.02", "--hang-at", "10"], progress_timeout_s=2
+    )
     job_id = await api.submit(text)
     job = await api.wait(job_id, "COMPLETED", released=True, timeout_s=90)
     restarted = next(e for e in job["history"] if e["state"] == "RESTARTING")
@@ -75,7 +92,9 @@ async def test_learner_that_stops_progressing_is_detected_as_hung_and_restarted(
 
 async def test_halt_keeps_a_checkpoint_and_resume_continues_from_it(api: Api, settings: Settings) -> None:
     job_id = await api.submit(manifest("halted", args=["--steps", "80", "--delay", "0.05"]))
-    await api.wait_for(job_id, lambda j: j["state"] == "RUNNING" and j["learners"][0]["step"] >= 12, "step 12")
+    await api.wait_for(
+        job_id, lambda j: j["state"] == "RUNNING" and j["learners"][0]["step"] >= 12, "step 12"
+    )
     response = await api.http.post(f"/v1/jobs/{job_id}:halt")
     assert response.status_code == 202, response.text
     halted = await api.wait(job_id, "HALTED", released=True)
@@ -108,7 +127,9 @@ async def test_cancel_stops_the_learners_and_frees_the_gpus(api: Api, settings: 
 async def test_a_job_that_does_not_fit_waits_for_the_gpus_of_the_first(api: Api, settings: Settings) -> None:
     first = await api.submit(manifest("first", learners=2, gpus=2, args=["--steps", "30", "--delay", "0.05"]))
     await api.wait(first, "RUNNING")
-    second = await api.submit(manifest("second", learners=1, gpus=1, args=["--steps", "5", "--delay", "0.01"]))
+    second = await api.submit(
+        manifest("second", learners=1, gpus=1, args=["--steps", "5", "--delay", "0.01"])
+    )
     waiting = await api.wait(second, "QUEUED")
     queues = (await api.http.get("/v1/queues")).json()
     assert [entry["job_id"] for entry in queues["queues"]["default"]] == [second]
@@ -121,7 +142,9 @@ async def test_a_job_that_does_not_fit_waits_for_the_gpus_of_the_first(api: Api,
 
 
 async def test_exceeding_max_restarts_fails_the_job_with_the_reason(api: Api, settings: Settings) -> None:
-    text = manifest("crashy", learners=1, args=["--steps", "30", "--delay", "0.01", "--fail-at", "3"], max_restarts=1)
+    text = manifest(
+        "crashy", learners=1, args=["--steps", "30", "--delay", "0.01", "--fail-at", "3"], max_restarts=1
+    )
     job_id = await api.submit(text)
     job = await api.wait(job_id, "FAILED", released=True)
     assert job["failure_code"] == "C200"
@@ -137,7 +160,10 @@ async def test_exceeding_max_restarts_fails_the_job_with_the_reason(api: Api, se
         ("name: bad\nlearners: 1\n", "command"),
         ("name: Not_A_Name!\ncommand: 'true'\n", "name"),
         ("name: ok\ncommand: 'true'\ngpus: many\n", "gpus"),
-        ("name: ffdl-style\nlearners: 1\nmemory: lots\nframework:\n  name: tf\n  command: 'true'\n", "memory"),
+        (
+            "name: ffdl-style\nlearners: 1\nmemory: lots\nframework:\n  name: tf\n  command: 'true'\n",
+            "memory",
+        ),
         ("[1, 2, 3]\n", "(body)"),
     ],
 )

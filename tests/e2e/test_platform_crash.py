@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from ffdl.adapters.sre import rebuild_projections, verify_log
-from tests.e2e.conftest import TERMINAL, fast_settings, manifest
+from tests.harness import TERMINAL, fast_settings, manifest
 from tests.services import wait_until_async
 
 pytestmark = pytest.mark.e2e
@@ -21,8 +21,9 @@ pytestmark = pytest.mark.e2e
 
 def start_platform(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "ffdl.adapters.cli", "up"], env=env, stdout=out,
-                                stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            [sys.executable, "-m", "ffdl.adapters.cli", "up"], env=env, stdout=out, stderr=subprocess.STDOUT
+        )
 
 
 async def api_up(client: httpx.AsyncClient) -> bool:
@@ -51,10 +52,20 @@ async def test_platform_killed_mid_job_adopts_live_learners_and_finishes(tmp_pat
     try:
         async with httpx.AsyncClient(base_url=settings.api, timeout=30) as client:
             await wait_until_async(lambda: api_up(client), 30, what="the API")
-            survivor = (await client.post("/v1/jobs", content=manifest("survivor", learners=2, args=[
-                "--steps", "120", "--delay", "0.05"]), headers={"Content-Type": "application/yaml"})).json()["job_id"]
-            victim = (await client.post("/v1/jobs", content=manifest("victim", learners=1, args=[
-                "--steps", "120", "--delay", "0.05"]), headers={"Content-Type": "application/yaml"})).json()["job_id"]
+            survivor = (
+                await client.post(
+                    "/v1/jobs",
+                    content=manifest("survivor", learners=2, args=["--steps", "120", "--delay", "0.05"]),
+                    headers={"Content-Type": "application/yaml"},
+                )
+            ).json()["job_id"]
+            victim = (
+                await client.post(
+                    "/v1/jobs",
+                    content=manifest("victim", learners=1, args=["--steps", "120", "--delay", "0.05"]),
+                    headers={"Content-Type": "application/yaml"},
+                )
+            ).json()["job_id"]
 
             async def both_running() -> bool:
                 jobs = [(await client.get(f"/v1/jobs/{j}")).json() for j in (survivor, victim)]
@@ -68,7 +79,9 @@ async def test_platform_killed_mid_job_adopts_live_learners_and_finishes(tmp_pat
             # While the platform is down one learner dies too: its job must restart, not hang.
             os.kill(victim_doc["learners"][0]["pid"], signal.SIGKILL)
             survivor_pids = [learner["pid"] for learner in survivor_doc["learners"]]
-            assert all(Path(f"/proc/{pid}").exists() for pid in survivor_pids), "learners outlive the platform"
+            assert all(Path(f"/proc/{pid}").exists() for pid in survivor_pids), (
+                "learners outlive the platform"
+            )
 
             second = start_platform(env, log)
             try:

@@ -1,20 +1,18 @@
-"""End-to-end fixtures: the whole platform on embedded backends, real learner processes, real HTTP."""
+"""The platform as tests drive it: fast settings, manifests of the counting learner, an API with waits."""
 
 from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 import yaml
+from fastapi import FastAPI
 
 from ffdl.adapters.config import NodeConfig, Settings
-from ffdl.adapters.platform import Platform
-from ffdl.adapters.serve import api_server
 from tests.services import free_port
 
 LEARNER = Path(__file__).with_name("learners") / "counting.py"
@@ -41,7 +39,9 @@ def learner_command(*args: str) -> str:
     return " ".join([sys.executable, str(LEARNER), *args])
 
 
-def manifest(name: str = "job", *, learners: int = 2, gpus: int = 1, args: Iterable[str] = (), **extra: Any) -> str:
+def manifest(
+    name: str = "job", *, learners: int = 2, gpus: int = 1, args: Iterable[str] = (), **extra: Any
+) -> str:
     spec = {"name": name, "learners": learners, "gpus": gpus, "command": learner_command(*args), **extra}
     return yaml.safe_dump(spec)
 
@@ -49,11 +49,14 @@ def manifest(name: str = "job", *, learners: int = 2, gpus: int = 1, args: Itera
 class Api:
     """The platform's HTTP API as a test sees it, with bounded waits for states."""
 
-    def __init__(self, client: httpx.AsyncClient) -> None:
+    def __init__(self, client: httpx.AsyncClient, app: FastAPI) -> None:
         self.http = client
+        self.app = app
 
     async def submit(self, text: str) -> str:
-        response = await self.http.post("/v1/jobs", content=text, headers={"Content-Type": "application/yaml"})
+        response = await self.http.post(
+            "/v1/jobs", content=text, headers={"Content-Type": "application/yaml"}
+        )
         assert response.status_code == 201, response.text
         return str(response.json()["job_id"])
 
@@ -62,7 +65,9 @@ class Api:
         assert response.status_code == 200, response.text
         return dict(response.json())
 
-    async def wait(self, job_id: str, *states: str, timeout_s: float = 60.0, released: bool = False) -> dict[str, Any]:
+    async def wait(
+        self, job_id: str, *states: str, timeout_s: float = 60.0, released: bool = False
+    ) -> dict[str, Any]:
         """Wait until the job is in one of ``states`` (and, with ``released``, holds no GPUs)."""
         deadline = asyncio.get_running_loop().time() + timeout_s
         job: dict[str, Any] = {}
@@ -73,9 +78,13 @@ class Api:
             if job["state"] in TERMINAL and job["state"] not in states:
                 break
             await asyncio.sleep(0.1)
-        raise AssertionError(f"job {job_id} did not reach {states}: it is {job.get('state')} ({job.get('reason')})")
+        raise AssertionError(
+            f"job {job_id} did not reach {states}: it is {job.get('state')} ({job.get('reason')})"
+        )
 
-    async def wait_for(self, job_id: str, predicate: Any, what: str, timeout_s: float = 60.0) -> dict[str, Any]:
+    async def wait_for(
+        self, job_id: str, predicate: Any, what: str, timeout_s: float = 60.0
+    ) -> dict[str, Any]:
         deadline = asyncio.get_running_loop().time() + timeout_s
         job: dict[str, Any] = {}
         while asyncio.get_running_loop().time() < deadline:
@@ -84,30 +93,3 @@ class Api:
                 return job
             await asyncio.sleep(0.1)
         raise AssertionError(f"job {job_id}: {what} did not happen; last state {job.get('state')}")
-
-
-@pytest.fixture
-async def settings(tmp_path: Path) -> Settings:
-    return fast_settings(tmp_path / "ffdl")
-
-
-@pytest.fixture
-async def platform(settings: Settings) -> AsyncIterator[Platform]:
-    async with Platform(settings) as running:
-        yield running
-
-
-@pytest.fixture
-async def api(platform: Platform) -> AsyncIterator[Api]:
-    server = api_server(platform, platform.settings.api)
-    serving = asyncio.create_task(server.serve())
-    async with httpx.AsyncClient(base_url=platform.settings.api, timeout=30) as client:
-        for _ in range(200):
-            try:
-                if (await client.get("/healthz")).status_code == 200:
-                    break
-            except httpx.TransportError:
-                await asyncio.sleep(0.05)
-        yield Api(client)
-    server.should_exit = True
-    await serving

@@ -1,0 +1,163 @@
+"""Event logs as JSON Lines files: what ``ffdl export`` writes and ``replay``, ``verify`` and ``import`` read.
+
+One line per event: the event's JSON object exactly as the codec gives it (``event_to_dict``), plus
+where it sat in the log, ``"topic"`` and ``"position": "PARTITION:OFFSET"``. Keys are sorted and
+there are no spaces, so exporting the same log twice gives the same bytes, and a line minus those two
+keys is byte for byte the record value the platform appended (``event_to_json``). Lines are kept in
+the order they were written: an export writes the partitions merged by event time, which keeps each
+job's events in seq order. Old schema versions in a file are upcast when read, like records on a bus.
+
+Files are read and written as streams, one line at a time by one thread, so a log larger than memory
+can be exported, filtered, verified or rebuilt in constant memory. A line that is not an event is an
+error naming its line number: an exported file is written from decoded events, so a bad line means
+the file was damaged or edited, and guessing past it would replay a different history.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TextIO
+
+from ffdl.events.codec import DecodeError, JsonObject, event_from_dict, event_to_dict
+from ffdl.events.envelope import Event
+from ffdl.projections.documents import dumps
+from ffdl.projections.store import LoggedEvent
+
+#: The path that means standard input or output.
+STDIO = "-"
+
+
+class LogFileError(ValueError):
+    """A line of a log file that is not an exported event; ``line`` is its 1-based number."""
+
+    def __init__(self, line: int, reason: str) -> None:
+        super().__init__(f"line {line}: {reason}")
+        self.line = line
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class EventFilter:
+    """Which events an export keeps: all of the given conditions hold (none given: every event).
+
+    ``since`` is inclusive and ``until`` exclusive, so consecutive windows never share an event.
+    """
+
+    job_id: str | None = None
+    tenant: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+    types: frozenset[str] = frozenset()
+
+    def matches(self, event: Event) -> bool:
+        return (
+            (self.job_id is None or event.job_id == self.job_id)
+            and (self.tenant is None or event.tenant == self.tenant)
+            and (self.since is None or event.occurred_at >= self.since)
+            and (self.until is None or event.occurred_at < self.until)
+            and (not self.types or event.type in self.types)
+        )
+
+
+def parse_time(text: str) -> datetime:
+    """An ISO 8601 instant (``2024-05-01T12:00:00Z``, an offset, or none: UTC)."""
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError as exc:
+        raise ValueError(f"not an ISO 8601 time: {text!r}") from exc
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def parse_position(text: object) -> tuple[int, int]:
+    """``"PARTITION:OFFSET"`` as two integers."""
+    if isinstance(text, str):
+        partition, _, offset = text.partition(":")
+        if partition.isdigit() and offset.isdigit():
+            return int(partition), int(offset)
+    raise ValueError(f"position must look like PARTITION:OFFSET, got {text!r}")
+
+
+def line_object(logged: LoggedEvent, topic: str) -> JsonObject:
+    """The JSON object of one exported line."""
+    return {**event_to_dict(logged.event), "position": logged.position, "topic": topic}
+
+
+def encode_line(logged: LoggedEvent, topic: str) -> str:
+    """One exported line, without its newline."""
+    return dumps(line_object(logged, topic))
+
+
+def split_line(text: str, number: int) -> tuple[JsonObject, tuple[int, int]]:
+    """A line's event object (without ``position`` and ``topic``) and its position."""
+    try:
+        raw = json.loads(text)
+    except ValueError as exc:
+        raise LogFileError(number, f"not JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise LogFileError(number, "not a JSON object")
+    raw.pop("topic", None)
+    try:
+        position = parse_position(raw.pop("position", None))
+    except ValueError as exc:
+        raise LogFileError(number, str(exc)) from exc
+    return raw, position
+
+
+def decode_line(text: str, number: int = 0) -> LoggedEvent:
+    """The event of one exported line, upcast to the current schema, with its position."""
+    raw, (partition, offset) = split_line(text, number)
+    try:
+        return LoggedEvent(event_from_dict(raw), partition, offset)
+    except DecodeError as exc:
+        raise LogFileError(number, exc.reason) from exc
+
+
+def numbered_lines(stream: TextIO) -> Iterator[tuple[int, str]]:
+    """The non-blank lines of ``stream`` with their 1-based numbers."""
+    for number, text in enumerate(stream, start=1):
+        if text.strip():
+            yield number, text
+
+
+@contextmanager
+def open_for_reading(path: Path | str) -> Iterator[TextIO]:
+    """``path`` as a text stream; ``-`` is standard input."""
+    if str(path) == STDIO:
+        yield sys.stdin
+        return
+    with Path(path).open(encoding="utf-8") as stream:
+        yield stream
+
+
+@contextmanager
+def open_for_writing(path: Path | str) -> Iterator[TextIO]:
+    """``path`` as a text stream, created or truncated; ``-`` is standard output."""
+    if str(path) == STDIO:
+        yield sys.stdout
+        sys.stdout.flush()
+        return
+    with Path(path).open("w", encoding="utf-8") as stream:
+        yield stream
+
+
+def read_log(path: Path | str) -> Iterator[LoggedEvent]:
+    """Every event of a log file, in file order; raises :class:`LogFileError` at a bad line."""
+    with open_for_reading(path) as stream:
+        for number, text in numbered_lines(stream):
+            yield decode_line(text, number)
+
+
+def write_log(events: Iterable[LoggedEvent], stream: TextIO, topic: str) -> int:
+    """Write ``events`` as lines of ``topic``; returns how many were written."""
+    written = 0
+    for logged in events:
+        stream.write(encode_line(logged, topic))
+        stream.write("\n")
+        written += 1
+    return written

@@ -1,0 +1,45 @@
+"""Shared fixtures: the whole platform on embedded backends, real learner processes, real HTTP.
+
+Tests override ``settings`` to point the platform at real services (Kafka, etcd, Mosquitto).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ffdl.adapters.config import Settings
+from ffdl.adapters.platform import Platform
+from ffdl.adapters.serve import api_server
+from tests.harness import Api, fast_settings
+
+
+@pytest.fixture
+async def settings(tmp_path: Path) -> Settings:
+    return fast_settings(tmp_path / "ffdl")
+
+
+@pytest.fixture
+async def platform(settings: Settings) -> AsyncIterator[Platform]:
+    async with Platform(settings) as running:
+        yield running
+
+
+@pytest.fixture
+async def api(platform: Platform) -> AsyncIterator[Api]:
+    server = api_server(platform, platform.settings.api)
+    serving = asyncio.create_task(server.serve())
+    async with httpx.AsyncClient(base_url=platform.settings.api, timeout=30) as client:
+        for _ in range(200):
+            try:
+                if (await client.get("/healthz")).status_code == 200:
+                    break
+            except httpx.TransportError:
+                await asyncio.sleep(0.05)
+        yield Api(client, server.config.app)
+    server.should_exit = True
+    await serving

@@ -1,0 +1,545 @@
+"""Golden logs: recorded job histories that the current decider must decide again, event for event.
+
+This is Temporal's replay testing applied to our decider. A golden log is three files here:
+
+* ``NAME.commands.jsonl``: every command the jobs' owner decided, in the order it decided them, as
+  the commands topic carries it (``command_to_json``) plus how it was decided: ``decided_at`` (the
+  owner's clock), ``decided_by`` (the owner, the producer of the events) and ``leader_token`` (the
+  scheduler leader's fencing token the owner saw);
+* ``NAME.events.jsonl``: the events the owner appended, as ``ffdl export`` writes them;
+* ``NAME.case.json``: what the log shows, the restart policy the owner ran with, and what each job's
+  state must fold to.
+
+``tests/unit/test_golden_logs.py`` decides every recorded command again on the state folded from the
+recorded events before it and demands exactly the recorded events. Once committed, a golden log is a
+history an older platform wrote and is never rewritten; a new scenario gets new files::
+
+    .venv/bin/python -m tests.golden.record NAME [NAME ...]   # refuses to overwrite
+
+The :class:`Owner` here is the job owner without I/O: the decider and ``evolve`` on a virtual clock,
+the way ``handlers/owner.py`` runs them on the log. :class:`JobScript` drives one job through its life
+with the commands the platform's roles send (API, reactor, scheduler, monitor); the replay benchmark
+uses the same scripts to generate a large realistic log.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from ffdl.adapters.bus.partitioning import partition_for
+from ffdl.adapters.log_files import encode_line
+from ffdl.core.decider import decide, next_attempt
+from ffdl.core.job import Job, evolve
+from ffdl.core.restart import RestartPolicy
+from ffdl.events import commands as cmd
+from ffdl.events.codec import command_from_json, command_to_json
+from ffdl.events.envelope import Command, CommandData, Event
+from ffdl.events.model import (
+    Checkpoint,
+    ErrorCode,
+    JobSpec,
+    LearnerPlacement,
+    LossReason,
+    Placement,
+    ResultSummary,
+    WaitReason,
+)
+from ffdl.projections.documents import dumps
+from ffdl.projections.store import LoggedEvent
+
+GOLDEN_DIR = Path(__file__).resolve().parent
+EVENTS_TOPIC = "ffdl.events"
+PARTITIONS = 8
+OWNER = "owner@ffdl-0"
+API = "api@ffdl-0"
+REACTOR = "reactor@ffdl-0"
+SCHEDULER = "scheduler@ffdl-0"
+MONITOR = "monitor@ffdl-0"
+_COMMAND_NAMESPACE = uuid.UUID("0b9e4f52-2f7c-4d8e-a1f6-3c5d7e9a1b24")
+
+
+@dataclass(frozen=True, slots=True)
+class DecidedCommand:
+    """One command as the owner decided it: with its clock, its name and the leader's token."""
+
+    command: Command
+    decided_at: datetime
+    decided_by: str
+    leader_token: int | None
+
+    def to_line(self) -> str:
+        body = json.loads(command_to_json(self.command))
+        body.update(decided_at=self.decided_at.isoformat(), decided_by=self.decided_by,
+                    leader_token=self.leader_token)
+        return dumps(body)
+
+    @classmethod
+    def from_line(cls, text: str) -> DecidedCommand:
+        body = json.loads(text)
+        decided_at = datetime.fromisoformat(body.pop("decided_at"))
+        decided_by = body.pop("decided_by")
+        leader_token = body.pop("leader_token")
+        return cls(command_from_json(json.dumps(body)), decided_at, decided_by, leader_token)
+
+
+class Owner:
+    """The jobs' owner without I/O: decides each command on the folded job, on a virtual clock.
+
+    ``leader_token`` is the scheduler leader's fencing token as the owner's election sees it.
+    With ``recording`` it keeps every decided command and every event it appended (a golden log);
+    without, it keeps only the jobs, and ended jobs can be forgotten, so a long generated log
+    streams through in flat memory.
+    """
+
+    def __init__(
+        self, name: str, start: datetime, policy: RestartPolicy | None = None, *, recording: bool = True
+    ) -> None:
+        self.name = name
+        self.now = start
+        self.policy = policy or RestartPolicy()
+        self.recording = recording
+        self.leader_token: int | None = None
+        self.jobs: dict[str, Job] = {}
+        self.decided: list[DecidedCommand] = []
+        self.events: list[Event] = []
+        self._sent = 0
+
+    def tick(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+    def command(
+        self, job_id: str, tenant: str, data: CommandData, sender: str, token: int | None = None
+    ) -> Command:
+        self._sent += 1
+        return Command(
+            command_id=uuid.uuid5(_COMMAND_NAMESPACE, f"{self.name}/{self._sent}"),
+            job_id=job_id,
+            tenant=tenant,
+            issued_at=self.now,
+            producer=sender,
+            fencing_token=token,
+            data=data,
+        )
+
+    def deliver(self, command: Command) -> list[Event]:
+        """Decide ``command`` now and apply its events, as the owner does for each record."""
+        leader = self.leader_token if isinstance(command.data, cmd.AllocateGpus) else None
+        job = self.jobs.get(command.job_id)
+        events = decide(job, command, self.now, policy=self.policy, producer=OWNER, leader_token=leader)
+        for event in events:
+            job = evolve(job, event)
+        if job is not None:
+            self.jobs[command.job_id] = job
+        if self.recording:
+            self.decided.append(DecidedCommand(command, self.now, OWNER, leader))
+            self.events.extend(events)
+        return events
+
+    def forget(self, job_id: str) -> None:
+        self.jobs.pop(job_id, None)
+
+
+def _metrics(step: int) -> dict[str, float]:
+    return {"loss": round(2.3 / (1 + step / 40), 4), "lr": 0.001}
+
+
+@dataclass
+class JobScript:
+    """One job's life as the platform's roles drive it: each method sends what one role would send.
+
+    Every method returns the events the owner decided. Learners take ``step_s`` seconds per step,
+    report progress every ``report_every`` steps and checkpoint every ``checkpoint_every`` steps.
+    """
+
+    owner: Owner
+    job_id: str
+    tenant: str
+    spec: JobSpec
+    nodes: tuple[str, ...] = ("gpu-node-01",)
+    gpu_offset: int = 0
+    step_s: float = 0.5
+    report_every: int = 10
+    checkpoint_every: int = 50
+    steps_done: int = 0
+    pids: int = 4100
+    last: list[Event] = field(default_factory=list)
+
+    def send(self, data: CommandData, sender: str, token: int | None = None, after_s: float = 0.05) -> list[Event]:
+        self.owner.tick(after_s)
+        self.last = self.owner.deliver(self.owner.command(self.job_id, self.tenant, data, sender, token))
+        return self.last
+
+    @property
+    def job(self) -> Job:
+        return self.owner.jobs[self.job_id]
+
+    def placement(self) -> Placement:
+        gpus = self.spec.gpus
+        return Placement(
+            learners=tuple(
+                LearnerPlacement(
+                    rank=rank,
+                    node=self.nodes[rank % len(self.nodes)],
+                    gpus=tuple(self.gpu_offset + (rank // len(self.nodes)) * gpus + i for i in range(gpus)),
+                    gpu_type="a100",
+                )
+                for rank in range(self.spec.learners)
+            )
+        )
+
+    # -- API and admission ----------------------------------------------------------------------
+
+    def submit(self) -> list[Event]:
+        return self.send(cmd.SubmitJob(spec=self.spec), API, after_s=0.0)
+
+    def admit(self) -> list[Event]:
+        return self.send(cmd.AdmitJob(), REACTOR)
+
+    def reject(self, reason: str) -> list[Event]:
+        return self.send(cmd.RejectJob(code=ErrorCode.INVALID_MANIFEST, reason=reason), REACTOR)
+
+    def halt(self) -> list[Event]:
+        return self.send(cmd.HaltJob(reason="halted through the API"), API, after_s=1.0)
+
+    def resume(self, after_s: float = 30.0) -> list[Event]:
+        return self.send(cmd.ResumeJob(), API, after_s=after_s)
+
+    def cancel(self, reason: str = "cancelled through the API") -> list[Event]:
+        return self.send(cmd.CancelJob(reason=reason), API, after_s=1.0)
+
+    # -- scheduler --------------------------------------------------------------------------------
+
+    def wait_for(self, code: WaitReason, detail: str, *, token: int, waiting_for: tuple[str, ...] = ()) -> list[Event]:
+        data = cmd.RecordWaitReason(code=code, detail=detail, waiting_for=waiting_for)
+        return self.send(data, SCHEDULER, token)
+
+    def allocate(self, *, token: int, after_s: float = 0.2) -> list[Event]:
+        gpus = self.spec.learners * self.spec.gpus
+        data = cmd.AllocateGpus(placement=self.placement(), reason=f"{gpus} GPU(s) free on {', '.join(self.nodes)}")
+        return self.send(data, SCHEDULER, token, after_s=after_s)
+
+    def preempt(self, *, token: int, by: str) -> list[Event]:
+        data = cmd.HaltJob(reason=f"preempted for higher-priority job {by}", requeue=True)
+        return self.send(data, SCHEDULER, token)
+
+    # -- reactor ----------------------------------------------------------------------------------
+
+    def launch(self, after_s: float = 0.1) -> list[Event]:
+        attempt = next_attempt(self.job)
+        assert attempt is not None, f"no launch is due for {self.job_id} in {self.job.state}"
+        return self.send(cmd.BeginLaunch(attempt=attempt), REACTOR, after_s=after_s)
+
+    def release(self) -> list[Event]:
+        return self.send(cmd.ReleaseGpus(), REACTOR, after_s=0.5)
+
+    def finish_storing(self) -> list[Event]:
+        result = ResultSummary(result_dir=f"s3://results/{self.tenant}/{self.job_id}", files=3,
+                               size_bytes=48_213_992, metrics=_metrics(self.steps_done))
+        return self.send(cmd.FinishStoring(result=result), REACTOR, after_s=2.0)
+
+    # -- monitor (learner agents' heartbeats) -----------------------------------------------------
+
+    def start_learners(self) -> list[Event]:
+        events = []
+        for rank in range(self.spec.learners):
+            self.pids += 1
+            host = self.nodes[rank % len(self.nodes)]
+            data = cmd.ReportLearnerStarted(rank=rank, attempt=self.job.attempt, pid=self.pids, host=host)
+            events += self.send(data, MONITOR, after_s=1.5 if rank == 0 else 0.1)
+        return events
+
+    def train(self, steps: int) -> list[Event]:
+        """``steps`` more steps on every learner, reporting progress and checkpoints as they go."""
+        events = []
+        for _ in range(steps // self.report_every):
+            self.steps_done += self.report_every
+            for rank in range(self.spec.learners):
+                data = cmd.ReportProgress(rank=rank, attempt=self.job.attempt, step=self.steps_done,
+                                          metrics=_metrics(self.steps_done))
+                events += self.send(data, MONITOR, after_s=self.step_s * self.report_every if rank == 0 else 0.02)
+            if self.steps_done % self.checkpoint_every == 0:
+                events += self.checkpoint()
+        return events
+
+    def checkpoint(self) -> list[Event]:
+        uri = f"s3://checkpoints/{self.tenant}/{self.job_id}/step-{self.steps_done:06d}"
+        checkpoint = Checkpoint(rank=0, attempt=self.job.attempt, step=self.steps_done, uri=uri,
+                                size_bytes=104_857_600 + self.steps_done,
+                                checksum="sha256:" + hashlib.sha256(uri.encode()).hexdigest()[:32])
+        return self.send(cmd.ReportCheckpoint(checkpoint=checkpoint), MONITOR, after_s=0.3)
+
+    def exit(self, rank: int, code: int, after_s: float = 0.2, attempt: int | None = None) -> list[Event]:
+        """Learner ``rank`` of ``attempt`` (default: the current one) exited with ``code``."""
+        data = cmd.ReportLearnerExited(rank=rank, attempt=attempt or self.job.attempt, exit_code=code)
+        return self.send(data, MONITOR, after_s=after_s)
+
+    def exit_all(self, code: int = 0) -> list[Event]:
+        return [event for rank in range(self.spec.learners) for event in self.exit(rank, code)]
+
+    def lose(self, rank: int, reason: LossReason) -> list[Event]:
+        data = cmd.ReportLearnerLost(rank=rank, attempt=self.job.attempt, reason=reason,
+                                     detail=f"no heartbeat from learner {rank}")
+        return self.send(data, MONITOR, after_s=5.0)
+
+    def resume_from_checkpoint(self) -> None:
+        """The learners of a new attempt start from the latest checkpoint's step."""
+        checkpoint = self.job.latest_checkpoint
+        self.steps_done = checkpoint.step if checkpoint else 0
+
+    # -- whole lives ------------------------------------------------------------------------------
+
+    def queue_and_run(self, *, token: int) -> None:
+        self.submit()
+        self.admit()
+        self.allocate(token=token)
+        self.launch()
+        self.start_learners()
+
+    def complete(self) -> None:
+        self.exit_all(0)
+        self.finish_storing()
+        self.release()
+
+
+def spec(name: str, *, learners: int = 2, gpus: int = 1, max_restarts: int = 3, priority: int = 0) -> JobSpec:
+    return JobSpec(
+        name=name,
+        command=f"python train.py --model {name} --epochs 10",
+        learners=learners,
+        gpus=gpus,
+        gpu_type="a100",
+        cpus=8.0,
+        memory_mb=65_536,
+        image="pytorch/pytorch:2.3.0-cuda12.1-cudnn8-runtime",
+        framework="pytorch",
+        framework_version="2.3",
+        data_dir=f"s3://datasets/{name}",
+        result_dir=f"s3://results/{name}",
+        labels={"team": "vision"},
+        priority=priority,
+        max_restarts=max_restarts,
+        progress_timeout_s=600.0,
+    )
+
+
+# -- the recorded scenarios ------------------------------------------------------------------------
+
+
+def happy_path(owner: Owner) -> None:
+    """Two learners train to the end; one progress report is delivered twice (at-least-once)."""
+    owner.leader_token = 1
+    job = JobScript(owner, "mnist-7f3a", "acme", spec("mnist"), nodes=("gpu-node-01",))
+    job.submit()
+    job.admit()
+    job.wait_for(WaitReason.CAPACITY, "needs 2 GPU(s); 0 free", token=1)
+    job.allocate(token=1, after_s=40.0)
+    job.launch()
+    job.start_learners()
+    job.train(100)
+    owner.deliver(owner.decided[-2].command)  # a redelivered report decides nothing
+    job.train(50)
+    job.complete()
+
+
+def restart_after_kill(owner: Owner) -> None:
+    """Learner 1 is killed (exit -9); the gang restarts from the last checkpoint and completes."""
+    owner.leader_token = 3
+    job = JobScript(owner, "resnet-2c91", "acme", spec("resnet50", learners=2, gpus=2), nodes=("gpu-node-02",))
+    job.queue_and_run(token=3)
+    job.train(120)
+    job.exit(1, -9, after_s=4.0)
+    job.exit(0, -15, attempt=1)  # the rest of the old attempt stopping: a stale observation
+    job.launch(after_s=1.0)
+    job.resume_from_checkpoint()
+    job.start_learners()
+    job.train(80)
+    job.complete()
+
+
+def halt_resume_v1(owner: Owner) -> None:
+    """A user halts and later resumes a job; written with v1 of ``HaltJob`` and ``HaltRequested``."""
+    owner.leader_token = 2
+    job = JobScript(owner, "bert-5d10", "globex", spec("bert-base", learners=1, gpus=4), nodes=("gpu-node-03",))
+    job.queue_and_run(token=2)
+    job.train(100)
+    job.halt()
+    job.exit(0, -15, after_s=3.0)
+    job.release()
+    job.resume(after_s=600.0)
+    job.allocate(token=2, after_s=0.5)
+    job.launch()
+    job.resume_from_checkpoint()
+    job.start_learners()
+    job.train(60)
+    job.complete()
+
+
+def cancel(owner: Owner) -> None:
+    """A running job is cancelled; late learner exits and a second cancel decide nothing."""
+    owner.leader_token = 1
+    job = JobScript(owner, "gpt-small-9e4b", "initech", spec("gpt-small", learners=2, gpus=1))
+    job.queue_and_run(token=1)
+    job.train(40)
+    job.cancel()
+    job.exit_all(-15)
+    job.release()
+    job.cancel("again, to be sure")
+
+
+def max_restarts_failure(owner: Owner) -> None:
+    """A learner crashes on every attempt; after ``max_restarts`` restarts the job fails."""
+    owner.leader_token = 4
+    job = JobScript(owner, "flaky-0a77", "acme", spec("flaky", learners=2, gpus=1, max_restarts=2))
+    job.queue_and_run(token=4)
+    job.train(30)
+    for attempt in range(3):
+        job.exit(0, 1, after_s=2.0)
+        if attempt < 2:
+            job.launch(after_s=2.0 ** attempt)
+            job.resume_from_checkpoint()
+            job.start_learners()
+            job.train(10)
+    job.exit(1, -15)  # a stale exit of the failed attempt
+    job.release()
+
+
+def rejected_commands(owner: Owner) -> None:
+    """Admission rejects a bad job; illegal commands and a deposed scheduler become ``CommandRejected``."""
+    owner.leader_token = 5
+    bad = JobScript(owner, "oversized-1b2c", "acme", spec("oversized", learners=64, gpus=8))
+    bad.submit()
+    bad.reject("needs 512 GPUs; the largest node set has 64")
+    bad.resume()
+    job = JobScript(owner, "vit-3f5e", "acme", spec("vit", learners=1, gpus=1))
+    job.submit()
+    job.admit()
+    job.allocate(token=4)  # a deposed leader's offer
+    job.allocate(token=5)
+    job.launch()
+    job.resume()  # not HALTED
+    job.send(cmd.SubmitJob(spec=job.spec), API)  # the id is taken
+    foreign = owner.command(job.job_id, "globex", cmd.CancelJob(reason="not mine"), "api@ffdl-1")
+    owner.deliver(foreign)  # another tenant's cancel
+    job.start_learners()
+    job.train(20)
+    job.complete()
+    job.halt()  # ended already
+
+
+def preemption(owner: Owner) -> None:
+    """A high-priority job preempts a running one, which halts with its checkpoint and requeues."""
+    owner.leader_token = 7
+    low = JobScript(owner, "sweep-44", "globex", spec("sweep", learners=1, gpus=4, priority=0),
+                    nodes=("gpu-node-04",))
+    low.queue_and_run(token=7)
+    low.train(100)
+    high = JobScript(owner, "urgent-45", "acme", spec("urgent", learners=1, gpus=4, priority=100),
+                     nodes=("gpu-node-04",))
+    high.submit()
+    high.admit()
+    high.send(cmd.RecordWaitReason(code=WaitReason.PREEMPTION, detail="halting sweep-44 to make room",
+                                   waiting_for=("sweep-44",)), SCHEDULER, 7)
+    low.preempt(token=7, by="urgent-45")
+    low.exit(0, -15, after_s=4.0)
+    low.release()
+    low.wait_for(WaitReason.PRIORITY, "urgent-45 holds the GPUs", token=7, waiting_for=("urgent-45",))
+    high.allocate(token=7)
+    high.launch()
+    high.start_learners()
+    high.train(50)
+    high.complete()
+    low.allocate(token=7)
+    low.launch()
+    low.resume_from_checkpoint()
+    low.start_learners()
+    low.train(50)
+    low.complete()
+
+
+#: Each scenario, with its owner's restart policy.
+SCENARIOS: dict[str, tuple[Callable[[Owner], None], RestartPolicy]] = {
+    "happy_path": (happy_path, RestartPolicy()),
+    "restart_after_kill": (restart_after_kill, RestartPolicy(base_s=1.0, factor=2.0, max_backoff_s=60.0)),
+    "halt_resume_v1": (halt_resume_v1, RestartPolicy()),
+    "cancel": (cancel, RestartPolicy()),
+    "max_restarts_failure": (max_restarts_failure, RestartPolicy(base_s=0.5, factor=3.0, max_backoff_s=30.0)),
+    "rejected_commands": (rejected_commands, RestartPolicy()),
+    "preemption": (preemption, RestartPolicy()),
+}
+#: The instant every golden log starts at.
+START = datetime(2024, 5, 1, 9, 0, tzinfo=UTC)
+
+
+def positioned(events: list[Event], partitions: int = PARTITIONS) -> Iterator[LoggedEvent]:
+    """``events`` in append order, each at the offset its job's partition would give it."""
+    next_offset: dict[int, int] = {}
+    for event in events:
+        partition = partition_for(event.job_id, partitions)
+        offset = next_offset.get(partition, 0)
+        next_offset[partition] = offset + 1
+        yield LoggedEvent(event, partition, offset)
+
+
+def job_summary(job: Job) -> dict[str, Any]:
+    """What a golden log's case file pins of each job's folded state."""
+    latest = job.latest_checkpoint
+    return {
+        "state": str(job.state),
+        "seq": job.seq,
+        "attempt": job.attempt,
+        "restarts": job.restarts,
+        "states": [str(entry.state) for entry in job.history],
+        "holds_gpus": job.placement is not None,
+        "latest_checkpoint_step": latest.step if latest else None,
+        "failure_code": str(job.failure_code) if job.failure_code else None,
+    }
+
+
+def downgrade_to_v1(line: dict[str, Any]) -> dict[str, Any]:
+    """A ``HaltJob`` or ``HaltRequested`` line as the platform wrote it before preemption (schema v1)."""
+    if line.get("type") in ("HaltJob", "HaltRequested"):
+        data = dict(line["data"])
+        if data.pop("requeue"):
+            raise ValueError("a v1 halt cannot requeue")
+        return {**line, "schema_version": 1, "data": data}
+    return line
+
+
+def record(name: str, directory: Path = GOLDEN_DIR) -> list[Path]:
+    """Run scenario ``name`` and write its three files; refuses to overwrite a recorded log."""
+    script, policy = SCENARIOS[name]
+    paths = [directory / f"{name}.{suffix}" for suffix in ("commands.jsonl", "events.jsonl", "case.json")]
+    existing = [str(path) for path in paths if path.exists()]
+    if existing:
+        raise FileExistsError(f"golden logs are never rewritten: {', '.join(existing)}")
+    owner = Owner(name, START, policy)
+    script(owner)
+    legacy = name.endswith("_v1")
+    commands = [decided.to_line() for decided in owner.decided]
+    events = [encode_line(logged, EVENTS_TOPIC) for logged in positioned(owner.events)]
+    if legacy:
+        commands = [dumps(downgrade_to_v1(json.loads(line))) for line in commands]
+        events = [dumps(downgrade_to_v1(json.loads(line))) for line in events]
+    case = {
+        "description": (script.__doc__ or "").strip(),
+        "restart_policy": asdict(policy),
+        "jobs": {job_id: job_summary(job) for job_id, job in sorted(owner.jobs.items())},
+    }
+    paths[0].write_text("".join(f"{line}\n" for line in commands))
+    paths[1].write_text("".join(f"{line}\n" for line in events))
+    paths[2].write_text(json.dumps(case, indent=2, sort_keys=True) + "\n")
+    return paths
+
+
+if __name__ == "__main__":
+    for scenario in sys.argv[1:] or sorted(SCENARIOS):
+        for written in record(scenario):
+            print(written)
