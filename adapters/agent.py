@@ -20,8 +20,10 @@ report), four tasks share the in-memory beat, which only this loop touches:
 * the report tail polls ``FFDL_REPORT_FILE`` for the JSON lines :mod:`ffdl.learner` appends
   (``progress``: step and metrics, each metric keeping its latest value; ``checkpoint``);
 * the lease keeper renews the lease every TTL/3. A store outage is not a learner death: while the
-  store is unreachable it keeps trying and the learner runs on; when a renewal finds the lease
-  expired (the outage outlasted the TTL), it grants a new lease and has the key written again;
+  store is unreachable it keeps trying and the learner runs on; when a renewal (or a write of the
+  key) finds the lease expired (the outage outlasted the TTL, and etcd expires leases it could not
+  renew even when it was the one frozen), it grants a new lease at once and has the key written
+  again, which is how the learner re-registers within the monitor's grace period;
 * the publisher writes the key whenever the beat changed, at most every
   :data:`MIN_PUBLISH_INTERVAL_S`, so a chatty program costs the store at most four writes a second.
 
@@ -207,6 +209,7 @@ class LearnerAgent:
             last_progress=now,
         )
         self._lease: int | None = None
+        self._expired_lease: int | None = None
         self._changed = asyncio.Event()
         self._lease_doubted = asyncio.Event()
         self._store_reachable = True
@@ -312,7 +315,7 @@ class LearnerAgent:
                 self._note_store_reachable()
             except LookupError:
                 if self._lease == lease:
-                    self._lease = None
+                    self._lease, self._expired_lease = None, lease
                 self._lease_doubted.set()
                 self._changed.set()
             except (StoreUnavailable, TimeoutError) as error:
@@ -330,16 +333,20 @@ class LearnerAgent:
                 if lease is not None and await self._store.keepalive(lease):
                     self._note_store_reachable()
                     return
-                self._lease = None
+                if lease is not None:
+                    self._lease, self._expired_lease = None, lease
                 self._lease = await self._store.grant(self._ttl_s)
         except (StoreUnavailable, TimeoutError) as error:
             self._note_store_unreachable(error)
             return
         self._note_store_reachable()
-        if lease is None:
+        if self._expired_lease is None:
             self._log.info("heartbeat lease granted", lease=self._lease)
         else:
-            self._log.warning("heartbeat lease had expired: re-established", expired=lease, lease=self._lease)
+            self._log.warning(
+                "heartbeat lease had expired: re-established", expired=self._expired_lease, lease=self._lease
+            )
+            self._expired_lease = None
         self._changed.set()
 
     def _read_reports(self) -> None:

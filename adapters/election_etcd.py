@@ -71,6 +71,12 @@ class _Term:
     keeper: asyncio.Task[None] | None = None
     lost: bool = False
 
+    def lapsed(self, now: float) -> bool:
+        """Whether the term is over; once over it stays over, whatever a late renewal says."""
+        if now >= self.valid_until:
+            self.lost = True
+        return self.lost
+
 
 class EtcdElection:
     """The :class:`~ffdl.handlers.ports.Election` port on the etcd at ``host:port``."""
@@ -132,9 +138,7 @@ class EtcdElection:
 
     async def is_leader(self, role: str, token: int) -> bool:
         term = self._terms.get(role)
-        return (
-            term is not None and term.token == token and not term.lost and time.monotonic() < term.valid_until
-        )
+        return term is not None and term.token == token and not term.lapsed(time.monotonic())
 
     async def resign(self, role: str) -> None:
         term = self._terms.pop(role, None)
@@ -221,31 +225,36 @@ class EtcdElection:
 
     async def _keep(self, role: str, term: _Term) -> None:
         """Renew the lease every TTL/3 and check the key is still ours; mark the term lost otherwise."""
-        key = leader_key(role).encode()
         while True:
             await asyncio.sleep(self._ttl_s / 3)
-            sent_at = time.monotonic()
-            reason = ""
-            try:
+            reason = await self._renew(role, term)
+            if reason or term.lapsed(time.monotonic()):
+                term.lost = True
+                log.warning(
+                    "leadership lost", role=role, fencing_token=term.token, reason=reason or "not renewed"
+                )
+                return
+
+    async def _renew(self, role: str, term: _Term) -> str:
+        """One renewal, bounded by the term's validity; returns why the term is lost, or ''."""
+        sent_at = time.monotonic()
+        try:
+            async with asyncio.timeout(max(0.0, term.valid_until - sent_at)):
                 reply = await self._call("lease keepalive", self._client.refresh_lease(term.lease))
                 if reply is None or int(reply.TTL) <= 0:
-                    reason = "the lease expired"
-                else:
-                    term.valid_until = self._valid_until(sent_at, int(reply.TTL))
-                    held = await self._call("get leader", self._client.get(key))
-                    if held is None or int(held.create_revision) != term.token:
-                        reason = "the leader key is gone or another's"
-            except LookupError:
-                reason = "the lease expired"
-            except ElectionUnavailableError as error:
-                if time.monotonic() >= term.valid_until:
-                    reason = f"etcd unreachable for too long: {error}"
-            if not reason and time.monotonic() >= term.valid_until:
-                reason = "the lease could not be renewed in time"
-            if reason:
-                term.lost = True
-                log.warning("leadership lost", role=role, fencing_token=term.token, reason=reason)
-                return
+                    return "the lease expired"
+                held = await self._call("get leader", self._client.get(leader_key(role).encode()))
+        except TimeoutError:
+            return "the lease could not be renewed in time"
+        except LookupError:
+            return "the lease expired"
+        except ElectionUnavailableError as error:
+            log.info("leader lease not renewed; retrying", role=role, error=str(error))
+            return ""
+        if held is None or int(held.create_revision) != term.token:
+            return "the leader key is gone or another's"
+        term.valid_until = self._valid_until(sent_at, int(reply.TTL))
+        return ""
 
     def _valid_until(self, sent_at: float, granted_ttl_s: int) -> float:
         """Until when this process may believe it leads: well before etcd may expire the lease."""

@@ -153,6 +153,42 @@ def read_log(path: Path | str) -> Iterator[LoggedEvent]:
             yield decode_line(text, number)
 
 
+@dataclass(frozen=True, slots=True)
+class LogLine:
+    """One line of a log file: its event decoded, and the event's JSON as the line has it."""
+
+    number: int
+    json: str  # without position and topic, keys sorted, no spaces
+    schema_version: int  # as written, before any upcasting
+    logged: LoggedEvent
+
+    @property
+    def canonical(self) -> LoggedEvent:
+        """The event carrying its JSON as ``body`` when that is the codec's encoding of it.
+
+        A line of the current schema version holds exactly ``event_to_dict`` of its event (that is
+        what :func:`encode_line` writes), so its JSON is the event's ``event_to_json``; an old
+        version is not, and is serialised again after upcasting.
+        """
+        logged = self.logged
+        if self.schema_version != logged.event.schema_version:
+            return logged
+        return LoggedEvent(logged.event, logged.partition, logged.offset, self.json)
+
+
+def read_lines(path: Path | str) -> Iterator[LogLine]:
+    """Every line of a log file with its decoded event, for readers that keep the JSON as written."""
+    with open_for_reading(path) as stream:
+        for number, text in numbered_lines(stream):
+            raw, (partition, offset) = split_line(text, number)
+            try:
+                event = event_from_dict(raw)
+            except DecodeError as exc:
+                raise LogFileError(number, exc.reason) from exc
+            version = raw.get("schema_version", 1)
+            yield LogLine(number, dumps(raw), version, LoggedEvent(event, partition, offset))
+
+
 def write_log(events: Iterable[LoggedEvent], stream: TextIO, topic: str) -> int:
     """Write ``events`` as lines of ``topic``; returns how many were written."""
     written = 0

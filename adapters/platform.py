@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from ffdl.adapters.api.metrics import DeadLetterTally
 from ffdl.adapters.bus import open_bus
 from ffdl.adapters.config import Settings
 from ffdl.adapters.election import open_election
@@ -44,8 +45,13 @@ ALL_ROLES = frozenset({"api", "workers", "scheduler", "projector", "notifier"})
 LEADERSHIP_CHECK_S = 0.25
 
 
-def open_launcher(settings: Settings) -> Launcher:
-    from ffdl.adapters.launchers.local import LocalLauncher  # noqa: PLC0415 - load only the chosen adapter
+def open_launcher(settings: Settings, heartbeats: HeartbeatStore) -> Launcher:
+    """The launcher ``settings.launcher`` names; the instant one reports through ``heartbeats``."""
+    if settings.launcher == "instant":
+        from ffdl.adapters.launchers.instant import InstantLauncher  # noqa: PLC0415 - load only the chosen adapter
+
+        return InstantLauncher(heartbeats, heartbeat_ttl_s=settings.heartbeat_ttl_s)
+    from ffdl.adapters.launchers.local import LocalLauncher  # noqa: PLC0415
 
     return LocalLauncher(settings.work_dir, settings.heartbeats_url, heartbeat_ttl_s=settings.heartbeat_ttl_s)
 
@@ -62,7 +68,8 @@ class Platform:
     def __post_init__(self) -> None:
         s = self.settings
         self.topics = Topics.with_prefix(s.topic_prefix)
-        self.bus: Bus = open_bus(s.bus_url, s.partitions)
+        self.bus: Bus = open_bus(s.bus_url, s.partitions, kafka=s.kafka,
+                                 topics=(self.topics.commands, self.topics.events, self.topics.deadletter))
         self.heartbeats: HeartbeatStore = open_store(s.heartbeats_url)
         self.election: Election = open_election(s.election_url, s.leader_ttl_s)
         self.projection = Projection(s.projection_path)
@@ -72,6 +79,7 @@ class Platform:
         self.policy = RestartPolicy(base_s=s.restart_backoff_base_s, max_backoff_s=s.restart_backoff_max_s)
         self.reactor: ReactorHost | None = None
         self.owner: JobOwner | None = None
+        self.dead_letters = DeadLetterTally()
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -87,7 +95,7 @@ class Platform:
         s.data_dir.mkdir(parents=True, exist_ok=True)
         await self._start_bus()
         if "workers" in self.roles:
-            self.launcher = self.launcher or open_launcher(s)
+            self.launcher = self.launcher or open_launcher(s, self.heartbeats)
             ctx = ReactionContext(
                 sender=CommandSender(self.bus, self.topics, f"reactor@{self.instance}"),
                 launcher=self.launcher,
@@ -107,9 +115,9 @@ class Platform:
             self.owner = JobOwner(self.bus, self.topics, self.election, producer=f"owner@{self.instance}",
                                   policy=self.policy)
             owner, reactor = self.owner, self.reactor
-            self._supervise("owner", lambda: consume(self.bus, "ffdl.owners", [self.topics.commands], owner,
-                                                     self._stop))
-            self._supervise("reactor", lambda: consume(self.bus, "ffdl.reactors", [self.topics.events], reactor,
+            owners, reactors = self._group("owners"), self._group("reactors")
+            self._supervise("owner", lambda: consume(self.bus, owners, [self.topics.commands], owner, self._stop))
+            self._supervise("reactor", lambda: consume(self.bus, reactors, [self.topics.events], reactor,
                                                        self._stop))
             self._supervise("reconciler", lambda: reactor.reconcile_forever(self._stop))
             self._supervise("monitor", lambda: monitor.run(self._stop))
@@ -122,10 +130,19 @@ class Platform:
                                                                              f"mqtt@{self.instance}"))
             self._supervise("notifier", lambda: bridge.run(self._stop))
         if "projector" in self.roles:
-            self._supervise("projector", lambda: consume(self.bus, "ffdl.projector", [self.topics.events],
+            projectors = self._group("projector")
+            self._supervise("projector", lambda: consume(self.bus, projectors, [self.topics.events],
                                                          self.projector, self._stop, max_records=2000))
+        if "api" in self.roles:
+            self._supervise("dead-letters", lambda: self.dead_letters.follow(self.bus, self.topics.deadletter,
+                                                                             self._stop))
         log.info("platform started", roles=sorted(self.roles), bus=s.bus_url, heartbeats=s.heartbeats_url,
                  data_dir=str(s.data_dir.resolve()))
+
+    def _group(self, role: str) -> str:
+        """The consumer group of a role, named after the topic prefix: platforms sharing a Kafka cluster
+        (each with its own prefix) never share a group."""
+        return f"{self.settings.topic_prefix}.{role}"
 
     async def _start_bus(self) -> None:
         backoff = 0.5
@@ -161,7 +178,7 @@ class Platform:
             token,
         )
         term = asyncio.create_task(
-            consume(self.bus, f"ffdl.scheduler.{token}", [self.topics.events], scheduler, self._stop),
+            consume(self.bus, self._group(f"scheduler.{token}"), [self.topics.events], scheduler, self._stop),
             name=f"scheduler-term-{token}",
         )
         try:

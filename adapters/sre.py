@@ -34,23 +34,14 @@ import structlog
 
 from ffdl.adapters.bus import open_bus
 from ffdl.adapters.config import Settings
-from ffdl.adapters.log_files import (
-    EventFilter,
-    LogFileError,
-    encode_line,
-    numbered_lines,
-    open_for_reading,
-    parse_time,
-    read_log,
-    split_line,
-)
+from ffdl.adapters.log_files import EventFilter, LogLine, encode_line, parse_time, read_lines
 from ffdl.adapters.log_reading import merged_events
 from ffdl.core.invariants import InvariantChecker
 from ffdl.core.job import EvolveError, Job, evolve
-from ffdl.events.codec import DecodeError, cloudevent_headers, event_from_dict
+from ffdl.events.codec import cloudevent_headers
 from ffdl.handlers.messaging import Topics
 from ffdl.handlers.ports import Bus, OutgoingRecord
-from ffdl.projections.documents import JsonObject, dumps, job_document
+from ffdl.projections.documents import JsonObject, job_document
 from ffdl.projections.store import LoggedEvent, Projection, rebuild
 
 log = structlog.get_logger(__name__)
@@ -59,11 +50,11 @@ log = structlog.get_logger(__name__)
 IMPORT_BATCH = 500
 
 
-class NotEmpty(RuntimeError):
+class TargetNotEmptyError(RuntimeError):
     """An import target that already holds records: an import never mixes two histories."""
 
 
-class UnknownJob(LookupError):
+class JobNotInLogError(LookupError):
     """A job with no event in the log."""
 
 
@@ -74,15 +65,16 @@ def events_topic(settings: Settings) -> str:
     return Topics.with_prefix(settings.topic_prefix).events
 
 
-async def _started(bus_url: str, partitions: int) -> Bus:
-    bus = open_bus(bus_url, partitions)
+async def _started(bus_url: str, partitions: int, topic: str) -> Bus:
+    """The bus at ``bus_url``, started; on Kafka ``topic`` is created (with ``partitions``) if missing."""
+    bus = open_bus(bus_url, partitions, topics=(topic,))
     await bus.start()
     return bus
 
 
 async def bus_events(bus_url: str, partitions: int, topic: str) -> list[LoggedEvent]:
     """Every decodable event of ``topic``, its partitions merged by event time."""
-    bus = await _started(bus_url, partitions)
+    bus = await _started(bus_url, partitions, topic)
     try:
         return [logged async for logged in merged_events(bus, topic)]
     finally:
@@ -94,7 +86,7 @@ async def bus_events(bus_url: str, partitions: int, topic: str) -> list[LoggedEv
 
 async def export_log(bus_url: str, partitions: int, topic: str, keep: EventFilter, out: TextIO) -> JsonObject:
     """Write the events of ``topic`` that ``keep`` matches to ``out`` as JSON Lines, in time order."""
-    bus = await _started(bus_url, partitions)
+    bus = await _started(bus_url, partitions, topic)
     read = written = 0
     try:
         async for logged in merged_events(bus, topic):
@@ -109,15 +101,14 @@ async def export_log(bus_url: str, partitions: int, topic: str, keep: EventFilte
     return {"source": bus_url, "topic": topic, "events": read, "written": written}
 
 
-def _record(raw: JsonObject, logged: LoggedEvent) -> OutgoingRecord:
+def _record(line: LogLine) -> OutgoingRecord:
     """The record of one imported line: its JSON as written (old schema versions stay old), keyed by job."""
-    event = logged.event
-    version = raw.get("schema_version", 1)
+    event = line.logged.event
     headers = [
-        (name, f"io.ffdl.{event.type}.v{version}".encode() if name == "ce_type" else value)
+        (name, f"io.ffdl.{event.type}.v{line.schema_version}".encode() if name == "ce_type" else value)
         for name, value in cloudevent_headers(event, event.producer)
     ]
-    return OutgoingRecord(event.job_id, dumps(raw).encode(), tuple(headers))
+    return OutgoingRecord(event.job_id, line.json.encode(), tuple(headers))
 
 
 async def import_log(path: Path | str, bus_url: str, partitions: int, topic: str) -> JsonObject:
@@ -127,15 +118,17 @@ async def import_log(path: Path | str, bus_url: str, partitions: int, topic: str
     all go to its key's partition, so the imported log has the file's per-job order. With the same
     partition count as the exported log, every event lands at the position the file gives it.
     """
-    bus = await _started(bus_url, partitions)
+    bus = await _started(bus_url, partitions, topic)
     imported = moved = 0
     try:
         held = sum((await bus.end_offsets(topic)).values())
         if held:
-            raise NotEmpty(f"{topic} on {bus_url} already holds {held} record(s); import only into an empty log")
+            raise TargetNotEmptyError(
+                f"{topic} on {bus_url} already holds {held} record(s); import only into an empty log"
+            )
         batch: list[tuple[OutgoingRecord, str]] = []
-        for raw, logged in _raw_lines(path):
-            batch.append((_record(raw, logged), logged.position))
+        for line in read_lines(path):
+            batch.append((_record(line), line.logged.position))
             if len(batch) >= IMPORT_BATCH:
                 moved += await _publish(bus, topic, batch)
                 imported += len(batch)
@@ -146,17 +139,6 @@ async def import_log(path: Path | str, bus_url: str, partitions: int, topic: str
         await bus.close()
     log.info("log imported", bus=bus_url, topic=topic, events=imported, moved=moved)
     return {"target": bus_url, "topic": topic, "events": imported, "moved": moved}
-
-
-def _raw_lines(path: Path | str) -> Iterator[tuple[JsonObject, LoggedEvent]]:
-    """Each line's event object as written, with its decoded (and so validated) event."""
-    with open_for_reading(path) as stream:
-        for number, text in numbered_lines(stream):
-            raw, (partition, offset) = split_line(text, number)
-            try:
-                yield raw, LoggedEvent(event_from_dict(raw), partition, offset)
-            except DecodeError as exc:
-                raise LogFileError(number, exc.reason) from exc
 
 
 async def _publish(bus: Bus, topic: str, batch: list[tuple[OutgoingRecord, str]]) -> int:
@@ -170,7 +152,7 @@ async def _publish(bus: Bus, topic: str, batch: list[tuple[OutgoingRecord, str]]
 
 @dataclass(frozen=True, slots=True)
 class Point:
-    """A point in a job's life: after its event ``seq``, or at instant ``at`` (after every event until then)."""
+    """A point in a job's life: after its event ``seq``, or at instant ``at`` (after every event until it)."""
 
     seq: int | None = None
     at: datetime | None = None
@@ -187,7 +169,9 @@ class Point:
         return self.at is not None and event.event.occurred_at > self.at
 
     def __str__(self) -> str:
-        return f"seq {self.seq}" if self.seq is not None else f"{self.at.isoformat() if self.at else 'the end'}"
+        return (
+            f"seq {self.seq}" if self.seq is not None else f"{self.at.isoformat() if self.at else 'the end'}"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,10 +194,10 @@ class Replayed:
 
 
 def job_events(events: Iterable[LoggedEvent], job_id: str) -> list[LoggedEvent]:
-    """One job's events in log order; :class:`UnknownJob` if it has none."""
+    """One job's events in log order; :class:`JobNotInLogError` if it has none."""
     mine = [logged for logged in events if logged.event.job_id == job_id]
     if not mine:
-        raise UnknownJob(f"no event of job {job_id!r} in the log")
+        raise JobNotInLogError(f"no event of job {job_id!r} in the log")
     return mine
 
 
@@ -242,7 +226,7 @@ def fold_until(history: Iterable[LoggedEvent], point: Point | None = None) -> Re
 def _at(history: list[LoggedEvent], job_id: str, point: Point | None) -> Replayed:
     replayed = fold_until(history, point)
     if replayed.job is None:
-        raise UnknownJob(f"job {job_id!r} did not exist yet at {point}")
+        raise JobNotInLogError(f"job {job_id!r} did not exist yet at {point}")
     return replayed
 
 
@@ -283,7 +267,12 @@ def _point_of(replayed: Replayed) -> JsonObject:
     job = replayed.job
     assert job is not None
     last = replayed.applied[-1]
-    return {"seq": job.seq, "at": job.updated_at.isoformat(), "position": last.position, "state": str(job.state)}
+    return {
+        "seq": job.seq,
+        "at": job.updated_at.isoformat(),
+        "position": last.position,
+        "state": str(job.state),
+    }
 
 
 def replay_job(events: Iterable[LoggedEvent], job_id: str, until: Point | None = None) -> JsonObject:
@@ -305,8 +294,17 @@ def replay_job(events: Iterable[LoggedEvent], job_id: str, until: Point | None =
 
 
 #: The parts of a job's document that a diff compares (the timeline is listed apart).
-_COMPARED = ("state", "attempt", "restarts", "reason", "failure_code", "placement", "learners", "latest_checkpoint",
-             "result")
+_COMPARED = (
+    "state",
+    "attempt",
+    "restarts",
+    "reason",
+    "failure_code",
+    "placement",
+    "learners",
+    "latest_checkpoint",
+    "result",
+)
 
 
 def _flatten(value: Any, path: str, into: dict[str, Any]) -> dict[str, Any]:
@@ -380,11 +378,11 @@ def verify_events(events: Iterable[LoggedEvent], source: str) -> JsonObject:
 
 async def verify_log(settings: Settings, bus_url: str | None = None) -> JsonObject:
     """:func:`verify_events` over a bus (default: the configured one), partitions merged by time."""
-    url = bus_url or settings.bus_url
-    bus = await _started(url, settings.partitions)
+    url, topic = bus_url or settings.bus_url, events_topic(settings)
+    bus = await _started(url, settings.partitions, topic)
     checker = InvariantChecker()
     try:
-        async for logged in merged_events(bus, events_topic(settings)):
+        async for logged in merged_events(bus, topic):
             checker.feed(logged.event, logged.position)
     finally:
         await bus.close()
@@ -429,7 +427,7 @@ def rebuild_file(log_path: Path | str, out: Path) -> JsonObject:
     projection = _fresh(out)
     read = [0]
     try:
-        applied = rebuild(projection, _counted(read_log(log_path), read))
+        applied = rebuild(projection, _counted((line.canonical for line in read_lines(log_path)), read))
         report = _summary(projection, out, read[0], applied)
     finally:
         projection.close()
@@ -437,7 +435,9 @@ def rebuild_file(log_path: Path | str, out: Path) -> JsonObject:
     return report
 
 
-async def rebuild_projections(settings: Settings, bus_url: str | None = None, out: Path | None = None) -> JsonObject:
+async def rebuild_projections(
+    settings: Settings, bus_url: str | None = None, out: Path | None = None
+) -> JsonObject:
     """Rebuild the projections from a bus into a new file and compare with the live projections.
 
     Default: the configured bus, into ``projections.rebuilt.sqlite`` beside the live file (replaced

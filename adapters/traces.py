@@ -147,8 +147,15 @@ def generate_trace(
     for _ in range(jobs):
         gpus = min(_pick(rng, GPU_SHAPES), largest)
         learners, per_learner = _shape(rng, gpus, gpus_per_node)
-        drawn.append((learners, per_learner, _runtime(rng, gpus), rng.choices(names, shares)[0],
-                      _pick(rng, PRIORITIES)))
+        drawn.append(
+            (
+                learners,
+                per_learner,
+                _runtime(rng, gpus),
+                rng.choices(names, shares)[0],
+                _pick(rng, PRIORITIES),
+            )
+        )
     work = sum(learners * per_learner * runtime for learners, per_learner, runtime, _, _ in drawn)
     rate = load * largest * jobs / work if work else 1.0
     trace = []

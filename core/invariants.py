@@ -9,7 +9,19 @@ position it was found at:
 * every event legal in its job's state (the transition table), so terminal states absorb;
 * no GPU held by two jobs at any instant;
 * every allocation released exactly once, and no ended job left holding GPUs at the end;
-* no event from a deposed leader: per job, fencing tokens never go backwards.
+* no event from a deposed leader: fencing tokens never go backwards, per job and, when the feeder
+  says which partition an event is in, across the jobs of a partition.
+
+Fencing. The scheduler is the one fenced role: its commands carry the token of its term, and the
+events a job's owner decides from them carry it on. A ``CommandRejected`` carrying an old token is
+the fencing working, not a breach, so rejections are never reported (their token still counts as
+proof that a leader with that token existed). Across jobs the check is per partition, because that
+is where the log has an order that means something: one owner at a time appends a partition's
+events in the order it decided them, and it checks a fenced command against the leader's current
+token before it decides, so an accepted token below one already applied in the partition means a
+deposed leader's command was accepted. Across partitions there is no such order: events are merged
+by their owners' clocks, and an owner's token check and its append are not one atomic step, so a
+global check would report races that no owner could have prevented.
 """
 
 from __future__ import annotations
@@ -48,6 +60,7 @@ class InvariantChecker:
     jobs: dict[str, Job] = field(default_factory=dict)
     event_ids: dict[tuple[str, int], str] = field(default_factory=dict)
     gpu_holders: dict[tuple[str, int], str] = field(default_factory=dict)
+    partition_tokens: dict[int, int] = field(default_factory=dict)
     violations: list[Violation] = field(default_factory=list)
     duplicates: int = 0
     events: int = 0
@@ -55,7 +68,8 @@ class InvariantChecker:
     def _report(self, kind: ViolationKind, event: Event, position: str, detail: str) -> None:
         self.violations.append(Violation(kind, event.job_id, position, detail))
 
-    def feed(self, event: Event, position: str) -> None:
+    def feed(self, event: Event, position: str, *, partition: int | None = None) -> None:
+        """Check one event; ``partition`` (when given) enables the fencing check across jobs."""
         self.events += 1
         key = (event.job_id, event.seq)
         seen = self.event_ids.get(key)
@@ -63,17 +77,16 @@ class InvariantChecker:
             if seen == str(event.event_id):
                 self.duplicates += 1
             else:
-                self._report(ViolationKind.SEQ_CONFLICT, event, position, f"seq {event.seq} taken by event {seen}")
+                self._report(
+                    ViolationKind.SEQ_CONFLICT, event, position, f"seq {event.seq} taken by event {seen}"
+                )
             return
         job = self.jobs.get(event.job_id)
         expected = job.seq + 1 if job else 1
         if event.seq != expected:
             self._report(ViolationKind.SEQ_GAP, event, position, f"expected seq {expected}, got {event.seq}")
             return
-        if job and event.fencing_token is not None and job.fencing_token is not None:
-            if event.fencing_token < job.fencing_token:
-                detail = f"fencing token {event.fencing_token} after {job.fencing_token}"
-                self._report(ViolationKind.STALE_FENCING_TOKEN, event, position, detail)
+        self._check_fencing(job, event, position, partition)
         try:
             after = evolve(job, event)
         except EvolveError as exc:
@@ -81,7 +94,23 @@ class InvariantChecker:
             return
         self.event_ids[key] = str(event.event_id)
         self.jobs[event.job_id] = after
+        if partition is not None and event.fencing_token is not None:
+            newest = self.partition_tokens.get(partition, event.fencing_token)
+            self.partition_tokens[partition] = max(newest, event.fencing_token)
         self._track_gpus(job, event, position)
+
+    def _check_fencing(self, job: Job | None, event: Event, position: str, partition: int | None) -> None:
+        token = event.fencing_token
+        if token is None or isinstance(event.data, ev.CommandRejected):
+            return
+        if job is not None and job.fencing_token is not None and token < job.fencing_token:
+            detail = f"fencing token {token} after {job.fencing_token}"
+            self._report(ViolationKind.STALE_FENCING_TOKEN, event, position, detail)
+            return
+        newest = self.partition_tokens.get(partition) if partition is not None else None
+        if newest is not None and token < newest:
+            detail = f"fencing token {token} after token {newest} was applied in partition {partition}"
+            self._report(ViolationKind.STALE_FENCING_TOKEN, event, position, detail)
 
     def _track_gpus(self, before: Job | None, event: Event, position: str) -> None:
         match event.data:
@@ -94,7 +123,9 @@ class InvariantChecker:
                     self.gpu_holders[slot] = event.job_id
             case ev.GpusReleased(placement=placement):
                 if before is None or before.placement is None:
-                    self._report(ViolationKind.DOUBLE_RELEASE, event, position, "released GPUs it did not hold")
+                    self._report(
+                        ViolationKind.DOUBLE_RELEASE, event, position, "released GPUs it did not hold"
+                    )
                     return
                 for slot in placement.gpu_slots():
                     if self.gpu_holders.get(slot) == event.job_id:

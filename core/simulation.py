@@ -105,7 +105,9 @@ class _Simulator:
             outcome.never_runs = f"needs {job.gpus} GPUs; tenant {job.tenant} may hold at most {limit}"
         else:
             self.remaining[job.job_id] = job.runtime
-            self.waiting[job.job_id] = WaitingJob(job.job_id, job.tenant, demand, job.priority, (now, job.job_id))
+            self.waiting[job.job_id] = WaitingJob(
+                job.job_id, job.tenant, demand, job.priority, (now, job.job_id)
+            )
 
     def happen(self, kind: int, job_id: str, generation: int, now: float) -> None:
         running = self.running.get(job_id)

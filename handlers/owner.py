@@ -5,8 +5,9 @@ it first folds that partition of the events topic to its end, then decides every
 partition against the folded state and appends the resulting events (keyed by job id, so to the
 same partition number). A batch's events are appended in one publish and the command offsets are
 committed only after the log acknowledged them. Bad input never stops the partition: undecodable
-commands, commands for unknown jobs and internal errors go to the dead-letter topic with their
-reason; illegal commands become ``CommandRejected`` events.
+commands, commands for unknown jobs, commands on another partition than their key's (whose job
+another owner serves) and internal errors go to the dead-letter topic with their reason; illegal
+commands become ``CommandRejected`` events.
 """
 
 from __future__ import annotations
@@ -75,6 +76,12 @@ class JobOwner:
             return await self._dead_letter(record, exc.reason)
         if command.job_id != record.key:
             return await self._dead_letter(record, f"record key {record.key!r} is not the command's job_id")
+        home = self._bus.partition_for(record.key)
+        if record.partition != home:
+            # Another owner serves the job: deciding here would fork it. A producer that does not use
+            # Kafka's default (murmur2) partitioner puts commands on the wrong partition.
+            wrong = f"wrong partition: key {record.key!r} belongs on partition {home}, not {record.partition}"
+            return await self._dead_letter(record, wrong)
         leader = None
         if isinstance(command.data, cmd.AllocateGpus):
             leader = await self._election.current_token(SCHEDULER_ROLE)

@@ -65,11 +65,16 @@ CREATE TABLE IF NOT EXISTS counters (
 
 @dataclass(frozen=True, slots=True)
 class LoggedEvent:
-    """An event with where it sits in the log."""
+    """An event with where it sits in the log.
+
+    ``body``, when a reader has it at hand, is the event's JSON exactly as ``event_to_json`` gives it;
+    the history row stores it as is instead of serialising the event again.
+    """
 
     event: Event
     partition: int
     offset: int
+    body: str | None = None
 
     @property
     def position(self) -> str:
@@ -140,7 +145,7 @@ class Projection:
             history.append(
                 (event.job_id, event.seq, str(event.event_id), event.type, event.occurred_at.isoformat(),
                  logged.position, str(event.causation_id) if event.causation_id else None,
-                 event_to_json(event).decode())
+                 logged.body if logged.body is not None else event_to_json(event).decode())
             )
         db.executemany("INSERT INTO history VALUES (?, ?, ?, ?, ?, ?, ?, ?)", history)
         db.executemany("INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -164,11 +169,19 @@ class Projection:
     # -- reading ---------------------------------------------------------------------------------
 
     def get(self, job_id: str) -> JsonObject | None:
+        document = self.get_document(job_id)
+        return json.loads(document) if document is not None else None
+
+    def get_document(self, job_id: str) -> str | None:
+        """The job's document as stored (JSON text), for readers that pass it on unparsed."""
         with self._connection() as db:
             row = db.execute("SELECT document FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
-        return json.loads(row[0]) if row else None
+        return str(row[0]) if row else None
 
-    def list_jobs(
+    def list_jobs(self, **filters: Any) -> list[JsonObject]:
+        return [json.loads(document) for document in self.list_documents(**filters)]
+
+    def list_documents(
         self,
         *,
         tenant: str | None = None,
@@ -179,7 +192,7 @@ class Projection:
         after: tuple[str, str] | None = None,
         limit: int = 50,
         newest_first: bool = True,
-    ) -> list[JsonObject]:
+    ) -> list[str]:
         """Jobs matching the filters, in submission order, continuing after the cursor ``after``."""
         clauses, params = [], []  # type: tuple[list[str], list[Any]]
         if tenant is not None:
@@ -204,7 +217,7 @@ class Projection:
         order = "DESC" if newest_first else "ASC"
         sql = f"SELECT document FROM jobs {where} ORDER BY submitted_at {order}, job_id {order} LIMIT ?"  # noqa: S608
         with self._connection() as db:
-            return [json.loads(doc) for (doc,) in db.execute(sql, (*params, limit))]
+            return [str(doc) for (doc,) in db.execute(sql, (*params, limit))]
 
     def history(self, job_id: str, after_seq: int = 0, limit: int = 1000) -> list[JsonObject]:
         with self._connection() as db:

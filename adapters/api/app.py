@@ -75,6 +75,7 @@ def create_app(platform: Platform) -> FastAPI:  # noqa: C901, PLR0915 - one clos
         title="ffdl", version="1", summary="Event-sourced multi-tenant deep-learning training platform"
     )
     app.state.sse_followers = 0
+    beats = HeartbeatView(platform)
     app.state.tenants = tenants
 
     async def read(fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -146,27 +147,6 @@ def create_app(platform: Platform) -> FastAPI:  # noqa: C901, PLR0915 - one clos
             await platform.projector.wait_for_change(0.05)
         return {"job_id": job_id, "state": None, "position": None, "command_id": cause}
 
-    async def heartbeats(job_id: str) -> dict[int, dict[str, Any]]:
-        try:
-            snapshot = await asyncio.wait_for(
-                platform.heartbeats.snapshot(f"{JOBS_PREFIX}{job_id}/learners/"), 1.0
-            )
-        except (StoreUnavailable, TimeoutError):
-            return {}
-        now = time.time()
-        beats: dict[int, dict[str, Any]] = {}
-        for key, value in snapshot.values.items():
-            parsed = parse_key(key)
-            if parsed is None or parsed.kind != "learner":
-                continue
-            beat = LearnerBeat.from_json(value)
-            beats[parsed.rank] = {
-                "alive": True,
-                "attempt": beat.attempt,
-                "last_progress_age_s": round(max(0.0, now - beat.last_progress), 3),
-            }
-        return beats
-
     @app.post("/v1/jobs", status_code=201)
     async def submit(request: Request, caller: Caller) -> dict[str, Any]:
         """Submit a job: JSON or YAML, our manifest or FfDL's. Answers once the job is on the log."""
@@ -180,7 +160,7 @@ def create_app(platform: Platform) -> FastAPI:  # noqa: C901, PLR0915 - one clos
         job_id = f"{spec.name}-{uuid.uuid4().hex[:8]}"
         return await send_and_wait(job_id, caller.tenant, cmd.SubmitJob(spec=spec))
 
-    @app.get("/v1/jobs")
+    @app.get("/v1/jobs", response_model=None)
     async def list_jobs(
         caller: Caller,
         state: Annotated[list[str] | None, Query(description="repeatable")] = None,
@@ -192,7 +172,7 @@ def create_app(platform: Platform) -> FastAPI:  # noqa: C901, PLR0915 - one clos
         limit: Annotated[int, Query(ge=1, le=500)] = 50,
         order: Annotated[str, Query(pattern="^(newest|oldest)$")] = "newest",
         after: Annotated[str | None, Query(description="PARTITION:OFFSET to wait for")] = None,
-    ) -> dict[str, Any]:
+    ) -> Response:
         await wait_position(after)
         label_filter = None
         if label is not None:
@@ -211,9 +191,9 @@ def create_app(platform: Platform) -> FastAPI:  # noqa: C901, PLR0915 - one clos
         elif tenant is None or tenant == caller.tenant:
             scope = caller.tenant
         else:
-            return {"jobs": [], "next_cursor": None}
-        jobs = await read(
-            projection.list_jobs,
+            return JSONResponse({"jobs": [], "next_cursor": None})
+        documents = await read(
+            projection.list_documents,
             tenant=scope,
             states=[s.upper() for s in state or []],
             label=label_filter,
@@ -223,18 +203,23 @@ def create_app(platform: Platform) -> FastAPI:  # noqa: C901, PLR0915 - one clos
             limit=limit,
             newest_first=order == "newest",
         )
-        next_cursor = f"{jobs[-1]['submitted_at']}|{jobs[-1]['job_id']}" if len(jobs) == limit else None
-        return {"jobs": jobs, "next_cursor": next_cursor}
+        next_cursor = None
+        if len(documents) == limit:
+            last = json.loads(documents[-1])
+            next_cursor = f"{last['submitted_at']}|{last['job_id']}"
+        # the stored documents are JSON already: pass them on without parsing and re-encoding each
+        body = f'{{"jobs":[{",".join(documents)}],"next_cursor":{json.dumps(next_cursor)}}}'
+        return Response(body, media_type="application/json")
 
-    @app.get("/v1/jobs/{job_id}")
-    async def get_job(job_id: str, caller: Caller, after: str | None = None) -> dict[str, Any]:
+    @app.get("/v1/jobs/{job_id}", response_model=None)
+    async def get_job(job_id: str, caller: Caller, after: str | None = None) -> JSONResponse:
         """The job with learners (placement, heartbeat), attempts, checkpoints, state times and reasons."""
         await wait_position(after)
         document = await visible_job(job_id, caller)
-        beats = await heartbeats(job_id) if document["state"] not in TERMINAL else {}
+        alive = await beats.of(job_id) if document["state"] not in TERMINAL else {}
         for learner in document["learners"]:
-            learner["heartbeat"] = beats.get(learner["rank"], {"alive": False})
-        return document
+            learner["heartbeat"] = alive.get(learner["rank"], {"alive": False})
+        return JSONResponse(document)
 
     @app.get("/v1/jobs/{job_id}/why")
     async def why(job_id: str, caller: Caller, after: str | None = None) -> dict[str, Any]:
@@ -419,6 +404,44 @@ def create_app(platform: Platform) -> FastAPI:  # noqa: C901, PLR0915 - one clos
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+class HeartbeatView:
+    """Learners' heartbeats as the API shows them: one snapshot of the store shared by all requests
+    for ``max_age_s``, so a busy status API adds one store read per interval, not one per request."""
+
+    def __init__(self, platform: Platform, max_age_s: float = 0.5) -> None:
+        self._store = platform.heartbeats
+        self._max_age_s = max_age_s
+        self._taken_at = float("-inf")
+        self._by_job: dict[str, dict[int, dict[str, Any]]] = {}
+        self._lock = asyncio.Lock()
+
+    async def of(self, job_id: str) -> dict[int, dict[str, Any]]:
+        async with self._lock:
+            if time.monotonic() - self._taken_at > self._max_age_s:
+                await self._refresh()
+        return self._by_job.get(job_id, {})
+
+    async def _refresh(self) -> None:
+        try:
+            snapshot = await asyncio.wait_for(self._store.snapshot(JOBS_PREFIX), 1.0)
+        except (StoreUnavailable, TimeoutError):
+            self._by_job = {}
+            return
+        now = time.time()
+        by_job: dict[str, dict[int, dict[str, Any]]] = {}
+        for key, value in snapshot.values.items():
+            parsed = parse_key(key)
+            if parsed is None or parsed.kind != "learner":
+                continue
+            beat = LearnerBeat.from_json(value)
+            by_job.setdefault(parsed.job_id, {})[parsed.rank] = {
+                "alive": True,
+                "attempt": beat.attempt,
+                "last_progress_age_s": round(max(0.0, now - beat.last_progress), 3),
+            }
+        self._by_job, self._taken_at = by_job, time.monotonic()
 
 
 def _tail(path: Path, lines: int) -> list[str]:

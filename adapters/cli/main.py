@@ -1,7 +1,8 @@
 """The ``ffdl`` command line: run the platform, submit and steer jobs, and inspect the log.
 
-Commands that steer jobs talk to the API at ``FFDL_API`` (``ffdl up`` listens there); ``verify``
-and ``replay`` read the configured event log directly, so they work with the platform down.
+Commands that steer jobs talk to the API at ``FFDL_API`` (``ffdl up`` listens there); the SRE
+commands (``export``, ``import``, ``replay``, ``verify``) read an event log directly, the configured
+bus, another one (``--bus``) or an exported file, so they work with the platform down.
 Every command prints rich tables on a terminal and JSON with ``--json``.
 """
 
@@ -15,7 +16,19 @@ from typing import Annotated, Any
 import typer
 
 from ffdl.adapters.cli.client import ApiClient, ApiError
-from ffdl.adapters.cli.render import console, job_table, learners_table, print_json, styled, timeline_table
+from ffdl.adapters.cli.render import (
+    console,
+    diff_table,
+    err_console,
+    job_table,
+    learners_table,
+    print_json,
+    replay_lines,
+    replay_timeline_table,
+    styled,
+    timeline_table,
+    violations_table,
+)
 from ffdl.adapters.config import Settings
 from ffdl.adapters.logging import configure_logging
 
@@ -280,37 +293,224 @@ def logs(job_id: str, rank: int = 0, tail: int = 200) -> None:
     print(_call(lambda c: c.logs(job_id, rank, tail)), end="")
 
 
-@app.command()
-def verify(json_output: JsonFlag = False) -> None:
-    """Check every invariant over the configured event log; exit 1 on any violation."""
-    from ffdl.adapters.sre import verify_log  # noqa: PLC0415
+# -- SRE: the log is the truth; these read it directly, so they work with the platform down -------------
 
-    report = asyncio.run(verify_log(Settings()))
+BusOption = Annotated[
+    str | None,
+    typer.Option("--bus", help="Event log: embedded:///DIR or kafka://HOST:PORT (default: configured)."),
+]
+PartitionsOption = Annotated[
+    int | None,
+    typer.Option("--partitions", min=1, help="Partitions per topic of that log (FFDL_PARTITIONS)."),
+]
+LogArgument = Annotated[
+    str | None, typer.Argument(help="A log file as 'ffdl export' writes it ('-': stdin); default: the bus.")
+]
+
+
+def _sre_settings(partitions: int | None) -> Settings:
+    return Settings(partitions=partitions) if partitions else Settings()
+
+
+def _sre(work: Any) -> Any:
+    """Run one SRE operation; a bad log, a bad argument or a refused target exits 2 with the reason."""
+    from ffdl.adapters.sre import JobNotInLogError, TargetNotEmptyError  # noqa: PLC0415
+
+    try:
+        return work()
+    except (OSError, ValueError, JobNotInLogError, TargetNotEmptyError) as exc:
+        err_console.print(f"[bold red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
+
+
+def _log_events(log: str | None, bus: str | None, settings: Settings) -> Any:
+    """The events of a log file (streamed) or of a bus (read whole), in log order."""
+    from ffdl.adapters.log_files import read_log  # noqa: PLC0415
+    from ffdl.adapters.sre import bus_events, events_topic  # noqa: PLC0415
+
+    if log is not None and bus is not None:
+        raise ValueError("read either a LOG file or --bus, not both")
+    if log is not None:
+        return read_log(log)
+    return asyncio.run(bus_events(bus or settings.bus_url, settings.partitions, events_topic(settings)))
+
+
+@app.command()
+def export(
+    *,
+    bus: BusOption = None,
+    partitions: PartitionsOption = None,
+    job: Annotated[str | None, typer.Option("--job", help="Only this job's events.")] = None,
+    tenant: Annotated[str | None, typer.Option("--tenant", help="Only this tenant's events.")] = None,
+    since: Annotated[str | None, typer.Option("--since", help="Only events at or after this time.")] = None,
+    until: Annotated[str | None, typer.Option("--until", help="Only events before this ISO time.")] = None,
+    types: Annotated[list[str] | None, typer.Option("--type", help="Only this event type (repeatable).")] = (
+        None
+    ),
+    output: Annotated[str, typer.Option("--output", "-o", help="File to write; '-' for stdout.")] = "-",
+    json_output: JsonFlag = False,
+) -> None:
+    """Export the event log to JSON Lines, one event per line, partitions merged in time order."""
+    from ffdl.adapters.log_files import STDIO, EventFilter, open_for_writing, parse_time  # noqa: PLC0415
+    from ffdl.adapters.sre import events_topic, export_log  # noqa: PLC0415
+    from ffdl.events import EVENT_TYPES  # noqa: PLC0415
+
+    settings = _sre_settings(partitions)
+
+    def run() -> dict[str, Any]:
+        unknown = sorted(set(types or ()) - EVENT_TYPES.keys())
+        if unknown:
+            known = ", ".join(sorted(EVENT_TYPES))
+            raise ValueError(f"unknown event type(s) {', '.join(unknown)}; known: {known}")
+        start, end = (parse_time(since) if since else None), (parse_time(until) if until else None)
+        keep = EventFilter(job, tenant, start, end, frozenset(types or ()))
+        with open_for_writing(output) as out:
+            report: dict[str, Any] = asyncio.run(
+                export_log(bus or settings.bus_url, settings.partitions, events_topic(settings), keep, out)
+            )
+        return report
+
+    report = _sre(run)
+    report["output"] = output
+    where = err_console if output == STDIO else console
+    if json_output:
+        where.print_json(data=report)
+    else:
+        where.print(f"exported {report['written']} of {report['events']} events of {report['topic']} "
+                    f"from {report['source']} to {'stdout' if output == STDIO else output}")
+
+
+@app.command("import")
+def import_log(
+    log: Annotated[str, typer.Argument(help="A log file as 'ffdl export' writes it ('-': stdin).")],
+    *,
+    bus: BusOption = None,
+    partitions: PartitionsOption = None,
+    json_output: JsonFlag = False,
+) -> None:
+    """Import a JSON Lines log into an empty event log (embedded or a Kafka topic)."""
+    from ffdl.adapters.sre import events_topic, import_log  # noqa: PLC0415
+
+    settings = _sre_settings(partitions)
+    url = bus or settings.bus_url
+    report = _sre(lambda: asyncio.run(import_log(log, url, settings.partitions, events_topic(settings))))
     if json_output:
         print_json(report)
     else:
-        for violation in report["violations"]:
-            console.print(f"[red]{violation['kind']}[/] job {violation['job_id']} at {violation['position']}: "
-                          f"{violation['detail']}")
-        colour = "red" if report["violations"] else "green"
-        console.print(f"[{colour}]{report['events']} events, {report['jobs']} jobs, "
-                      f"{len(report['violations'])} violation(s), {report['duplicates']} duplicate(s) ignored[/]")
-    raise typer.Exit(1 if report["violations"] else 0)
+        moved = "every event at its exported position" if not report["moved"] else (
+            f"{report['moved']} event(s) at another position than exported (another partition count)")
+        target = f"{report['topic']} on {report['target']}"
+        console.print(f"imported {report['events']} events into {target}: {moved}")
 
 
 @app.command()
 def replay(
-    rebuild: Annotated[bool, typer.Option("--rebuild", help="Drop and rebuild the projections from the log.")] = False,
+    log: LogArgument = None,
+    *,
+    job: Annotated[str | None, typer.Option("--job", help="The job to replay.")] = None,
+    until: Annotated[
+        str | None, typer.Option("--until", help="Stop after this seq of the job, or at this ISO 8601 time.")
+    ] = None,
+    diff: Annotated[
+        tuple[str, str] | None, typer.Option("--diff", help="What changed between points A B (SEQ or TIME).")
+    ] = None,
+    rebuild: Annotated[bool, typer.Option("--rebuild", help="Rebuild every projection from the log.")] = (
+        False
+    ),
+    out: Annotated[Path | None, typer.Option("--out", help="--rebuild: the new projection file.")] = None,
+    bus: BusOption = None,
+    partitions: PartitionsOption = None,
     json_output: JsonFlag = False,
 ) -> None:
-    """Rebuild the read models from the configured event log, and say whether they equal the live ones."""
-    from ffdl.adapters.sre import rebuild_projections  # noqa: PLC0415
+    """Replay a job to any point (state, timeline, diff), or rebuild the projections, from a log.
 
-    if not rebuild:
-        raise _fail(ValueError("say what to replay: --rebuild"))
-    report = asyncio.run(rebuild_projections(Settings()))
+    --rebuild without LOG rebuilds the configured bus and compares with the live projections.
+    """
+    from ffdl.adapters import sre  # noqa: PLC0415
+
+    settings = _sre_settings(partitions)
+    if rebuild == (job is not None):
+        raise _sre_usage("say what to replay: --job JOB, or --rebuild")
+    if rebuild:
+        _rebuild(log, bus, out, settings, json_output)
+        return
+    assert job is not None
+    if diff is not None:
+        if until is not None:
+            raise _sre_usage("--diff A B compares two points; leave out --until")
+        first, second = diff
+        report = _sre(lambda: sre.diff_job(_log_events(log, bus, settings), job, sre.Point.parse(first),
+                                           sre.Point.parse(second)))
+        if json_output:
+            print_json(report)
+            return
+        console.print(diff_table(report))
+        between = ", ".join(f"{kind} x{count}" for kind, count in report["events_between"].items())
+        console.print(f"events between: {between or 'none'}")
+        if report["transitions"]:
+            console.print(replay_timeline_table(job, report["transitions"]))
+        return
+    point = _sre(lambda: sre.Point.parse(until) if until else None)
+    report = _sre(lambda: sre.replay_job(_log_events(log, bus, settings), job, point))
+    if json_output:
+        print_json(report)
+        return
+    for line in replay_lines(report):
+        console.print(line)
+    console.print(learners_table(report["state"]))
+    console.print(replay_timeline_table(job, report["timeline"]))
+
+
+def _sre_usage(message: str) -> typer.Exit:
+    err_console.print(f"[bold red]error:[/] {message}")
+    return typer.Exit(2)
+
+
+def _rebuild(log: str | None, bus: str | None, out: Path | None, settings: Settings, as_json: bool) -> None:
+    from ffdl.adapters import sre  # noqa: PLC0415
+
+    if log is not None:
+        if bus is not None:
+            raise _sre_usage("read either a LOG file or --bus, not both")
+        target = out or Path(f"{Path(log).stem if log != '-' else 'stdin'}.projections.sqlite")
+        report = _sre(lambda: sre.rebuild_file(log, target))
+    else:
+        report = _sre(lambda: asyncio.run(sre.rebuild_projections(settings, bus, out)))
+    if as_json:
+        print_json(report)
+        return
+    states = ", ".join(f"{styled(state)} {count}" for state, count in report["states"].items())
+    jobs = f"{report['jobs']} job(s) of {report['tenants']} tenant(s)"
+    console.print(f"rebuilt {jobs} from {report['events']} events ({report['ignored']} ignored) into "
+                  f"{report['path']}: {states or 'no jobs'}")
+    if report.get("identical") is not None:
+        same = "[green]identical to[/]" if report["identical"] else "[bold red]DIFFERENT from[/]"
+        console.print(f"the rebuilt projections are {same} the live ones")
+
+
+@app.command()
+def verify(
+    log: LogArgument = None,
+    *,
+    bus: BusOption = None,
+    partitions: PartitionsOption = None,
+    json_output: JsonFlag = False,
+) -> None:
+    """Check every invariant of the log (DESIGN §5); exit 1 on any violation."""
+    from ffdl.adapters import sre  # noqa: PLC0415
+
+    settings = _sre_settings(partitions)
+    if log is not None:
+        report = _sre(lambda: sre.verify_events(_log_events(log, bus, settings), log))
+    else:
+        report = _sre(lambda: asyncio.run(sre.verify_log(settings, bus)))
     if json_output:
         print_json(report)
     else:
-        same = "identical to" if report["identical"] else "DIFFERENT from"
-        console.print(f"rebuilt {report['events']} events into {report['path']}: {same} the live projections")
+        if report["violations"]:
+            console.print(violations_table(report["violations"]))
+        colour = "red" if report["violations"] else "green"
+        found = f"{len(report['violations'])} violation(s), {report['duplicates']} duplicate(s) ignored"
+        read = f"{report['source']}: {report['events']} events, {report['jobs']} jobs"
+        console.print(f"[{colour}]{read}, {found}[/]")
+    raise typer.Exit(1 if report["violations"] else 0)

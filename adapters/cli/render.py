@@ -11,11 +11,13 @@ from rich.table import Table
 
 STATE_STYLE = {
     "SUBMITTED": "white", "QUEUED": "yellow", "SCHEDULED": "cyan", "LAUNCHING": "cyan", "RUNNING": "green",
-    "RESTARTING": "magenta", "HALTING": "blue", "HALTED": "blue", "STORING": "cyan", "COMPLETED": "bold green",
-    "FAILED": "bold red", "CANCELLED": "dim",
+    "RESTARTING": "magenta", "HALTING": "blue", "HALTED": "blue", "STORING": "cyan",
+    "COMPLETED": "bold green", "FAILED": "bold red", "CANCELLED": "dim",
 }
 
 console = Console()
+#: For what must not mix with data written to standard output (``ffdl export -o -``).
+err_console = Console(stderr=True)
 
 
 def styled(state: str) -> str:
@@ -43,7 +45,8 @@ def timeline_table(job: dict[str, Any]) -> Table:
         if end is None and entry["state"] in ("COMPLETED", "FAILED", "CANCELLED"):
             end = entry["at"]
         at = datetime.fromisoformat(entry["at"]).strftime("%H:%M:%S.%f")[:-3]
-        table.add_row(str(entry["seq"]), styled(entry["state"]), at, _duration(entry["at"], end), entry["reason"])
+        duration = _duration(entry["at"], end)
+        table.add_row(str(entry["seq"]), styled(entry["state"]), at, duration, entry["reason"])
     return table
 
 
@@ -64,6 +67,98 @@ def learners_table(job: dict[str, Any]) -> Table:
         table.add_column(column)
     for learner in job["learners"]:
         metrics = ", ".join(f"{k}={v:.4g}" for k, v in sorted(learner["metrics"].items()))
-        table.add_row(str(learner["rank"]), learner["status"], learner["node"], ",".join(map(str, learner["gpus"])),
-                      str(learner["step"]), metrics, "" if learner["exit_code"] is None else str(learner["exit_code"]))
+        gpus = ",".join(map(str, learner["gpus"]))
+        exit_code = "" if learner["exit_code"] is None else str(learner["exit_code"])
+        rank, step = str(learner["rank"]), str(learner["step"])
+        table.add_row(rank, learner["status"], learner["node"], gpus, step, metrics, exit_code)
+    return table
+
+
+# -- SRE views: replay, diff, verify ---------------------------------------------------------------
+
+
+def seconds(value: float | None) -> str:
+    """A duration for people: ``0.4s``, ``12.3s``, ``3m12s``, ``2h05m``; ``…`` when unknown."""
+    if value is None:
+        return "…"
+    if value < 60:
+        return f"{value:.1f}s"
+    minutes, secs = divmod(int(value), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+def replay_timeline_table(job_id: str, rows: list[dict[str, Any]]) -> Table:
+    """A replayed job's states: when each was entered, by which event, for how long, and why."""
+    table = Table(title=f"timeline of {job_id}")
+    for column in ("seq", "state", "entered at", "for", "event", "reason"):
+        table.add_column(column)
+    for row in rows:
+        duration = seconds(row["duration_s"]) + (" (ongoing)" if row["ongoing"] else "")
+        if row["duration_s"] is None:
+            duration = ""
+        at = datetime.fromisoformat(row["entered_at"]).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+        table.add_row(str(row["seq"]), styled(row["state"]), at, duration, row["event"], row["reason"])
+    return table
+
+
+def replay_lines(report: dict[str, Any]) -> list[str]:
+    """The headline of a replayed job: where the replay stopped, what it holds, what was skipped."""
+    state, point = report["state"], report["point"]
+    lines = [
+        f"job [bold]{report['job_id']}[/] (tenant {report['tenant']}) at seq {point['seq']}, {point['at']} "
+        f"(position {point['position']}): {styled(state['state'])}, attempt {state['attempt']}, "
+        f"{state['restarts']} restart(s)"
+    ]
+    if state["reason"]:
+        lines.append(f"reason: {state['reason']}")
+    if state["placement"]:
+        held = ", ".join(f"rank {p['rank']} on {p['node']} GPUs {','.join(map(str, p['gpus']))}"
+                         for p in state["placement"])
+        lines.append(f"placement: {held}")
+    checkpoint = state["latest_checkpoint"]
+    if checkpoint:
+        lines.append(f"latest checkpoint: step {checkpoint['step']} (attempt {checkpoint['attempt']}) "
+                     f"at {checkpoint['uri']}")
+    for skipped in report["skipped"]:
+        lines.append(f"[yellow]skipped[/] seq {skipped['seq']} {skipped['type']} at {skipped['position']}: "
+                     f"{skipped['reason']}")
+    return lines
+
+
+def diff_table(report: dict[str, Any]) -> Table:
+    """What changed in a job between two points, field by field."""
+    before, after = report["from"], report["to"]
+    table = Table(title=f"{report['job_id']}: seq {before['seq']} ({before['at']}) → seq {after['seq']} "
+                        f"({after['at']})")
+    for column in ("field", "before", "after"):
+        table.add_column(column)
+    for change in report["changes"]:
+        old, new = change["before"], change["after"]
+        if change["field"] == "state":
+            table.add_row("state", styled(str(old)), styled(str(new)))
+        else:
+            table.add_row(change["field"], _cell(old), _cell(new))
+    for checkpoint in report["checkpoints"]["added"]:
+        table.add_row("checkpoint added", "", f"step {checkpoint['step']}: {checkpoint['uri']}")
+    for checkpoint in report["checkpoints"]["removed"]:
+        table.add_row("checkpoint dropped", f"step {checkpoint['step']}: {checkpoint['uri']}", "")
+    return table
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "[dim]none[/]"
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def violations_table(violations: list[dict[str, str]]) -> Table:
+    table = Table(title="invariant violations", title_style="bold red")
+    for column in ("kind", "job", "position", "detail"):
+        table.add_column(column)
+    for violation in violations:
+        kind = f"[red]{violation['kind']}[/]"
+        table.add_row(kind, violation["job_id"], violation["position"], violation["detail"])
     return table

@@ -51,6 +51,7 @@ from pathlib import Path
 import structlog
 
 from ffdl.adapters.agent import wait_for_exit
+from ffdl.adapters.launchers.environment import LearnerSite, learner_environment, local_ranks
 from ffdl.events.model import LearnerPlacement
 from ffdl.handlers.ports import LaunchRequest, LearnerHandle
 
@@ -158,7 +159,7 @@ class LocalLauncher:
             started: list[tuple[LearnerHandle, subprocess.Popen[bytes]]] = []
             try:
                 self._make_directories(request)
-                for learner, local_rank in _local_ranks(request.placement.learners):
+                for learner, local_rank in local_ranks(request.placement.learners):
                     handle = LearnerHandle(request.job_id, request.attempt, learner.rank)
                     process = self._start_agent(request, learner, local_rank, master_port)
                     started.append((handle, process))
@@ -267,40 +268,22 @@ class LocalLauncher:
     def _learner_environment(
         self, request: LaunchRequest, learner: LearnerPlacement, local_rank: int, master_port: int
     ) -> dict[str, str]:
-        """The learner environment contract of DESIGN §6 over this process's environment.
-
-        Precedence, lowest first: this process's environment, ``PYTHONUNBUFFERED=1`` (so a Python
-        learner's prints reach the log, and count as progress, as they happen), the spec's env, the
-        request's env, and the contract's names, which nothing overrides.
-        """
-        checkpoints = self._checkpoint_dir(request.job_id)
-        result_dir = request.spec.result_dir or str(self._default_result_dir(request.job_id))
-        resume_from = request.resume_from.uri.removeprefix("file://") if request.resume_from else ""
+        """The learner environment contract over this process's environment; the learner's GPUs by index."""
         log_file = self.log_path(request.job_id, request.attempt, learner.rank)
-        learners = str(len(request.placement.learners))
-        contract = {
-            "FFDL_JOB_ID": request.job_id,
-            "FFDL_TENANT": request.tenant,
-            "FFDL_ATTEMPT": str(request.attempt),
-            "FFDL_CHECKPOINT_DIR": str(checkpoints),
-            "FFDL_RESUME_FROM": resume_from,
-            "FFDL_HEARTBEATS": self._heartbeats_url,
-            "FFDL_HEARTBEAT_TTL": str(self._heartbeat_ttl_s),
-            "FFDL_LOG_FILE": str(log_file),
-            "FFDL_REPORT_FILE": str(log_file.with_suffix(".reports.jsonl")),
-            "RANK": str(learner.rank),
-            "WORLD_SIZE": learners,
-            "LOCAL_RANK": str(local_rank),
-            "MASTER_ADDR": MASTER_ADDR,
-            "MASTER_PORT": str(master_port),
-            "CUDA_VISIBLE_DEVICES": ",".join(str(gpu) for gpu in learner.gpus),
-            "LEARNER_ID": str(learner.rank + 1),
-            "NUM_LEARNERS": learners,
-            "CHECKPOINT_DIR": str(checkpoints),
-            "RESULT_DIR": result_dir,
-            "DATA_DIR": request.spec.data_dir or "",
-        }
-        return {**os.environ, "PYTHONUNBUFFERED": "1", **request.spec.env, **request.env, **contract}
+        site = LearnerSite(
+            master_addr=MASTER_ADDR,
+            master_port=master_port,
+            checkpoint_dir=str(self._checkpoint_dir(request.job_id)),
+            default_result_dir=str(self._default_result_dir(request.job_id)),
+            heartbeats_url=self._heartbeats_url,
+            heartbeat_ttl_s=self._heartbeat_ttl_s,
+            files={
+                "FFDL_LOG_FILE": str(log_file),
+                "FFDL_REPORT_FILE": str(log_file.with_suffix(".reports.jsonl")),
+            },
+            base=os.environ,
+        )
+        return learner_environment(request, learner, local_rank, learner.gpus, site)
 
     def _make_directories(self, request: LaunchRequest) -> None:
         directories = [
@@ -355,17 +338,6 @@ class LocalLauncher:
             handle = LearnerHandle(run_dir.parent.name, int(match[1]), int(match[2]))
             recorded.append(_RecordedLearner(pidfile, handle, pid, start_ticks))
         return recorded
-
-
-def _local_ranks(learners: Iterable[LearnerPlacement]) -> list[tuple[LearnerPlacement, int]]:
-    """Each learner with its index among the job's learners on the same node, in rank order."""
-    on_node: dict[str, int] = {}
-    ranked = []
-    for learner in sorted(learners, key=lambda placed: placed.rank):
-        local_rank = on_node.get(learner.node, 0)
-        on_node[learner.node] = local_rank + 1
-        ranked.append((learner, local_rank))
-    return ranked
 
 
 def _free_port() -> int:

@@ -14,6 +14,11 @@ from tests.contract.bus_contract import BusFactory, EmbeddedBusFactory
 from tests.services import TansuBroker
 
 
+#: tansu holds each join of a consumer group for about half the session timeout (at least 1 s), so
+#: these buses keep sessions this short; a crash test asks for a shorter one still.
+KAFKA_SESSION_TIMEOUT_S = 2.0
+
+
 class KafkaBusFactory:
     """Kafka buses on one tansu broker shared by the whole session: tests use unique topics and groups."""
 
@@ -22,6 +27,7 @@ class KafkaBusFactory:
 
     @asynccontextmanager
     async def open(self, partitions: int = 4, *, session_timeout_s: float = 10.0) -> AsyncIterator[Bus]:
+        session_timeout_s = min(session_timeout_s, KAFKA_SESSION_TIMEOUT_S)
         settings = KafkaConfig(session_timeout_s=session_timeout_s, heartbeat_interval_s=0.2)
         bus = KafkaBus(self.bootstrap, partitions, settings=settings)
         await bus.start()

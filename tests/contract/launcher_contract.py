@@ -51,6 +51,9 @@ class LauncherRig(Protocol):
     async def learner_output(self, job_id: str, attempt: int, rank: int) -> str:
         """What the learner wrote to stdout and stderr so far ("" before it started)."""
 
+    def visible_devices(self, gpus: tuple[int, ...]) -> str:
+        """``CUDA_VISIBLE_DEVICES`` of a learner placed on these GPUs of its node, as it must see them."""
+
 
 def new_job_id() -> str:
     return f"job-{uuid.uuid4().hex[:10]}"
@@ -183,7 +186,8 @@ class LauncherContract:
             assert env["FROM_SPEC"] == "spec value"
             assert env["FROM_PLATFORM"] == "platform value"
         assert [env["LOCAL_RANK"] for env in environments] == ["0", "1", "0"]
-        assert [env["CUDA_VISIBLE_DEVICES"] for env in environments] == ["0", "3", "1"]
+        visible = [rig.visible_devices(gpus) for gpus in ((0,), (3,), (1,))]
+        assert [env["CUDA_VISIBLE_DEVICES"] for env in environments] == visible
         shared = ("MASTER_ADDR", "MASTER_PORT", "FFDL_CHECKPOINT_DIR", "RESULT_DIR")
         assert len({tuple(env[name] for name in shared) for env in environments}) == 1
 

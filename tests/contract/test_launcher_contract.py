@@ -31,6 +31,7 @@ from launcher_contract import (
 from ffdl.adapters.heartbeats import open_store
 from ffdl.adapters.launchers.local import LocalLauncher
 from ffdl.handlers.ports import HeartbeatStore, Launcher
+from tests.kube import kubernetes_rig
 from tests.services import wait_until_async
 
 HEARTBEAT_TTL_S = 2.0
@@ -63,6 +64,10 @@ class LocalRig:
         self._launchers.append(self.new_launcher())
         return self.launcher
 
+    def visible_devices(self, gpus: tuple[int, ...]) -> str:
+        """A local learner sees every GPU of the machine and is told which of them are its own."""
+        return ",".join(str(gpu) for gpu in gpus)
+
     async def learner_output(self, job_id: str, attempt: int, rank: int) -> str:
         path = self.launcher.log_path(job_id, attempt, rank)
         return path.read_text(errors="replace") if path.exists() else ""
@@ -92,6 +97,7 @@ async def local_rig(tmp_path: Path) -> AsyncIterator[LocalRig]:
 #: Adapter name -> a context manager that gives a rig in a fresh directory and cleans it up.
 LAUNCHER_RIGS: dict[str, Callable[[Path], AbstractAsyncContextManager[LauncherRig]]] = {
     "local": local_rig,
+    "kubernetes": kubernetes_rig,
 }
 
 

@@ -25,17 +25,19 @@ uses the same scripts to generate a large realistic log.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
+import random
 import sys
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from ffdl.adapters.bus.partitioning import partition_for
-from ffdl.adapters.log_files import encode_line
+from ffdl.adapters.log_files import encode_line, write_log
 from ffdl.core.decider import decide, next_attempt
 from ffdl.core.job import Job, evolve
 from ffdl.core.restart import RestartPolicy
@@ -77,8 +79,9 @@ class DecidedCommand:
 
     def to_line(self) -> str:
         body = json.loads(command_to_json(self.command))
-        body.update(decided_at=self.decided_at.isoformat(), decided_by=self.decided_by,
-                    leader_token=self.leader_token)
+        body.update(
+            decided_at=self.decided_at.isoformat(), decided_by=self.decided_by, leader_token=self.leader_token
+        )
         return dumps(body)
 
     @classmethod
@@ -94,18 +97,14 @@ class Owner:
     """The jobs' owner without I/O: decides each command on the folded job, on a virtual clock.
 
     ``leader_token`` is the scheduler leader's fencing token as the owner's election sees it.
-    With ``recording`` it keeps every decided command and every event it appended (a golden log);
-    without, it keeps only the jobs, and ended jobs can be forgotten, so a long generated log
-    streams through in flat memory.
+    It keeps every command it decided and every event it appended, for a golden log; a long
+    generated log drains both as it goes and forgets ended jobs, so it streams in flat memory.
     """
 
-    def __init__(
-        self, name: str, start: datetime, policy: RestartPolicy | None = None, *, recording: bool = True
-    ) -> None:
+    def __init__(self, name: str, start: datetime, policy: RestartPolicy | None = None) -> None:
         self.name = name
         self.now = start
         self.policy = policy or RestartPolicy()
-        self.recording = recording
         self.leader_token: int | None = None
         self.jobs: dict[str, Job] = {}
         self.decided: list[DecidedCommand] = []
@@ -138,13 +137,16 @@ class Owner:
             job = evolve(job, event)
         if job is not None:
             self.jobs[command.job_id] = job
-        if self.recording:
-            self.decided.append(DecidedCommand(command, self.now, OWNER, leader))
-            self.events.extend(events)
+        self.decided.append(DecidedCommand(command, self.now, OWNER, leader))
+        self.events.extend(events)
         return events
 
-    def forget(self, job_id: str) -> None:
+    def drain(self, job_id: str) -> list[Event]:
+        """The events appended since the last drain; forgets ``job_id`` (ended) and the decided commands."""
+        events, self.events = self.events, []
+        self.decided.clear()
         self.jobs.pop(job_id, None)
+        return events
 
 
 def _metrics(step: int) -> dict[str, float]:
@@ -172,7 +174,9 @@ class JobScript:
     pids: int = 4100
     last: list[Event] = field(default_factory=list)
 
-    def send(self, data: CommandData, sender: str, token: int | None = None, after_s: float = 0.05) -> list[Event]:
+    def send(
+        self, data: CommandData, sender: str, token: int | None = None, after_s: float = 0.05
+    ) -> list[Event]:
         self.owner.tick(after_s)
         self.last = self.owner.deliver(self.owner.command(self.job_id, self.tenant, data, sender, token))
         return self.last
@@ -217,13 +221,17 @@ class JobScript:
 
     # -- scheduler --------------------------------------------------------------------------------
 
-    def wait_for(self, code: WaitReason, detail: str, *, token: int, waiting_for: tuple[str, ...] = ()) -> list[Event]:
+    def wait_for(
+        self, code: WaitReason, detail: str, *, token: int, waiting_for: tuple[str, ...] = ()
+    ) -> list[Event]:
         data = cmd.RecordWaitReason(code=code, detail=detail, waiting_for=waiting_for)
         return self.send(data, SCHEDULER, token)
 
     def allocate(self, *, token: int, after_s: float = 0.2) -> list[Event]:
         gpus = self.spec.learners * self.spec.gpus
-        data = cmd.AllocateGpus(placement=self.placement(), reason=f"{gpus} GPU(s) free on {', '.join(self.nodes)}")
+        data = cmd.AllocateGpus(
+            placement=self.placement(), reason=f"{gpus} GPU(s) free on {', '.join(self.nodes)}"
+        )
         return self.send(data, SCHEDULER, token, after_s=after_s)
 
     def preempt(self, *, token: int, by: str) -> list[Event]:
@@ -241,8 +249,12 @@ class JobScript:
         return self.send(cmd.ReleaseGpus(), REACTOR, after_s=0.5)
 
     def finish_storing(self) -> list[Event]:
-        result = ResultSummary(result_dir=f"s3://results/{self.tenant}/{self.job_id}", files=3,
-                               size_bytes=48_213_992, metrics=_metrics(self.steps_done))
+        result = ResultSummary(
+            result_dir=f"s3://results/{self.tenant}/{self.job_id}",
+            files=3,
+            size_bytes=48_213_992,
+            metrics=_metrics(self.steps_done),
+        )
         return self.send(cmd.FinishStoring(result=result), REACTOR, after_s=2.0)
 
     # -- monitor (learner agents' heartbeats) -----------------------------------------------------
@@ -262,18 +274,29 @@ class JobScript:
         for _ in range(steps // self.report_every):
             self.steps_done += self.report_every
             for rank in range(self.spec.learners):
-                data = cmd.ReportProgress(rank=rank, attempt=self.job.attempt, step=self.steps_done,
-                                          metrics=_metrics(self.steps_done))
-                events += self.send(data, MONITOR, after_s=self.step_s * self.report_every if rank == 0 else 0.02)
+                data = cmd.ReportProgress(
+                    rank=rank,
+                    attempt=self.job.attempt,
+                    step=self.steps_done,
+                    metrics=_metrics(self.steps_done),
+                )
+                events += self.send(
+                    data, MONITOR, after_s=self.step_s * self.report_every if rank == 0 else 0.02
+                )
             if self.steps_done % self.checkpoint_every == 0:
                 events += self.checkpoint()
         return events
 
     def checkpoint(self) -> list[Event]:
         uri = f"s3://checkpoints/{self.tenant}/{self.job_id}/step-{self.steps_done:06d}"
-        checkpoint = Checkpoint(rank=0, attempt=self.job.attempt, step=self.steps_done, uri=uri,
-                                size_bytes=104_857_600 + self.steps_done,
-                                checksum="sha256:" + hashlib.sha256(uri.encode()).hexdigest()[:32])
+        checkpoint = Checkpoint(
+            rank=0,
+            attempt=self.job.attempt,
+            step=self.steps_done,
+            uri=uri,
+            size_bytes=104_857_600 + self.steps_done,
+            checksum="sha256:" + hashlib.sha256(uri.encode()).hexdigest()[:32],
+        )
         return self.send(cmd.ReportCheckpoint(checkpoint=checkpoint), MONITOR, after_s=0.3)
 
     def exit(self, rank: int, code: int, after_s: float = 0.2, attempt: int | None = None) -> list[Event]:
@@ -285,8 +308,9 @@ class JobScript:
         return [event for rank in range(self.spec.learners) for event in self.exit(rank, code)]
 
     def lose(self, rank: int, reason: LossReason) -> list[Event]:
-        data = cmd.ReportLearnerLost(rank=rank, attempt=self.job.attempt, reason=reason,
-                                     detail=f"no heartbeat from learner {rank}")
+        data = cmd.ReportLearnerLost(
+            rank=rank, attempt=self.job.attempt, reason=reason, detail=f"no heartbeat from learner {rank}"
+        )
         return self.send(data, MONITOR, after_s=5.0)
 
     def resume_from_checkpoint(self) -> None:
@@ -352,7 +376,9 @@ def happy_path(owner: Owner) -> None:
 def restart_after_kill(owner: Owner) -> None:
     """Learner 1 is killed (exit -9); the gang restarts from the last checkpoint and completes."""
     owner.leader_token = 3
-    job = JobScript(owner, "resnet-2c91", "acme", spec("resnet50", learners=2, gpus=2), nodes=("gpu-node-02",))
+    job = JobScript(
+        owner, "resnet-2c91", "acme", spec("resnet50", learners=2, gpus=2), nodes=("gpu-node-02",)
+    )
     job.queue_and_run(token=3)
     job.train(120)
     job.exit(1, -9, after_s=4.0)
@@ -367,7 +393,9 @@ def restart_after_kill(owner: Owner) -> None:
 def halt_resume_v1(owner: Owner) -> None:
     """A user halts and later resumes a job; written with v1 of ``HaltJob`` and ``HaltRequested``."""
     owner.leader_token = 2
-    job = JobScript(owner, "bert-5d10", "globex", spec("bert-base", learners=1, gpus=4), nodes=("gpu-node-03",))
+    job = JobScript(
+        owner, "bert-5d10", "globex", spec("bert-base", learners=1, gpus=4), nodes=("gpu-node-03",)
+    )
     job.queue_and_run(token=2)
     job.train(100)
     job.halt()
@@ -403,7 +431,7 @@ def max_restarts_failure(owner: Owner) -> None:
     for attempt in range(3):
         job.exit(0, 1, after_s=2.0)
         if attempt < 2:
-            job.launch(after_s=2.0 ** attempt)
+            job.launch(after_s=2.0**attempt)
             job.resume_from_checkpoint()
             job.start_learners()
             job.train(10)
@@ -437,16 +465,23 @@ def rejected_commands(owner: Owner) -> None:
 def preemption(owner: Owner) -> None:
     """A high-priority job preempts a running one, which halts with its checkpoint and requeues."""
     owner.leader_token = 7
-    low = JobScript(owner, "sweep-44", "globex", spec("sweep", learners=1, gpus=4, priority=0),
-                    nodes=("gpu-node-04",))
+    low = JobScript(
+        owner, "sweep-44", "globex", spec("sweep", learners=1, gpus=4, priority=0), nodes=("gpu-node-04",)
+    )
     low.queue_and_run(token=7)
     low.train(100)
-    high = JobScript(owner, "urgent-45", "acme", spec("urgent", learners=1, gpus=4, priority=100),
-                     nodes=("gpu-node-04",))
+    high = JobScript(
+        owner, "urgent-45", "acme", spec("urgent", learners=1, gpus=4, priority=100), nodes=("gpu-node-04",)
+    )
     high.submit()
     high.admit()
-    high.send(cmd.RecordWaitReason(code=WaitReason.PREEMPTION, detail="halting sweep-44 to make room",
-                                   waiting_for=("sweep-44",)), SCHEDULER, 7)
+    high.send(
+        cmd.RecordWaitReason(
+            code=WaitReason.PREEMPTION, detail="halting sweep-44 to make room", waiting_for=("sweep-44",)
+        ),
+        SCHEDULER,
+        7,
+    )
     low.preempt(token=7, by="urgent-45")
     low.exit(0, -15, after_s=4.0)
     low.release()
@@ -478,7 +513,7 @@ SCENARIOS: dict[str, tuple[Callable[[Owner], None], RestartPolicy]] = {
 START = datetime(2024, 5, 1, 9, 0, tzinfo=UTC)
 
 
-def positioned(events: list[Event], partitions: int = PARTITIONS) -> Iterator[LoggedEvent]:
+def positioned(events: Iterable[Event], partitions: int = PARTITIONS) -> Iterator[LoggedEvent]:
     """``events`` in append order, each at the offset its job's partition would give it."""
     next_offset: dict[int, int] = {}
     for event in events:
@@ -501,6 +536,144 @@ def job_summary(job: Job) -> dict[str, Any]:
         "latest_checkpoint_step": latest.step if latest else None,
         "failure_code": str(job.failure_code) if job.failure_code else None,
     }
+
+
+# -- generated logs: many jobs through realistic lives, for the replay benchmark and the bus tests ----
+
+#: Lanes of two GPUs each that run jobs back to back, interleaved in time.
+LANES = 64
+TENANTS = ("acme", "globex", "initech", "umbrella", "hooli")
+#: Bumped whenever the generated log changes, so a cached file of an older shape is not reused.
+GENERATED_LOG_VERSION = 1
+
+
+@dataclass
+class Budget:
+    """How many events the writer has taken so far; lanes start no new job once it reaches ``target``."""
+
+    target: int
+    taken: int = 0
+
+    @property
+    def spent(self) -> bool:
+        return self.taken >= self.target
+
+
+def _completes(job: JobScript, rng: random.Random) -> None:
+    job.train(rng.randrange(100, 400, 10))
+    job.complete()
+
+
+def _restarts_after_kill(job: JobScript, rng: random.Random) -> None:
+    job.train(rng.randrange(60, 200, 10))
+    job.exit(1, -9, after_s=3.0)
+    job.launch(after_s=2.0)
+    job.resume_from_checkpoint()
+    job.start_learners()
+    _completes(job, rng)
+
+
+def _restarts_after_hang(job: JobScript, rng: random.Random) -> None:
+    job.train(rng.randrange(60, 200, 10))
+    job.lose(0, LossReason.HUNG)
+    job.launch(after_s=2.0)
+    job.resume_from_checkpoint()
+    job.start_learners()
+    _completes(job, rng)
+
+
+def _halted_and_resumed(job: JobScript, rng: random.Random) -> None:
+    job.train(rng.randrange(50, 200, 10))
+    job.halt()
+    job.exit_all(-15)
+    job.release()
+    job.resume(after_s=rng.uniform(60, 600))
+    job.allocate(token=1)
+    job.launch()
+    job.resume_from_checkpoint()
+    job.start_learners()
+    _completes(job, rng)
+
+
+def _cancelled(job: JobScript, rng: random.Random) -> None:
+    job.train(rng.randrange(20, 200, 10))
+    job.cancel()
+    job.exit_all(-15)
+    job.release()
+
+
+def _fails(job: JobScript, rng: random.Random) -> None:
+    for _ in range(job.spec.max_restarts):
+        job.train(rng.randrange(10, 60, 10))
+        job.exit(0, 1, after_s=2.0)
+        job.launch(after_s=2.0)
+        job.resume_from_checkpoint()
+        job.start_learners()
+    job.train(10)
+    job.exit(0, 1)
+    job.release()
+
+
+def _meets_a_rejection(job: JobScript, rng: random.Random) -> None:
+    job.resume(after_s=5.0)  # not HALTED: rejected
+    _completes(job, rng)
+
+
+#: (weight, life after the job runs) of the generated jobs.
+LIVES: tuple[tuple[int, Callable[[JobScript, random.Random], None]], ...] = (
+    (60, _completes),
+    (10, _restarts_after_kill),
+    (5, _restarts_after_hang),
+    (10, _halted_and_resumed),
+    (5, _cancelled),
+    (5, _fails),
+    (5, _meets_a_rejection),
+)
+
+
+def lane(index: int, budget: Budget) -> Iterator[Event]:
+    """One lane's jobs back to back on its own two GPUs, each a life drawn from :data:`LIVES`."""
+    rng = random.Random(index)
+    owner = Owner(f"replay-bench-{index}", START + timedelta(seconds=index * 7.3))
+    owner.leader_token = 1
+    node, offset = f"gpu-node-{index // 4:03d}", (index % 4) * 2
+    weights, lives = zip(*LIVES, strict=True)
+    number = 0
+    while not budget.spent:
+        number += 1
+        job_id = f"job-{index:03d}-{number:05d}"
+        job = JobScript(
+            owner,
+            job_id,
+            rng.choice(TENANTS),
+            spec(f"model-{number % 17}", max_restarts=2),
+            nodes=(node,),
+            gpu_offset=offset,
+        )
+        job.submit()
+        job.admit()
+        if rng.random() < 0.3:
+            job.wait_for(WaitReason.CAPACITY, "needs 2 GPU(s); 0 free on its lane", token=1)
+        job.allocate(token=1, after_s=rng.uniform(0.1, 30.0))
+        job.launch()
+        job.start_learners()
+        rng.choices(lives, weights)[0](job, rng)
+        yield from owner.drain(job_id)
+        owner.tick(rng.uniform(1.0, 20.0))
+
+
+def generated_events(target: int, lanes: int = LANES) -> Iterator[Event]:
+    """A log of ``lanes`` lanes merged by time: at least ``target`` events, every job ended."""
+    budget = Budget(target)
+    for event in heapq.merge(*(lane(i, budget) for i in range(lanes)), key=lambda e: e.occurred_at):
+        budget.taken += 1
+        yield event
+
+
+def write_generated_log(path: Path, target: int, lanes: int = LANES) -> int:
+    """Write :func:`generated_events` to ``path`` as an exported log; returns how many events it holds."""
+    with path.open("w", encoding="utf-8") as out:
+        return write_log(positioned(generated_events(target, lanes)), out, EVENTS_TOPIC)
 
 
 def downgrade_to_v1(line: dict[str, Any]) -> dict[str, Any]:

@@ -66,27 +66,37 @@ def replay(golden: GoldenLog, policy: RestartPolicy) -> tuple[list[str], dict[st
         command = decided.command
         job_id = command.job_id
         job = jobs.get(job_id)
-        now = decide(job, command, decided.decided_at, policy=policy, producer=decided.decided_by,
-                     leader_token=decided.leader_token)
+        decided_now = decide(
+            job,
+            command,
+            decided.decided_at,
+            policy=policy,
+            producer=decided.decided_by,
+            leader_token=decided.leader_token,
+        )
         history = recorded.get(job_id, [])
         start = end = cursor.get(job_id, 0)
         while end < len(history) and history[end].causation_id == command.command_id:
             end += 1
-        then = history[start:end]
-        if [event_to_dict(e) for e in now] != [event_to_dict(e) for e in then]:
-            diff = difflib.unified_diff(_pretty(then), _pretty(now), "recorded", "decided now", lineterm="")
-            mismatches.append(
-                f"{golden.name}.commands.jsonl line {number}: {command.type} {command.command_id} on job {job_id}\n"
-                + "\n".join(diff)
+        recorded_after = history[start:end]
+        if [event_to_dict(e) for e in decided_now] != [event_to_dict(e) for e in recorded_after]:
+            diff = difflib.unified_diff(
+                _pretty(recorded_after), _pretty(decided_now), "recorded", "decided now", lineterm=""
             )
-        for event in then:
+            where = f"{golden.name}.commands.jsonl line {number}"
+            mismatches.append(
+                f"{where}: {command.type} {command.command_id} on job {job_id}\n" + "\n".join(diff)
+            )
+        for event in recorded_after:
             job = evolve(job, event)
         if job is not None:
             jobs[job_id] = job
         cursor[job_id] = end
     for job_id, history in recorded.items():
         for event in history[cursor[job_id] :]:
-            mismatches.append(f"{golden.name}: event {job_id} seq {event.seq} ({event.type}) was caused by no command")
+            mismatches.append(
+                f"{golden.name}: event {job_id} seq {event.seq} ({event.type}) was caused by no command"
+            )
     return mismatches, jobs
 
 
@@ -96,8 +106,15 @@ def golden(request: pytest.FixtureRequest) -> GoldenLog:
 
 
 def test_every_recorded_scenario_of_the_issue_has_a_golden_log() -> None:
-    assert {"happy_path", "restart_after_kill", "halt_resume_v1", "cancel", "max_restarts_failure",
-            "rejected_commands", "preemption"} <= set(GOLDEN)
+    assert {
+        "happy_path",
+        "restart_after_kill",
+        "halt_resume_v1",
+        "cancel",
+        "max_restarts_failure",
+        "rejected_commands",
+        "preemption",
+    } <= set(GOLDEN)
 
 
 def test_todays_decider_decides_every_recorded_command_exactly_as_recorded(golden: GoldenLog) -> None:
@@ -140,7 +157,9 @@ def test_a_golden_log_missing_an_event_its_command_caused_fails() -> None:
 
 
 def test_the_v1_golden_log_holds_v1_halts_that_replay_through_their_upcasters() -> None:
-    lines = [json.loads(line) for line in (GOLDEN_DIR / "halt_resume_v1.events.jsonl").read_text().splitlines()]
+    lines = [
+        json.loads(line) for line in (GOLDEN_DIR / "halt_resume_v1.events.jsonl").read_text().splitlines()
+    ]
     raw_halt = next(line for line in lines if line["type"] == "HaltRequested")
     golden = GoldenLog.load("halt_resume_v1")
     halt = next(event for event in golden.events if event.type == "HaltRequested")
@@ -149,7 +168,9 @@ def test_the_v1_golden_log_holds_v1_halts_that_replay_through_their_upcasters() 
     assert raw_halt["schema_version"] == 1 and "requeue" not in raw_halt["data"]
     assert halt.schema_version == 2 and halt.data.requeue is False  # type: ignore[attr-defined]
     assert halt_command.schema_version == 2 and halt_command.data.requeue is False  # type: ignore[attr-defined]
-    assert golden_file_mentions(GOLDEN_DIR / "halt_resume_v1.commands.jsonl", '"type":"HaltJob"', '"schema_version":1')
+    assert golden_file_mentions(
+        GOLDEN_DIR / "halt_resume_v1.commands.jsonl", '"type":"HaltJob"', '"schema_version":1'
+    )
 
 
 def golden_file_mentions(path: Path, *fragments: str) -> bool:

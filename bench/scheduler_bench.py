@@ -1,0 +1,229 @@
+"""Scheduler benchmark: how fast one planning step decides, against a naive first-fit baseline.
+
+Cluster: 1,000 nodes x 8 GPUs. Queue: 20,000 waiting jobs from the Philly-shaped generator
+(``ffdl.adapters.traces``), all queued at once. Two cycles are measured, as the scheduler role
+runs them:
+
+* ``cold``: the empty cluster fills up; most jobs are then left waiting, each with its reason;
+* ``churn``: a tenth of the running jobs end, and the queue is weighed again (with the reasons and
+  reservations the first cycle recorded).
+
+A *decision* is the planner's verdict for one waiting job: GPUs now, or why not. Its latency is
+timed around each step of ``Planner.decisions()``. The baseline places each learner on the first
+node with room, scanning the node list, in priority-then-FIFO order, without quotas, reasons,
+reservations or preemption. Peak memory is measured by ``tracemalloc`` in a separate cold cycle
+(tracing slows the code, so the timed runs go without it). Last, the simulator's speed: a
+100,000-job trace through ``ffdl.core.simulation`` on the same cluster.
+
+Run from the repository root (takes a minute or two):
+
+    .venv/bin/python bench/scheduler_bench.py [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import time
+import tracemalloc
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ffdl.adapters.simulate import homogeneous_cluster
+from ffdl.adapters.traces import generate_trace
+from ffdl.core.allocator import Node
+from ffdl.core.cluster import ClusterState, Demand
+from ffdl.core.scheduling import Planner, SchedulerPolicy, WaitingJob
+from ffdl.core.simulation import TraceJob, percentile, simulate
+
+NODES = 1000
+GPUS_PER_NODE = 8
+QUEUED_JOBS = 20_000
+SIMULATED_JOBS = 100_000
+SEED = 7
+NOW = 1_000_000.0
+
+
+@dataclass(frozen=True, slots=True)
+class CycleFigures:
+    decisions: int
+    placed: int
+    seconds: float
+    latencies: list[float]
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "decisions": self.decisions,
+            "placed": self.placed,
+            "seconds": round(self.seconds, 3),
+            "decisions_per_s": round(self.decisions / self.seconds),
+            "p50_ms": round(percentile(self.latencies, 0.5) * 1000, 4),
+            "p99_ms": round(percentile(self.latencies, 0.99) * 1000, 4),
+            "max_ms": round(max(self.latencies) * 1000, 3),
+        }
+
+
+def waiting_jobs(trace: Sequence[TraceJob]) -> list[WaitingJob]:
+    return [
+        WaitingJob(
+            job.job_id,
+            job.tenant,
+            Demand(job.learners, job.gpus_per_learner),
+            job.priority,
+            (float(index), job.job_id),
+        )
+        for index, job in enumerate(trace)
+    ]
+
+
+def timed(steps: Iterator[Any], placed: Callable[[Any], bool]) -> CycleFigures:
+    latencies = []
+    count = 0
+    started = time.perf_counter()
+    while True:
+        before = time.perf_counter()
+        try:
+            decision = next(steps)
+        except StopIteration:
+            break
+        latencies.append(time.perf_counter() - before)
+        count += placed(decision)
+    return CycleFigures(len(latencies), count, time.perf_counter() - started, latencies)
+
+
+def planner_cycles(nodes: list[Node], queue: list[WaitingJob]) -> tuple[CycleFigures, CycleFigures]:
+    policy = SchedulerPolicy()
+    state = ClusterState(nodes)
+    decisions: list[Any] = []
+
+    def keep(decision: Any) -> bool:
+        decisions.append(decision)
+        return decision.allocation is not None
+
+    cold = timed(Planner(state, queue, NOW, policy).decisions(), keep)
+    rng = random.Random(SEED)
+    for job_id in rng.sample(sorted(state.held), len(state.held) // 10):
+        state.release(job_id)
+    still_waiting = [
+        d.job if d.wait is None else _with_wait(d.job, d.wait) for d in decisions if d.allocation is None
+    ]
+    churn = timed(
+        Planner(state, still_waiting, NOW + 3600, policy).decisions(), lambda d: d.allocation is not None
+    )
+    return cold, churn
+
+
+def _with_wait(job: WaitingJob, wait: Any) -> WaitingJob:
+    return WaitingJob(job.job_id, job.tenant, job.demand, job.priority, job.queued_order, wait)
+
+
+class FirstFit:
+    """The naive baseline: each learner on the first node with room, scanning the node list."""
+
+    def __init__(self, nodes: list[Node]) -> None:
+        self.free = [node.gpus for node in nodes]
+        self.held: dict[str, list[tuple[int, int]]] = {}
+
+    def decide(self, job: WaitingJob) -> bool:
+        taken: list[tuple[int, int]] = []
+        for _ in range(job.demand.learners):
+            for index, free in enumerate(self.free):
+                if free >= job.demand.gpus:
+                    self.free[index] -= job.demand.gpus
+                    taken.append((index, job.demand.gpus))
+                    break
+            else:
+                for index, gpus in taken:
+                    self.free[index] += gpus
+                return False
+        self.held[job.job_id] = taken
+        return True
+
+    def release(self, job_id: str) -> None:
+        for index, gpus in self.held.pop(job_id):
+            self.free[index] += gpus
+
+    def decisions(self, queue: list[WaitingJob]) -> Iterator[bool]:
+        for job in sorted(queue, key=lambda job: (-job.priority, job.queued_order)):
+            yield self.decide(job)
+
+
+def baseline_cycles(nodes: list[Node], queue: list[WaitingJob]) -> tuple[CycleFigures, CycleFigures]:
+    first_fit = FirstFit(nodes)
+    cold = timed(first_fit.decisions(queue), bool)
+    rng = random.Random(SEED)
+    for job_id in rng.sample(sorted(first_fit.held), len(first_fit.held) // 10):
+        first_fit.release(job_id)
+    waiting = [job for job in queue if job.job_id not in first_fit.held]
+    churn = timed(first_fit.decisions(waiting), bool)
+    return cold, churn
+
+
+def peak_memory_mib(nodes: list[Node], queue: list[WaitingJob]) -> float:
+    tracemalloc.start()
+    Planner(ClusterState(nodes), queue, NOW, SchedulerPolicy()).run()
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return peak / 2**20
+
+
+def simulator_speed(nodes: list[Node]) -> dict[str, Any]:
+    trace = generate_trace(SIMULATED_JOBS, nodes=NODES, gpus_per_node=GPUS_PER_NODE, load=0.9, seed=SEED)
+    started = time.perf_counter()
+    result = simulate(trace, nodes)
+    seconds = time.perf_counter() - started
+    return {
+        "jobs": SIMULATED_JOBS,
+        "seconds": round(seconds, 2),
+        "jobs_per_s": round(SIMULATED_JOBS / seconds),
+        "scheduling_cycles": result.cycles,
+        "preemptions": result.preemptions,
+        "max_gpus_in_use": result.max_gpus_in_use,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args()
+    nodes = homogeneous_cluster(NODES, GPUS_PER_NODE)
+    queue = waiting_jobs(generate_trace(QUEUED_JOBS, nodes=NODES, gpus_per_node=GPUS_PER_NODE, seed=SEED))
+    cold, churn = planner_cycles(nodes, queue)
+    naive_cold, naive_churn = baseline_cycles(nodes, queue)
+    report: dict[str, Any] = {
+        "machine": f"{platform.python_implementation()} {platform.python_version()} on {platform.machine()}",
+        "cluster": f"{NODES} nodes x {GPUS_PER_NODE} GPUs",
+        "queued_jobs": QUEUED_JOBS,
+        "planner": {"cold": cold.report(), "churn": churn.report()},
+        "first_fit_baseline": {"cold": naive_cold.report(), "churn": naive_churn.report()},
+        "speedup_over_baseline": {
+            "cold": round(naive_cold.seconds / cold.seconds, 1),
+            "churn": round(naive_churn.seconds / churn.seconds, 1),
+        },
+        "planner_peak_memory_mib": round(peak_memory_mib(nodes, queue), 1),
+        "simulator": simulator_speed(nodes),
+    }
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return
+    for name in ("planner", "first_fit_baseline"):
+        for cycle, figures in report[name].items():
+            print(
+                f"{name:>18} {cycle:>5}: {figures['decisions']} decisions ({figures['placed']} placed) in "
+                f"{figures['seconds']} s = {figures['decisions_per_s']}/s; p50 {figures['p50_ms']} ms, "
+                f"p99 {figures['p99_ms']} ms, max {figures['max_ms']} ms"
+            )
+    print(f"speed-up over first fit: {report['speedup_over_baseline']}")
+    print(f"planner peak memory (tracemalloc, cold cycle): {report['planner_peak_memory_mib']} MiB")
+    sim = report["simulator"]
+    print(
+        f"simulator: {sim['jobs']} jobs in {sim['seconds']} s = {sim['jobs_per_s']} jobs/s "
+        f"({sim['scheduling_cycles']} cycles, {sim['preemptions']} preemptions)"
+    )
+
+
+if __name__ == "__main__":
+    main()

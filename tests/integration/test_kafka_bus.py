@@ -1,0 +1,162 @@
+"""What only the Kafka adapter promises, beyond the bus contract it shares with the embedded log.
+
+Against a real Kafka-protocol broker (tansu, started for the module): keys land on the partition
+Kafka's own default partitioner picks (and the embedded log picks), ``start`` creates the topics it
+is given with the bus's partition count and refuses a topic with another, a bus started before any
+broker answers is unavailable until one does, and a broker frozen mid-stream delays appends and
+fetches without losing or reordering a record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from ffdl.adapters.bus.embedded import EmbeddedBus
+from ffdl.adapters.bus.kafka import KafkaBus
+from ffdl.adapters.config import KafkaConfig
+from ffdl.handlers.ports import BusUnavailable, OutgoingRecord, TopicPartition
+from tests.services import TansuBroker, free_port
+
+pytestmark = pytest.mark.integration
+
+PARTITIONS = 4
+#: Short sessions: tansu holds a group join for about half the session timeout.
+FAST = KafkaConfig(session_timeout_s=2.0, heartbeat_interval_s=0.2, request_timeout_s=20.0)
+
+
+def unique(name: str) -> str:
+    return f"{name}-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(scope="module")
+def broker() -> Iterator[TansuBroker]:
+    server = TansuBroker()
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+async def bus(broker: TansuBroker) -> AsyncIterator[KafkaBus]:
+    started = KafkaBus(broker.bootstrap, PARTITIONS, settings=FAST)
+    await started.start()
+    yield started
+    await started.close()
+
+
+async def topic_partitions(bootstrap: str, topics: list[str]) -> dict[str, int]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        return {d["topic"]: len(d["partitions"]) for d in await admin.describe_topics(topics)}
+    finally:
+        await admin.close()
+
+
+async def test_a_key_lands_on_the_partition_kafkas_default_partitioner_and_the_embedded_log_pick(
+    bus: KafkaBus, broker: TansuBroker, tmp_path: Path
+) -> None:
+    topic = unique("events")
+    keys = [f"job-{uuid.uuid4().hex[:8]}" for _ in range(40)]
+    positions = await bus.publish(topic, [OutgoingRecord(key, b"x") for key in keys])
+    # A plain producer with aiokafka's default partitioner, no partition chosen for it.
+    producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap)
+    await producer.start()
+    try:
+        by_kafka = [(await producer.send_and_wait(topic, b"y", key=key.encode())).partition for key in keys]
+    finally:
+        await producer.stop()
+    embedded = EmbeddedBus(tmp_path / "log.sqlite", PARTITIONS)
+    await embedded.start()
+    try:
+        by_embedded = [
+            p.partition for p in await embedded.publish(topic, [OutgoingRecord(k, b"z") for k in keys])
+        ]
+    finally:
+        await embedded.close()
+    assert [p.partition for p in positions] == by_kafka == by_embedded
+    assert len(set(by_kafka)) == PARTITIONS
+
+
+async def test_start_creates_the_named_topics_with_the_bus_partition_count(broker: TansuBroker) -> None:
+    topics = [unique("commands"), unique("events"), unique("deadletter")]
+    bus = KafkaBus(broker.bootstrap, 3, settings=FAST, topics=topics)
+    await bus.start()
+    try:
+        assert await topic_partitions(broker.bootstrap, topics) == dict.fromkeys(topics, 3)
+        assert await bus.end_offsets(topics[1]) == {0: 0, 1: 0, 2: 0}
+    finally:
+        await bus.close()
+    again = KafkaBus(broker.bootstrap, 3, settings=FAST, topics=topics)
+    await again.start()  # the topics exist already: nothing to create, nothing to refuse
+    await again.close()
+
+
+async def test_a_topic_with_another_partition_count_is_refused(broker: TansuBroker) -> None:
+    topic = unique("events")
+    admin = AIOKafkaAdminClient(bootstrap_servers=broker.bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, 2, 1)])
+    finally:
+        await admin.close()
+    bus = KafkaBus(broker.bootstrap, PARTITIONS, settings=FAST, topics=[topic])
+    with pytest.raises(ValueError, match="has 2 partitions, not 4"):
+        await bus.start()
+
+
+async def test_a_bus_is_unavailable_until_a_broker_answers_then_starts() -> None:
+    late = TansuBroker(port=free_port())
+    bus = KafkaBus(late.bootstrap, PARTITIONS, settings=FAST, topics=[unique("events")])
+    with pytest.raises(BusUnavailable, match=f"cannot reach the Kafka brokers at {late.bootstrap}"):
+        await bus.start()
+    late.start()
+    try:
+        await bus.start()  # the platform retries start() with backoff until it succeeds
+        try:
+            positions = await bus.publish(unique("events"), [OutgoingRecord("job-1", b"x")])
+            assert positions[0].offset == 0
+        finally:
+            await bus.close()
+    finally:
+        late.stop()
+
+
+async def test_a_frozen_broker_delays_appends_and_fetches_but_loses_and_reorders_nothing(
+    broker: TansuBroker, bus: KafkaBus
+) -> None:
+    topic, group = unique("commands"), unique("owners")
+    member = await bus.subscribe(group, [topic])
+    received: list[bytes] = []
+
+    async def consume_until(count: int) -> None:
+        while len(received) < count:
+            batch = await member.fetch(500, 0.2)
+            received.extend(record.value for record in batch)
+            if batch:
+                last = batch[-1]
+                await member.commit({TopicPartition(last.topic, last.partition): last.offset + 1})
+
+    await bus.publish(topic, [OutgoingRecord("job-1", f"{i}".encode()) for i in range(20)])
+    await asyncio.wait_for(consume_until(20), 30)
+    broker.pause()
+    try:
+        appending = asyncio.create_task(
+            bus.publish(topic, [OutgoingRecord("job-1", f"{i}".encode()) for i in range(20, 40)])
+        )
+        consuming = asyncio.create_task(consume_until(40))
+        await asyncio.sleep(3.0)  # the outage the test is about
+        assert not appending.done(), "an append was acknowledged by a frozen broker"
+    finally:
+        broker.resume()
+    positions = await asyncio.wait_for(appending, 30)
+    await asyncio.wait_for(consuming, 30)
+    assert [p.offset for p in positions] == list(range(20, 40))
+    assert received == [f"{i}".encode() for i in range(40)]

@@ -1,0 +1,171 @@
+"""The indexed gang placement (core.cluster) over random clusters: whole gangs, never an over-commit,
+GPU types, cordons and reservations respected, and the same feasibility as the reference allocator."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ffdl.core.allocator import Node, NodeCapacity, place_gang
+from ffdl.core.cluster import ClusterRoom, Demand, Gang, milli_cpus
+from ffdl.events.model import JobSpec
+
+TYPES = ("a100", "h100")
+
+
+@st.composite
+def clusters(draw: st.DrawFn) -> list[Node]:
+    count = draw(st.integers(1, 8))
+    return [
+        Node(
+            name=f"n{index}",
+            gpus=draw(st.integers(0, 8)),
+            gpu_type=draw(st.sampled_from(TYPES)),
+            cpus=draw(st.sampled_from([2.0, 8.0, 64.0])),
+            memory_mb=draw(st.sampled_from([4096, 65536])),
+            schedulable=draw(st.booleans()) or index == 0,
+        )
+        for index in range(count)
+    ]
+
+
+demands = st.builds(
+    Demand,
+    learners=st.integers(1, 6),
+    gpus=st.integers(0, 8),
+    gpu_type=st.sampled_from([None, *TYPES]),
+    mcpus=st.sampled_from([500, 1000, 4000]),
+    memory_mb=st.sampled_from([1024, 16384]),
+    policy=st.sampled_from(["pack", "spread"]),
+)
+
+
+def fill(room: ClusterRoom, earlier: list[Demand]) -> list[tuple[Demand, Gang]]:
+    """Place ``earlier`` gangs one by one (those that fit), as a planning cycle would."""
+    held = []
+    for demand in earlier:
+        gang = room.find(demand)
+        if gang is not None:
+            room.take(demand, gang)
+            held.append((demand, gang))
+    return held
+
+
+def spec_of(demand: Demand) -> JobSpec:
+    return JobSpec(name="j", command="c", learners=demand.learners, gpus=demand.gpus, gpu_type=demand.gpu_type,
+                   cpus=demand.mcpus / 1000, memory_mb=demand.memory_mb, placement=demand.policy)
+
+
+def reference_capacity(nodes: list[Node], held: list[tuple[Demand, Gang]]) -> dict[str, NodeCapacity]:
+    """The free capacity as the reference allocator sees it, after the same holdings."""
+    free = {n.name: [set(range(n.gpus)), milli_cpus(n.cpus), n.memory_mb] for n in nodes}
+    for demand, gang in held:
+        for node, gpus in gang.learners:
+            free[node][0] -= set(gpus)
+            free[node][1] -= demand.mcpus
+            free[node][2] -= demand.memory_mb
+    return {
+        n.name: NodeCapacity(n, frozenset(free[n.name][0]), free[n.name][1] / 1000, free[n.name][2]) for n in nodes
+    }
+
+
+@settings(max_examples=150, deadline=None)
+@given(nodes=clusters(), earlier=st.lists(demands, max_size=6), demand=demands)
+def test_a_gang_is_placed_whole_within_free_room_or_not_at_all(
+    nodes: list[Node], earlier: list[Demand], demand: Demand
+) -> None:
+    room = ClusterRoom(nodes)
+    held = fill(room, earlier)
+    gang = room.find(demand)
+    expected = place_gang(spec_of(demand), reference_capacity(nodes, held)) is not None
+    assert (gang is not None) == expected
+    if gang is None:
+        return
+    room.take(demand, gang)
+    held.append((demand, gang))
+    assert len(gang.learners) == demand.learners
+    by_node = {n.name: n for n in nodes}
+    for node, gpus in gang.learners:
+        assert by_node[node].schedulable
+        assert len(gpus) == len(set(gpus)) == demand.gpus
+        if demand.gpus and demand.gpu_type is not None:
+            assert by_node[node].gpu_type == demand.gpu_type
+    slots: Counter[tuple[str, int]] = Counter()
+    cpus: Counter[str] = Counter()
+    memory: Counter[str] = Counter()
+    for held_demand, held_gang in held:
+        for node, gpus in held_gang.learners:
+            slots.update((node, gpu) for gpu in gpus)
+            cpus[node] += held_demand.mcpus
+            memory[node] += held_demand.memory_mb
+    assert all(count == 1 for count in slots.values()), "a GPU was handed out twice"
+    for node, gpu in slots:
+        assert 0 <= gpu < by_node[node].gpus
+    for name, used in cpus.items():
+        assert used <= milli_cpus(by_node[name].cpus)
+        assert memory[name] <= by_node[name].memory_mb
+
+
+@settings(max_examples=100, deadline=None)
+@given(nodes=clusters(), demand=demands, excluded=st.sets(st.sampled_from([f"n{i}" for i in range(8)])))
+def test_excluded_nodes_are_never_used(nodes: list[Node], demand: Demand, excluded: set[str]) -> None:
+    gang = ClusterRoom(nodes).find(demand, excluded)
+    assert gang is None or not set(gang.nodes) & excluded
+
+
+@settings(max_examples=100, deadline=None)
+@given(nodes=clusters(), earlier=st.lists(demands, max_size=6))
+def test_release_gives_back_exactly_what_take_held(nodes: list[Node], earlier: list[Demand]) -> None:
+    room = ClusterRoom(nodes)
+    before = {name: (list(r.free), r.mcpus, r.memory_mb) for name in (n.name for n in nodes) if (r := room.room(name))}
+    free_before = room.free_gpus()
+    for demand, gang in reversed(fill(room, earlier)):
+        room.release(demand, gang)
+    after = {name: (list(r.free), r.mcpus, r.memory_mb) for name in (n.name for n in nodes) if (r := room.room(name))}
+    assert after == before
+    assert room.free_gpus() == free_before
+
+
+def test_pack_puts_a_gang_on_the_one_node_that_fits_it_most_tightly() -> None:
+    room = ClusterRoom([Node("big", 8), Node("small", 4), Node("tight", 3)])
+    gang = room.find(Demand(learners=3, gpus=1))
+    assert gang is not None
+    assert gang.nodes == ("tight",)
+
+
+def test_pack_uses_the_fewest_nodes_when_no_single_node_fits() -> None:
+    nodes = [Node(f"n{i}", 8) for i in range(4)]
+    room = ClusterRoom(nodes)
+    for name, busy in (("n0", 6), ("n1", 6), ("n2", 2)):
+        room.take(Demand(1, busy), Gang(((name, tuple(range(busy))),)))
+    # free: n0 2, n1 2, n2 6, n3 8; ten 1-GPU learners fit on n3 + n0 (2 nodes), not n0 + n1 + n2
+    gang = room.find(Demand(learners=10, gpus=1))
+    assert gang is not None
+    assert len(gang.nodes) == 2
+    assert "n3" in gang.nodes
+
+
+def test_spread_puts_each_learner_on_the_node_with_the_most_free_gpus() -> None:
+    room = ClusterRoom([Node(f"n{i}", 8) for i in range(4)])
+    gang = room.find(Demand(learners=4, gpus=2, policy="spread"))
+    assert gang is not None
+    assert len(gang.nodes) == 4
+
+
+def test_a_cordoned_node_gets_nothing_new_but_keeps_what_it_holds() -> None:
+    room = ClusterRoom([Node("cordoned", 8, schedulable=False), Node("open", 2)])
+    assert room.free_gpus() == 2
+    assert room.find(Demand(1, 4)) is None
+    room.take(Demand(1, 4), Gang((("cordoned", (0, 1, 2, 3)),)))
+    assert room.free_gpus() == 2
+
+
+def test_a_reservation_prefers_the_nodes_closest_to_empty() -> None:
+    room = ClusterRoom([Node(f"n{i}", 8) for i in range(3)])
+    room.take(Demand(1, 6), Gang((("n0", tuple(range(6))),)))
+    room.take(Demand(1, 1), Gang((("n2", (0,)),)))
+    assert room.reservation(Demand(2, 8), frozenset()) == ("n1", "n2")
+    assert room.reservation(Demand(2, 8), frozenset({"n1"})) == ("n0", "n2")
+    assert room.reservation(Demand(4, 8), frozenset()) is None

@@ -1,0 +1,237 @@
+"""The planning step (core.scheduling): quotas, fair share, priorities, preemption, backfill, determinism."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ffdl.core.allocator import Node
+from ffdl.core.cluster import ClusterState, Demand, Gang, HeldJob
+from ffdl.core.scheduling import Plan, SchedulerPolicy, WaitingJob, plan
+from ffdl.core.simulation import TraceJob, simulate
+from ffdl.core.tenancy import TenancyPolicy, TenantQuota
+from ffdl.events.model import WaitReason
+
+W = WaitReason
+NOW = 10_000.0
+
+
+def cluster(nodes: int = 2, gpus: int = 8) -> ClusterState:
+    return ClusterState([Node(f"n{i}", gpus) for i in range(nodes)])
+
+
+def waiting(job_id: str, gpus: int, *, learners: int = 1, tenant: str = "a", priority: int = 0, order: float = 0.0,
+            wait: object = None) -> WaitingJob:
+    return WaitingJob(job_id, tenant, Demand(learners, gpus), priority, (order, job_id), wait)  # type: ignore[arg-type]
+
+
+def running(state: ClusterState, job_id: str, node: str, gpus: range, *, tenant: str = "b", priority: int = 0,
+            started_at: float = 0.0) -> HeldJob:
+    job = HeldJob(job_id, tenant, Demand(1, len(gpus)), priority, Gang(((node, tuple(gpus)),)), started_at)
+    state.hold(job)
+    return job
+
+
+def carried(jobs: list[WaitingJob], decided: Plan) -> list[WaitingJob]:
+    """The jobs still waiting after ``decided``, each with the reason it recorded (as the log carries it)."""
+    placed = {a.job_id for a in decided.allocations}
+    return [WaitingJob(j.job_id, j.tenant, j.demand, j.priority, j.queued_order, decided.waits.get(j.job_id))
+            for j in jobs if j.job_id not in placed]
+
+
+# -- tenancy --------------------------------------------------------------------------------------
+
+quotas = st.dictionaries(
+    st.sampled_from(["a", "b", "c"]),
+    st.builds(TenantQuota, st.integers(0, 16), st.one_of(st.none(), st.integers(0, 16)), st.sampled_from([1.0, 2.0])),
+)
+workloads = st.lists(
+    st.tuples(st.sampled_from(["a", "b", "c"]), st.integers(1, 3), st.sampled_from([1, 2, 4, 8]), st.integers(0, 2)),
+    min_size=1,
+    max_size=25,
+)
+
+
+@settings(max_examples=120, deadline=None)
+@given(quota=quotas, workload=workloads, cycles=st.integers(1, 4), seed=st.integers(0, 1000))
+def test_a_tenant_never_holds_more_than_guaranteed_plus_borrowing(
+    quota: dict[str, TenantQuota], workload: list[tuple[str, int, int, int]], cycles: int, seed: int
+) -> None:
+    policy = SchedulerPolicy(TenancyPolicy(quota), min_runtime_s=0.0)
+    state = cluster(nodes=4)
+    jobs = [waiting(f"j{i}", gpus, learners=learners, tenant=tenant, priority=priority, order=float(i))
+            for i, (tenant, learners, gpus, priority) in enumerate(workload)]
+    rng = random.Random(seed)
+    for cycle in range(cycles):
+        decided = plan(state, jobs, NOW + cycle, policy)
+        for tenant, held in state.usage.items():
+            limit = policy.tenancy.quota(tenant).limit
+            assert limit is None or held <= limit, f"{tenant} holds {held} > {limit}"
+        jobs = carried(jobs, decided)
+        for eviction in decided.evictions:  # preempted jobs stop between cycles
+            state.release(eviction.job_id)
+        for job_id in rng.sample(sorted(state.held), len(state.held) // 2):
+            if not state.held[job_id].stopping:
+                state.release(job_id)
+
+
+def test_weighted_fair_share_gives_each_tenant_gpus_in_proportion_to_its_weight() -> None:
+    policy = SchedulerPolicy(TenancyPolicy({"heavy": TenantQuota(weight=2.0), "light": TenantQuota(weight=1.0)}))
+    state = cluster(nodes=3, gpus=4)
+    jobs = [waiting(f"{t}{i}", 1, tenant=t, order=float(i)) for i in range(12) for t in ("light", "heavy")]
+    plan(state, jobs, NOW, policy)
+    assert state.usage == {"heavy": 8, "light": 4}
+
+
+def test_tenants_inside_their_guarantee_go_before_borrowers() -> None:
+    policy = SchedulerPolicy(TenancyPolicy({"owner": TenantQuota(guaranteed_gpus=8)}))
+    state = cluster(nodes=1, gpus=8)
+    running(state, "borrowed", "n0", range(4), tenant="other")
+    jobs = [waiting("other-next", 4, tenant="other", order=0.0), waiting("owner-job", 4, tenant="owner", order=1.0)]
+    decided = plan(state, jobs, NOW, policy)
+    assert [a.job_id for a in decided.allocations] == ["owner-job"]
+
+
+# -- priorities and preemption --------------------------------------------------------------------
+
+
+def test_a_higher_priority_job_preempts_the_lowest_priority_youngest_jobs_it_needs() -> None:
+    state = cluster(nodes=1, gpus=8)
+    running(state, "old-low", "n0", range(0, 4), priority=0, started_at=0.0)
+    running(state, "young-low", "n0", range(4, 8), priority=0, started_at=500.0)
+    decided = plan(state, [waiting("urgent", 4, priority=10)], NOW, SchedulerPolicy())
+    assert [(e.job_id, e.preempted_by) for e in decided.evictions] == [("young-low", "urgent")]
+    wait = decided.waits["urgent"]
+    assert wait.code is W.PREEMPTION and wait.waiting_for == ("young-low",) and wait.reserved_nodes == ("n0",)
+    assert state.held["young-low"].stopping
+
+
+def test_equal_priority_never_preempts_and_jobs_inside_min_runtime_are_protected() -> None:
+    state = cluster(nodes=1, gpus=8)
+    running(state, "peer", "n0", range(0, 4), priority=5, started_at=0.0)
+    running(state, "fresh", "n0", range(4, 8), priority=0, started_at=NOW - 10)
+    decided = plan(state, [waiting("urgent", 8, priority=5)], NOW, SchedulerPolicy(min_runtime_s=60.0))
+    assert decided.evictions == []
+    decided = plan(state, [waiting("urgent", 4, priority=4)], NOW, SchedulerPolicy(min_runtime_s=60.0))
+    assert decided.evictions == []
+    assert decided.waits["urgent"].code is W.CAPACITY
+
+
+def test_while_its_victims_stop_a_preemptor_preempts_nobody_else_and_their_gpus_stay_its() -> None:
+    state = cluster(nodes=2, gpus=8)
+    running(state, "victim", "n0", range(8), priority=0, started_at=100.0)  # the younger: preempted first
+    running(state, "bystander", "n1", range(8), priority=0, started_at=0.0)
+    first = plan(state, [waiting("urgent", 8, priority=10)], NOW, SchedulerPolicy())
+    assert [e.job_id for e in first.evictions] == ["victim"]
+    urgent = carried([waiting("urgent", 8, priority=10)], first)
+    second = plan(state, urgent, NOW + 1, SchedulerPolicy())
+    assert second.evictions == [] and second.waits["urgent"].same_as(first.waits["urgent"])
+    state.release("victim")  # it halted; it is queued again, behind the preemptor
+    requeued = waiting("victim", 8, priority=0, order=NOW + 2)
+    third = plan(state, [*urgent, requeued], NOW + 2, SchedulerPolicy())
+    assert [a.job_id for a in third.allocations] == ["urgent"]
+    assert third.waits["victim"].code is not W.PREEMPTION and third.evictions == []
+
+
+def test_a_tenant_inside_its_guarantee_reclaims_gpus_from_a_borrower_only() -> None:
+    policy = SchedulerPolicy(TenancyPolicy({"owner": TenantQuota(guaranteed_gpus=8), "steady": TenantQuota(8)}))
+    state = cluster(nodes=2, gpus=8)
+    running(state, "steady-job", "n0", range(8), tenant="steady", priority=5)
+    running(state, "borrower-job", "n1", range(8), tenant="borrower", priority=5)
+    decided = plan(state, [waiting("owner-job", 8, tenant="owner", priority=0)], NOW, policy)
+    assert [e.job_id for e in decided.evictions] == ["borrower-job"]
+    assert "reclaim" in decided.evictions[0].reason
+    beyond = plan(cluster(nodes=2), [waiting("greedy", 8, tenant="owner", priority=0)], NOW, policy)
+    assert beyond.evictions == []
+
+
+def test_jobs_on_a_node_that_left_the_inventory_are_halted_to_resume_elsewhere() -> None:
+    state = ClusterState([Node("n0", 8)])
+    state.hold(HeldJob("stranded", "a", Demand(1, 4), 0, Gang((("gone", (0, 1, 2, 3)),)), 0.0))
+    decided = plan(state, [], NOW, SchedulerPolicy())
+    assert [e.job_id for e in decided.evictions] == ["stranded"]
+    assert "gone" in decided.evictions[0].reason
+    assert plan(state, [], NOW + 1, SchedulerPolicy()).evictions == []
+
+
+# -- backfill and reservations --------------------------------------------------------------------
+
+
+def test_small_jobs_backfill_around_a_reserved_big_job_but_never_on_its_nodes() -> None:
+    state = cluster(nodes=3, gpus=8)
+    running(state, "long", "n0", range(4), tenant="a")
+    running(state, "other", "n2", range(6), tenant="a")
+    jobs = [waiting("big", 8, learners=2, order=0.0), waiting("small", 2, order=1.0), waiting("more", 2, order=2.0)]
+    decided = plan(state, jobs, NOW, SchedulerPolicy(max_reservations=1))
+    big = decided.waits["big"]
+    assert big.code is W.CAPACITY and big.reserved_nodes == ("n0", "n1")
+    assert {a.job_id: a.gang.nodes for a in decided.allocations} == {"small": ("n2",)}
+    more = decided.waits["more"]
+    assert more.code is W.RESERVATION and more.waiting_for == ("big",)
+
+
+def test_a_reservation_stays_with_its_job_across_cycles() -> None:
+    state = cluster(nodes=2, gpus=8)
+    running(state, "a0", "n0", range(4))
+    running(state, "a1", "n1", range(2))
+    jobs = [waiting("big", 8, learners=2, order=0.0)]
+    first = plan(state, jobs, NOW, SchedulerPolicy())
+    second = plan(state, carried(jobs, first), NOW + 1, SchedulerPolicy())
+    assert second.waits["big"].reserved_nodes == first.waits["big"].reserved_nodes == ("n0", "n1")
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), small_gpus=st.sampled_from([1, 2, 4]), nodes=st.integers(2, 4))
+def test_the_reserved_big_job_starts_while_small_jobs_keep_coming(seed: int, small_gpus: int, nodes: int) -> None:
+    rng = random.Random(seed)
+    trace = [TraceJob("big", 50.0, "big-tenant", nodes, 8, 100.0)]
+    now = 0.0
+    for index in range(400):  # enough small work to keep every node busy the whole time
+        now += rng.uniform(1.0, 8.0)
+        trace.append(TraceJob(f"small-{index}", now, "busy", 1, small_gpus, rng.uniform(20.0, 200.0)))
+    last_small_submit = now
+    result = simulate(trace, [Node(f"n{i}", 8) for i in range(nodes)])
+    big = next(o for o in result.outcomes if o.job.job_id == "big")
+    assert big.first_start is not None and big.first_start < last_small_submit
+    assert result.max_gpus_in_use <= nodes * 8
+
+
+def test_without_reservations_the_big_job_starves_until_the_small_load_stops() -> None:
+    rng = random.Random(3)
+    trace = [TraceJob("big", 50.0, "big-tenant", 2, 8, 100.0)]
+    now = 0.0
+    for index in range(300):
+        now += rng.uniform(1.0, 4.0)
+        trace.append(TraceJob(f"small-{index}", now, "busy", 1, 2, rng.uniform(20.0, 200.0)))
+    starved = simulate(trace, [Node(f"n{i}", 8) for i in range(2)], SchedulerPolicy(max_reservations=0))
+    reserved = simulate(trace, [Node(f"n{i}", 8) for i in range(2)], SchedulerPolicy(max_reservations=1))
+    start = {r: next(o.first_start for o in x.outcomes if o.job.job_id == "big") for r, x in
+             (("starved", starved), ("reserved", reserved))}
+    assert start["reserved"] is not None and start["starved"] is not None
+    assert start["reserved"] < now < start["starved"]
+
+
+# -- determinism ----------------------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(workload=workloads, quota=quotas, seed=st.integers(0, 1000))
+def test_the_same_inputs_in_any_order_yield_the_same_decisions(
+    workload: list[tuple[str, int, int, int]], quota: dict[str, TenantQuota], seed: int
+) -> None:
+    policy = SchedulerPolicy(TenancyPolicy(quota))
+    jobs = [waiting(f"j{i}", gpus, learners=learners, tenant=tenant, priority=priority, order=float(i % 5))
+            for i, (tenant, learners, gpus, priority) in enumerate(workload)]
+
+    def decide(order: list[WaitingJob]) -> Plan:
+        state = cluster(nodes=3)
+        running(state, "h0", "n0", range(0, 3), tenant="t0", priority=-1, started_at=0.0)
+        running(state, "h1", "n1", range(0, 5), tenant="t1", priority=0, started_at=10.0)
+        running(state, "h2", "n0", range(3, 6), tenant="t2", priority=1, started_at=20.0)
+        return plan(state, order, NOW, policy)
+
+    shuffled = list(jobs)
+    random.Random(seed).shuffle(shuffled)
+    assert decide(jobs) == decide(shuffled)
