@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-APT_PACKAGES := etcd-server mosquitto mosquitto-clients
+APT_PACKAGES := etcd-server mosquitto mosquitto-clients tini
 PYTEST_ARGS ?=
 
 .PHONY: demo test lint typecheck services schemas clean
@@ -21,6 +21,7 @@ services:
 	command -v etcd >/dev/null || missing="$$missing etcd-server"; \
 	command -v mosquitto >/dev/null || missing="$$missing mosquitto"; \
 	command -v mosquitto_sub >/dev/null || missing="$$missing mosquitto-clients"; \
+	command -v tini >/dev/null || missing="$$missing tini"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \

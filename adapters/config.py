@@ -94,6 +94,25 @@ class KafkaConfig(BaseModel):
         return self
 
 
+class KubeConfig(BaseModel):
+    """How the Kubernetes launcher (``FFDL_LAUNCHER=kubernetes``) reaches the cluster and makes learner pods:
+    ``FFDL_KUBE__NAMESPACE``, ``FFDL_KUBE__IMAGE``...; docs/kubernetes.md explains each."""
+
+    api_url: str | None = Field(default=None, description="an API without credentials (kubectl proxy)")
+    kubeconfig: str | None = Field(default=None, description="default: in-cluster, else ~/.kube/config")
+    context: str | None = None
+    namespace: str = "ffdl-jobs"
+    image: str = Field(default="ffdl:latest", description="learner image (python, ffdl and tini)")
+    service_account: str | None = None
+    storage_claim: str | None = Field(default=None, description="ReadWriteMany PVC: checkpoints, results")
+    run_as_user: int = Field(default=1000, gt=0)
+    rendezvous_port: int = Field(default=29500, gt=0, lt=65536)
+    cluster_domain: str = "cluster.local"
+    gpu_type_labels: list[str] = Field(default_factory=lambda: ["ffdl.io/gpu-type", "nvidia.com/gpu.product"])
+    pending_timeout_s: float = Field(default=60.0, gt=0, description="unschedulable this long: lost")
+    orphan_check_s: float = Field(default=60.0, gt=0, description="how often orphaned pods are removed")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FFDL_", env_nested_delimiter="__", extra="ignore")
 
@@ -104,14 +123,16 @@ class Settings(BaseSettings):
         default=None,
         description="file:///DIR or etcd://HOST:PORT; default: the heartbeats' etcd, else data_dir",
     )
-    launcher: Literal["local", "instant"] = Field(
-        default="local", description="instant: learners complete at once (benchmarks and scale tests)"
+    launcher: Literal["local", "instant", "kubernetes"] = Field(
+        default="local",
+        description="instant: learners complete at once (benchmarks, scale tests); kubernetes: pods (kube)",
     )
     api: str = "http://127.0.0.1:8080"
     token: str | None = None
     partitions: int = Field(default=8, ge=1, le=1024)
     topic_prefix: str = "ffdl"
     kafka: KafkaConfig = Field(default_factory=KafkaConfig)
+    kube: KubeConfig = Field(default_factory=KubeConfig)
     nodes: list[NodeConfig] | None = None
     tenant_quotas: dict[str, TenantQuotaConfig] = Field(default_factory=dict)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)

@@ -104,16 +104,11 @@ class EtcdElection:
         )
         self._terms: dict[str, _Term] = {}
 
-    @property
-    def ttl_s(self) -> int:
-        """The lease TTL in whole seconds, as etcd counts it."""
-        return self._ttl_s
-
     # -- the port -------------------------------------------------------------------------------
 
     async def campaign(self, role: str) -> int:
         term = self._terms.get(role)
-        if term is not None and not term.lost:
+        if term is not None and not term.lapsed(time.monotonic()):
             return term.token
         if term is not None:
             await self.resign(role)

@@ -7,6 +7,11 @@ host with the monitor on the events topic), ``scheduler`` (under leader election
 that restarts it after a crash with backoff; a restarted role refolds its partitions first.
 Singleton roles are elected through etcd when ``FFDL_ELECTION`` (or, by default, the heartbeat
 store) names an etcd, else through lock files in the data dir.
+
+With ``FFDL_LAUNCHER=kubernetes`` learners are pods: the cluster's Ready nodes, kept current by a
+node watch, replace the configured inventory (for the workers and the scheduler), and the workers
+also watch their jobs' learner pods (observations the agents cannot send) and remove the pods of
+jobs that should have none.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import os
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -37,6 +43,9 @@ from ffdl.handlers.reactor import ReactorHost
 from ffdl.handlers.runtime import consume
 from ffdl.handlers.scheduler import Scheduler
 from ffdl.projections.store import Projection
+
+if TYPE_CHECKING:
+    from ffdl.adapters.launchers.kubernetes import KubernetesCluster
 
 log = structlog.get_logger(__name__)
 
@@ -79,6 +88,7 @@ class Platform:
         self.policy = RestartPolicy(base_s=s.restart_backoff_base_s, max_backoff_s=s.restart_backoff_max_s)
         self.reactor: ReactorHost | None = None
         self.owner: JobOwner | None = None
+        self.kubernetes: KubernetesCluster | None = None
         self.dead_letters = DeadLetterTally()
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -94,8 +104,11 @@ class Platform:
         s = self.settings
         s.data_dir.mkdir(parents=True, exist_ok=True)
         await self._start_bus()
+        if s.launcher == "kubernetes" and self.roles & {"workers", "scheduler"}:
+            await self._start_kubernetes()
         if "workers" in self.roles:
-            self.launcher = self.launcher or open_launcher(s, self.heartbeats)
+            kubernetes_launcher = self.kubernetes.launcher if self.kubernetes is not None else None
+            self.launcher = self.launcher or kubernetes_launcher or open_launcher(s, self.heartbeats)
             ctx = ReactionContext(
                 sender=CommandSender(self.bus, self.topics, f"reactor@{self.instance}"),
                 launcher=self.launcher,
@@ -121,6 +134,13 @@ class Platform:
                                                        self._stop))
             self._supervise("reconciler", lambda: reactor.reconcile_forever(self._stop))
             self._supervise("monitor", lambda: monitor.run(self._stop))
+            if self.kubernetes is not None:
+                kubernetes = self.kubernetes
+                pod_sender = CommandSender(self.bus, self.topics, f"pods@{self.instance}")
+                pods = kubernetes.pod_watcher(pod_sender, reactor.owns)
+                self._supervise("pods", lambda: pods.run(self._stop))
+                keeps = self._keeps_learners
+                self._supervise("orphans", lambda: kubernetes.remove_orphans_forever(keeps, self._stop))
         if "scheduler" in self.roles:
             self._supervise("scheduler", self._lead_scheduler)
         if "notifier" in self.roles and s.mqtt:
@@ -138,6 +158,22 @@ class Platform:
                                                                              self._stop))
         log.info("platform started", roles=sorted(self.roles), bus=s.bus_url, heartbeats=s.heartbeats_url,
                  data_dir=str(s.data_dir.resolve()))
+
+    async def _start_kubernetes(self) -> None:
+        """Learners are pods: the cluster's Ready nodes are the inventory, kept current by a node watch."""
+        from ffdl.adapters.launchers.kubernetes import KubernetesCluster  # noqa: PLC0415 - only for pods
+
+        self.kubernetes = kubernetes = await KubernetesCluster.connect(self.settings)
+        self.inventory = kubernetes.nodes.inventory
+        self._supervise("nodes", lambda: kubernetes.nodes.run(self._stop))
+
+    def _keeps_learners(self, job_id: str) -> bool:
+        """Whether a job may have learners now, or is another instance's to judge (orphan removal)."""
+        reactor = self.reactor
+        if reactor is None or self.bus.partition_for(job_id) not in reactor.partitions:
+            return True
+        job = reactor.book.jobs.get(job_id)
+        return job is not None and job.state.holds_learners
 
     def _group(self, role: str) -> str:
         """The consumer group of a role, named after the topic prefix: platforms sharing a Kafka cluster
@@ -229,6 +265,8 @@ class Platform:
             await self.reactor.driver.close()
         if self.launcher is not None:
             await self.launcher.close()
+        if self.kubernetes is not None:
+            await self.kubernetes.close()
         await self.election.close()
         await self.heartbeats.close()
         await self.bus.close()

@@ -399,10 +399,17 @@ def _fresh(path: Path) -> Projection:
     return Projection(path)
 
 
-def _counted(events: Iterable[LoggedEvent], seen: list[int]) -> Iterator[LoggedEvent]:
-    for logged in events:
-        seen[0] += 1
-        yield logged
+class _Tally:
+    """The events of a stream, counted as they pass."""
+
+    def __init__(self, events: Iterable[LoggedEvent]) -> None:
+        self._events = events
+        self.count = 0
+
+    def __iter__(self) -> Iterator[LoggedEvent]:
+        for logged in self._events:
+            self.count += 1
+            yield logged
 
 
 def _summary(projection: Projection, path: Path, read: int, applied: int) -> JsonObject:
@@ -425,13 +432,13 @@ def _summary(projection: Projection, path: Path, read: int, applied: int) -> Jso
 def rebuild_file(log_path: Path | str, out: Path) -> JsonObject:
     """Fold every event of a log file into a new projection file at ``out``; returns the counts."""
     projection = _fresh(out)
-    read = [0]
+    read = _Tally(line.canonical for line in read_lines(log_path))
     try:
-        applied = rebuild(projection, _counted((line.canonical for line in read_lines(log_path)), read))
-        report = _summary(projection, out, read[0], applied)
+        applied = rebuild(projection, read)
+        report = _summary(projection, out, read.count, applied)
     finally:
         projection.close()
-    log.info("projections rebuilt", log=str(log_path), path=str(out), events=read[0], applied=applied)
+    log.info("projections rebuilt", log=str(log_path), path=str(out), events=read.count, applied=applied)
     return report
 
 

@@ -143,14 +143,6 @@ class ClusterRoom:
         room = self._rooms.get(node)
         return room.node.gpu_type if room else None
 
-    def schedulable(self, node: str) -> bool:
-        room = self._rooms.get(node)
-        return room is not None and room.node.schedulable
-
-    @property
-    def gpu_types(self) -> tuple[str, ...]:
-        return self._types
-
     def free_gpus(self, gpu_type: str | None = None) -> int:
         """Free GPUs on schedulable nodes, of ``gpu_type`` (``None``: of any type)."""
         if gpu_type is None:

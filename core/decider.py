@@ -227,8 +227,8 @@ def _halt(d: _Decision, job: Job, reason: str, requeue: bool) -> None:
     if state not in (S.QUEUED, S.SCHEDULED, S.LAUNCHING, S.RUNNING, S.RESTARTING):
         d.reject(f"a job in state {state} cannot be halted")
         return
-    requested = ev.HaltRequested(reason=reason or "halt requested", requested_by=d.command.producer, requeue=requeue)
-    job = d.emit(requested)
+    requester = d.command.producer
+    job = d.emit(ev.HaltRequested(reason=reason or "halt requested", requested_by=requester, requeue=requeue))
     nothing_runs = state is S.RESTARTING or not any(learner.active for learner in job.learners)
     if job.state is not S.HALTING or nothing_runs:
         _halted(d, job)
@@ -251,7 +251,8 @@ def _failure(job: Job) -> tuple[ErrorCode, str] | None:
             return ErrorCode.LEARNER_FAILED, f"learner {learner.rank} exited with code {learner.exit_code}"
         if learner.status is LearnerStatus.LOST:
             code = ErrorCode.LEARNER_HUNG if learner.lost_reason == LossReason.HUNG else ErrorCode.LEARNER_LOST
-            return code, f"learner {learner.rank} lost ({learner.lost_reason})"
+            detail = f": {learner.lost_detail}" if learner.lost_detail else ""
+            return code, f"learner {learner.rank} lost ({learner.lost_reason}){detail}"
     return None
 
 

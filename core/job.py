@@ -43,6 +43,7 @@ class Learner:
     last_progress_at: datetime | None = None
     exit_code: int | None = None
     lost_reason: str = ""
+    lost_detail: str = ""
 
     @property
     def active(self) -> bool:
@@ -246,8 +247,9 @@ def _apply(job: Job, event: Event) -> Job:
             return replace(job, checkpoints=(*kept, checkpoint))
         case ev.LearnerExited(rank=rank, exit_code=code):
             return replace(job, learners=_update_learner(job, rank, status=LearnerStatus.EXITED, exit_code=code))
-        case ev.LearnerLost(rank=rank, reason=reason):
-            return replace(job, learners=_update_learner(job, rank, status=LearnerStatus.LOST, lost_reason=str(reason)))
+        case ev.LearnerLost(rank=rank, reason=reason, detail=detail):
+            lost: dict[str, object] = {"status": LearnerStatus.LOST, "lost_reason": str(reason), "lost_detail": detail}
+            return replace(job, learners=_update_learner(job, rank, **lost))
         case ev.JobRestarting(attempt=attempt, reason=reason, resume_from=resume_from, backoff_s=backoff_s):
             return replace(
                 job,
@@ -265,7 +267,8 @@ def _apply(job: Job, event: Event) -> Job:
         case ev.GpusReleased():
             return replace(job, placement=None)
         case ev.JobQueued(reason=reason):
-            return replace(job, reason=reason or job.reason, waiting=None, waiting_since=None, requeue_on_halt=False)
+            reason = reason or job.reason
+            return replace(job, reason=reason, waiting=None, waiting_since=None, requeue_on_halt=False)
         case ev.HaltRequested(reason=reason, requeue=requeue):
             return replace(job, reason=reason or job.reason, requeue_on_halt=requeue)
         case ev.JobCancelled(reason=reason):

@@ -5,10 +5,10 @@ GPUs), the waiting jobs with the reason last recorded for each, the time, and th
 output is a :class:`Plan`. The scheduler role runs it after every batch of events and turns the
 plan into commands; the simulator runs the very same step in virtual time.
 
-**Order.** Priority classes from high to low. Within a class, first the jobs that hold a
-reservation (in queue order), then the others interleaved by weighted fair share: the next job
-comes from the tenant with the fewest GPUs per unit of weight, tenants inside their guarantee
-first (:mod:`ffdl.core.tenancy`); within a tenant, first queued first.
+**Order.** Priority classes from high to low. Within a class: first the jobs whose preemptions
+are under way, then the *heads* (below), then the others interleaved by weighted fair share: the
+next job comes from the tenant with the fewest GPUs per unit of weight, tenants inside their
+guarantee first (:mod:`ffdl.core.tenancy`); within a tenant, first queued first.
 
 **Each job**, in that order:
 
@@ -23,19 +23,20 @@ first (:mod:`ffdl.core.tenancy`); within a tenant, first queued first.
    higher-priority job waits ahead for the same GPUs) or reservation (it would fit, but only on
    nodes kept for a job ahead of it).
 
-**Backfill without starvation.** The first ``max_reservations`` jobs that wait for capacity get a
-reservation: the fewest nodes that could hold them once empty, those with the most free GPUs
-first. Jobs behind them run on every other node (backfill) but never on reserved ones, so the
-reserved nodes only drain, and the reserved job starts at the latest when the jobs already on
-them end. A reservation is recorded with the job's reason (``reserved_nodes``) and kept from cycle
-to cycle while it stays valid, and its holder is weighed first in its class, so a shifting fair
-share order cannot move it to another job. Runtimes are not needed; only a strictly higher
-priority class can overtake it.
+**Backfill without starvation** (EASY backfill, without runtimes). In each class, the oldest
+waiting jobs that do not fit now (queue order, up to ``max_reservations`` in all) are *heads*: each
+gets the fewest nodes that could hold it once empty, those with the most free GPUs first, kept
+for it. Every other job of that class or below runs anywhere else (backfill) but never on a head's
+nodes, so those nodes only drain, and the head starts at the latest when the jobs already on them
+end. A head is never displaced by a younger job: its position in the queue only improves, and the
+walk that picks heads stops at the first job it cannot reserve for. The reserved nodes are
+recorded with the head's reason and kept from cycle to cycle while they stay valid, so draining
+is never wasted. Only a higher priority class can overtake a head.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Set
 from dataclasses import dataclass, field
 from heapq import heappop, heappush
 
@@ -100,7 +101,6 @@ class Plan:
     allocations: list[Allocation] = field(default_factory=list)
     evictions: list[Eviction] = field(default_factory=list)
     waits: dict[str, WaitRecord] = field(default_factory=dict)
-    order: list[str] = field(default_factory=list)  # every waiting job, in the order it was considered
 
 
 class Planner:
@@ -117,6 +117,7 @@ class Planner:
         self._claimed: dict[str, int] = {}  # tenant -> GPUs its preempting jobs will take
         self._ledger = TenantLedger(policy.tenancy, state.usage, state.releasing, self._claimed)
         self._reserved: dict[str, str] = {}  # node -> the job it is kept for
+        self._head_nodes: dict[str, tuple[str, ...]] = {}  # head job -> the nodes reserved for it
         self._backfill_reservations = 0
         self._blocked: dict[tuple[int, str | None], str] = {}  # (priority, GPU type) -> first job blocked
         self._no_fit: set[Demand] = set()  # gangs that found no room this cycle (room only shrinks)
@@ -145,7 +146,6 @@ class Planner:
     def run(self) -> Plan:
         plan = Plan(evictions=list(self.evictions))
         for decision in self.decisions():
-            plan.order.append(decision.job.job_id)
             if decision.allocation is not None:
                 plan.allocations.append(decision.allocation)
             if decision.wait is not None:
@@ -156,6 +156,9 @@ class Planner:
     # -- order ------------------------------------------------------------------------------------
 
     def _ordered(self) -> Iterator[WaitingJob]:
+        """Priority classes high to low; in each, first the jobs whose preemptions are under way,
+        then the heads (they get reservations), then the rest by fair share, FIFO per tenant.
+        A generator: each class's heads are chosen once the classes above it have been decided."""
         start = 0
         while start < len(self._waiting):
             priority = self._waiting[start].priority
@@ -164,10 +167,15 @@ class Planner:
                 end += 1
             level = self._waiting[start:end]
             start = end
-            yield from (job for job in level if job.wait is not None and job.wait.reserved_nodes)
+            claimants = [job for job in level if job.wait is not None and job.wait.code is W.PREEMPTION]
+            yield from claimants
+            first = {job.job_id for job in claimants}
+            heads = self._heads(job for job in level if job.job_id not in first)
+            yield from heads
+            first.update(job.job_id for job in heads)
             by_tenant: dict[str, list[WaitingJob]] = {}
             for job in reversed(level):
-                if job.wait is None or not job.wait.reserved_nodes:
+                if job.job_id not in first:
                     by_tenant.setdefault(job.tenant, []).append(job)
             heap = [(self._ledger.order_key(tenant), tenant) for tenant in by_tenant]
             heap.sort()
@@ -178,13 +186,44 @@ class Planner:
                 if jobs:
                     heappush(heap, (self._ledger.order_key(tenant), tenant))
 
+    def _heads(self, level: Iterable[WaitingJob]) -> list[WaitingJob]:
+        """The oldest jobs of a class (queue order) that waited before and still do not fit, each
+        with nodes reserved for it, while reservations are left (EASY backfill: only jobs behind a
+        head must keep off its nodes). A job is weighed once before it can be a head, so a cycle
+        of new arrivals costs no search. The walk stops at the first job it cannot reserve for, so
+        no younger job is ever reserved for ahead of an older one."""
+        heads = []
+        fits: dict[Demand, bool] = {}  # the room does not change during the walk, only reservations
+        for job in level:
+            if self._backfill_reservations >= self._policy.max_reservations:
+                break
+            demand = job.demand
+            if job.wait is None or not self._ledger.within_limit(job.tenant, demand.total_gpus):
+                continue
+            if demand not in fits:
+                fits[demand] = (
+                    demand not in self._no_fit and self._room.find(demand, self._reserved.keys()) is not None
+                )
+            if fits[demand]:
+                continue
+            self._no_fit.add(demand)
+            nodes = self._reservation_nodes(job)
+            if not nodes:
+                break
+            self._reserve(job, nodes)
+            self._head_nodes[job.job_id] = nodes
+            self._backfill_reservations += 1
+            heads.append(job)
+            fits.clear()
+        return heads
+
     # -- one job ----------------------------------------------------------------------------------
 
     def _decide(self, job: WaitingJob, position: int) -> Decision:
         demand = job.demand
         if not self._ledger.within_limit(job.tenant, demand.total_gpus):
             return Decision(job, wait=self._quota_wait(job))
-        gang = None if demand in self._no_fit else self._room.find(demand, self._reserved.keys())
+        gang = self._place(job)
         if gang is not None:
             self._state.hold(HeldJob(job.job_id, job.tenant, demand, job.priority, gang, self._now))
             self._held_back.clear()
@@ -193,7 +232,6 @@ class Planner:
                 f"considered {_ordinal(position)} in this cycle"
             )
             return Decision(job, allocation=Allocation(job.job_id, gang, reason))
-        self._no_fit.add(demand)
         claim = self._claim(job)
         if claim is not None:
             return Decision(job, wait=claim)
@@ -202,6 +240,25 @@ class Planner:
             if preempted is not None:
                 return preempted
         return Decision(job, wait=self._blocked_wait(job))
+
+    def _place(self, job: WaitingJob) -> Gang | None:
+        """A placement off the nodes reserved for others, or None (remembered for the cycle: the
+        room only shrinks, so a gang that does not fit now fits no later job of this cycle)."""
+        demand = job.demand
+        if job.job_id in self._head_nodes:
+            return self._room.find(demand, self._excluded_for(job))
+        if demand in self._no_fit:
+            return None
+        gang = self._room.find(demand, self._reserved.keys())
+        if gang is None:
+            self._no_fit.add(demand)
+        return gang
+
+    def _excluded_for(self, job: WaitingJob) -> Set[str]:
+        """The nodes ``job`` must keep off: those reserved for others (its own are open to it)."""
+        if job.job_id not in self._head_nodes:
+            return self._reserved.keys()
+        return {node for node, holder in self._reserved.items() if holder != job.job_id}
 
     def _quota_wait(self, job: WaitingJob) -> WaitRecord:
         quota = self._ledger.quota(job.tenant)
@@ -238,13 +295,13 @@ class Planner:
             return None
         if self._pool is None:
             self._pool = VictimPool.of(self._state, self._ledger, self._now, self._policy.min_runtime_s)
-        found = self._pool.search(
-            Preemptor(job.job_id, job.tenant, demand, job.priority, reclaims), self._reserved.keys()
-        )
+        preemptor = Preemptor(job.job_id, job.tenant, demand, job.priority, reclaims)
+        found = self._pool.search(preemptor, self._excluded_for(job))
         if found is None:
             self._no_victims.add(key)
             return None
         victims, gang = found
+        self._unreserve(job)
         evictions = tuple(
             Eviction(victim.job_id, self._eviction_reason(job, victim), job.job_id) for victim in victims
         )
@@ -276,15 +333,10 @@ class Planner:
 
     def _blocked_wait(self, job: WaitingJob) -> WaitRecord:
         demand = job.demand
-        code, waiting_for = self._blocking_reason(job)
-        nodes: tuple[str, ...] = ()
+        nodes = self._head_nodes.get(job.job_id, ())
+        code, waiting_for = self._blocking_reason(job, held_back=not nodes)
         if code in _COMPETING:
             self._blocked.setdefault((job.priority, demand.gpu_type if demand.gpus else None), job.job_id)
-            if self._backfill_reservations < self._policy.max_reservations:
-                nodes = self._reservation_nodes(job)
-                if nodes:
-                    self._reserve(job, nodes)
-                    self._backfill_reservations += 1
         record = WaitRecord(code, "", waiting_for, nodes)
         if job.wait is not None and record.same_as(job.wait):
             return job.wait  # the same reason: keep its wording, and spare the formatting
@@ -293,7 +345,8 @@ class Planner:
             detail += f"; {len(nodes)} node(s) are kept free for it, so jobs behind it cannot delay it"
         return WaitRecord(code, detail, waiting_for, nodes)
 
-    def _blocking_reason(self, job: WaitingJob) -> tuple[WaitReason, tuple[str, ...]]:
+    def _blocking_reason(self, job: WaitingJob, held_back: bool) -> tuple[WaitReason, tuple[str, ...]]:
+        """Why ``job`` does not fit; ``held_back``: whether to check if reservations are all that stop it."""
         demand = job.demand
         room = self._room
         need = demand.total_gpus
@@ -301,7 +354,7 @@ class Planner:
             code = W.GPU_TYPE if demand.gpu_type is not None and room.free_gpus() >= need else W.CAPACITY
         else:
             code = W.FRAGMENTATION if demand.gpus else W.CAPACITY
-            holders = self._held_back_by(demand)
+            holders = self._held_back_by(demand) if held_back else ()
             if holders:
                 return W.RESERVATION, holders
         ahead = self._higher_priority_blocked(job)
@@ -333,7 +386,7 @@ class Planner:
         return None
 
     def _reservation_nodes(self, job: WaitingJob) -> tuple[str, ...]:
-        """The job's recorded reservation while it is still valid and free; else a new one."""
+        """The job's recorded reservation while it is still valid and free; else a new one (or none)."""
         wait = job.wait
         if wait is not None and wait.reserved_nodes and wait.code is not W.PREEMPTION:
             kept = wait.reserved_nodes
@@ -351,6 +404,14 @@ class Planner:
     def _reserve(self, job: WaitingJob, nodes: Iterable[str]) -> None:
         for node in nodes:
             self._reserved.setdefault(node, job.job_id)
+        self._held_back.clear()
+
+    def _unreserve(self, job: WaitingJob) -> None:
+        """A head that preempts instead: its reservation gives way to the nodes it preempts for."""
+        if self._head_nodes.pop(job.job_id, None) is None:
+            return
+        self._reserved = {node: holder for node, holder in self._reserved.items() if holder != job.job_id}
+        self._backfill_reservations -= 1
         self._held_back.clear()
 
 

@@ -89,10 +89,6 @@ class TenantLedger:
         """Whether ``gpus`` more keep the tenant inside its guarantee."""
         return self._kept(tenant) + gpus <= self.quota(tenant).guaranteed_gpus
 
-    def borrowing(self, tenant: str) -> bool:
-        """Whether the tenant holds (or will) more than its guarantee."""
-        return self.borrowed(tenant) > 0
-
     def borrowed(self, tenant: str) -> int:
         """GPUs the tenant holds (or will) beyond its guarantee."""
         return max(0, self._kept(tenant) - self.quota(tenant).guaranteed_gpus)

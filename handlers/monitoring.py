@@ -34,10 +34,14 @@ Only jobs of the partitions this process reacts for are watched, so several moni
 work like every other role; every monitor reads every key, and adopts a job's heartbeats and exit
 records from what it has read when it starts watching that job.
 
-Concurrency: three tasks on one event loop share the state: the follower (snapshot and watch,
+Concurrency: four tasks on one event loop share the state: the follower (snapshot and watch,
 reacting to each change), the checker (every ``check_interval_s``: exits not yet reported, grace
-decisions, hangs) and the prober. The reactor host calls ``observe`` and ``forget`` from its own
-task on the same loop. None of them yields in the middle of updating a learner's entry.
+decisions, hangs), the prober and the flusher. The reactor host calls ``observe`` and ``forget``
+from its own task on the same loop. Reactions are synchronous: they update the state and queue
+their commands in an outbox, so nothing interleaves with them, and a slow log never holds up the
+watch (thousands of learners' heartbeats a second would otherwise queue behind one append each).
+The flusher sends the outbox in order, up to :data:`MAX_BATCH` commands per append, and keeps a
+batch that failed to send it again: the outbox is the only memory of a decided loss.
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ import structlog
 from ffdl.core.job import Job
 from ffdl.core.states import JobState
 from ffdl.events import commands as cmd
-from ffdl.events.envelope import CommandData, Event
+from ffdl.events.envelope import Command, CommandData, Event
 from ffdl.events.model import Checkpoint, LossReason
 from ffdl.handlers.heartbeat_keys import JOBS_PREFIX, LearnerBeat, learner_key, parse_exit, parse_key
 from ffdl.handlers.messaging import CommandSender
@@ -64,6 +68,8 @@ log = structlog.get_logger(__name__)
 _WATCHED = (JobState.LAUNCHING, JobState.RUNNING, JobState.HALTING)
 #: What the prober reads: a key nobody writes, so the read is as cheap as the store can answer.
 PROBE_KEY = "/ffdl/monitor/probe"
+#: The most commands sent in one append to the log.
+MAX_BATCH = 500
 
 
 @dataclass(slots=True)
@@ -121,6 +127,8 @@ class Monitor:
         self._beats_by_key: dict[str, LearnerBeat] = {}
         self._exits: dict[str, dict[tuple[int, int], int]] = {}
         self._reap_after = clock() + grace_s
+        self._outbox: list[Command] = []
+        self._outbox_filled = asyncio.Event()
         self.store_up = False
         self.probe_ok = True
 
@@ -157,6 +165,7 @@ class Monitor:
             asyncio.create_task(self._check_forever(stop)),
             asyncio.create_task(self._probe_forever(stop)),
         ]
+        flusher = asyncio.create_task(self._flush_forever(stop))
         backoff = 0.2
         try:
             while not stop.is_set():
@@ -173,6 +182,11 @@ class Monitor:
             for helper in helpers:
                 helper.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
+            # The flusher sends what is queued and then ends, since ``stop`` is set; a crash cancels it.
+            self._outbox_filled.set()
+            if not stop.is_set():
+                flusher.cancel()
+            await asyncio.gather(flusher, return_exceptions=True)
 
     async def _follow(self, stop: asyncio.Event) -> None:
         snapshot = await self._store.snapshot(JOBS_PREFIX)
@@ -185,12 +199,12 @@ class Monitor:
             )
         exits = {k: v for k, v in snapshot.values.items() if _is_exit(k)}
         for key, value in sorted(exits.items()):
-            await self._on_put(key, value)
+            self._on_put(key, value)
         for key in [k for k in self._beats_by_key if k not in snapshot.values]:
-            await self._on_delete(key)
+            self._on_delete(key)
         for key, value in sorted(snapshot.values.items()):
             if key not in exits:
-                await self._on_put(key, value)
+                self._on_put(key, value)
         watch = self._store.watch(JOBS_PREFIX, snapshot.revision + 1)
         stopping = asyncio.create_task(stop.wait())
         next_change: asyncio.Future[WatchEvent] | None = None
@@ -203,9 +217,9 @@ class Monitor:
                 change = await next_change
                 next_change = None
                 if change.kind is WatchKind.PUT:
-                    await self._on_put(change.key, change.value)
+                    self._on_put(change.key, change.value)
                 else:
-                    await self._on_delete(change.key)
+                    self._on_delete(change.key)
         finally:
             stopping.cancel()
             if next_change is not None:
@@ -217,9 +231,7 @@ class Monitor:
         while not stop.is_set():
             await _sleep_or_stop(stop, self._check_interval_s)
             try:
-                await self._check()
-            except StoreUnavailable:
-                continue
+                self._check()
             except Exception:
                 log.exception("monitor check failed")
 
@@ -257,12 +269,12 @@ class Monitor:
 
     # -- reactions to the store -----------------------------------------------------------------
 
-    async def _on_put(self, key: str, value: bytes) -> None:
+    def _on_put(self, key: str, value: bytes) -> None:
         parsed = parse_key(key)
         if parsed is None:
             return
         if parsed.kind == "exit":
-            await self._on_exit_record(parsed.job_id, parsed.attempt or 0, parsed.rank, value)
+            self._on_exit_record(parsed.job_id, parsed.attempt or 0, parsed.rank, value)
             return
         try:
             beat = LearnerBeat.from_json(value)
@@ -274,11 +286,9 @@ class Monitor:
         watched = self._watched.get(parsed.job_id)
         if watched is None or beat.attempt != watched.job.attempt:
             return
-        await self._take_beat(
-            watched, parsed.rank, beat, new=previous is None or previous.attempt != beat.attempt
-        )
+        self._take_beat(watched, parsed.rank, beat, new=previous is None or previous.attempt != beat.attempt)
 
-    async def _take_beat(self, watched: _Watched, rank: int, beat: LearnerBeat, *, new: bool) -> None:
+    def _take_beat(self, watched: _Watched, rank: int, beat: LearnerBeat, *, new: bool) -> None:
         """A heartbeat of the job's current attempt: the learner is there (again)."""
         learner = watched.learner(rank)
         if learner.gone:
@@ -299,13 +309,13 @@ class Monitor:
         job = watched.job
         if not learner.started_sent and rank < len(job.learners) and not job.learners[rank].has_started:
             learner.started_sent = True
-            await self._send(
+            self._send(
                 job, cmd.ReportLearnerStarted(rank=rank, attempt=beat.attempt, pid=beat.pid, host=beat.host)
             )
-        await self._maybe_progress(job, rank, learner, force=False)
-        await self._maybe_checkpoint(job, rank, learner)
+        self._maybe_progress(job, rank, learner, force=False)
+        self._maybe_checkpoint(job, rank, learner)
 
-    async def _on_exit_record(self, job_id: str, attempt: int, rank: int, value: bytes) -> None:
+    def _on_exit_record(self, job_id: str, attempt: int, rank: int, value: bytes) -> None:
         try:
             code = parse_exit(value)
         except ValueError as exc:
@@ -314,20 +324,20 @@ class Monitor:
         self._exits.setdefault(job_id, {})[(attempt, rank)] = code
         watched = self._watched.get(job_id)
         if watched is not None and watched.job.attempt == attempt:
-            await self._report_exit(watched, rank, code)
+            self._report_exit(watched, rank, code)
 
-    async def _report_exit(self, watched: _Watched, rank: int, code: int) -> None:
+    def _report_exit(self, watched: _Watched, rank: int, code: int) -> None:
         learner = watched.learner(rank)
         if learner.exited:
             return
-        await self._maybe_progress(watched.job, rank, learner, force=True)
-        await self._maybe_checkpoint(watched.job, rank, learner)
+        self._maybe_progress(watched.job, rank, learner, force=True)
+        self._maybe_checkpoint(watched.job, rank, learner)
         learner.exited = True
-        await self._send(
+        self._send(
             watched.job, cmd.ReportLearnerExited(rank=rank, attempt=watched.job.attempt, exit_code=code)
         )
 
-    async def _on_delete(self, key: str) -> None:
+    def _on_delete(self, key: str) -> None:
         parsed = parse_key(key)
         beat = self._beats_by_key.pop(key, None)
         if parsed is None or parsed.kind != "learner" or beat is None:
@@ -341,7 +351,7 @@ class Monitor:
         if learner.lost or learner.exited:
             return
         if self._may_reap(watched, self._clock()):
-            await self._lose(watched, parsed.rank, LossReason.EXPIRED, "heartbeat lease expired")
+            self._lose(watched, parsed.rank, LossReason.EXPIRED, "heartbeat lease expired")
             return
         learner.gone = True
         log.info(
@@ -356,7 +366,7 @@ class Monitor:
     def _may_reap(self, watched: _Watched, now: float) -> bool:
         return self.healthy and now >= self._reap_after and now >= watched.reap_after
 
-    async def _check(self) -> None:
+    def _check(self) -> None:
         now = self._clock()
         wall = datetime.now(UTC)
         for watched in list(self._watched.values()):
@@ -370,17 +380,17 @@ class Monitor:
                     continue
                 code = exits.get((job.attempt, state.rank))
                 if code is not None:
-                    await self._report_exit(watched, state.rank, code)
+                    self._report_exit(watched, state.rank, code)
                     continue
                 if learner.beat is None:
                     known = self._beats_by_key.get(learner_key(job.job_id, state.rank))
                     if known is not None and known.attempt == job.attempt:
-                        await self._take_beat(watched, state.rank, known, new=True)
-                await self._maybe_progress(job, state.rank, learner, force=False)
+                        self._take_beat(watched, state.rank, known, new=True)
+                self._maybe_progress(job, state.rank, learner, force=False)
                 if not self._may_reap(watched, now):
                     continue
                 if learner.gone:
-                    await self._lose(
+                    self._lose(
                         watched,
                         state.rank,
                         LossReason.EXPIRED,
@@ -390,14 +400,14 @@ class Monitor:
                     waited = (wall - job.history[-1].at).total_seconds()
                     limit = self._launch_timeout_s if job.state is JobState.LAUNCHING else self._grace_s
                     if waited > limit:
-                        await self._lose(
+                        self._lose(
                             watched, state.rank, LossReason.EXPIRED, f"no heartbeat within {limit:.0f}s"
                         )
                 elif (
                     job.state is JobState.RUNNING and now - learner.progress_at > job.spec.progress_timeout_s
                 ):
                     detail = f"no progress for {job.spec.progress_timeout_s:.0f}s (step {learner.beat.step})"
-                    await self._lose(watched, state.rank, LossReason.HUNG, detail)
+                    self._lose(watched, state.rank, LossReason.HUNG, detail)
 
     def _forget_exits(self, job_id: str, up_to_attempt: int) -> None:
         """Exit records of attempts that are over matter no more; later attempts have higher numbers."""
@@ -411,7 +421,7 @@ class Monitor:
 
     # -- sending --------------------------------------------------------------------------------
 
-    async def _maybe_progress(self, job: Job, rank: int, learner: _Learner, *, force: bool) -> None:
+    def _maybe_progress(self, job: Job, rank: int, learner: _Learner, *, force: bool) -> None:
         beat = learner.beat
         if beat is None:
             return
@@ -422,11 +432,11 @@ class Monitor:
         if not force and now - learner.sent_progress_at < self._progress_interval_s:
             return
         learner.sent_progress, learner.sent_progress_at = current, now
-        await self._send(
+        self._send(
             job, cmd.ReportProgress(rank=rank, attempt=beat.attempt, step=beat.step, metrics=beat.metrics)
         )
 
-    async def _maybe_checkpoint(self, job: Job, rank: int, learner: _Learner) -> None:
+    def _maybe_checkpoint(self, job: Job, rank: int, learner: _Learner) -> None:
         beat = learner.beat
         if beat is None or not beat.checkpoint:
             return
@@ -439,9 +449,9 @@ class Monitor:
         if marker == learner.sent_checkpoint:
             return
         learner.sent_checkpoint = marker
-        await self._send(job, cmd.ReportCheckpoint(checkpoint=checkpoint))
+        self._send(job, cmd.ReportCheckpoint(checkpoint=checkpoint))
 
-    async def _lose(self, watched: _Watched, rank: int, reason: LossReason, detail: str) -> None:
+    def _lose(self, watched: _Watched, rank: int, reason: LossReason, detail: str) -> None:
         learner = watched.learner(rank)
         learner.lost = True
         log.warning(
@@ -452,13 +462,39 @@ class Monitor:
             reason=str(reason),
             detail=detail,
         )
-        await self._send(
+        self._send(
             watched.job,
             cmd.ReportLearnerLost(rank=rank, attempt=watched.job.attempt, reason=reason, detail=detail),
         )
 
-    async def _send(self, job: Job, data: CommandData) -> None:
-        await self._sender.send(self._sender.make(job.job_id, job.tenant, data))
+    def _send(self, job: Job, data: CommandData) -> None:
+        self._outbox.append(self._sender.make(job.job_id, job.tenant, data))
+        self._outbox_filled.set()
+
+    async def _flush_forever(self, stop: asyncio.Event) -> None:
+        """Send what the reactions queued, in order, in batches; a failed batch is sent again."""
+        backoff = 0.2
+        while not stop.is_set() or self._outbox:
+            if not self._outbox:
+                await self._outbox_filled.wait()
+            self._outbox_filled.clear()
+            batch = self._outbox[:MAX_BATCH]
+            try:
+                await self._sender.send(*batch)
+            except Exception as exc:  # the queue is all that remembers these reports: never drop it
+                log.warning(
+                    "monitor reports not sent; retrying",
+                    commands=len(batch),
+                    error=repr(exc),
+                    retry_in_s=backoff,
+                )
+                await _sleep_or_stop(stop, backoff)
+                if stop.is_set():
+                    return
+                backoff = min(2.0, backoff * 2)
+                continue
+            del self._outbox[: len(batch)]
+            backoff = 0.2
 
 
 def _is_exit(key: str) -> bool:

@@ -9,9 +9,13 @@ all with its fencing token (the jobs' owners refuse a token that is no longer th
 * ``HaltJob(requeue=True)`` for each job preempted, or stranded on a node that left the inventory;
 * ``RecordWaitReason`` for each waiting job whose reason changed since the one on the log.
 
-Everything it sent counts as done until the job's next event shows the owner's answer: an
-allocation it sent is held, a preempted job is stopping, a reason is recorded. So one GPU is never
-promised twice, no job is preempted twice, and an unchanged reason is never sent again. A new
+Everything it sent counts as done until the owner's answer is on the log (an event whose
+``causation_id`` is the command's id) or the job's state makes it moot: an allocation it sent is
+held, a preempted job is stopping, a reason is recorded. Waiting for the answer itself, not just
+for the job's next event, matters: a job's next event may answer an earlier command (a reason
+sent a cycle before), and forgetting the allocation then would let its GPUs be promised twice.
+So one GPU is never promised twice, no job is preempted twice, and an unchanged reason is never
+sent again. A new
 leader starts from the log alone: reservations and preemption claims live in the jobs' recorded
 reasons, so it carries on where the old one stopped.
 
@@ -21,6 +25,7 @@ Processing is sequential: one lock serialises the planning step with the folding
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -30,10 +35,10 @@ import structlog
 from ffdl.core.allocator import Node
 from ffdl.core.cluster import ClusterState, Demand, Gang, HeldJob
 from ffdl.core.job import Job, WaitRecord
-from ffdl.core.scheduling import SchedulerPolicy, WaitingJob, plan
+from ffdl.core.scheduling import Plan, SchedulerPolicy, WaitingJob, plan
 from ffdl.core.states import JobState
 from ffdl.events import commands as cmd
-from ffdl.events.envelope import Command
+from ffdl.events.envelope import Command, Event
 from ffdl.events.model import Placement
 from ffdl.handlers.messaging import CommandSender, utcnow
 from ffdl.handlers.ports import Bus, Record, TopicPartition
@@ -48,9 +53,9 @@ _PREEMPTIBLE = frozenset({S.SCHEDULED, S.LAUNCHING, S.RUNNING, S.RESTARTING})
 
 @dataclass(frozen=True, slots=True)
 class _Sent:
-    """A command sent for a job whose owner has not answered yet (the job's seq has not moved)."""
+    """A command sent for a job whose owner's answer is not on the log yet."""
 
-    seq_when_sent: int
+    command_id: uuid.UUID
     placement: Placement | None = None
     wait: WaitRecord | None = None
 
@@ -88,7 +93,7 @@ class Scheduler:
         await self.book.load(mine)
         self._loaded_until.update({p: ends.get(p, 0) for p in mine})
         for job in self.book.jobs.values():
-            self._track(job)
+            self._track(job, None)
         await self.schedule()
 
     async def on_revoked(self, partitions: frozenset[TopicPartition]) -> None:
@@ -106,18 +111,26 @@ class Scheduler:
                 if record.offset < self._loaded_until.get(record.partition, 0):
                     continue
                 event = decode_event(record)
-                if event is None:
-                    continue
-                applied = self.book.apply(event, record.partition)
-                if applied is not None:
-                    self._track(applied[1])
+                if event is not None:
+                    self.fold(event, record.partition)
         await self.schedule()
 
-    def _track(self, job: Job) -> None:
+    def fold(self, event: Event, partition: int) -> None:
+        """Apply one event of ``partition`` to the jobs the scheduler knows (duplicates are ignored)."""
+        applied = self.book.apply(event, partition)
+        if applied is not None:
+            self._track(applied[1], event)
+
+    def _track(self, job: Job, event: Event | None) -> None:
+        """Forget what the owner has answered (``event`` caused by it) or what the job's state settles."""
         for sent in (self._allocations, self._halts, self._reasons):
             entry = sent.get(job.job_id)
-            if entry is not None and job.seq > entry.seq_when_sent:
+            if entry is not None and event is not None and event.causation_id == entry.command_id:
                 del sent[job.job_id]
+        if job.state is not S.QUEUED or job.placement is not None:
+            self._allocations.pop(job.job_id, None)
+        if job.state not in _PREEMPTIBLE:
+            self._halts.pop(job.job_id, None)
         if job.state is S.QUEUED:
             entered = job.history[-1]
             self._queued_order.setdefault(job.job_id, (entered.at.timestamp(), job.job_id))
@@ -172,16 +185,19 @@ class Scheduler:
         sent = self._reasons.get(job.job_id)
         return sent.wait if sent is not None else job.waiting
 
+    def next_plan(self, now: float) -> tuple[ClusterState, Plan]:
+        """What the scheduler would decide at ``now`` from what it has folded (and sent) so far."""
+        state = self.cluster_state(now)
+        return state, plan(state, self.waiting(), now, self._policy)
+
     async def schedule(self) -> None:
         async with self._lock:
-            now = self._clock().timestamp()
-            state = self.cluster_state(now)
-            decided = plan(state, self.waiting(), now, self._policy)
+            state, decided = self.next_plan(self._clock().timestamp())
             commands: list[Command] = []
             for eviction in decided.evictions:
                 job = self.book.jobs[eviction.job_id]
                 commands.append(self._command(job, cmd.HaltJob(reason=eviction.reason, requeue=True)))
-                self._halts[job.job_id] = _Sent(job.seq)
+                self._halts[job.job_id] = _Sent(commands[-1].command_id)
                 log.info(
                     "job preempted",
                     job_id=job.job_id,
@@ -195,7 +211,7 @@ class Scheduler:
                 commands.append(
                     self._command(job, cmd.AllocateGpus(placement=placement, reason=allocation.reason))
                 )
-                self._allocations[job.job_id] = _Sent(job.seq, placement=placement)
+                self._allocations[job.job_id] = _Sent(commands[-1].command_id, placement=placement)
                 log.info(
                     "gpus offered",
                     job_id=job.job_id,
@@ -213,7 +229,7 @@ class Scheduler:
                     reserved_nodes=wait.reserved_nodes,
                 )
                 commands.append(self._command(job, data))
-                self._reasons[job_id] = _Sent(job.seq, wait=wait)
+                self._reasons[job_id] = _Sent(commands[-1].command_id, wait=wait)
                 log.debug("job waits", job_id=job_id, code=str(wait.code), detail=wait.detail)
             if commands:
                 await self._sender.send(*commands)

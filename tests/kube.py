@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import functools
 import json
 import os
 import re
@@ -53,6 +54,7 @@ import aiohttp.web
 import attrs
 import kmock
 from kmock import KubernetesEmulator, KubernetesError, KubernetesObjectNotFoundError, Request, Server
+from kubernetes_asyncio.client import models as openapi_models
 
 from ffdl.adapters.agent import wait_for_exit
 from ffdl.adapters.heartbeats import open_store
@@ -64,6 +66,8 @@ from ffdl.handlers.ports import HeartbeatStore, Launcher
 Obj = dict[str, Any]
 
 PODS = kmock.resource("", "v1", "pods")
+SERVICES = kmock.resource("", "v1", "services")
+NETWORK_POLICIES = kmock.resource("networking.k8s.io", "v1", "networkpolicies")
 SERVED_KINDS = (
     ("v1/pods", "Pod", True),
     ("v1/services", "Service", True),
@@ -80,6 +84,22 @@ def now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _has(key: str, labels: Mapping[str, str]) -> bool:
+    return key in labels
+
+
+def _lacks(key: str, labels: Mapping[str, str]) -> bool:
+    return key not in labels
+
+
+def _equals(key: str, value: str, labels: Mapping[str, str]) -> bool:
+    return labels.get(key) == value
+
+
+def _differs(key: str, value: str, labels: Mapping[str, str]) -> bool:
+    return labels.get(key) != value
+
+
 def _label_selector(text: str) -> Callable[[Mapping[str, str]], bool]:
     """The equality-based label selectors (``k``, ``!k``, ``k=v``, ``k==v``, ``k!=v``, comma-joined)."""
     checks: list[Callable[[Mapping[str, str]], bool]] = []
@@ -87,15 +107,13 @@ def _label_selector(text: str) -> Callable[[Mapping[str, str]], bool]:
         if not term:
             continue
         if match := re.fullmatch(rf"({_LABEL_KEY})\s*!=\s*(\S*)", term):
-            key, value = match[1], match[2]
-            checks.append(lambda labels, k=key, v=value: labels.get(k) != v)
+            checks.append(functools.partial(_differs, match[1], match[2]))
         elif match := re.fullmatch(rf"({_LABEL_KEY})\s*==?\s*(\S*)", term):
-            key, value = match[1], match[2]
-            checks.append(lambda labels, k=key, v=value: labels.get(k) == v)
+            checks.append(functools.partial(_equals, match[1], match[2]))
         elif match := re.fullmatch(rf"!({_LABEL_KEY})", term):
-            checks.append(lambda labels, k=match[1]: k not in labels)
+            checks.append(functools.partial(_lacks, match[1]))
         elif re.fullmatch(_LABEL_KEY, term):
-            checks.append(lambda labels, k=term: k in labels)
+            checks.append(functools.partial(_has, term))
         else:
             raise KubernetesError(status=400, reason="BadRequest", message=f"unsupported selector {text!r}")
     return lambda labels: all(check(labels) for check in checks)
@@ -159,8 +177,10 @@ class ApiServer(KubernetesEmulator):
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
         for key, kind, namespaced in SERVED_KINDS:  # a cluster serves these before any object exists
-            self.resources[key] = kmock.ResourceInfo(namespaced=namespaced, kind=kind, subresources={"status"})
-        self._buses = _Recorders(self)
+            self.resources[key] = kmock.ResourceInfo(
+                namespaced=namespaced, kind=kind, subresources={"status"}
+            )
+        self._buses = _Recorders(self)  # type: ignore[assignment]  # kmock only ever calls put()
         self._watches_open.set()
 
     # -- what tests use -------------------------------------------------------------------------
@@ -174,8 +194,8 @@ class ApiServer(KubernetesEmulator):
         ]
 
     def compact(self) -> None:
-        """Forget the history so far: a watch from any version until now gets 410 Gone."""
-        self._compacted = self._revision + 1
+        """Forget the history so far: a watch from any version before the current one gets 410 Gone."""
+        self._compacted = self._revision
 
     @contextlib.asynccontextmanager
     async def watches_paused(self) -> AsyncIterator[None]:
@@ -294,12 +314,19 @@ class ApiServer(KubernetesEmulator):
                     await self._delete(key, None)
 
     async def _serve_list(self, request: Request) -> Obj:
+        assert request.resource is not None  # only Kubernetes requests reach the fallbacks
         matches = _label_selector(request.params.get("labelSelector", ""))
         items = [obj for obj in self.live(request.resource, request.namespace) if matches(_labels(obj))]
-        return {"kind": "List", "apiVersion": "v1", "metadata": {"resourceVersion": str(self._revision)}, "items": items}
+        return {
+            "kind": "List",
+            "apiVersion": "v1",
+            "metadata": {"resourceVersion": str(self._revision)},
+            "items": items,
+        }
 
     async def _serve_watch(self, request: Request) -> AsyncIterator[Any]:
         yield b""  # the headers go out at once: the stream is open even if nothing happens
+        assert request.resource is not None  # only Kubernetes requests reach the fallbacks
         await self._watches_open.wait()
         generation = self._watch_generation
         matches = _label_selector(request.params.get("labelSelector", ""))
@@ -307,7 +334,13 @@ class ApiServer(KubernetesEmulator):
         deadline = asyncio.get_running_loop().time() + timeout_s if timeout_s else None
         since = request.params.get("resourceVersion", "")
         if since not in ("", "0") and int(since) < self._compacted:
-            gone = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 410, "reason": "Expired"}
+            gone = {
+                "kind": "Status",
+                "apiVersion": "v1",
+                "status": "Failure",
+                "code": 410,
+                "reason": "Expired",
+            }
             yield {"type": "ERROR", "object": {**gone, "message": f"too old resource version: {since}"}}
             return
         if since in ("", "0"):
@@ -321,13 +354,19 @@ class ApiServer(KubernetesEmulator):
             for change in [change for change in self._history if change.revision > position]:
                 position = max(position, change.revision)
                 same_place = request.namespace is None or change.namespace == request.namespace
-                if change.resource == request.resource and same_place and matches(_labels(change.event["object"])):
+                if (
+                    change.resource == request.resource
+                    and same_place
+                    and matches(_labels(change.event["object"]))
+                ):
                     yield change.event
             remaining = None if deadline is None else deadline - asyncio.get_running_loop().time()
             if remaining is not None and remaining <= 0:
                 return
             async with self._changed:
-                if generation != self._watch_generation or self._history[-1:] and self._history[-1].revision > position:
+                if generation != self._watch_generation or (
+                    self._history[-1:] and self._history[-1].revision > position
+                ):
                     continue
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._changed.wait(), remaining)
@@ -359,7 +398,9 @@ def node_manifest(name: str, gpus: int = 8, gpu_type: str = "A100", *, ready: bo
         "status": {
             "allocatable": {"cpu": "64", "memory": "256Gi", "nvidia.com/gpu": str(gpus), "pods": "110"},
             "capacity": {"cpu": "64", "memory": "256Gi", "nvidia.com/gpu": str(gpus), "pods": "110"},
-            "conditions": [{"type": "Ready", "status": "True" if ready else "Unknown", "reason": "KubeletReady"}],
+            "conditions": [
+                {"type": "Ready", "status": "True" if ready else "Unknown", "reason": "KubeletReady"}
+            ],
         },
     }
 
@@ -374,7 +415,9 @@ async def request_json(api: ApiServer, method: str, path: str, body: Obj | None 
 
 
 async def patch_pod_status(api: ApiServer, name: str, status: Obj, namespace: str = NAMESPACE) -> Obj:
-    return await request_json(api, "PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}/status", {"status": status})
+    return await request_json(
+        api, "PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}/status", {"status": status}
+    )
 
 
 def running_status(node: str = "node-a") -> Obj:
@@ -416,6 +459,70 @@ def terminated_status(exit_code: int, reason: str = "") -> Obj:
     }
 
 
+# --------------------------------------------------------------------------- OpenAPI validation
+
+_PRIMITIVES: dict[str, tuple[type, ...]] = {
+    "str": (str,),
+    "int": (int,),
+    "float": (int, float),
+    "bool": (bool,),
+    "datetime": (str,),
+    "date": (str,),
+}
+
+
+def openapi_problems(manifest: Mapping[str, Any]) -> list[str]:
+    """Where a manifest departs from the Kubernetes OpenAPI schema as kubernetes-asyncio models it:
+    unknown fields, wrong types, missing required fields."""
+    version = str(manifest.get("apiVersion", "")).rsplit("/", 1)[-1]
+    model = f"{version[:1].upper()}{version[1:]}{manifest.get('kind', '')}"
+    if not hasattr(openapi_models, model):
+        return [f"no Kubernetes model for {manifest.get('apiVersion')} {manifest.get('kind')}"]
+    problems: list[str] = []
+    _build(model, manifest, str(manifest.get("kind")), problems)
+    return problems
+
+
+def _build(type_name: str, value: Any, path: str, problems: list[str]) -> Any:
+    """``value`` as an instance of ``type_name`` (its constructor checks required fields and enums)."""
+    if type_name.startswith("list["):
+        if not isinstance(value, list):
+            problems.append(f"{path}: expected a list, got {type(value).__name__}")
+            return None
+        inner = type_name[5:-1]
+        return [_build(inner, item, f"{path}[{index}]", problems) for index, item in enumerate(value)]
+    if type_name.startswith("dict("):
+        if not isinstance(value, dict):
+            problems.append(f"{path}: expected a mapping, got {type(value).__name__}")
+            return None
+        inner = type_name[type_name.index(",") + 1 : -1].strip()
+        return {key: _build(inner, item, f"{path}.{key}", problems) for key, item in value.items()}
+    if type_name == "object":
+        return value
+    if type_name in _PRIMITIVES:
+        wrong_bool = isinstance(value, bool) and type_name != "bool"
+        if not isinstance(value, _PRIMITIVES[type_name]) or wrong_bool:
+            problems.append(f"{path}: expected {type_name}, got {value!r}")
+        return value
+    model = getattr(openapi_models, type_name)
+    if not isinstance(value, dict):
+        problems.append(f"{path}: expected a {type_name} object, got {type(value).__name__}")
+        return None
+    fields = {json_name: attribute for attribute, json_name in model.attribute_map.items()}
+    arguments = {}
+    for key, item in value.items():
+        if key not in fields:
+            problems.append(f"{path}: unknown field {key!r} in {type_name}")
+            continue
+        attribute = fields[key]
+        arguments[attribute] = _build(model.openapi_types[attribute], item, f"{path}.{key}", problems)
+    try:
+        return model(**arguments)
+    except (TypeError, ValueError) as error:
+        problems.append(f"{path}: {error}")
+        return None
+
+
 # --------------------------------------------------------------------------- the local kubelet
 
 
@@ -439,6 +546,22 @@ def _kill_session(session: int) -> None:
     for pid in _session_members(session):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+
+
+def _start_container(
+    spec: Obj, environment: Mapping[str, str], workdir: Path, log: Path
+) -> subprocess.Popen[bytes]:
+    """The container's command line, verbatim, in a new session: the container's processes."""
+    with log.open("ab") as output:
+        return subprocess.Popen(
+            [*spec.get("command", []), *spec.get("args", [])],
+            env=environment,
+            cwd=workdir,
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 @dataclass
@@ -515,9 +638,13 @@ class LocalKubelet:
     async def _schedule(self, name: str, pod: Obj) -> None:
         terms = pod["spec"].get("affinity", {}).get("nodeAffinity", {})
         terms = terms.get("requiredDuringSchedulingIgnoredDuringExecution", {}).get("nodeSelectorTerms", [])
-        wanted = {value for term in terms for field_ in term.get("matchFields", []) for value in field_["values"]}
+        wanted = {
+            value for term in terms for field_ in term.get("matchFields", []) for value in field_["values"]
+        }
         nodes = {node["metadata"]["name"]: node for node in self._api.live(NODES)}
-        fitting = sorted(n for n in wanted if n in nodes and not nodes[n].get("spec", {}).get("unschedulable"))
+        fitting = sorted(
+            n for n in wanted if n in nodes and not nodes[n].get("spec", {}).get("unschedulable")
+        )
         base = f"/api/v1/namespaces/{self._namespace}/pods/{name}"
         if fitting:
             await request_json(self._api, "PATCH", base, {"spec": {"nodeName": fitting[0]}})
@@ -526,7 +653,7 @@ class LocalKubelet:
             "type": "PodScheduled",
             "status": "False",
             "reason": "Unschedulable",
-            "message": f"0/{len(nodes)} nodes are available: node(s) didn't match Pod's node affinity/selector.",
+            "message": f"0/{len(nodes)} nodes are available: node(s) didn't match Pod's node affinity.",
         }
         await request_json(self._api, "PATCH", f"{base}/status", {"status": {"conditions": [unschedulable]}})
 
@@ -535,16 +662,7 @@ class LocalKubelet:
         environment = {**self._image_env, **{item["name"]: item["value"] for item in spec.get("env", [])}}
         workdir = self._root / "pods" / name
         workdir.mkdir(parents=True, exist_ok=True)
-        with self.log_path(name).open("ab") as output:
-            process = subprocess.Popen(
-                [*spec.get("command", []), *spec.get("args", [])],
-                env=environment,
-                cwd=workdir,
-                stdin=subprocess.DEVNULL,
-                stdout=output,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        process = _start_container(spec, environment, workdir, self.log_path(name))
         container = self._containers[name] = _Container(process)
         await patch_pod_status(self._api, name, running_status(pod["spec"]["nodeName"]), self._namespace)
         container.waiter = asyncio.create_task(self._wait(name, container))
@@ -558,7 +676,9 @@ class LocalKubelet:
         path = f"/api/v1/namespaces/{self._namespace}/pods/{name}/status"
         async with self._api.patch(path, json={"status": terminated_status(exit_code)}) as response:
             if response.status not in (200, 404):  # 404: deleted meanwhile, nothing left to report to
-                raise RuntimeError(f"reporting the end of pod {name}: {response.status} {await response.text()}")
+                raise RuntimeError(
+                    f"reporting the end of pod {name}: {response.status} {await response.text()}"
+                )
         if container.terminating:
             await self._confirm_deletion(name)
 
@@ -602,7 +722,10 @@ class KubernetesRig:
         self.url = url
         self.kubelet = kubelet
         self.settings = PodSettings(
-            namespace=NAMESPACE, image="ffdl:test", heartbeats_url=heartbeats_url, heartbeat_ttl_s=HEARTBEAT_TTL_S
+            namespace=NAMESPACE,
+            image="ffdl:test",
+            heartbeats_url=heartbeats_url,
+            heartbeat_ttl_s=HEARTBEAT_TTL_S,
         )
         self._store = open_store(heartbeats_url)
         self._clients: list[KubeClient] = []

@@ -191,6 +191,12 @@ class TansuBroker:
         return f"{self.host}:{self.port}"
 
     @property
+    def pid(self) -> int:
+        """The broker's process id (for measuring what it costs)."""
+        assert self._process is not None
+        return self._process.pid
+
+    @property
     def url(self) -> str:
         return f"kafka://{self.bootstrap}"
 

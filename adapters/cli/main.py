@@ -243,9 +243,7 @@ def simulate(
     nodes: Annotated[int, typer.Option(min=1, help="Nodes of the simulated cluster.")] = 16,
     gpus_per_node: Annotated[int, typer.Option(min=1, help="GPUs per node.")] = 8,
     policy: Annotated[str | None, typer.Option(help="pack or spread, for every job (default: pack).")] = None,
-    generate: Annotated[int | None, typer.Option(min=1, help="First write a Philly-shaped trace of N jobs")] = (
-        None
-    ),
+    generate: Annotated[int | None, typer.Option(min=1, help="First write N Philly-like jobs.")] = None,
     out: Annotated[Path | None, typer.Option(help="Where --generate writes its trace.")] = None,
     load: Annotated[float, typer.Option(min=0.01, help="--generate: offered load, x cluster GPUs.")] = 0.9,
     tenants: Annotated[int, typer.Option(min=1, help="--generate: how many tenants submit.")] = 6,
@@ -309,7 +307,14 @@ LogArgument = Annotated[
 
 
 def _sre_settings(partitions: int | None) -> Settings:
-    return Settings(partitions=partitions) if partitions else Settings()
+    """The settings of an SRE command; its logs go to stderr, warnings only unless FFDL_LOG_LEVEL says more.
+
+    (Its output is the data: an export may be going to stdout, and --json must stay parseable.)
+    """
+    settings = Settings(partitions=partitions) if partitions else Settings()
+    level = settings.log_level if "log_level" in settings.model_fields_set else "warning"
+    configure_logging(settings.log_format, level)
+    return settings
 
 
 def _sre(work: Any) -> Any:

@@ -95,11 +95,16 @@ def replay_timeline_table(job_id: str, rows: list[dict[str, Any]]) -> Table:
     table = Table(title=f"timeline of {job_id}")
     for column in ("seq", "state", "entered at", "for", "event", "reason"):
         table.add_column(column)
+    day = None
     for row in rows:
-        duration = seconds(row["duration_s"]) + (" (ongoing)" if row["ongoing"] else "")
-        if row["duration_s"] is None:
-            duration = ""
-        at = datetime.fromisoformat(row["entered_at"]).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+        duration = "" if row["duration_s"] is None else seconds(row["duration_s"])
+        if row["ongoing"]:
+            duration += " (ongoing)"
+        entered = datetime.fromisoformat(row["entered_at"])
+        at = entered.strftime("%H:%M:%S.%f")[:-3]
+        if entered.date() != day:  # the date once, and again where it changes
+            day = entered.date()
+            at = f"{day.isoformat()} {at}"
         table.add_row(str(row["seq"]), styled(row["state"]), at, duration, row["event"], row["reason"])
     return table
 

@@ -16,6 +16,10 @@ else, so deleting it by hand (or a stop cut short) still removes the whole job.
 :meth:`KubernetesLauncher.remove_orphans` is the reconciler FfDL lacked: it removes the objects of
 jobs that should have no learners (ended, halted, or unknown).
 
+:class:`KubernetesCluster` is what the platform runs when learners are pods: this launcher, the pod
+watcher and the node inventory of :mod:`ffdl.adapters.launchers.k8s_watch`, and the periodic orphan
+removal, all over one API client.
+
 Concurrency: one asyncio lock per job serialises ``launch``, ``stop`` and orphan removal of that
 job within this process (a stop waiting out its grace holds up no other job); across processes the
 API server's create-if-absent is the arbiter. ``close`` leaves the pods running, for a restarted
@@ -33,8 +37,17 @@ from collections.abc import Callable
 
 import structlog
 
+from ffdl.adapters.config import Settings
 from ffdl.adapters.launchers.environment import local_ranks
-from ffdl.adapters.launchers.k8s_client import NETWORK_POLICIES, PODS, SERVICES, KubeClient, KubeObject
+from ffdl.adapters.launchers.k8s_client import (
+    NETWORK_POLICIES,
+    PODS,
+    SERVICES,
+    KubeApiError,
+    KubeClient,
+    KubeObject,
+    KubeUnreachableError,
+)
 from ffdl.adapters.launchers.k8s_manifests import (
     ANY_JOB_SELECTOR,
     PodSettings,
@@ -46,6 +59,8 @@ from ffdl.adapters.launchers.k8s_manifests import (
     service_manifest,
     service_name,
 )
+from ffdl.adapters.launchers.k8s_watch import NodeInventory, PodWatcher
+from ffdl.handlers.messaging import CommandSender
 from ffdl.handlers.ports import LaunchRequest, LearnerHandle
 
 log = structlog.get_logger(__name__)
@@ -180,3 +195,68 @@ class KubernetesLauncher:
         if lock is None:
             lock = self._locks[job_id] = asyncio.Lock()
         return lock
+
+
+class KubernetesCluster:
+    """The launcher, the pod watcher, the node inventory and the orphan removal over one API client."""
+
+    def __init__(self, client: KubeClient, settings: Settings) -> None:
+        if not settings.heartbeats_url.startswith("etcd://"):
+            raise ValueError(
+                "learner pods report to the heartbeat store over the network: the kubernetes launcher "
+                f"needs FFDL_HEARTBEATS=etcd://HOST:PORT that the pods reach, not {settings.heartbeats_url}"
+            )
+        kube = settings.kube
+        self.client = client
+        self._settings = settings
+        self.pod_settings = PodSettings(
+            namespace=kube.namespace,
+            image=kube.image,
+            heartbeats_url=settings.heartbeats_url,
+            heartbeat_ttl_s=settings.heartbeat_ttl_s,
+            rendezvous_port=kube.rendezvous_port,
+            cluster_domain=kube.cluster_domain,
+            service_account=kube.service_account,
+            storage_claim=kube.storage_claim,
+            run_as_user=kube.run_as_user,
+            termination_grace_s=math.ceil(settings.stop_grace_s),
+            gpu_type_labels=tuple(kube.gpu_type_labels),
+        )
+        self.launcher = KubernetesLauncher(client, self.pod_settings)
+        self.nodes = NodeInventory(client, gpu_type_labels=kube.gpu_type_labels)
+
+    @classmethod
+    async def connect(cls, settings: Settings) -> KubernetesCluster:
+        kube = settings.kube
+        if kube.api_url:
+            client = KubeClient.at(kube.api_url)
+        else:
+            client = await KubeClient.connect(kube.kubeconfig, kube.context)
+        return cls(client, settings)
+
+    def pod_watcher(self, sender: CommandSender, owns: Callable[[str], bool]) -> PodWatcher:
+        """The watcher of the learner pods of the jobs ``owns`` picks; it also hears of lost nodes."""
+        watcher = PodWatcher(
+            self.client,
+            self.pod_settings.namespace,
+            sender,
+            owns=owns,
+            pending_timeout_s=self._settings.kube.pending_timeout_s,
+        )
+        self.nodes.on_node_lost = watcher.node_lost
+        return watcher
+
+    async def remove_orphans_forever(self, is_live: Callable[[str], bool], stop: asyncio.Event) -> None:
+        """Every ``orphan_check_s``, remove the learners of jobs that should have none."""
+        every_s = self._settings.kube.orphan_check_s
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), every_s)
+            except TimeoutError:
+                try:
+                    await self.launcher.remove_orphans(is_live, self._settings.stop_grace_s)
+                except (KubeUnreachableError, KubeApiError) as error:
+                    log.warning("orphan check failed: trying again later", error=str(error))
+
+    async def close(self) -> None:
+        await self.client.close()

@@ -14,9 +14,9 @@ from contextlib import aclosing
 from typing import Any
 
 import pytest
+
 from ffdl.adapters.heartbeats import EtcdHeartbeatStore
 from ffdl.handlers.ports import StoreUnavailable, WatchKind
-
 from tests.services import EtcdServer, free_port
 
 pytestmark = pytest.mark.integration

@@ -220,9 +220,9 @@ async def test_after_a_platform_restart_learners_get_a_grace_to_re_register(
             )
         victim_doc = await api.job(victim)
     kill_learner_group(victim_doc, 0)
-    exit_record = settings.work_dir / finisher / "logs" / "attempt-1" / "agent-0.log"
+    finisher_agent_log = settings.work_dir / finisher / "logs" / "attempt-1" / "agent-0.log"
     await wait_until_async(
-        lambda: "learner exited" in exit_record.read_text(), 10, what="the finisher's exit"
+        lambda: "learner exited" in finisher_agent_log.read_text(), 10, what="the finisher's exit"
     )
     etcd_server.pause()
     try:

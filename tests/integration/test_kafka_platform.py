@@ -25,9 +25,10 @@ from ffdl.adapters.platform import Platform
 from ffdl.adapters.serve import api_server
 from ffdl.adapters.sre import rebuild_projections, verify_log
 from ffdl.events import commands as cmd
-from ffdl.events.codec import command_to_json
+from ffdl.events.codec import command_to_json, event_from_json
 from ffdl.events.envelope import Command
 from ffdl.events.model import JobSpec
+from ffdl.handlers.owner import JobOwner
 from ffdl.handlers.ports import OutgoingRecord, Position, Record
 from tests.harness import Api, fast_settings, manifest
 from tests.services import TansuBroker, free_port, wait_until_async
@@ -191,6 +192,38 @@ async def test_bad_commands_are_dead_lettered_with_their_reason_and_origin_and_c
         return all(f'ffdl_dead_letters_total{{reason="{kind}"}} 1.0' in text for kind in positions)
 
     await wait_until_async(counted, 10, interval_s=0.2, what="the dead letters counted by reason")
+
+
+async def test_a_stale_owner_cannot_corrupt_a_job_its_conflicting_events_are_ignored_and_reported(
+    api: Api, platform: Platform, settings: Settings
+) -> None:
+    job_id = await api.submit(INSTANT_JOB)
+    done = await api.wait(job_id, "COMPLETED", released=True)
+    before = (await api.http.get(f"/v1/jobs/{job_id}/events")).json()["events"]
+    # An owner that folded the job while it was queued, then stalled (a long pause) while a rebalance
+    # gave its partition to another member, which ran the job to the end. Now it wakes up and decides.
+    stale = JobOwner(platform.bus, platform.topics, platform.election, producer="owner@stale")
+    partition = platform.bus.partition_for(job_id)
+    async for record in platform.bus.read(platform.topics.events, partition):
+        event = event_from_json(record.value)
+        if event.job_id == job_id and event.seq <= 3:
+            stale.book.apply(event, partition)
+    assert stale.book.jobs[job_id].state.name == "QUEUED"
+    cancel = command(job_id, cmd.CancelJob(reason="from a stale view"))
+    cancel = cancel.model_copy(update={"tenant": done["tenant"]})
+    await stale.process([Record(platform.topics.commands, partition, 0, job_id, command_to_json(cancel))])
+
+    async def counted() -> bool:
+        text = (await api.http.get("/metrics")).text
+        return "ffdl_ignored_events_total 2.0" in text
+
+    await wait_until_async(counted, 10, interval_s=0.2, what="the two conflicting events counted")
+    after = await api.job(job_id)
+    assert (after["state"], after["restarts"]) == ("COMPLETED", done["restarts"])
+    assert (await api.http.get(f"/v1/jobs/{job_id}/events")).json()["events"] == before
+    # verify reports the conflicts: the log holds them, whatever readers made of them.
+    report = await verify_log(settings)
+    assert [(v["job_id"], v["kind"]) for v in report["violations"]] == [(job_id, "seq-conflict")] * 2
 
 
 async def test_a_broker_frozen_for_10_s_mid_run_loses_nothing_and_processing_resumes_by_itself(

@@ -11,12 +11,14 @@ from __future__ import annotations
 import io
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from ffdl.adapters.config import Settings
-from ffdl.adapters.log_files import EventFilter, read_log
+from ffdl.adapters.log_files import EventFilter, decode_line, read_log
 from ffdl.adapters.sre import (
     TargetNotEmptyError,
     events_topic,
@@ -27,7 +29,7 @@ from ffdl.adapters.sre import (
     verify_events,
     verify_log,
 )
-from ffdl.projections.store import Projection
+from ffdl.projections.store import LoggedEvent, Projection
 from tests.golden.record import write_generated_log
 from tests.services import TansuBroker
 
@@ -44,11 +46,21 @@ def broker() -> Iterator[TansuBroker]:
     server.stop()
 
 
+@dataclass(frozen=True)
+class GeneratedLog:
+    path: Path
+    text: str
+
+    @property
+    def events(self) -> int:
+        return self.text.count("\n")
+
+
 @pytest.fixture(scope="module")
-def generated_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def generated(tmp_path_factory: pytest.TempPathFactory) -> GeneratedLog:
     path = tmp_path_factory.mktemp("logs") / "generated.jsonl"
-    write_generated_log(path, 1500, lanes=6)
-    return path
+    write_generated_log(path, 800, lanes=4)
+    return GeneratedLog(path, path.read_text())
 
 
 @pytest.fixture(params=["embedded", "kafka"])
@@ -57,7 +69,9 @@ def settings(request: pytest.FixtureRequest, tmp_path: Path) -> Settings:
     prefix = f"sre-{uuid.uuid4().hex[:8]}"
     if request.param == "kafka":
         broker: TansuBroker = request.getfixturevalue("broker")
-        return Settings(data_dir=tmp_path / "ffdl", bus=broker.url, partitions=PARTITIONS, topic_prefix=prefix)
+        return Settings(
+            data_dir=tmp_path / "ffdl", bus=broker.url, partitions=PARTITIONS, topic_prefix=prefix
+        )
     return Settings(data_dir=tmp_path / "ffdl", partitions=PARTITIONS, topic_prefix=prefix)
 
 
@@ -69,78 +83,84 @@ def dump(path: Path) -> str:
         projection.close()
 
 
-async def imported(settings: Settings, log: Path) -> dict[str, object]:
+def decoded(text: str) -> list[LoggedEvent]:
+    return [decode_line(line, number) for number, line in enumerate(text.splitlines(), start=1)]
+
+
+async def imported(settings: Settings, log: Path) -> dict[str, Any]:
     return await import_log(log, settings.bus_url, settings.partitions, events_topic(settings))
 
 
 async def exported(settings: Settings, keep: EventFilter | None = None) -> str:
     out = io.StringIO()
-    await export_log(settings.bus_url, settings.partitions, events_topic(settings), keep or EventFilter(), out)
+    await export_log(
+        settings.bus_url, settings.partitions, events_topic(settings), keep or EventFilter(), out
+    )
     return out.getvalue()
 
 
-async def test_an_imported_log_exports_again_as_the_very_same_file(settings: Settings, generated_log: Path) -> None:
-    lines = generated_log.read_text().count("\n")
+async def test_an_imported_log_exports_again_as_the_very_same_file(
+    settings: Settings, generated: GeneratedLog
+) -> None:
+    report = await imported(settings, generated.path)
+    text = await exported(settings)
 
-    report = await imported(settings, generated_log)
-
-    assert report["events"] == lines and report["moved"] == 0
-    assert await exported(settings) == generated_log.read_text()
+    assert report["events"] == generated.events and report["moved"] == 0
+    assert text.replace(f'"topic":"{events_topic(settings)}"', '"topic":"ffdl.events"') == generated.text
 
 
-async def test_export_filters_by_job_and_type(settings: Settings, generated_log: Path) -> None:
-    await imported(settings, generated_log)
-    job_id = next(read_log(generated_log)).event.job_id
+async def test_export_filters_by_job_and_type(settings: Settings, generated: GeneratedLog) -> None:
+    await imported(settings, generated.path)
+    job_id = next(read_log(generated.path)).event.job_id
 
-    text = await exported(settings, EventFilter(job_id=job_id, types=frozenset({"JobSubmitted", "GpusReleased"})))
+    text = await exported(
+        settings, EventFilter(job_id=job_id, types=frozenset({"JobSubmitted", "GpusReleased"}))
+    )
 
-    kept = [(logged.event.job_id, logged.event.type) for logged in read_log_text(text)]
+    kept = [(logged.event.job_id, logged.event.type) for logged in decoded(text)]
     assert kept == [(job_id, "JobSubmitted"), (job_id, "GpusReleased")]
 
 
-def read_log_text(text: str) -> list[object]:
-    path_free = io.StringIO(text)
-    from ffdl.adapters.log_files import decode_line
+async def test_import_refuses_a_log_that_is_not_empty(settings: Settings, generated: GeneratedLog) -> None:
+    await imported(settings, generated.path)
 
-    return [decode_line(line, number) for number, line in enumerate(path_free, start=1)]
-
-
-async def test_import_refuses_a_log_that_is_not_empty(settings: Settings, generated_log: Path) -> None:
-    await imported(settings, generated_log)
-
-    with pytest.raises(TargetNotEmptyError, match=r"already holds \d+ record\(s\); import only into an empty log"):
-        await imported(settings, generated_log)
+    with pytest.raises(
+        TargetNotEmptyError, match=r"already holds \d+ record\(s\); import only into an empty log"
+    ):
+        await imported(settings, generated.path)
 
 
-async def test_verify_reads_the_bus_as_it_reads_the_file(settings: Settings, generated_log: Path) -> None:
-    await imported(settings, generated_log)
+async def test_verify_reads_the_bus_as_it_reads_the_file(settings: Settings, generated: GeneratedLog) -> None:
+    await imported(settings, generated.path)
 
     from_bus = await verify_log(settings)
-    from_file = verify_events(read_log(generated_log), "file")
+    from_file = verify_events(read_log(generated.path), "file")
 
     assert from_bus["violations"] == from_file["violations"] == []
     assert (from_bus["events"], from_bus["jobs"]) == (from_file["events"], from_file["jobs"]) > (0, 0)
 
 
 async def test_rebuilds_from_the_bus_and_from_the_file_are_byte_identical(
-    settings: Settings, generated_log: Path, tmp_path: Path
+    settings: Settings, generated: GeneratedLog, tmp_path: Path
 ) -> None:
-    await imported(settings, generated_log)
+    await imported(settings, generated.path)
 
     first = await rebuild_projections(settings, out=tmp_path / "first.sqlite")
-    second = await rebuild_projections(settings, out=tmp_path / "second.sqlite")
-    rebuild_file(generated_log, tmp_path / "file.sqlite")
+    await rebuild_projections(settings, out=tmp_path / "second.sqlite")
+    rebuild_file(generated.path, tmp_path / "file.sqlite")
 
-    assert first["applied"] == first["events"] == generated_log.read_text().count("\n")
-    assert dump(tmp_path / "first.sqlite") == dump(tmp_path / "second.sqlite") == dump(tmp_path / "file.sqlite")
+    assert first["applied"] == first["events"] == generated.events
+    assert (
+        dump(tmp_path / "first.sqlite") == dump(tmp_path / "second.sqlite") == dump(tmp_path / "file.sqlite")
+    )
 
 
 async def test_importing_into_another_partition_count_keeps_every_jobs_order(
-    generated_log: Path, tmp_path: Path
+    generated: GeneratedLog, tmp_path: Path
 ) -> None:
     narrow = Settings(data_dir=tmp_path / "narrow", partitions=3)
 
-    report = await imported(narrow, generated_log)
+    report = await imported(narrow, generated.path)
     again = tmp_path / "again.jsonl"
     again.write_text(await exported(narrow))
 
@@ -150,5 +170,5 @@ async def test_importing_into_another_partition_count_keeps_every_jobs_order(
         by_job.setdefault(logged.event.job_id, []).append(logged.event.seq)
     assert all(seqs == list(range(1, len(seqs) + 1)) for seqs in by_job.values())
     assert sorted(e.event.event_id.int for e in read_log(again)) == sorted(
-        e.event.event_id.int for e in read_log(generated_log)
+        e.event.event_id.int for e in read_log(generated.path)
     )

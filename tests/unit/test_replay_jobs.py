@@ -56,7 +56,11 @@ def test_the_timeline_gives_each_state_its_event_reason_and_duration() -> None:
         "STORING", "COMPLETED",
     ]  # fmt: skip
     row = next(row for row in timeline if row["state"] == "RESTARTING")
-    assert (row["seq"], row["event"], row["reason"]) == (restarting, "JobRestarting", "learner 1 exited with code -9")
+    assert (row["seq"], row["event"], row["reason"]) == (
+        restarting,
+        "JobRestarting",
+        "learner 1 exited with code -9",
+    )
     entered = {logged.event.seq: logged.event.occurred_at for logged in events}
     relaunch = timeline[timeline.index(row) + 1]
     assert row["duration_s"] == (entered[relaunch["seq"]] - entered[restarting]).total_seconds() > 0
@@ -89,7 +93,9 @@ def test_duplicates_and_conflicts_are_skipped_and_listed_as_readers_skip_them() 
     events = golden("cancel")
     third = events[2]
     duplicate = LoggedEvent(third.event, third.partition, len(events))
-    conflict = LoggedEvent(third.event.model_copy(update={"event_id": uuid.uuid4()}), third.partition, len(events) + 1)
+    conflict = LoggedEvent(
+        third.event.model_copy(update={"event_id": uuid.uuid4()}), third.partition, len(events) + 1
+    )
 
     clean = replay_job(events, "gpt-small-9e4b")
     messy = replay_job([*events, duplicate, conflict], "gpt-small-9e4b")

@@ -14,7 +14,7 @@ import pytest
 
 from ffdl.adapters.log_files import read_log, write_log
 from ffdl.adapters.sre import rebuild_file, verify_events
-from ffdl.projections.store import LoggedEvent, Projection, rebuild
+from ffdl.projections.store import LoggedEvent, Projection
 from tests.golden.record import GOLDEN_DIR, positioned
 
 LOGS = sorted(GOLDEN_DIR.glob("*.events.jsonl"))
@@ -25,7 +25,9 @@ def one_log(tmp_path: Path) -> Path:
     streams = [[logged.event for logged in read_log(path)] for path in LOGS]
     merged = tmp_path / "all.jsonl"
     with merged.open("w") as out:
-        write_log(positioned(list(heapq.merge(*streams, key=lambda event: event.occurred_at))), out, "ffdl.events")
+        write_log(
+            positioned(list(heapq.merge(*streams, key=lambda event: event.occurred_at))), out, "ffdl.events"
+        )
     return merged
 
 
@@ -47,7 +49,9 @@ def test_the_same_log_always_rebuilds_byte_identical_projections(log: Path, tmp_
 
 
 @pytest.mark.parametrize("log", LOGS, ids=lambda path: path.name.removesuffix(".events.jsonl"))
-def test_a_rebuild_from_a_file_equals_the_projection_the_live_projector_writes(log: Path, tmp_path: Path) -> None:
+def test_a_rebuild_from_a_file_equals_the_projection_the_live_projector_writes(
+    log: Path, tmp_path: Path
+) -> None:
     rebuild_file(log, tmp_path / "from-file.sqlite")
     live = Projection(tmp_path / "live.sqlite")
     for logged in read_log(log):  # one event per batch, serialised by the store, as the projector does
@@ -88,7 +92,12 @@ def test_verify_names_the_job_and_position_of_each_violation() -> None:
     released = next(i for i, e in enumerate(events) if e.event.type == "GpusReleased")
     reallocated = next(i for i, e in enumerate(events) if e.event.type == "GpusAllocated" and i > released)
     # The urgent job is given the GPUs before the preempted one gave them back, and a seq goes missing.
-    early = [*events[:released], events[reallocated], *events[released:reallocated], *events[reallocated + 1 :]]
+    early = [
+        *events[:released],
+        events[reallocated],
+        *events[released:reallocated],
+        *events[reallocated + 1 :],
+    ]
     missing = events[reallocated].event.seq + 2
     gap = next(i for i, e in enumerate(early) if e.event.job_id == "urgent-45" and e.event.seq == missing)
     broken = [logged for i, logged in enumerate(early) if i != gap]

@@ -54,20 +54,30 @@ def fill(room: ClusterRoom, earlier: list[Demand]) -> list[tuple[Demand, Gang]]:
 
 
 def spec_of(demand: Demand) -> JobSpec:
-    return JobSpec(name="j", command="c", learners=demand.learners, gpus=demand.gpus, gpu_type=demand.gpu_type,
-                   cpus=demand.mcpus / 1000, memory_mb=demand.memory_mb, placement=demand.policy)
+    return JobSpec(
+        name="j",
+        command="c",
+        learners=demand.learners,
+        gpus=demand.gpus,
+        gpu_type=demand.gpu_type,
+        cpus=demand.mcpus / 1000,
+        memory_mb=demand.memory_mb,
+        placement=demand.policy,
+    )
 
 
 def reference_capacity(nodes: list[Node], held: list[tuple[Demand, Gang]]) -> dict[str, NodeCapacity]:
     """The free capacity as the reference allocator sees it, after the same holdings."""
-    free = {n.name: [set(range(n.gpus)), milli_cpus(n.cpus), n.memory_mb] for n in nodes}
+    gpus = {n.name: set(range(n.gpus)) for n in nodes}
+    mcpus = {n.name: milli_cpus(n.cpus) for n in nodes}
+    memory = {n.name: n.memory_mb for n in nodes}
     for demand, gang in held:
-        for node, gpus in gang.learners:
-            free[node][0] -= set(gpus)
-            free[node][1] -= demand.mcpus
-            free[node][2] -= demand.memory_mb
+        for node, taken in gang.learners:
+            gpus[node] -= set(taken)
+            mcpus[node] -= demand.mcpus
+            memory[node] -= demand.memory_mb
     return {
-        n.name: NodeCapacity(n, frozenset(free[n.name][0]), free[n.name][1] / 1000, free[n.name][2]) for n in nodes
+        n.name: NodeCapacity(n, frozenset(gpus[n.name]), mcpus[n.name] / 1000, memory[n.name]) for n in nodes
     }
 
 
@@ -119,11 +129,19 @@ def test_excluded_nodes_are_never_used(nodes: list[Node], demand: Demand, exclud
 @given(nodes=clusters(), earlier=st.lists(demands, max_size=6))
 def test_release_gives_back_exactly_what_take_held(nodes: list[Node], earlier: list[Demand]) -> None:
     room = ClusterRoom(nodes)
-    before = {name: (list(r.free), r.mcpus, r.memory_mb) for name in (n.name for n in nodes) if (r := room.room(name))}
+    before = {
+        name: (list(r.free), r.mcpus, r.memory_mb)
+        for name in (n.name for n in nodes)
+        if (r := room.room(name))
+    }
     free_before = room.free_gpus()
     for demand, gang in reversed(fill(room, earlier)):
         room.release(demand, gang)
-    after = {name: (list(r.free), r.mcpus, r.memory_mb) for name in (n.name for n in nodes) if (r := room.room(name))}
+    after = {
+        name: (list(r.free), r.mcpus, r.memory_mb)
+        for name in (n.name for n in nodes)
+        if (r := room.room(name))
+    }
     assert after == before
     assert room.free_gpus() == free_before
 

@@ -1,0 +1,193 @@
+"""deploy/: the Kubernetes manifests, the image and the compose stack, checked without a cluster.
+
+Every manifest is validated against the Kubernetes OpenAPI models (kubernetes-asyncio's), then
+against what the platform needs: hardened, resourced pods; probes on the HTTP role; RBAC that grants
+exactly what the launcher and the watches use; disruption budgets that select real pods.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.kube import openapi_problems
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+BASE = DEPLOY / "kubernetes"
+
+#: (API group, resource) -> the verbs the Kubernetes launcher, pod watcher and node inventory use.
+USED_VERBS = {
+    ("", "pods"): {"create", "get", "list", "watch", "delete"},
+    ("", "services"): {"create", "get", "list", "delete"},
+    ("networking.k8s.io", "networkpolicies"): {"create", "get", "delete"},
+    ("", "nodes"): {"get", "list", "watch"},
+}
+
+
+def kustomization() -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load((BASE / "kustomization.yaml").read_text())
+    return loaded
+
+
+def documents() -> list[dict[str, Any]]:
+    return [
+        doc
+        for name in kustomization()["resources"]
+        for doc in yaml.safe_load_all((BASE / name).read_text())
+        if doc
+    ]
+
+
+def of_kind(kind: str) -> list[dict[str, Any]]:
+    return [doc for doc in documents() if doc["kind"] == kind]
+
+
+def test_the_kustomization_lists_every_manifest_file() -> None:
+    files = {path.name for path in BASE.glob("*.yaml")} - {"kustomization.yaml"}
+    assert sorted(kustomization()["resources"]) == sorted(files)
+
+
+def test_every_manifest_is_valid_against_the_kubernetes_openapi_models() -> None:
+    docs = documents()
+    assert len(docs) >= 15
+    assert {doc["kind"]: openapi_problems(doc) for doc in docs if openapi_problems(doc)} == {}
+
+
+def test_every_namespaced_object_names_its_namespace_and_namespaces_enforce_restricted_pods() -> None:
+    cluster_wide = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
+    assert all(doc["metadata"].get("namespace") for doc in documents() if doc["kind"] not in cluster_wide)
+    for namespace in of_kind("Namespace"):
+        assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+
+
+def test_the_deployments_run_every_role_hardened_and_with_resources() -> None:
+    roles: set[str] = set()
+    for deployment in of_kind("Deployment"):
+        pod = deployment["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        for container in pod["containers"]:
+            assert container["command"][:3] == ["ffdl", "up", "--roles"]
+            roles.update(container["command"][3].split(","))
+            assert {"cpu", "memory"} <= set(container["resources"]["requests"])
+            assert "memory" in container["resources"]["limits"]
+            assert container["securityContext"]["readOnlyRootFilesystem"] is True
+            assert container["securityContext"]["allowPrivilegeEscalation"] is False
+            assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+        assert (
+            deployment["spec"]["selector"]["matchLabels"].items()
+            <= deployment["spec"]["template"]["metadata"]["labels"].items()
+        )
+    assert roles == {"api", "workers", "scheduler", "projector"}
+
+
+def test_the_http_role_is_probed_on_healthz_and_readyz() -> None:
+    serving = [
+        d
+        for d in of_kind("Deployment")
+        if any(c.get("ports") for c in d["spec"]["template"]["spec"]["containers"])
+    ]
+    assert [d["metadata"]["name"] for d in serving] == ["ffdl-api"]
+    (container,) = serving[0]["spec"]["template"]["spec"]["containers"]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    (service,) = of_kind("Service")
+    assert service["spec"]["selector"].items() <= serving[0]["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_only_the_roles_that_call_the_kubernetes_api_get_a_token() -> None:
+    tokens = {
+        d["metadata"]["name"]: d["spec"]["template"]["spec"]["automountServiceAccountToken"]
+        for d in of_kind("Deployment")
+    }
+    assert tokens == {"ffdl-api": False, "ffdl-workers": True, "ffdl-scheduler": True}
+
+
+def test_rbac_grants_exactly_the_verbs_the_launcher_and_the_watches_use() -> None:
+    granted: dict[tuple[str, str], set[str]] = {}
+    for role in [*of_kind("Role"), *of_kind("ClusterRole")]:
+        for rule in role["rules"]:
+            assert "*" not in rule["verbs"] and "*" not in rule["resources"]
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    granted.setdefault((group, resource), set()).update(rule["verbs"])
+    assert granted == USED_VERBS
+    (role,) = of_kind("Role")
+    assert role["metadata"]["namespace"] == "ffdl-jobs"  # learner pods only, not the platform's namespace
+    (cluster_role,) = of_kind("ClusterRole")
+    assert [rule["resources"] for rule in cluster_role["rules"]] == [["nodes"]]
+    bound = {
+        (b["roleRef"]["name"], s["name"])
+        for b in [*of_kind("RoleBinding"), *of_kind("ClusterRoleBinding")]
+        for s in b["subjects"]
+    }
+    assert bound == {
+        ("ffdl-launcher", "ffdl-workers"),
+        ("ffdl-node-reader", "ffdl-workers"),
+        ("ffdl-node-reader", "ffdl-scheduler"),
+    }
+
+
+def test_every_disruption_budget_selects_the_pods_of_a_deployment() -> None:
+    templates = [d["spec"]["template"]["metadata"]["labels"] for d in of_kind("Deployment")]
+    budgets = of_kind("PodDisruptionBudget")
+    assert len(budgets) == len(templates)
+    for budget in budgets:
+        selector = budget["spec"]["selector"]["matchLabels"]
+        assert sum(selector.items() <= labels.items() for labels in templates) == 1
+
+
+def test_the_platform_configuration_chooses_pods_kafka_and_etcd() -> None:
+    (config,) = of_kind("ConfigMap")
+    data = config["data"]
+    assert data["FFDL_LAUNCHER"] == "kubernetes"
+    assert data["FFDL_BUS"].startswith("kafka://")
+    assert data["FFDL_HEARTBEATS"].startswith("etcd://")
+    assert data["FFDL_KUBE__NAMESPACE"] == "ffdl-jobs"
+
+
+@pytest.mark.skipif(
+    shutil.which("kubectl") is None, reason="kubectl (with its built-in kustomize) is not installed"
+)
+def test_kustomize_renders_the_base_into_valid_objects() -> None:
+    rendered = subprocess.run(
+        ["kubectl", "kustomize", str(BASE)], check=True, capture_output=True, text=True
+    ).stdout
+    docs = [doc for doc in yaml.safe_load_all(rendered) if doc]
+    assert len(docs) == len(documents())
+    assert [problem for doc in docs for problem in openapi_problems(doc)] == []
+    assert {
+        c["image"]
+        for d in docs
+        if d["kind"] == "Deployment"
+        for c in d["spec"]["template"]["spec"]["containers"]
+    } == {"ffdl:0.1.0"}
+
+
+def test_the_image_is_multi_stage_unprivileged_and_starts_under_tini() -> None:
+    lines = [
+        line.strip()
+        for line in (DEPLOY / "Dockerfile").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    assert sum(line.startswith("FROM ") for line in lines) >= 2
+    (user,) = [line for line in lines if line.startswith("USER ")]
+    assert user.split()[1].split(":")[0] not in ("0", "root")
+    assert 'ENTRYPOINT ["tini", "-g", "--"]' in lines
+    assert any("apt-get install" in line and "tini" in line for line in lines)
+
+
+def test_the_compose_stack_runs_the_platform_on_kafka_etcd_and_mosquitto() -> None:
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    services = compose["services"]
+    assert set(services) == {"kafka", "etcd", "mosquitto", "ffdl"}
+    environment = services["ffdl"]["environment"]
+    assert environment["FFDL_BUS"] == "kafka://kafka:9092"
+    assert environment["FFDL_HEARTBEATS"] == "etcd://etcd:2379"
+    assert environment["FFDL_MQTT"] == "mqtt://mosquitto:1883"
+    assert set(services["ffdl"]["depends_on"]) == {"kafka", "etcd", "mosquitto"}

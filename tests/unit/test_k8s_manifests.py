@@ -1,0 +1,219 @@
+"""The Kubernetes launcher's manifests: deterministic DNS-safe names, the learner environment, GPU
+placement, isolation and hardening, each validated against the Kubernetes OpenAPI models."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from ffdl.adapters.launchers.k8s_manifests import (
+    GPU_RESOURCE,
+    LABEL_JOB,
+    PodSettings,
+    dns_label,
+    job_selector,
+    label_value,
+    learner_of,
+    network_policy_manifest,
+    pod_manifest,
+    pod_name,
+    service_manifest,
+    service_name,
+)
+from ffdl.events.model import Checkpoint, JobSpec, LearnerPlacement, Placement
+from ffdl.handlers.ports import LaunchRequest, LearnerHandle
+from tests.kube import openapi_problems
+
+DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+SETTINGS = PodSettings(
+    namespace="jobs", image="registry.example/ffdl:1", heartbeats_url="etcd://etcd.ffdl:2379"
+)
+SERVICE = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "ffdl-job", "uid": "0c8a-uid"}}
+
+
+def request(job_id: str = "mnist-1a2b", *, gpus: int = 2, learners: int = 2, **spec: Any) -> LaunchRequest:
+    job = JobSpec(name="mnist", command="python train.py --epochs 3", learners=learners, gpus=gpus, **spec)
+    placement = Placement(
+        learners=tuple(
+            LearnerPlacement(rank=rank, node=f"gpu-{rank}", gpus=tuple(range(4, 4 + gpus)))
+            for rank in range(learners)
+        )
+    )
+    checkpoint = Checkpoint(rank=0, attempt=1, step=9, uri="file:///ffdl/checkpoints/step-9")
+    return LaunchRequest(job_id, "Team A", 2, job, placement, resume_from=checkpoint)
+
+
+def pod(launch: LaunchRequest, rank: int = 0, settings: PodSettings = SETTINGS) -> dict[str, Any]:
+    return pod_manifest(launch, launch.placement.learners[rank], 0, SERVICE, settings)
+
+
+def env_of(manifest: dict[str, Any]) -> dict[str, str]:
+    return {item["name"]: item["value"] for item in manifest["spec"]["containers"][0]["env"]}
+
+
+@pytest.mark.parametrize(
+    "job_id",
+    ["mnist-1a2b", "x" * 128, "Upper_Case.and.dots", "ends-with-dash-", "ünïcode-job", "a" * 60 + "-b"],
+)
+def test_names_are_dns_labels_of_at_most_63_characters(job_id: str) -> None:
+    names = [service_name(job_id), pod_name(job_id, 12, 1023)]
+    assert all(DNS_LABEL.match(name) and len(name) <= 63 for name in names), names
+    assert LABEL_VALUE.match(label_value(job_id)) and len(label_value(job_id)) <= 63
+
+
+def test_names_are_deterministic_readable_when_possible_and_distinct_when_shortened() -> None:
+    assert pod_name("mnist-1a2b", 1, 0) == "ffdl-mnist-1a2b-a1-r0" == pod_name("mnist-1a2b", 1, 0)
+    assert service_name("mnist-1a2b") == "ffdl-mnist-1a2b"
+    assert label_value("mnist-1a2b") == "mnist-1a2b"
+    long_a, long_b = "x" * 100 + "a", "x" * 100 + "b"
+    assert pod_name(long_a, 1, 0) != pod_name(long_b, 1, 0)
+    assert label_value(long_a) != label_value(long_b)
+    assert dns_label("ffdl", "Job") != dns_label("ffdl", "job")  # a changed name carries a hash
+    assert job_selector("Upper_Case") == f"{LABEL_JOB}={label_value('Upper_Case')}"
+
+
+def test_every_manifest_is_valid_against_the_kubernetes_openapi_models() -> None:
+    launch = request()
+    manifests = [
+        pod(launch),
+        pod(request(gpus=0)),
+        pod(
+            launch,
+            settings=PodSettings(
+                namespace="jobs",
+                image="i",
+                heartbeats_url="etcd://e:2379",
+                service_account="learners",
+                storage_claim="ffdl-storage",
+            ),
+        ),
+        service_manifest(launch.job_id, launch.tenant, SETTINGS),
+        network_policy_manifest(launch.job_id, launch.tenant, SERVICE, SETTINGS),
+    ]
+    assert [problem for manifest in manifests for problem in openapi_problems(manifest)] == []
+
+
+def test_a_learner_pod_is_bare_hardened_and_owned_by_the_jobs_service() -> None:
+    manifest = pod(request())
+    spec = manifest["spec"]
+    (container,) = spec["containers"]
+    assert spec["restartPolicy"] == "Never"
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert manifest["metadata"]["ownerReferences"] == [
+        {"apiVersion": "v1", "kind": "Service", "name": "ffdl-job", "uid": "0c8a-uid"}
+    ]
+    assert "/tmp" in {
+        mount["mountPath"] for mount in container["volumeMounts"]
+    }  # writable despite a read-only root
+
+
+def test_a_learner_runs_the_command_under_tini_and_the_agent_from_the_configured_image() -> None:
+    (container,) = pod(request())["spec"]["containers"]
+    assert container["image"] == "registry.example/ffdl:1"
+    assert container["command"] == [
+        "tini",
+        "-s",
+        "-g",
+        "--",
+        "python",
+        "-m",
+        "ffdl.adapters.agent",
+        "--",
+        "python train.py --epochs 3",
+    ]
+    (own_image,) = pod(request(image="user/trainer:2"))["spec"]["containers"]
+    assert own_image["image"] == "user/trainer:2"
+
+
+def test_a_gpu_learner_gets_its_gpus_pinned_to_its_node_and_its_gpu_type() -> None:
+    manifest = pod(request(gpu_type="H100"), rank=1)
+    (container,) = manifest["spec"]["containers"]
+    assert (
+        container["resources"]["requests"][GPU_RESOURCE]
+        == container["resources"]["limits"][GPU_RESOURCE]
+        == "2"
+    )
+    assert container["resources"]["requests"]["cpu"] == "1000m"
+    assert container["resources"]["limits"]["memory"] == "1024Mi"
+    terms = manifest["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms["nodeSelectorTerms"] == [
+        {
+            "matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gpu-1"]}],
+            "matchExpressions": [{"key": label, "operator": "In", "values": ["H100"]}],
+        }
+        for label in SETTINGS.gpu_type_labels
+    ]
+    assert manifest["spec"]["tolerations"] == [
+        {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
+    ]
+
+
+def test_a_cpu_learner_asks_for_no_gpu_and_no_gpu_type() -> None:
+    manifest = pod(request(gpus=0, gpu_type="H100"))
+    (container,) = manifest["spec"]["containers"]
+    assert GPU_RESOURCE not in container["resources"]["requests"]
+    terms = manifest["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms == {
+        "nodeSelectorTerms": [
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gpu-0"]}]}
+        ]
+    }
+    assert "tolerations" not in manifest["spec"]
+
+
+def test_the_environment_contract_points_at_rank_0_through_the_headless_service() -> None:
+    env = env_of(pod(request(), rank=1))
+    assert env["MASTER_ADDR"] == "ffdl-mnist-1a2b-a2-r0.ffdl-mnist-1a2b.jobs.svc.cluster.local"
+    assert env["MASTER_PORT"] == "29500"
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1"  # the container holds exactly its two GPUs
+    assert (env["RANK"], env["WORLD_SIZE"], env["LEARNER_ID"], env["FFDL_ATTEMPT"]) == ("1", "2", "2", "2")
+    assert env["FFDL_RESUME_FROM"] == "/ffdl/checkpoints/step-9"
+    assert env["FFDL_HEARTBEATS"] == "etcd://etcd.ffdl:2379"
+    assert env["FFDL_CHECKPOINT_DIR"] == env["CHECKPOINT_DIR"] == "/ffdl/checkpoints"
+    assert "FFDL_LOG_FILE" not in env  # the learner's output is the container's log
+
+
+def test_checkpoints_and_results_live_in_the_jobs_own_directories_of_the_storage_claim() -> None:
+    settings = PodSettings(
+        namespace="jobs", image="i", heartbeats_url="etcd://e:2379", storage_claim="ffdl-storage"
+    )
+    spec = pod(request(), settings=settings)["spec"]
+    mounts = {mount["mountPath"]: mount.get("subPath") for mount in spec["containers"][0]["volumeMounts"]}
+    assert mounts["/ffdl/checkpoints"] == "ffdl-mnist-1a2b/checkpoints"
+    assert mounts["/ffdl/results"] == "ffdl-mnist-1a2b/results"
+    assert {"name": "storage", "persistentVolumeClaim": {"claimName": "ffdl-storage"}} in spec["volumes"]
+
+
+def test_the_network_policy_admits_only_the_jobs_own_pods() -> None:
+    policy = network_policy_manifest("mnist-1a2b", "Team A", SERVICE, SETTINGS)
+    job = {"matchLabels": {LABEL_JOB: "mnist-1a2b"}}
+    assert policy["spec"] == {
+        "podSelector": job,
+        "policyTypes": ["Ingress"],
+        "ingress": [{"from": [{"podSelector": job}]}],
+    }
+
+
+def test_the_service_is_headless_and_selects_the_jobs_pods() -> None:
+    service = service_manifest("mnist-1a2b", "Team A", SETTINGS)
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["selector"] == {LABEL_JOB: "mnist-1a2b"}
+    assert service["spec"]["publishNotReadyAddresses"] is True
+
+
+def test_a_pods_learner_is_read_back_from_its_labels_and_annotations() -> None:
+    job_id = "Some_Job-" + "y" * 90
+    manifest = pod(request(job_id))
+    assert learner_of(manifest) == LearnerHandle(job_id, 2, 0)
+    assert learner_of({"metadata": {"labels": {}}}) is None

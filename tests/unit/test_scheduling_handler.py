@@ -1,0 +1,240 @@
+"""The scheduler role on the real embedded log with the real job owner: allocations, preemption
+through the owner, recorded wait reasons, and the same decisions from the same log."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from ffdl.adapters.bus import open_bus
+from ffdl.adapters.election import FileElection
+from ffdl.core.allocator import Node
+from ffdl.core.decider import decide
+from ffdl.core.invariants import check
+from ffdl.core.job import Job, evolve
+from ffdl.core.scheduling import SchedulerPolicy
+from ffdl.core.states import JobState
+from ffdl.events import commands as cmd
+from ffdl.events import types as ev
+from ffdl.events.codec import command_from_json, event_from_json
+from ffdl.events.envelope import Command, CommandData, Event
+from ffdl.events.model import Checkpoint, JobSpec, WaitReason
+from ffdl.handlers.messaging import CommandSender, Topics
+from ffdl.handlers.owner import SCHEDULER_ROLE, JobOwner
+from ffdl.handlers.ports import Bus
+from ffdl.handlers.runtime import consume
+from ffdl.handlers.scheduler import Scheduler
+from tests.services import wait_until_async
+
+S = JobState
+TENANT = "t"
+
+
+@dataclass
+class Cluster:
+    """A job owner and a scheduler running on one embedded log, and a sender for the test's commands."""
+
+    bus: Bus
+    topics: Topics
+    owner: JobOwner
+    scheduler: Scheduler
+    user: CommandSender
+
+    async def send(self, job_id: str, data: CommandData) -> None:
+        await self.user.send(self.user.make(job_id, TENANT, data))
+
+    def job(self, job_id: str) -> Job | None:
+        return self.owner.book.jobs.get(job_id)
+
+    async def until(self, job_id: str, holds: Callable[[Job], bool], what: str) -> Job:
+        await wait_until_async(lambda: (j := self.job(job_id)) is not None and holds(j), 15.0, what=what)
+        job = self.job(job_id)
+        assert job is not None
+        return job
+
+    async def queue(self, job_id: str, gpus: int, priority: int = 0) -> None:
+        await self.send(
+            job_id, cmd.SubmitJob(spec=JobSpec(name=job_id, command="train", gpus=gpus, priority=priority))
+        )
+        await self.send(job_id, cmd.AdmitJob())
+
+    async def log(self) -> list[tuple[Event, str]]:
+        events = []
+        for partition in sorted(await self.bus.end_offsets(self.topics.events)):
+            async for record in self.bus.read(self.topics.events, partition):
+                events.append((event_from_json(record.value), f"{partition}:{record.offset}"))
+        return events
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
+    bus = open_bus(f"embedded://{tmp_path / 'log'}", 2)
+    await bus.start()
+    topics = Topics()
+    election = FileElection(tmp_path / "election")
+    token = await election.campaign(SCHEDULER_ROLE)
+    owner = JobOwner(bus, topics, election)
+    scheduler = Scheduler(
+        bus,
+        topics.events,
+        CommandSender(bus, topics, "scheduler"),
+        lambda: [Node("n0", 4)],
+        token,
+        policy=SchedulerPolicy(min_runtime_s=0.0),
+    )
+    stop = asyncio.Event()
+    tasks = [
+        asyncio.create_task(consume(bus, "owners", [topics.commands], owner, stop)),
+        asyncio.create_task(consume(bus, "scheduler", [topics.events], scheduler, stop)),
+    ]
+    try:
+        yield Cluster(bus, topics, owner, scheduler, CommandSender(bus, topics, "test"))
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks)
+        await bus.close()
+        await election.close()
+
+
+async def test_a_higher_priority_job_preempts_and_the_victim_resumes_from_its_checkpoint(
+    cluster: Cluster,
+) -> None:
+    await cluster.queue("low", gpus=4)
+    await cluster.until("low", lambda j: j.state is S.SCHEDULED, "low gets the GPUs")
+    await cluster.send("low", cmd.BeginLaunch(attempt=1))
+    await cluster.send("low", cmd.ReportLearnerStarted(rank=0, attempt=1))
+    await cluster.send(
+        "low", cmd.ReportCheckpoint(checkpoint=Checkpoint(rank=0, attempt=1, step=7, uri="ckpt/7"))
+    )
+    await cluster.until("low", lambda j: j.state is S.RUNNING and bool(j.checkpoints), "low runs")
+
+    await cluster.queue("high", gpus=4, priority=10)
+    halting = await cluster.until("low", lambda j: j.state is S.HALTING, "the scheduler halts low for high")
+    assert halting.requeue_on_halt and "preempted by job high" in halting.reason
+    high = await cluster.until("high", lambda j: j.waiting is not None, "high records why it waits")
+    assert high.waiting is not None and high.waiting.code is WaitReason.PREEMPTION
+    assert high.waiting.waiting_for == ("low",)
+
+    await cluster.send("low", cmd.ReportLearnerExited(rank=0, attempt=1, exit_code=0))
+    await cluster.until("low", lambda j: j.state is S.QUEUED, "low is requeued once halted")
+    await cluster.send("low", cmd.ReleaseGpus())
+    await cluster.until("high", lambda j: j.state is S.SCHEDULED, "high gets the freed GPUs")
+    low = await cluster.until("low", lambda j: j.waiting is not None, "low records why it waits now")
+    assert low.waiting is not None and low.waiting.code is WaitReason.CAPACITY
+
+    await cluster.send("high", cmd.CancelJob(reason="done with it"))
+    await cluster.send("high", cmd.ReleaseGpus())
+    await cluster.until("low", lambda j: j.state is S.SCHEDULED, "low gets its GPUs back")
+    await cluster.send("low", cmd.BeginLaunch(attempt=2))
+    resumed = await cluster.until("low", lambda j: j.state is S.LAUNCHING, "low relaunches")
+    assert resumed.resume_from is not None and resumed.resume_from.step == 7
+
+    log = await cluster.log()
+    assert check(log) == []
+    halts = [e for e, _ in log if isinstance(e.data, ev.HaltRequested) and e.job_id == "low"]
+    assert len(halts) == 1 and halts[0].fencing_token is not None, "preempted once, with the leader's token"
+
+
+async def test_the_same_log_in_another_order_yields_the_same_decisions(cluster: Cluster) -> None:
+    for index, gpus in enumerate([2, 3, 1, 4, 2, 1]):
+        await cluster.queue(f"job-{index}", gpus=gpus, priority=index % 3)
+    await wait_until_async(
+        lambda: sum(1 for j in cluster.owner.book.jobs.values() if j.state is not S.SUBMITTED) == 6,
+        15.0,
+        what="every job is queued or scheduled",
+    )
+    await asyncio.sleep(0)
+    log = [event for event, _ in await cluster.log()]
+    by_job: dict[str, list[Event]] = {}
+    for event in log:
+        by_job.setdefault(event.job_id, []).append(event)
+
+    def replayed(seed: int) -> Scheduler:
+        """A fresh scheduler folding the log with the jobs' events interleaved in another order."""
+        fresh = Scheduler(cluster.bus, cluster.topics.events, cluster.user, lambda: [Node("n0", 4)], 1)
+        pending = {job_id: list(events) for job_id, events in by_job.items()}
+        rng = random.Random(seed)
+        while pending:
+            job_id = rng.choice(sorted(pending))
+            event = pending[job_id].pop(0)
+            fresh.fold(event, 0)
+            if not pending[job_id]:
+                del pending[job_id]
+        return fresh
+
+    now = datetime(2026, 1, 1, tzinfo=UTC).timestamp()
+    plans = [replayed(seed).next_plan(now)[1] for seed in range(3)]
+    assert plans[0] == plans[1] == plans[2]
+
+
+async def test_an_allocation_stays_held_until_the_owner_answers_it_not_just_until_the_next_event(
+    tmp_path: Path,
+) -> None:
+    """A reason sent a cycle before the allocation is answered first; the allocation must still count."""
+    bus = open_bus(f"embedded://{tmp_path}", 1)
+    await bus.start()
+    topics = Topics()
+    scheduler = Scheduler(
+        bus, topics.events, CommandSender(bus, topics, "scheduler"), lambda: [Node("n0", 4)], 1
+    )
+    jobs: dict[str, Job] = {}
+    delivered = 0
+
+    def apply(command: Command) -> None:
+        for event in decide(jobs.get(command.job_id), command, datetime.now(UTC)):
+            jobs[command.job_id] = evolve(jobs.get(command.job_id), event)
+            scheduler.fold(event, 0)
+
+    def user(job_id: str, data: CommandData) -> None:
+        apply(
+            Command(
+                command_id=uuid.uuid4(),
+                job_id=job_id,
+                tenant=TENANT,
+                issued_at=datetime.now(UTC),
+                producer="test",
+                data=data,
+            )
+        )
+
+    async def from_scheduler() -> list[Command]:
+        """The commands the scheduler sent since the last call, not yet delivered to the owner."""
+        nonlocal delivered
+        sent = [command_from_json(record.value) async for record in bus.read(topics.commands, 0)][delivered:]
+        delivered += len(sent)
+        return sent
+
+    try:
+        user("y", cmd.SubmitJob(spec=JobSpec(name="y", command="train", gpus=4)))
+        user("y", cmd.AdmitJob())
+        await scheduler.schedule()
+        for command in await from_scheduler():
+            apply(command)
+        assert jobs["y"].state is S.SCHEDULED
+        user("x", cmd.SubmitJob(spec=JobSpec(name="x", command="train", gpus=4)))
+        user("x", cmd.AdmitJob())
+        await scheduler.schedule()
+        reason = await from_scheduler()
+        assert [c.type for c in reason] == ["RecordWaitReason"]
+        user("y", cmd.CancelJob())
+        user("y", cmd.ReleaseGpus())
+        await scheduler.schedule()
+        allocation = await from_scheduler()
+        assert [(c.type, c.job_id) for c in allocation] == [("AllocateGpus", "x")]
+        apply(reason[0])  # the owner answers the older command first: x's next event is JobWaiting
+        assert jobs["x"].state is S.QUEUED and jobs["x"].waiting is not None
+        user("z", cmd.SubmitJob(spec=JobSpec(name="z", command="train", gpus=4)))
+        user("z", cmd.AdmitJob())
+        await scheduler.schedule()
+        assert all(c.type != "AllocateGpus" for c in await from_scheduler()), "x's GPUs were promised again"
+        apply(allocation[0])
+        assert jobs["x"].placement is not None
+    finally:
+        await bus.close()

@@ -1,0 +1,179 @@
+"""Every reason ``ffdl why`` can give, each from a scenario that produces it, and the answer the
+projection builds from the recorded reason (queue position, what the job waits for)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from ffdl.core.allocator import Node
+from ffdl.core.cluster import ClusterState, Demand, Gang, HeldJob
+from ffdl.core.decider import decide
+from ffdl.core.job import Job, evolve
+from ffdl.core.scheduling import Plan, SchedulerPolicy, WaitingJob, plan
+from ffdl.core.tenancy import TenancyPolicy, TenantQuota
+from ffdl.events import commands as cmd
+from ffdl.events.envelope import Command, CommandData, Event
+from ffdl.events.model import JobSpec, WaitReason
+from ffdl.projections.store import LoggedEvent, Projection
+
+W = WaitReason
+NOW = 10_000.0
+
+
+def hold(
+    state: ClusterState, job_id: str, node: str, gpus: range, *, priority: int = 0, tenant: str = "a"
+) -> None:
+    state.hold(HeldJob(job_id, tenant, Demand(1, len(gpus)), priority, Gang(((node, tuple(gpus)),)), 0.0))
+
+
+def job(
+    job_id: str, demand: Demand, *, tenant: str = "a", priority: int = 0, order: float = 1.0
+) -> WaitingJob:
+    return WaitingJob(job_id, tenant, demand, priority, (order, job_id))
+
+
+def again(jobs: list[WaitingJob], decided: Plan) -> list[WaitingJob]:
+    return [
+        WaitingJob(j.job_id, j.tenant, j.demand, j.priority, j.queued_order, decided.waits.get(j.job_id))
+        for j in jobs
+        if j.job_id in decided.waits
+    ]
+
+
+def test_quota_a_tenant_at_its_limit_waits_even_with_free_gpus() -> None:
+    policy = SchedulerPolicy(TenancyPolicy({"a": TenantQuota(guaranteed_gpus=4, borrowing_limit_gpus=2)}))
+    state = ClusterState([Node("n0", 8)])
+    hold(state, "running", "n0", range(4))
+    wait = plan(state, [job("more", Demand(1, 4))], NOW, policy).waits["more"]
+    assert wait.code is W.QUOTA
+    assert "at most 6 GPUs (4 guaranteed + 2 borrowed)" in wait.detail
+
+
+def test_quota_a_job_bigger_than_its_tenant_may_ever_hold_says_it_can_never_run() -> None:
+    policy = SchedulerPolicy(TenancyPolicy({"a": TenantQuota(guaranteed_gpus=2, borrowing_limit_gpus=0)}))
+    wait = plan(ClusterState([Node("n0", 8)]), [job("huge", Demand(1, 4))], NOW, policy).waits["huge"]
+    assert wait.code is W.QUOTA and "cannot run under this quota" in wait.detail
+
+
+def test_capacity_too_few_gpus_are_free() -> None:
+    state = ClusterState([Node("n0", 8)])
+    hold(state, "busy", "n0", range(6))
+    assert (
+        plan(state, [job("wants-4", Demand(1, 4))], NOW, SchedulerPolicy()).waits["wants-4"].code
+        is W.CAPACITY
+    )
+
+
+def test_fragmentation_enough_gpus_are_free_but_scattered() -> None:
+    state = ClusterState([Node("n0", 8), Node("n1", 8)])
+    hold(state, "left", "n0", range(4))
+    hold(state, "right", "n1", range(4))
+    wait = plan(state, [job("wants-8", Demand(1, 8))], NOW, SchedulerPolicy()).waits["wants-8"]
+    assert wait.code is W.FRAGMENTATION
+
+
+def test_gpu_type_gpus_are_free_but_not_of_the_type_asked_for() -> None:
+    state = ClusterState([Node("a100-node", 8, "a100"), Node("h100-node", 8, "h100")])
+    hold(state, "busy", "h100-node", range(8))
+    wanted = Demand(1, 4, gpu_type="h100")
+    assert plan(state, [job("h100-job", wanted)], NOW, SchedulerPolicy()).waits["h100-job"].code is W.GPU_TYPE
+
+
+def test_priority_a_higher_priority_job_waits_ahead_for_the_same_gpus() -> None:
+    state = ClusterState([Node("n0", 8)])
+    hold(state, "busy", "n0", range(8), priority=20)
+    jobs = [job("important", Demand(1, 8), priority=10), job("ordinary", Demand(1, 4), priority=0)]
+    wait = plan(state, jobs, NOW, SchedulerPolicy()).waits["ordinary"]
+    assert wait.code is W.PRIORITY and wait.waiting_for == ("important",)
+
+
+def test_reservation_it_would_fit_but_only_on_nodes_kept_for_an_older_job() -> None:
+    state = ClusterState([Node("n0", 8), Node("n1", 8)])
+    hold(state, "busy", "n0", range(4))
+    jobs = [job("big", Demand(2, 8), order=0.0)]
+    first = plan(state, jobs, NOW, SchedulerPolicy(max_reservations=1))
+    decided = plan(state, [*again(jobs, first), job("small", Demand(1, 2))], NOW + 1, SchedulerPolicy())
+    wait = decided.waits["small"]
+    assert wait.code is W.RESERVATION and wait.waiting_for == ("big",)
+    assert decided.waits["big"].reserved_nodes == ("n0", "n1")
+
+
+def test_preemption_it_waits_for_the_jobs_halted_for_it() -> None:
+    state = ClusterState([Node("n0", 8)])
+    hold(state, "low", "n0", range(8), priority=0, tenant="b")
+    wait = plan(state, [job("high", Demand(1, 8), priority=5)], NOW, SchedulerPolicy()).waits["high"]
+    assert wait.code is W.PREEMPTION and wait.waiting_for == ("low",)
+    assert "preempting 1 job(s) (low)" in wait.detail
+
+
+# -- the answer from the projection ---------------------------------------------------------------
+
+START = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+class Log:
+    """Jobs driven through the real decider, their events folded into a real projection."""
+
+    def __init__(self, path: Path) -> None:
+        self.projection = Projection(path)
+        self.jobs: dict[str, Job] = {}
+        self.offset = 0
+
+    def send(self, job_id: str, data: CommandData, at: timedelta, tenant: str = "a") -> list[Event]:
+        command = Command(
+            command_id=uuid.uuid4(),
+            job_id=job_id,
+            tenant=tenant,
+            issued_at=START + at,
+            producer="test",
+            data=data,
+        )
+        events = decide(self.jobs.get(job_id), command, START + at)
+        for event in events:
+            self.jobs[job_id] = evolve(self.jobs.get(job_id), event)
+        self.projection.apply([LoggedEvent(e, 0, self.offset + i) for i, e in enumerate(events)])
+        self.offset += len(events)
+        return events
+
+    def queue(self, job_id: str, gpus: int, at: timedelta, priority: int = 0, tenant: str = "a") -> None:
+        spec = JobSpec(name=job_id, command="train", gpus=gpus, priority=priority)
+        self.send(job_id, cmd.SubmitJob(spec=spec), at, tenant)
+        self.send(job_id, cmd.AdmitJob(), at, tenant)
+
+
+def test_why_answers_with_the_recorded_reason_the_queue_position_and_what_it_waits_for(
+    tmp_path: Path,
+) -> None:
+    log = Log(tmp_path / "projections.sqlite")
+    log.queue("first", 8, timedelta(seconds=1))
+    log.queue("urgent", 8, timedelta(seconds=2), priority=5, tenant="b")
+    log.queue("second", 4, timedelta(seconds=3))
+    reason = cmd.RecordWaitReason(
+        code=W.RESERVATION,
+        detail="needs 1 learner(s) x 4 GPU(s); it would fit, "
+        "but only on nodes kept free for first, ahead of it",
+        waiting_for=("first",),
+    )
+    assert [e.type for e in log.send("second", reason, timedelta(seconds=4))] == ["JobWaiting"]
+    assert log.send("second", reason, timedelta(seconds=5)) == [], "an unchanged reason is not recorded again"
+    answer = log.projection.why("second")
+    assert answer is not None
+    assert answer["state"] == "QUEUED"
+    assert answer["position"] == 3 and answer["queue_length"] == 3 and answer["tenant_position"] == 2
+    assert answer["waiting"]["code"] == "reservation" and answer["waiting"]["waiting_for"] == ["first"]
+    assert answer["summary"].startswith("second waits (reservation, position 3 of 3 in the queue)")
+    assert "waiting for first" in answer["summary"]
+    fresh = log.projection.why("first")
+    assert fresh is not None and fresh["waiting"] is None and "has not weighed it yet" in fresh["summary"]
+
+
+def test_why_for_a_job_that_waits_no_more_gives_its_state(tmp_path: Path) -> None:
+    log = Log(tmp_path / "projections.sqlite")
+    log.queue("done-waiting", 1, timedelta(seconds=1))
+    log.send("done-waiting", cmd.CancelJob(reason="not needed"), timedelta(seconds=2))
+    answer = log.projection.why("done-waiting")
+    assert answer is not None and answer["waiting"] is None
+    assert answer["summary"] == "done-waiting is CANCELLED: not needed"
+    assert log.projection.why("no-such-job") is None

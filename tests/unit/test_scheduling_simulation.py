@@ -1,0 +1,147 @@
+"""``ffdl simulate``: the trace format, the Philly-shaped generator, and the report of a virtual-time run."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from itertools import pairwise
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from ffdl.adapters.cli.main import app
+from ffdl.adapters.traces import TraceError, generate_trace, read_trace, write_trace
+from ffdl.core.allocator import Node
+from ffdl.core.scheduling import SchedulerPolicy
+from ffdl.core.simulation import TraceJob, simulate, summarize
+from ffdl.core.tenancy import TenancyPolicy, TenantQuota
+
+REPORT_KEYS = {
+    "jobs",
+    "completed",
+    "utilization",
+    "queue_delay_p50",
+    "queue_delay_p99",
+    "makespan",
+    "preemptions",
+    "max_gpus_in_use",
+}
+
+
+def nodes(count: int, gpus: int = 8) -> list[Node]:
+    return [Node(f"n{i}", gpus) for i in range(count)]
+
+
+def test_the_generator_gives_philly_shapes_and_the_same_trace_for_the_same_seed() -> None:
+    trace = generate_trace(4000, nodes=64, gpus_per_node=8, tenants=5, seed=11)
+    assert trace == generate_trace(4000, nodes=64, gpus_per_node=8, tenants=5, seed=11)
+    assert trace != generate_trace(4000, nodes=64, gpus_per_node=8, tenants=5, seed=12)
+    sizes = Counter(job.gpus for job in trace)
+    assert sum(n for gpus, n in sizes.items() if gpus <= 8) > 0.9 * len(trace)
+    assert sizes[1] > len(trace) / 2
+    assert {16, 32, 64, 128} <= set(sizes)
+    runtimes = sorted(job.runtime for job in trace)
+    assert runtimes[len(runtimes) // 2] < 3600 < runtimes[-len(runtimes) // 100]  # a heavy tail
+    assert len({job.tenant for job in trace}) == 5
+    assert all(a.submit_time <= b.submit_time for a, b in pairwise(trace))
+
+
+def test_a_trace_survives_writing_and_reading(tmp_path: Path) -> None:
+    trace = [*generate_trace(50, nodes=4, seed=1), TraceJob("typed", 99.0, "t", 2, 4, 60.0, 5, "h100")]
+    path = tmp_path / "trace.jsonl"
+    write_trace(trace, path)
+    again = read_trace(path)
+    assert [(j.job_id, j.learners, j.gpus_per_learner, j.gpu_type, j.priority) for j in again] == [
+        (j.job_id, j.learners, j.gpus_per_learner, j.gpu_type, j.priority) for j in trace
+    ]
+
+
+def test_a_bad_trace_line_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "trace.jsonl"
+    path.write_text(
+        '{"submit_time": 0, "tenant": "a", "learners": 1, "gpus_per_learner": 1, "runtime": 5}\n'
+        '{"submit_time": 1, "tenant": "a", "learners": 0, "gpus_per_learner": 1, "runtime": 5}\n'
+    )
+    with pytest.raises(TraceError, match=r"trace.jsonl:2: learners"):
+        read_trace(path)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    jobs=st.lists(
+        st.tuples(
+            st.floats(0, 500),
+            st.sampled_from("abc"),
+            st.integers(1, 4),
+            st.sampled_from([1, 2, 4, 8]),
+            st.floats(1, 300),
+            st.sampled_from([-5, 0, 5]),
+        ),
+        min_size=1,
+        max_size=40,
+    ),
+    node_count=st.integers(1, 4),
+)
+def test_a_simulation_never_uses_more_gpus_than_the_cluster_has_and_finishes_every_job_that_fits(
+    jobs: list[tuple[float, str, int, int, float, int]], node_count: int
+) -> None:
+    trace = [TraceJob(f"j{i}", *job) for i, job in enumerate(jobs)]
+    result = simulate(trace, nodes(node_count), SchedulerPolicy(min_runtime_s=10.0), halt_s=5.0)
+    report = summarize(result)
+    assert set(report) >= REPORT_KEYS
+    assert report["max_gpus_in_use"] <= node_count * 8
+    assert 0.0 <= report["utilization"] <= 1.0 + 1e-9
+    never = {entry["job_id"] for entry in report["never_run"]}
+    for outcome in result.outcomes:
+        if outcome.job.job_id in never:
+            assert outcome.job.gpus > node_count * 8 and outcome.first_start is None
+        else:
+            assert outcome.end is not None and outcome.first_start is not None
+            worked = outcome.end - outcome.first_start
+            assert worked >= outcome.job.runtime - 1e-6, "a preempted job loses no work, it only waits"
+
+
+def test_a_job_that_can_never_fit_or_never_be_allowed_is_reported_not_waited_for() -> None:
+    trace = [
+        TraceJob("too-wide", 0.0, "a", 1, 16, 10.0),
+        TraceJob("over-quota", 0.0, "capped", 1, 8, 10.0),
+        TraceJob("fine", 0.0, "a", 1, 8, 10.0),
+    ]
+    policy = SchedulerPolicy(
+        TenancyPolicy({"capped": TenantQuota(guaranteed_gpus=4, borrowing_limit_gpus=0)})
+    )
+    report = summarize(simulate(trace, nodes(2), policy))
+    assert {entry["job_id"] for entry in report["never_run"]} == {"too-wide", "over-quota"}
+    assert report["completed"] == 1 and report["makespan"] == 10.0
+
+
+def test_a_high_priority_arrival_preempts_and_the_victim_finishes_its_work_later() -> None:
+    trace = [
+        TraceJob("long-low", 0.0, "a", 1, 8, 1000.0, priority=0),
+        TraceJob("urgent", 200.0, "b", 1, 8, 100.0, 10),
+    ]
+    result = simulate(trace, nodes(1), SchedulerPolicy(min_runtime_s=60.0), halt_s=30.0)
+    low, urgent = result.outcomes
+    assert result.preemptions == 1 and low.preemptions == 1
+    assert urgent.first_start == 230.0  # once the victim has written its checkpoint and stopped
+    assert low.end == 230.0 + 100.0 + 800.0  # resumed after urgent, with the 800 s of work it had left
+
+
+def test_the_cli_generates_a_trace_and_prints_the_report_as_json(tmp_path: Path) -> None:
+    out = tmp_path / "philly.jsonl"
+    runner = CliRunner()
+    made = runner.invoke(app, ["simulate", "--generate", "150", "--out", str(out), "--nodes", "8", "--json"])
+    assert made.exit_code == 0, made.output
+    report = json.loads(made.output)
+    assert set(report) >= REPORT_KEYS and report["jobs"] == 150
+    assert report["max_gpus_in_use"] <= 64
+    again = runner.invoke(app, ["simulate", str(out), "--nodes", "8", "--policy", "spread", "--json"])
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.output)["cluster"]["placement"] == "spread"
+    table = runner.invoke(app, ["simulate", str(out), "--nodes", "8"])
+    assert table.exit_code == 0 and "queueing delay p50 / p99" in table.output
+    wrong = runner.invoke(app, ["simulate", str(out), "--policy", "random"])
+    assert wrong.exit_code == 2 and "pack or spread" in wrong.output
