@@ -212,6 +212,7 @@ class Platform:
             CommandSender(self.bus, self.topics, f"scheduler@{self.instance}"),
             self.inventory,
             token,
+            policy=self.settings.scheduler_policy(),
         )
         term = asyncio.create_task(
             consume(self.bus, self._group(f"scheduler.{token}"), [self.topics.events], scheduler, self._stop),

@@ -1,6 +1,6 @@
 """Heartbeat benchmarks on a real etcd: how fast a lost or hung learner is detected, and what 2,000 cost.
 
-Detection latency (the whole platform in this process, real learner agents and learners):
+Detection latency (the whole platform as one ``ffdl up`` process, real learner agents and learners):
 
 * ``sigkill``: ``--trials`` one-learner jobs run; each learner's agent and user process (one process
   group) are killed with SIGKILL, a quarter second apart; the latency of a trial runs from the kill
@@ -41,12 +41,12 @@ import platform as host
 import random
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from multiprocessing.synchronize import Event as StopFlag
@@ -57,15 +57,12 @@ import aetcd
 import httpx
 import yaml
 from aetcd import rpc
-from fastapi import FastAPI
 
 from ffdl.adapters.bus import open_bus
 from ffdl.adapters.config import NodeConfig, Settings
 from ffdl.adapters.heartbeats import JOBS_PREFIX, EtcdHeartbeatStore, learner_key, parse_key
 from ffdl.adapters.log_reading import merged_events
 from ffdl.adapters.logging import configure_logging
-from ffdl.adapters.platform import Platform
-from ffdl.adapters.serve import api_server
 from ffdl.core.job import Job, evolve, start
 from ffdl.events import commands as cmd
 from ffdl.events import types as ev
@@ -75,7 +72,7 @@ from ffdl.events.model import JobSpec, LearnerPlacement, LossReason, Placement
 from ffdl.handlers.heartbeat_keys import LearnerBeat
 from ffdl.handlers.messaging import CommandSender, Topics
 from ffdl.handlers.monitoring import Monitor
-from tests.harness import Api, fast_settings, manifest
+from tests.harness import fast_settings, manifest
 from tests.services import EtcdServer, free_port
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -131,25 +128,76 @@ def etcd_pid(server: EtcdServer) -> int:
 # -- detection latency ----------------------------------------------------------------------------
 
 
-@asynccontextmanager
-async def serving(settings: Settings) -> AsyncIterator[Api]:
-    async with Platform(settings) as platform:
-        server = api_server(platform, settings.api)
-        task = asyncio.create_task(server.serve())
+class PlatformProcess:
+    """``ffdl up`` (every role) in a process of its own, so that the benchmark's polling of the log
+    and of etcd never competes with the monitor and the owners for their event loop; driven over HTTP.
+    """
+
+    def __init__(self, settings: Settings, log_path: Path) -> None:
+        self.settings = settings
+        self._log_path = log_path
+        self._process: asyncio.subprocess.Process | None = None
+        self.http = httpx.AsyncClient(base_url=settings.api, timeout=60)
+
+    async def __aenter__(self) -> PlatformProcess:
+        s = self.settings
+        nodes = [node.model_dump() for node in s.nodes or []]
+        env = {
+            **os.environ,
+            "FFDL_DATA_DIR": str(s.data_dir),
+            "FFDL_API": s.api,
+            "FFDL_HEARTBEATS": s.heartbeats_url,
+            "FFDL_HEARTBEAT_TTL_S": str(s.heartbeat_ttl_s),
+            "FFDL_MONITOR_GRACE_S": str(s.monitor_grace_s),
+            "FFDL_STOP_GRACE_S": str(s.stop_grace_s),
+            "FFDL_PARTITIONS": str(s.partitions),
+            "FFDL_NODES": json.dumps(nodes),
+            "FFDL_LOG_FORMAT": "json",
+            "FFDL_LOG_LEVEL": s.log_level,
+        }
+        with self._log_path.open("ab") as out:
+            self._process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "ffdl.adapters.cli", "up", env=env, stdout=out, stderr=subprocess.STDOUT
+            )
+        deadline = time.monotonic() + 60
+        while not await self._healthy():
+            if time.monotonic() > deadline or self._process.returncode is not None:
+                raise RuntimeError(f"the platform did not come up; see {self._log_path}")
+            await asyncio.sleep(0.1)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.http.aclose()
+        if self._process is not None and self._process.returncode is None:
+            self._process.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self._process.wait(), 30)
+            except TimeoutError:
+                self._process.kill()
+                await self._process.wait()
+
+    async def _healthy(self) -> bool:
         try:
-            async with httpx.AsyncClient(base_url=settings.api, timeout=60) as client:
-                while True:
-                    try:
-                        if (await client.get("/healthz")).status_code == 200:
-                            break
-                    except httpx.TransportError:
-                        await asyncio.sleep(0.05)
-                app = server.config.app
-                assert isinstance(app, FastAPI)
-                yield Api(client, app)
-        finally:
-            server.should_exit = True
-            await task
+            return (await self.http.get("/healthz")).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    async def submit(self, text: str) -> str:
+        response = await self.http.post(
+            "/v1/jobs", content=text, headers={"Content-Type": "application/yaml"}
+        )
+        response.raise_for_status()
+        return str(response.json()["job_id"])
+
+    async def wait_running(self, job_id: str, *, stepped: bool) -> dict[str, Any]:
+        """The job once RUNNING (and, with ``stepped``, its learner past step 0)."""
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            job: dict[str, Any] = (await self.http.get(f"/v1/jobs/{job_id}")).json()
+            if job["state"] == "RUNNING" and (not stepped or job["learners"][0]["step"] >= 1):
+                return job
+            await asyncio.sleep(0.2)
+        raise TimeoutError(f"job {job_id} did not run within 180 s")
 
 
 async def loss_times(
@@ -181,31 +229,20 @@ async def loss_times(
         await asyncio.sleep(0.5)
 
 
-async def submit_and_wait_running(api: Api, texts: Sequence[str]) -> list[dict[str, Any]]:
-    job_ids = [await api.submit(text) for text in texts]
-    return [
-        await api.wait_for(
-            job_id,
-            lambda job: job["state"] == "RUNNING" and job["learners"][0]["step"] >= 1,
-            "running",
-            timeout_s=180,
-        )
-        for job_id in job_ids
-    ]
-
-
-async def sigkill_trials(api: Api, settings: Settings, trials: int) -> list[float]:
+async def sigkill_trials(platform: PlatformProcess, trials: int) -> list[float]:
     texts = [
         manifest(f"kill-{i}", learners=1, args=["--steps", "1000000", "--delay", "0.05"], max_restarts=0)
         for i in range(trials)
     ]
-    jobs = await submit_and_wait_running(api, texts)
+    job_ids = [await platform.submit(text) for text in texts]
+    jobs = [await platform.wait_running(job_id, stepped=True) for job_id in job_ids]
     killed_at: dict[str, float] = {}
     for job in jobs:
         group = os.getpgid(job["learners"][0]["pid"])
         killed_at[job["job_id"]] = time.time()
         os.killpg(group, signal.SIGKILL)
         await asyncio.sleep(KILL_STAGGER_S)
+    settings = platform.settings
     lost = await loss_times(settings, list(killed_at), timeout_s=60 + 2 * settings.heartbeat_ttl_s)
     latencies = []
     for job_id, kill_time in killed_at.items():
@@ -229,11 +266,11 @@ def hanging_job(index: int, timeout_s: float) -> str:
 
 
 async def hang_trials(
-    api: Api, settings: Settings, store: EtcdHeartbeatStore, trials: int, timeout_s: float
+    platform: PlatformProcess, store: EtcdHeartbeatStore, trials: int, timeout_s: float
 ) -> list[float]:
-    job_ids = [await api.submit(hanging_job(i, timeout_s)) for i in range(trials)]
+    job_ids = [await platform.submit(hanging_job(i, timeout_s)) for i in range(trials)]
     progress_seen: dict[str, set[float]] = {job_id: set() for job_id in job_ids}
-    losing = asyncio.create_task(loss_times(settings, job_ids, timeout_s=120 + 3 * timeout_s))
+    losing = asyncio.create_task(loss_times(platform.settings, job_ids, timeout_s=120 + 3 * timeout_s))
     while not losing.done():
         for key, value in (await store.snapshot(JOBS_PREFIX)).values.items():
             parsed = parse_key(key)
@@ -251,7 +288,7 @@ async def hang_trials(
 
 
 async def detection(
-    server: EtcdServer, ttl_s: float, progress_timeout_s: float, trials: int
+    server: EtcdServer, ttl_s: float, progress_timeout_s: float, trials: int, log_level: str
 ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="ffdl-heartbeat-bench-") as work:
         settings = fast_settings(
@@ -262,12 +299,13 @@ async def detection(
             stop_grace_s=1.0,
             nodes=[NodeConfig(name="bench", gpus=trials)],
             api=f"http://127.0.0.1:{free_port()}",
+            log_level=log_level,
         )
         store = EtcdHeartbeatStore(server.host, server.port)
         try:
-            async with serving(settings) as api:
-                kills = await sigkill_trials(api, settings, trials)
-                hangs = await hang_trials(api, settings, store, trials, progress_timeout_s)
+            async with PlatformProcess(settings, Path(work) / "platform.log") as platform:
+                kills = await sigkill_trials(platform, trials)
+                hangs = await hang_trials(platform, store, trials, progress_timeout_s)
         finally:
             await store.close()
     return {
@@ -546,7 +584,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     try:
         if args.only in (None, "detection"):
-            report["detection"] = await detection(server, args.ttl, args.progress_timeout, args.trials)
+            report["detection"] = await detection(
+                server, args.ttl, args.progress_timeout, args.trials, args.log_level
+            )
         if args.only in (None, "load"):
             plan = LoadPlan(
                 server.host,

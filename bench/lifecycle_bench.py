@@ -320,6 +320,7 @@ async def running_platform(
 async def benchmark(jobs: int, latency_seconds: float, layout: Sequence[str], work: Path) -> dict[str, Any]:
     broker = TansuBroker()
     broker.start()
+    broker_pid = broker.pid
     topics = Topics.with_prefix(f"bench-{uuid.uuid4().hex[:6]}")
     data_dir = work / "ffdl"
     data_dir.mkdir()
@@ -333,7 +334,7 @@ async def benchmark(jobs: int, latency_seconds: float, layout: Sequence[str], wo
             await run_jobs(sender, broker.bootstrap, topics, 1, rate=None)  # warm-up: every role is up
             progress(f"warm-up job done; {jobs} jobs at once")
             since = {t: await bus.end_offsets(t) for t in (topics.commands, topics.events)}
-            cpu_before = {pid: cpu_seconds(pid) for pid in [*pids, broker.pid]}
+            cpu_before = {pid: cpu_seconds(pid) for pid in [*pids, broker_pid]}
             elapsed, watch = await run_jobs(sender, broker.bootstrap, topics, jobs, rate=None)
             cpu_used = {pid: cpu_seconds(pid) - before for pid, before in cpu_before.items()}
             progress(f"{jobs} lifecycles in {elapsed:.1f} s")
@@ -353,9 +354,9 @@ async def benchmark(jobs: int, latency_seconds: float, layout: Sequence[str], wo
             await polling
         await bus.close()
         progress(f"raw pipeline: {len(records)} records")
-        broker_cpu_before = cpu_seconds(broker.pid)
+        broker_cpu_before = cpu_seconds(broker_pid)
         raw = raw_pipeline(broker.bootstrap, records, work)
-        raw_broker_cpu = cpu_seconds(broker.pid) - broker_cpu_before
+        raw_broker_cpu = cpu_seconds(broker_pid) - broker_cpu_before
     finally:
         broker.stop()
     latencies = [
@@ -382,7 +383,7 @@ async def benchmark(jobs: int, latency_seconds: float, layout: Sequence[str], wo
                     roles: round(cpu_used[pid] / jobs * 1000, 1)
                     for roles, pid in zip(layout, pids, strict=True)
                 },
-                "broker": round(cpu_used[broker.pid] / jobs * 1000, 1),
+                "broker": round(cpu_used[broker_pid] / jobs * 1000, 1),
             },
             "platform_cpu_us_per_message": round(platform_cpu / messages * 1e6),
         },

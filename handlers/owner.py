@@ -19,7 +19,6 @@ import structlog
 
 from ffdl.core.decider import UnknownJob, decide
 from ffdl.core.restart import RestartPolicy
-from ffdl.events import commands as cmd
 from ffdl.events.codec import DecodeError, command_from_json
 from ffdl.events.envelope import Event
 from ffdl.handlers.messaging import Topics, dead_letter, event_records, utcnow
@@ -83,7 +82,7 @@ class JobOwner:
             wrong = f"wrong partition: key {record.key!r} belongs on partition {home}, not {record.partition}"
             return await self._dead_letter(record, wrong)
         leader = None
-        if isinstance(command.data, cmd.AllocateGpus):
+        if command.fencing_token is not None:  # only the scheduler's commands are fenced
             leader = await self._election.current_token(SCHEDULER_ROLE)
         job = self.book.jobs.get(command.job_id)
         try:

@@ -64,6 +64,10 @@ class ApiClient:
         result: dict[str, Any] = self._call("GET", f"/v1/jobs/{job_id}/events", params={"after_seq": after_seq})
         return list(result["events"])
 
+    def why(self, job_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", f"/v1/jobs/{job_id}/why")
+        return result
+
     def logs(self, job_id: str, rank: int, tail: int) -> str:
         return str(self._call("GET", f"/v1/jobs/{job_id}/logs", params={"rank": rank, "tail": tail}))
 

@@ -223,7 +223,7 @@ def tenants_list(json_output: JsonFlag = False) -> None:
 @app.command()
 def why(job_id: str, json_output: JsonFlag = False) -> None:
     """Say why a job is pending: the scheduler's reason, its place in the queue and what it waits for."""
-    answer = _call(lambda c: c._call("GET", f"/v1/jobs/{job_id}/why"))
+    answer = _call(lambda c: c.why(job_id))
     if json_output:
         print_json(answer)
         return
