@@ -7,10 +7,11 @@ keys is byte for byte the record value the platform appended (``event_to_json``)
 the order they were written: an export writes the partitions merged by event time, which keeps each
 job's events in seq order. Old schema versions in a file are upcast when read, like records on a bus.
 
-Files are read and written as streams, one line at a time by one thread, so a log larger than memory
-can be exported, filtered, verified or rebuilt in constant memory. A line that is not an event is an
-error naming its line number: an exported file is written from decoded events, so a bad line means
-the file was damaged or edited, and guessing past it would replay a different history.
+Files are read and written as streams, one line at a time by one thread: a command holds only what
+it folds (``replay`` one job's events, ``verify`` the checker's state), never the whole file. A line
+that is not an event is an error naming its line number: an exported file is written from decoded
+events, so a bad line means the file was damaged or edited, and guessing past it would replay a
+different history.
 """
 
 from __future__ import annotations
@@ -111,9 +112,13 @@ def split_line(text: str, number: int) -> tuple[JsonObject, tuple[int, int]]:
 
 def decode_line(text: str, number: int = 0) -> LoggedEvent:
     """The event of one exported line, upcast to the current schema, with its position."""
-    raw, (partition, offset) = split_line(text, number)
+    raw, position = split_line(text, number)
+    return _logged(raw, position, number)
+
+
+def _logged(raw: JsonObject, position: tuple[int, int], number: int) -> LoggedEvent:
     try:
-        return LoggedEvent(event_from_dict(raw), partition, offset)
+        return LoggedEvent(event_from_dict(raw), *position)
     except DecodeError as exc:
         raise LogFileError(number, exc.reason) from exc
 
@@ -158,7 +163,7 @@ class LogLine:
     """One line of a log file: its event decoded, and the event's JSON as the line has it."""
 
     number: int
-    json: str  # without position and topic, keys sorted, no spaces
+    event_json: str  # without position and topic, keys sorted, no spaces
     schema_version: int  # as written, before any upcasting
     logged: LoggedEvent
 
@@ -173,20 +178,16 @@ class LogLine:
         logged = self.logged
         if self.schema_version != logged.event.schema_version:
             return logged
-        return LoggedEvent(logged.event, logged.partition, logged.offset, self.json)
+        return LoggedEvent(logged.event, logged.partition, logged.offset, self.event_json)
 
 
 def read_lines(path: Path | str) -> Iterator[LogLine]:
     """Every line of a log file with its decoded event, for readers that keep the JSON as written."""
     with open_for_reading(path) as stream:
         for number, text in numbered_lines(stream):
-            raw, (partition, offset) = split_line(text, number)
-            try:
-                event = event_from_dict(raw)
-            except DecodeError as exc:
-                raise LogFileError(number, exc.reason) from exc
-            version = raw.get("schema_version", 1)
-            yield LogLine(number, dumps(raw), version, LoggedEvent(event, partition, offset))
+            raw, position = split_line(text, number)
+            logged = _logged(raw, position, number)
+            yield LogLine(number, dumps(raw), raw.get("schema_version", 1), logged)
 
 
 def write_log(events: Iterable[LoggedEvent], stream: TextIO, topic: str) -> int:

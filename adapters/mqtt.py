@@ -77,20 +77,17 @@ class StatusPublisher:
         self._topic = topics.events
         self._bus = bus
         self.book = JobBook(bus, topics.events)
-        self._loaded_until: dict[int, int] = {}
 
     async def on_assigned(self, partitions: frozenset[TopicPartition]) -> None:
         mine = sorted(tp.partition for tp in partitions if tp.topic == self._topic)
-        ends = await self._bus.end_offsets(self._topic)
         await self.book.load(mine)
-        self._loaded_until.update({p: ends.get(p, 0) for p in mine})
 
     async def on_revoked(self, partitions: frozenset[TopicPartition]) -> None:
         self.book.drop(tp.partition for tp in partitions if tp.topic == self._topic)
 
     async def process(self, records: Sequence[Record]) -> None:
         for record in records:
-            if record.offset < self._loaded_until.get(record.partition, 0):
+            if self.book.folded(record):
                 continue
             event = decode_event(record)
             applied = self.book.apply(event, record.partition) if event else None

@@ -3,8 +3,11 @@
 Roles (``ffdl up --roles``): ``workers`` (the job owners on the commands topic and the reactor
 host with the monitor on the events topic), ``scheduler`` (under leader election), ``projector``
 (the read models), ``notifier`` (MQTT status out and telemetry in, when ``FFDL_MQTT`` is set) and
-``api`` (served by the CLI's ``up``). Each role runs under a supervisor
-that restarts it after a crash with backoff; a restarted role refolds its partitions first.
+``api`` (served by the CLI's ``up``; its process also counts the dead-letter topic for the
+metrics). Consumer groups are named after the topic prefix, so platforms sharing a Kafka cluster
+never share one. Each role runs under a supervisor that restarts it after a crash with backoff; a
+restarted role refolds its partitions first. ``FFDL_LAUNCHER=instant`` learners complete at once
+(benchmarks and scale tests).
 Singleton roles are elected through etcd when ``FFDL_ELECTION`` (or, by default, the heartbeat
 store) names an etcd, else through lock files in the data dir.
 
@@ -129,7 +132,8 @@ class Platform:
                                   policy=self.policy)
             owner, reactor = self.owner, self.reactor
             owners, reactors = self._group("owners"), self._group("reactors")
-            self._supervise("owner", lambda: consume(self.bus, owners, [self.topics.commands], owner, self._stop))
+            self._supervise("owner", lambda: consume(self.bus, owners, [self.topics.commands], owner,
+                                                     self._stop))
             self._supervise("reactor", lambda: consume(self.bus, reactors, [self.topics.events], reactor,
                                                        self._stop))
             self._supervise("reconciler", lambda: reactor.reconcile_forever(self._stop))

@@ -108,7 +108,7 @@ def _record(line: LogLine) -> OutgoingRecord:
         (name, f"io.ffdl.{event.type}.v{line.schema_version}".encode() if name == "ce_type" else value)
         for name, value in cloudevent_headers(event, event.producer)
     ]
-    return OutgoingRecord(event.job_id, line.json.encode(), tuple(headers))
+    return OutgoingRecord(event.job_id, line.event_json.encode(), tuple(headers))
 
 
 async def import_log(path: Path | str, bus_url: str, partitions: int, topic: str) -> JsonObject:
@@ -372,7 +372,7 @@ def verify_events(events: Iterable[LoggedEvent], source: str) -> JsonObject:
     """Every invariant of DESIGN §5 over a log in its order; each violation with its job and position."""
     checker = InvariantChecker()
     for logged in events:
-        checker.feed(logged.event, logged.position)
+        checker.feed(logged.event, logged.position, partition=logged.partition)
     return _report(checker, source)
 
 
@@ -383,7 +383,7 @@ async def verify_log(settings: Settings, bus_url: str | None = None) -> JsonObje
     checker = InvariantChecker()
     try:
         async for logged in merged_events(bus, topic):
-            checker.feed(logged.event, logged.position)
+            checker.feed(logged.event, logged.position, partition=logged.partition)
     finally:
         await bus.close()
     return _report(checker, url)

@@ -3,19 +3,20 @@
 Everything runs on one machine, against one tansu broker (the Kafka-protocol test broker, memory
 storage) that this script starts:
 
-1. **Lifecycles.** The platform runs as ``ffdl up`` processes (by default two: ``workers``, and
-   ``scheduler,projector``) with instant learners (``FFDL_LAUNCHER=instant``: each learner starts and
-   exits 0 at once, through the heartbeat store and the normal monitor path) on 64 nodes x 8 GPUs.
-   After one warm-up job, ``--jobs`` one-GPU ``SubmitJob`` commands are put on the commands topic at
-   once, as an outside producer would, and the clock stops when the last job's ``GpusReleased`` (the
-   last event of a lifecycle) is on the events topic. Reported: jobs/s, events/s, all messages
-   (commands and events) per second, and the CPU time each process and the broker spent per job.
+1. **Lifecycles.** The platform runs as ``ffdl up`` processes (by default three: ``workers``,
+   ``scheduler`` and ``projector``; ``--layout`` chooses) with instant learners
+   (``FFDL_LAUNCHER=instant``: each learner starts and exits 0 at once, through the heartbeat store
+   and the normal monitor path) on 64 nodes x 8 GPUs. After one warm-up job, ``--jobs`` one-GPU
+   ``SubmitJob`` commands are put on the commands topic at once, as an outside producer would, and
+   the clock stops when the last job's ``GpusReleased`` (the last event of a lifecycle) is on the
+   events topic. Reported: jobs/s, events/s, all messages (commands and events) per second, and the
+   CPU time each process and the broker spent per job.
 2. **The limit.** The very records the lifecycles wrote (every command and event: same count, keys,
    values and headers) are produced again with plain aiokafka (``acks=all``) into a fresh topic with
    the same partition count by one process, while another process consumes them: messages/s from
-   the first send to the last receipt, and CPU per message. Both runs use two Python processes. The
-   ratio is the platform's messages/s over the raw pipeline's: the share of the broker-and-client
-   limit that the platform's own work leaves.
+   the first send to the last receipt, and CPU per message. The ratio is the platform's messages/s
+   over the raw pipeline's: the share of the broker-and-client limit that the platform's own work
+   leaves.
 3. **Latency.** Jobs are submitted at half the measured lifecycle rate for ``--latency-seconds``;
    an event's latency is the time from its record's timestamp (set by the producer as it appends)
    to the moment the projection's stored position passes its offset (polled every 2 ms). Reported:
@@ -56,6 +57,7 @@ from aiokafka import TopicPartition as KafkaTopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from ffdl.adapters.bus.kafka import KafkaBus
+from ffdl.adapters.logging import configure_logging
 from ffdl.events import commands as cmd
 from ffdl.events.envelope import Command
 from ffdl.events.model import JobSpec
@@ -433,7 +435,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--latency-seconds", type=float, default=15.0)
     parser.add_argument(
-        "--layout", nargs="+", default=["workers", "scheduler,projector"], help="roles per process"
+        "--layout", nargs="+", default=["workers", "scheduler", "projector"], help="roles per process"
     )
     parser.add_argument("--json", action="store_true")
     parser.add_argument(
@@ -443,6 +445,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--raw-consume", nargs=3, metavar=("BOOTSTRAP", "TOPIC", "COUNT"), help=argparse.SUPPRESS
     )
     args = parser.parse_args(argv)
+    configure_logging("console", "warning")  # stdout carries only the report
     if args.raw_produce:
         bootstrap, topic, dump = args.raw_produce
         asyncio.run(raw_produce(bootstrap, topic, pickle.loads(Path(dump).read_bytes())))

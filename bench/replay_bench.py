@@ -17,6 +17,9 @@ Measured in one run, each over the whole file:
   SQLite), and its ratio to ``decode`` (target: at least 0.5, and 50,000 events/s);
 * ``verify``: the ``ffdl verify LOG --json`` command, as a subprocess, start-up included.
 
+Each is reported in wall-clock time and in CPU time (the process's own, or the subprocess's for
+``verify``): on a machine shared with other work the CPU-time rates and ratio are the steadier ones.
+
 Run from the repository root (the first run generates the log, a few minutes on one core):
 
     .venv/bin/python -m bench.replay_bench [--events N] [--json]
@@ -26,11 +29,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import resource
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,32 +47,64 @@ from ffdl.adapters.sre import rebuild_file
 from tests.golden.record import GENERATED_LOG_VERSION, write_generated_log
 
 
-def measure_decode(path: Path) -> float:
-    started = time.perf_counter()
-    with path.open(encoding="utf-8") as lines:
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """Wall-clock and CPU seconds of one measurement (CPU time says more on a shared machine)."""
+
+    wall_s: float
+    cpu_s: float
+
+    def figures(self, events: int) -> dict[str, float]:
+        return {
+            "seconds": round(self.wall_s, 2),
+            "cpu_seconds": round(self.cpu_s, 2),
+            "events_per_s": round(events / self.wall_s),
+            "events_per_cpu_s": round(events / self.cpu_s),
+        }
+
+
+@contextmanager
+def timed(into: list[Timing], *, children: bool = False) -> Iterator[None]:
+    """Time the block; ``children``: count the CPU of the subprocesses it waited for, not our own."""
+
+    def cpu() -> float:
+        if children:
+            usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+            return usage.ru_utime + usage.ru_stime
+        return time.process_time()
+
+    wall, started = time.perf_counter(), cpu()
+    yield
+    into.append(Timing(time.perf_counter() - wall, cpu() - started))
+
+
+def measure_decode(path: Path) -> Timing:
+    timing: list[Timing] = []
+    with timed(timing), path.open(encoding="utf-8") as lines:
         for number, text in enumerate(lines, start=1):
             decode_line(text, number)
-    return time.perf_counter() - started
+    return timing[0]
 
 
-def measure_rebuild(path: Path, work: Path) -> tuple[float, dict[str, Any]]:
+def measure_rebuild(path: Path, work: Path) -> tuple[Timing, dict[str, Any]]:
     out = work / "projections.sqlite"
     for leftover in work.glob("projections.sqlite*"):
         leftover.unlink()
-    started = time.perf_counter()
-    report = rebuild_file(path, out)
-    return time.perf_counter() - started, report
+    timing: list[Timing] = []
+    with timed(timing):
+        report = rebuild_file(path, out)
+    return timing[0], report
 
 
-def measure_verify(path: Path) -> tuple[float, dict[str, Any]]:
+def measure_verify(path: Path) -> tuple[Timing, dict[str, Any]]:
     ffdl = Path(sys.executable).with_name("ffdl")
-    started = time.perf_counter()
-    done = subprocess.run(
-        [str(ffdl), "verify", str(path), "--json"], capture_output=True, text=True, check=False
-    )
-    elapsed = time.perf_counter() - started
+    timing: list[Timing] = []
+    with timed(timing, children=True):
+        done = subprocess.run(
+            [str(ffdl), "verify", str(path), "--json"], capture_output=True, text=True, check=False
+        )
     report: dict[str, Any] = json.loads(done.stdout)
-    return elapsed, report
+    return timing[0], report
 
 
 def main() -> None:
@@ -80,48 +120,45 @@ def main() -> None:
         partial = log.with_suffix(".partial")
         generated = write_generated_log(partial, args.events)
         partial.rename(log)
-        print(
-            f"generated {generated:,} events into {log} in {time.perf_counter() - started:.0f} s",
-            file=sys.stderr,
-        )
+        elapsed = time.perf_counter() - started
+        print(f"generated {generated:,} events into {log} in {elapsed:.0f} s", file=sys.stderr)
     with log.open(encoding="utf-8") as lines:
         events = sum(1 for _ in lines)
-    decode_s = measure_decode(log)
-    rebuild_s, rebuilt = measure_rebuild(log, args.work)
-    verify_s, verified = measure_verify(log)
-    decode_rate, rebuild_rate, verify_rate = events / decode_s, events / rebuild_s, events / verify_s
+    load_before = os.getloadavg()[0]
+    decode = measure_decode(log)
+    rebuild, rebuilt = measure_rebuild(log, args.work)
+    verify, verified = measure_verify(log)
     figures = {
         "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "load_average_1m": [round(load_before, 1), round(os.getloadavg()[0], 1)],
         "log": str(log),
         "log_bytes": log.stat().st_size,
         "events": events,
         "jobs": rebuilt["jobs"],
-        "decode": {"seconds": round(decode_s, 2), "events_per_s": round(decode_rate)},
+        "decode": decode.figures(events),
         "rebuild": {
-            "seconds": round(rebuild_s, 2),
-            "events_per_s": round(rebuild_rate),
-            "ratio_to_decode": round(rebuild_rate / decode_rate, 3),
+            **rebuild.figures(events),
+            "ratio_to_decode": round(decode.wall_s / rebuild.wall_s, 3),
+            "cpu_ratio_to_decode": round(decode.cpu_s / rebuild.cpu_s, 3),
             "applied": rebuilt["applied"],
             "states": rebuilt["states"],
         },
-        "verify": {
-            "seconds": round(verify_s, 2),
-            "events_per_s": round(verify_rate),
-            "violations": len(verified["violations"]),
-        },
+        "verify": {**verify.figures(events), "violations": len(verified["violations"])},
     }
     if args.json:
         print(json.dumps(figures, indent=2))
         return
     print(f"log: {events:,} events of {rebuilt['jobs']:,} jobs, {figures['log_bytes'] / 1e6:,.0f} MB ({log})")
-    print(f"decode only: {decode_rate:>10,.0f} events/s ({decode_s:.1f} s)")
+    print(f"load average (1 min) before and after: {figures['load_average_1m']} on {os.cpu_count()} CPUs")
+    for name, timing in (("decode only", decode), ("rebuild", rebuild), ("verify (CLI)", verify)):
+        print(
+            f"{name:<13} {events / timing.wall_s:>9,.0f} events/s ({timing.wall_s:.1f} s), "
+            f"{events / timing.cpu_s:>9,.0f} events/CPU-s"
+        )
     print(
-        f"rebuild:     {rebuild_rate:>10,.0f} events/s ({rebuild_s:.1f} s), "
-        f"{rebuild_rate / decode_rate:.2f} of the decode rate"
-    )
-    print(
-        f"verify:      {verify_rate:>10,.0f} events/s ({verify_s:.1f} s, the CLI), "
-        f"{len(verified['violations'])} violation(s)"
+        f"rebuild / decode: {decode.wall_s / rebuild.wall_s:.2f} (wall clock), "
+        f"{decode.cpu_s / rebuild.cpu_s:.2f} (CPU time); violations: {len(verified['violations'])}"
     )
 
 

@@ -294,17 +294,13 @@ class Monitor:
         if learner.gone:
             learner.gone = False
             log.info("learner re-registered", job_id=watched.job.job_id, rank=rank, attempt=beat.attempt)
-        now = self._clock()
+        previous = learner.beat
         if (
             new
-            or learner.beat is None
-            or (beat.step, beat.last_progress)
-            != (
-                learner.beat.step,
-                learner.beat.last_progress,
-            )
+            or previous is None
+            or (beat.step, beat.last_progress) != (previous.step, previous.last_progress)
         ):
-            learner.progress_at = now
+            learner.progress_at = self._clock()
         learner.beat = beat
         job = watched.job
         if not learner.started_sent and rank < len(job.learners) and not job.learners[rank].has_started:

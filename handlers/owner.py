@@ -83,7 +83,12 @@ class JobOwner:
             return await self._dead_letter(record, wrong)
         leader = None
         if command.fencing_token is not None:  # only the scheduler's commands are fenced
-            leader = await self._election.current_token(SCHEDULER_ROLE)
+            try:
+                leader = await self._election.current_token(SCHEDULER_ROLE)
+            except ConnectionError:
+                # The token cannot be checked now: refuse (the scheduler offers again) rather than
+                # stall every other job of the partition until the election store is back.
+                leader = -1
         job = self.book.jobs.get(command.job_id)
         try:
             events = decide(job, command, self._clock(), policy=self._policy, producer=self._producer,

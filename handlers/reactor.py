@@ -35,7 +35,6 @@ class ReactorHost:
         self.driver = driver
         self._observers = list(observers)
         self.book = JobBook(bus, events_topic)
-        self._loaded_until: dict[int, int] = {}
         self.partitions: frozenset[int] = frozenset()
 
     def owns(self, job_id: str) -> bool:
@@ -43,9 +42,7 @@ class ReactorHost:
 
     async def on_assigned(self, partitions: frozenset[TopicPartition]) -> None:
         mine = sorted(tp.partition for tp in partitions if tp.topic == self._topic)
-        ends = await self._bus.end_offsets(self._topic)
         await self.book.load(mine)
-        self._loaded_until.update({p: ends.get(p, 0) for p in mine})
         self.partitions = self.partitions | frozenset(mine)
         for job_id, job in self.book.jobs.items():
             if self.book.partition_of[job_id] in mine:
@@ -58,15 +55,13 @@ class ReactorHost:
         job_ids = {j for j, p in self.book.partition_of.items() if p in gone}
         self.book.drop(gone)
         self.partitions = self.partitions - frozenset(gone)
-        for partition in gone:
-            self._loaded_until.pop(partition, None)
         self.driver.forget(job_ids)
         for observer in self._observers:
             observer.forget(job_ids)
 
     async def process(self, records: Sequence[Record]) -> None:
         for record in records:
-            if record.offset < self._loaded_until.get(record.partition, 0):
+            if self.book.folded(record):
                 continue
             event = decode_event(record)
             if event is None:

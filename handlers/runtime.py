@@ -97,20 +97,33 @@ class JobBook:
         self._topic = events_topic
         self.jobs: dict[str, Job] = {}
         self.partition_of: dict[str, int] = {}
+        self._folded_until: dict[int, int] = {}
         self.ignored = 0
 
     async def load(self, partitions: Iterable[int]) -> None:
-        """Fold every event of ``partitions`` up to the end of the log as it is now (from scratch)."""
+        """Fold every event of ``partitions`` up to the end of the log as it is now (from scratch).
+
+        Remembers, per partition, the offset the fold really reached, so that records the consumer
+        redelivers below it are known to be folded already (:meth:`folded`).
+        """
         partitions = list(partitions)
         self.drop(partitions)
         for partition in partitions:
+            self._folded_until[partition] = 0
             async for record in self._bus.read(self._topic, partition):
+                self._folded_until[partition] = record.offset + 1
                 event = decode_event(record)
                 if event is not None:
                     self.apply(event, partition)
 
+    def folded(self, record: Record) -> bool:
+        """Whether ``load`` already folded this record (a redelivery the caller must skip)."""
+        return record.offset < self._folded_until.get(record.partition, 0)
+
     def drop(self, partitions: Iterable[int]) -> None:
         gone = set(partitions)
+        for partition in gone:
+            self._folded_until.pop(partition, None)
         for job_id in [j for j, p in self.partition_of.items() if p in gone]:
             del self.jobs[job_id]
             del self.partition_of[job_id]

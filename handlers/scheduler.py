@@ -80,7 +80,6 @@ class Scheduler:
         self._policy = policy or SchedulerPolicy()
         self._clock = clock
         self.book = JobBook(bus, events_topic)
-        self._loaded_until: dict[int, int] = {}
         self._allocations: dict[str, _Sent] = {}
         self._halts: dict[str, _Sent] = {}
         self._reasons: dict[str, _Sent] = {}
@@ -89,9 +88,7 @@ class Scheduler:
 
     async def on_assigned(self, partitions: frozenset[TopicPartition]) -> None:
         mine = sorted(tp.partition for tp in partitions if tp.topic == self._topic)
-        ends = await self._bus.end_offsets(self._topic)
         await self.book.load(mine)
-        self._loaded_until.update({p: ends.get(p, 0) for p in mine})
         for job in self.book.jobs.values():
             self._track(job, None)
         await self.schedule()
@@ -99,8 +96,6 @@ class Scheduler:
     async def on_revoked(self, partitions: frozenset[TopicPartition]) -> None:
         gone = {tp.partition for tp in partitions if tp.topic == self._topic}
         self.book.drop(gone)
-        for partition in gone:
-            self._loaded_until.pop(partition, None)
         for sent in (self._allocations, self._halts, self._reasons, self._queued_order):
             for job_id in [j for j in sent if j not in self.book.jobs]:
                 del sent[job_id]
@@ -108,7 +103,7 @@ class Scheduler:
     async def process(self, records: Sequence[Record]) -> None:
         async with self._lock:
             for record in records:
-                if record.offset < self._loaded_until.get(record.partition, 0):
+                if self.book.folded(record):
                     continue
                 event = decode_event(record)
                 if event is not None:

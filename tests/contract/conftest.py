@@ -13,7 +13,6 @@ from ffdl.handlers.ports import Bus
 from tests.contract.bus_contract import BusFactory, EmbeddedBusFactory
 from tests.services import TansuBroker
 
-
 #: tansu holds each join of a consumer group for about half the session timeout (at least 1 s), so
 #: these buses keep sessions this short; a crash test asks for a shorter one still.
 KAFKA_SESSION_TIMEOUT_S = 2.0

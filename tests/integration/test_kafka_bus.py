@@ -1,8 +1,9 @@
 """What only the Kafka adapter promises, beyond the bus contract it shares with the embedded log.
 
 Against a real Kafka-protocol broker (tansu, started for the module): keys land on the partition
-Kafka's own default partitioner picks (and the embedded log picks), ``start`` creates the topics it
-is given with the bus's partition count and refuses a topic with another, a bus started before any
+Kafka's own default partitioner picks (and the embedded log picks), a record another producer wrote
+without a key or with a header without a value reads as empty, ``start`` creates the topics it is
+given with the bus's partition count and refuses a topic with another, a bus started before any
 broker answers is unavailable until one does, and a broker frozen mid-stream delays appends and
 fetches without losing or reordering a record.
 """
@@ -83,6 +84,23 @@ async def test_a_key_lands_on_the_partition_kafkas_default_partitioner_and_the_e
         await embedded.close()
     assert [p.partition for p in positions] == by_kafka == by_embedded
     assert len(set(by_kafka)) == PARTITIONS
+
+
+async def test_a_record_from_another_producer_without_a_key_or_header_values_reads_as_empty(
+    bus: KafkaBus, broker: TansuBroker
+) -> None:
+    topic = unique("commands")
+    producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap)
+    await producer.start()
+    try:
+        sent = await producer.send_and_wait(
+            topic, b"{}", partition=1, headers=[("ce_id", None), ("ce_type", b"x")]
+        )
+    finally:
+        await producer.stop()
+    (record,) = [r async for r in bus.read(topic, 1)]
+    assert (record.offset, record.key, record.value) == (sent.offset, "", b"{}")
+    assert record.headers == (("ce_id", b""), ("ce_type", b"x"))
 
 
 async def test_start_creates_the_named_topics_with_the_bus_partition_count(broker: TansuBroker) -> None:

@@ -3,6 +3,11 @@
 Each test runs the platform in this process on the module's broker, with topics and consumer groups
 of its own (a unique topic prefix). Learners are instant (they start and exit 0 at once, through the
 heartbeat store and the normal monitor path) except where a test runs real learner processes.
+
+Pinned here: a real job completes on Kafka; bad commands are dead-lettered with their reason and
+origin and counted by class while the partitions keep moving; a stale owner's conflicting events
+are ignored by readers, counted and reported by ``verify``; a broker frozen for 10 s loses nothing;
+a platform started before its broker waits for it with backoff.
 """
 
 from __future__ import annotations

@@ -156,8 +156,8 @@ async def test_jobs_complete_across_worker_processes_when_one_is_killed_with_sig
         assert owned_partitions(logs[0]), "the worker to kill owns no partition: the kill would prove nothing"
         victim.send_signal(signal.SIGKILL)
         victim.wait()
-        job_ids = await submitting
         assert await count_in_state(client, "COMPLETED") < JOBS, "every job completed before the kill"
+        job_ids = await submitting
 
         async def all_completed_and_projected() -> bool:
             return await count_in_state(client, "COMPLETED") == JOBS and await api_ready(client)

@@ -3,8 +3,9 @@
 The doc's examples are rendered here from the real models (:func:`render_examples`), one per command
 and event type, so they cannot drift: a test fails when the doc differs from the rendering (rewrite
 it with ``.venv/bin/python -m tests.integration.test_kafka_wire_format``), another decodes every
-example the doc shows. Then the doc's own producer program, which uses confluent-kafka (librdkafka,
-a client we did not write), submits a job to a platform on a real broker, and the job completes.
+example the doc shows, and every reason the codec gives for bad input maps to a class of the
+dead-letter metric. Then the doc's own producer program, which uses confluent-kafka (librdkafka, a
+client we did not write), submits a job to a platform on a real broker, and the job completes.
 """
 
 from __future__ import annotations
@@ -19,13 +20,16 @@ import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from ffdl.adapters.api.metrics import reason_class
 from ffdl.adapters.config import KafkaConfig, Settings
 from ffdl.events import commands as cmd
 from ffdl.events import types as ev
 from ffdl.events.codec import (
+    DecodeError,
     cloudevent_headers,
     command_from_json,
     command_headers,
@@ -348,6 +352,34 @@ def test_every_example_in_the_doc_decodes_to_its_type_and_version() -> None:
         assert (decoded.type, decoded.schema_version) == (name, version)
         encode = command_to_json if isinstance(decoded, Command) else event_to_json
         assert json.loads(encode(decoded)) == json.loads(text)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("change", "label"),
+    [
+        (lambda raw: b"\xff not JSON", "undecodable"),
+        (lambda raw: b"[1, 2]", "undecodable"),
+        (lambda raw: _with(raw, type=None), "undecodable"),
+        (lambda raw: _with(raw, data=[]), "undecodable"),
+        (lambda raw: _with(raw, schema_version="1"), "undecodable"),
+        (lambda raw: _with(raw, type="LaunchRockets"), "unknown_type"),
+        (lambda raw: _with(raw, schema_version=99), "schema_version"),
+        (lambda raw: _with(raw, schema_version=0), "schema_version"),
+        (lambda raw: _with(raw, data={"spec": {"name": "Not A DNS Name", "command": "true"}}), "invalid"),
+        (lambda raw: _with(raw, job_id=""), "invalid"),
+    ],
+)
+def test_every_reason_the_codec_gives_for_bad_input_has_a_dead_letter_class(change: Any, label: str) -> None:
+    submit = command_to_json(example_command(COMMAND_EXAMPLES["SubmitJob"][1]))
+    with pytest.raises(DecodeError) as refused:
+        command_from_json(change(submit))
+    assert reason_class(refused.value.reason) == label
+
+
+def _with(value: bytes, **changes: Any) -> bytes:
+    """A command's JSON with top-level fields changed (``None``: removed)."""
+    raw = {**json.loads(value), **changes}
+    return json.dumps({k: v for k, v in raw.items() if v is not None}).encode()
 
 
 # --------------------------------------------------------------------------- an outside producer
