@@ -105,8 +105,9 @@ class StatusPublisher:
 
 
 class MqttBridge:
-    def __init__(self, url: str, bus: Bus, topics: Topics, sender: CommandSender) -> None:
+    def __init__(self, url: str, bus: Bus, topics: Topics, sender: CommandSender, group: str) -> None:
         self._host, self._port = parse_url(url)
+        self._group = group
         self._bus = bus
         self._topics = topics
         self._sender = sender
@@ -123,7 +124,7 @@ class MqttBridge:
                     publisher = StatusPublisher(self._bus, self._topics, client)
                     tasks = [
                         asyncio.create_task(
-                            consume(self._bus, "ffdl.notifier", [self._topics.events], publisher, stop)
+                            consume(self._bus, self._group, [self._topics.events], publisher, stop)
                         ),
                         asyncio.create_task(self._telemetry(client)),
                     ]

@@ -150,8 +150,8 @@ class Platform:
         if "notifier" in self.roles and s.mqtt:
             from ffdl.adapters.mqtt import MqttBridge  # noqa: PLC0415 - only with an MQTT broker configured
 
-            bridge = MqttBridge(s.mqtt, self.bus, self.topics, CommandSender(self.bus, self.topics,
-                                                                             f"mqtt@{self.instance}"))
+            mqtt_sender = CommandSender(self.bus, self.topics, f"mqtt@{self.instance}")
+            bridge = MqttBridge(s.mqtt, self.bus, self.topics, mqtt_sender, self._group("notifier"))
             self._supervise("notifier", lambda: bridge.run(self._stop))
         if "projector" in self.roles:
             projectors = self._group("projector")
