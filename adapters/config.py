@@ -145,8 +145,12 @@ class Settings(BaseSettings):
     restart_backoff_max_s: float = Field(default=60.0, ge=0)
     log_format: Literal["console", "json"] = "console"
     log_level: str = "info"
-    tenants_file: Path | None = Field(default=None, description="tenants and token hashes (default DATA_DIR/tenants.json)")
-    mqtt: str | None = Field(default=None, description="mqtt://HOST:PORT: retained job status out, telemetry in")
+    tenants_file: Path | None = Field(
+        default=None, description="tenants and token hashes (default DATA_DIR/tenants.json)"
+    )
+    mqtt: str | None = Field(
+        default=None, description="mqtt://HOST:PORT: retained job status out, telemetry in"
+    )
     max_request_bytes: int = Field(default=256 * 1024, gt=0)
 
     @classmethod

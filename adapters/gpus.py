@@ -1,4 +1,4 @@
-"""The local node of the embedded default: real NVIDIA GPUs where ``nvidia-smi`` finds some, else 8 simulated."""
+"""The embedded default's node: the NVIDIA GPUs ``nvidia-smi`` finds, else 8 simulated ones."""
 
 from __future__ import annotations
 
@@ -18,7 +18,10 @@ def _nvidia_gpus() -> list[str]:
     try:
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=10, check=True,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return []

@@ -48,7 +48,9 @@ def spec_from_mapping(raw: Any) -> JobSpec:
     try:
         return JobSpec.model_validate(raw)
     except ValidationError as exc:
-        problems = [(".".join(str(p) for p in error["loc"]) or "(body)", error["msg"]) for error in exc.errors()]
+        problems = [
+            (".".join(str(p) for p in error["loc"]) or "(body)", error["msg"]) for error in exc.errors()
+        ]
         raise ManifestError(problems) from exc
 
 

@@ -80,8 +80,12 @@ class Platform:
     def __post_init__(self) -> None:
         s = self.settings
         self.topics = Topics.with_prefix(s.topic_prefix)
-        self.bus: Bus = open_bus(s.bus_url, s.partitions, kafka=s.kafka,
-                                 topics=(self.topics.commands, self.topics.events, self.topics.deadletter))
+        self.bus: Bus = open_bus(
+            s.bus_url,
+            s.partitions,
+            kafka=s.kafka,
+            topics=(self.topics.commands, self.topics.events, self.topics.deadletter),
+        )
         self.heartbeats: HeartbeatStore = open_store(s.heartbeats_url)
         self.election: Election = open_election(s.election_url, s.leader_ttl_s)
         self.projection = Projection(s.projection_path)
@@ -116,7 +120,10 @@ class Platform:
                 sender=CommandSender(self.bus, self.topics, f"reactor@{self.instance}"),
                 launcher=self.launcher,
                 inventory=self.inventory,
-                learner_env={"FFDL_HEARTBEATS": s.heartbeats_url, "FFDL_HEARTBEAT_TTL": str(s.heartbeat_ttl_s)},
+                learner_env={
+                    "FFDL_HEARTBEATS": s.heartbeats_url,
+                    "FFDL_HEARTBEAT_TTL": str(s.heartbeat_ttl_s),
+                },
                 stop_grace_s=s.stop_grace_s,
                 result_dir=lambda job_id: s.work_dir / job_id / "results",
             )
@@ -128,14 +135,17 @@ class Platform:
                 launch_timeout_s=s.launch_timeout_s,
             )
             self.reactor = ReactorHost(self.bus, self.topics.events, Driver(ctx), [monitor])
-            self.owner = JobOwner(self.bus, self.topics, self.election, producer=f"owner@{self.instance}",
-                                  policy=self.policy)
+            self.owner = JobOwner(
+                self.bus, self.topics, self.election, producer=f"owner@{self.instance}", policy=self.policy
+            )
             owner, reactor = self.owner, self.reactor
             owners, reactors = self._group("owners"), self._group("reactors")
-            self._supervise("owner", lambda: consume(self.bus, owners, [self.topics.commands], owner,
-                                                     self._stop))
-            self._supervise("reactor", lambda: consume(self.bus, reactors, [self.topics.events], reactor,
-                                                       self._stop))
+            self._supervise(
+                "owner", lambda: consume(self.bus, owners, [self.topics.commands], owner, self._stop)
+            )
+            self._supervise(
+                "reactor", lambda: consume(self.bus, reactors, [self.topics.events], reactor, self._stop)
+            )
             self._supervise("reconciler", lambda: reactor.reconcile_forever(self._stop))
             self._supervise("monitor", lambda: monitor.run(self._stop))
             if self.kubernetes is not None:
@@ -155,13 +165,23 @@ class Platform:
             self._supervise("notifier", lambda: bridge.run(self._stop))
         if "projector" in self.roles:
             projectors = self._group("projector")
-            self._supervise("projector", lambda: consume(self.bus, projectors, [self.topics.events],
-                                                         self.projector, self._stop, max_records=2000))
+            self._supervise(
+                "projector",
+                lambda: consume(
+                    self.bus, projectors, [self.topics.events], self.projector, self._stop, max_records=2000
+                ),
+            )
         if "api" in self.roles:
-            self._supervise("dead-letters", lambda: self.dead_letters.follow(self.bus, self.topics.deadletter,
-                                                                             self._stop))
-        log.info("platform started", roles=sorted(self.roles), bus=s.bus_url, heartbeats=s.heartbeats_url,
-                 data_dir=str(s.data_dir.resolve()))
+            self._supervise(
+                "dead-letters", lambda: self.dead_letters.follow(self.bus, self.topics.deadletter, self._stop)
+            )
+        log.info(
+            "platform started",
+            roles=sorted(self.roles),
+            bus=s.bus_url,
+            heartbeats=s.heartbeats_url,
+            data_dir=str(s.data_dir.resolve()),
+        )
 
     async def _start_kubernetes(self) -> None:
         """Learners are pods: the cluster's Ready nodes are the inventory, kept current by a node watch."""
@@ -191,8 +211,12 @@ class Platform:
                 await self.bus.start()
                 return
             except ConnectionError as exc:
-                log.warning("event log unreachable; retrying", bus=self.settings.bus_url, error=str(exc),
-                            retry_in_s=backoff)
+                log.warning(
+                    "event log unreachable; retrying",
+                    bus=self.settings.bus_url,
+                    error=str(exc),
+                    retry_in_s=backoff,
+                )
                 await asyncio.sleep(backoff)
                 backoff = min(10.0, backoff * 2)
 

@@ -19,8 +19,13 @@ log = structlog.get_logger(__name__)
 
 def api_server(platform: Platform, api_url: str) -> uvicorn.Server:
     address = urlparse(api_url)
-    config = uvicorn.Config(create_app(platform), host=address.hostname or "127.0.0.1", port=address.port or 8080,
-                            log_level="warning", lifespan="off")
+    config = uvicorn.Config(
+        create_app(platform),
+        host=address.hostname or "127.0.0.1",
+        port=address.port or 8080,
+        log_level="warning",
+        lifespan="off",
+    )
     return uvicorn.Server(config)
 
 
@@ -37,8 +42,10 @@ async def serve(settings: Settings, roles: frozenset[str] | None = None) -> None
         if server:
             print(f"  API       {settings.api}")
             if TenantRegistry(settings.tenants_path).open:
-                print("  tenants   none configured: the API is OPEN to anyone who reaches it "
-                      "(add one with `ffdl tenants add NAME`)")
+                print(
+                    "  tenants   none configured: the API is OPEN to anyone who reaches it "
+                    "(add one with `ffdl tenants add NAME`)"
+                )
         print(f"  event log {settings.bus_url}")
         print(f"  data dir  {settings.data_dir.resolve()}")
         await stop.wait()

@@ -103,7 +103,9 @@ def place_gang(spec: JobSpec, capacity: Capacity, policy: PlacementPolicy | None
         else:
             chosen = max(candidates, key=lambda c: (_room(c, spec)[:2], _reverse(c.node.name)))
         left[chosen.node.name], gpus = chosen.take(spec)
-        learners.append(LearnerPlacement(rank=rank, node=chosen.node.name, gpus=gpus, gpu_type=chosen.node.gpu_type))
+        learners.append(
+            LearnerPlacement(rank=rank, node=chosen.node.name, gpus=gpus, gpu_type=chosen.node.gpu_type)
+        )
     return Placement(learners=tuple(learners))
 
 

@@ -21,7 +21,7 @@ from ffdl.core.restart import RestartPolicy
 from ffdl.core.states import JobState
 from ffdl.events import commands as cmd
 from ffdl.events import types as ev
-from ffdl.events.envelope import Command, Event, EventData, derived_id
+from ffdl.events.envelope import Command, CommandData, Event, EventData, derived_id
 from ffdl.events.model import ErrorCode, LossReason, Placement
 
 S = JobState
@@ -100,7 +100,7 @@ def decide(
     return decision.events
 
 
-def _decide(d: _Decision, job: Job, data: cmd.CommandData, policy: RestartPolicy) -> None:  # noqa: C901, PLR0915
+def _decide(d: _Decision, job: Job, data: CommandData, policy: RestartPolicy) -> None:  # noqa: PLR0915
     state = job.state
     match data:
         case cmd.SubmitJob():
@@ -110,7 +110,9 @@ def _decide(d: _Decision, job: Job, data: cmd.CommandData, policy: RestartPolicy
             d.emit(ev.JobQueued(reason="waiting for GPUs"))
         case cmd.RejectJob(code=code, reason=reason) if state is S.SUBMITTED:
             d.emit(ev.JobRejected(code=code, reason=reason))
-        case cmd.AllocateGpus(placement=placement, reason=reason) if state is S.QUEUED and job.placement is None:
+        case cmd.AllocateGpus(placement=placement, reason=reason) if (
+            state is S.QUEUED and job.placement is None
+        ):
             problem = _placement_problem(job, placement)
             if problem:
                 d.reject(problem)
@@ -129,7 +131,9 @@ def _decide(d: _Decision, job: Job, data: cmd.CommandData, policy: RestartPolicy
         case cmd.ReportProgress(rank=rank, attempt=attempt, step=step, metrics=metrics):
             if _observes_current(d, job, rank, attempt):
                 learner = job.learners[rank]
-                if learner.active and (step != learner.step or tuple(sorted(metrics.items())) != learner.metrics):
+                if learner.active and (
+                    step != learner.step or tuple(sorted(metrics.items())) != learner.metrics
+                ):
                     if not learner.has_started:
                         d.emit(ev.LearnerStarted(rank=rank, attempt=attempt))
                     d.emit(ev.LearnerProgressed(rank=rank, attempt=attempt, step=step, metrics=metrics))
@@ -137,7 +141,12 @@ def _decide(d: _Decision, job: Job, data: cmd.CommandData, policy: RestartPolicy
         case cmd.ReportCheckpoint(checkpoint=checkpoint):
             known = any(c.uri == checkpoint.uri and c.step == checkpoint.step for c in job.checkpoints)
             usable = state in (S.LAUNCHING, S.RUNNING, S.HALTING, S.RESTARTING, S.STORING)
-            if usable and not known and checkpoint.attempt <= job.attempt and checkpoint.rank < job.spec.learners:
+            if (
+                usable
+                and not known
+                and checkpoint.attempt <= job.attempt
+                and checkpoint.rank < job.spec.learners
+            ):
                 d.emit(ev.CheckpointRecorded(checkpoint=checkpoint))
         case cmd.ReportLearnerExited(rank=rank, attempt=attempt, exit_code=code):
             if _observes_current(d, job, rank, attempt) and job.learners[rank].active:
@@ -178,7 +187,9 @@ def _decide(d: _Decision, job: Job, data: cmd.CommandData, policy: RestartPolicy
 def _deposed(token: int | None, job_token: int | None, leader_token: int | None) -> bool:
     if token is None:
         return False
-    return (job_token is not None and token < job_token) or (leader_token is not None and token != leader_token)
+    return (job_token is not None and token < job_token) or (
+        leader_token is not None and token != leader_token
+    )
 
 
 def _placement_problem(job: Job, placement: Placement) -> str:
@@ -250,7 +261,9 @@ def _failure(job: Job) -> tuple[ErrorCode, str] | None:
         if learner.status is LearnerStatus.EXITED and learner.exit_code != 0:
             return ErrorCode.LEARNER_FAILED, f"learner {learner.rank} exited with code {learner.exit_code}"
         if learner.status is LearnerStatus.LOST:
-            code = ErrorCode.LEARNER_HUNG if learner.lost_reason == LossReason.HUNG else ErrorCode.LEARNER_LOST
+            code = (
+                ErrorCode.LEARNER_HUNG if learner.lost_reason == LossReason.HUNG else ErrorCode.LEARNER_LOST
+            )
             detail = f": {learner.lost_detail}" if learner.lost_detail else ""
             return code, f"learner {learner.rank} lost ({learner.lost_reason}){detail}"
     return None

@@ -143,7 +143,11 @@ def _reason_of(data: EventData) -> str:
         case ev.JobCompleted(result=result):
             return f"results recorded: {result.files} file(s), {result.size_bytes} bytes"
         case ev.JobHalted(checkpoint=checkpoint):
-            return f"halted at the checkpoint of step {checkpoint.step}" if checkpoint else "halted before a checkpoint"
+            return (
+                f"halted at the checkpoint of step {checkpoint.step}"
+                if checkpoint
+                else "halted before a checkpoint"
+            )
         case _:
             pass
     for name in ("reason", "detail"):
@@ -232,7 +236,10 @@ def _apply(job: Job, event: Event) -> Job:
             return replace(job, placement=placement, learners=learners, waiting=None, waiting_since=None)
         case ev.JobLaunching(attempt=attempt, resume_from=resume_from):
             return replace(
-                job, attempt=attempt, resume_from=resume_from, learners=_fresh_learners(job.placement, job.spec.learners)
+                job,
+                attempt=attempt,
+                resume_from=resume_from,
+                learners=_fresh_learners(job.placement, job.spec.learners),
             )
         case ev.LearnerStarted(rank=rank, pid=pid, host=host):
             learner = job.learners[rank]
@@ -240,15 +247,25 @@ def _apply(job: Job, event: Event) -> Job:
             changes: dict[str, object] = {"status": status, "pid": pid, "host": host, "last_progress_at": at}
             return replace(job, learners=_update_learner(job, rank, **changes))
         case ev.LearnerProgressed(rank=rank, step=step, metrics=metrics):
-            progress: dict[str, object] = {"step": step, "metrics": tuple(sorted(metrics.items())), "last_progress_at": at}
+            progress: dict[str, object] = {
+                "step": step,
+                "metrics": tuple(sorted(metrics.items())),
+                "last_progress_at": at,
+            }
             return replace(job, learners=_update_learner(job, rank, **progress))
         case ev.CheckpointRecorded(checkpoint=checkpoint):
             kept = tuple(c for c in job.checkpoints if c.uri != checkpoint.uri)[-15:]
             return replace(job, checkpoints=(*kept, checkpoint))
         case ev.LearnerExited(rank=rank, exit_code=code):
-            return replace(job, learners=_update_learner(job, rank, status=LearnerStatus.EXITED, exit_code=code))
+            return replace(
+                job, learners=_update_learner(job, rank, status=LearnerStatus.EXITED, exit_code=code)
+            )
         case ev.LearnerLost(rank=rank, reason=reason, detail=detail):
-            lost: dict[str, object] = {"status": LearnerStatus.LOST, "lost_reason": str(reason), "lost_detail": detail}
+            lost: dict[str, object] = {
+                "status": LearnerStatus.LOST,
+                "lost_reason": str(reason),
+                "lost_detail": detail,
+            }
             return replace(job, learners=_update_learner(job, rank, **lost))
         case ev.JobRestarting(attempt=attempt, reason=reason, resume_from=resume_from, backoff_s=backoff_s):
             return replace(

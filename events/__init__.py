@@ -11,8 +11,8 @@ from ffdl.events.codec import (
     event_from_json,
     event_to_json,
 )
-from ffdl.events.commands import COMMAND_TYPES, Command, CommandData
-from ffdl.events.envelope import Event, EventData, derived_id
+from ffdl.events.commands import COMMAND_TYPES
+from ffdl.events.envelope import Command, CommandData, Event, EventData, derived_id
 from ffdl.events.model import (
     Checkpoint,
     ErrorCode,

@@ -119,7 +119,12 @@ def command_from_json(value: bytes | str) -> Command:
 
 def event_to_dict(event: Event) -> JsonObject:
     head = event.model_dump(mode="json", exclude={"data"})
-    return {"type": event.type, "schema_version": event.schema_version, **head, "data": event.data.model_dump(mode="json")}
+    return {
+        "type": event.type,
+        "schema_version": event.schema_version,
+        **head,
+        "data": event.data.model_dump(mode="json"),
+    }
 
 
 def event_to_json(event: Event) -> bytes:

@@ -10,7 +10,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from ffdl.events.envelope import Command, CommandData
+from ffdl.events.envelope import CommandData
 from ffdl.events.model import Checkpoint, ErrorCode, JobSpec, LossReason, Placement, ResultSummary, WaitReason
 from ffdl.events.types import Attempt, JobIds, NodeNames, Rank, Reason
 
@@ -132,5 +132,3 @@ COMMAND_TYPES: dict[str, type[CommandData]] = {
         DeleteJob,
     )
 }
-
-__all__ = ["COMMAND_TYPES", "Command", "CommandData", *COMMAND_TYPES]

@@ -47,7 +47,9 @@ class JobSpec(Frozen):
     @classmethod
     def _dns_label(cls, value: str) -> str:
         if not _NAME.match(value):
-            raise ValueError("must be lower-case letters, digits, '.', '_' or '-', starting and ending alphanumeric")
+            raise ValueError(
+                "must be lower-case letters, digits, '.', '_' or '-', starting and ending alphanumeric"
+            )
         return value
 
     @field_validator("env", "labels")

@@ -21,9 +21,10 @@ async def admit(job: Job, action: Action, ctx: ReactionContext) -> None:
         return
     spec = job.spec
     largest = max((n.gpus for n in nodes if spec.gpu_type in (None, n.gpu_type)), default=0)
+    gpu_type = f" of type {spec.gpu_type}" if spec.gpu_type else ""
     reason = (
-        f"{spec.learners} learner(s) x {spec.gpus} GPU(s)"
-        f"{' of type ' + spec.gpu_type if spec.gpu_type else ''} with {spec.cpus} CPUs and {spec.memory_mb} MB each "
-        f"can never fit this cluster ({len(nodes)} node(s), at most {largest} matching GPUs on one node)"
+        f"{spec.learners} learner(s) x {spec.gpus} GPU(s){gpu_type} with {spec.cpus} CPUs and "
+        f"{spec.memory_mb} MB each can never fit this cluster ({len(nodes)} node(s), "
+        f"at most {largest} matching GPUs on one node)"
     )
     await ctx.send(job, action, cmd.RejectJob(code=ErrorCode.UNSCHEDULABLE, reason=reason))

@@ -29,6 +29,8 @@ class ReactionContext:
     async def send(self, job: Job, action: Action, data: CommandData) -> None:
         """Send the command an action calls for, with an id fixed by the job, action and state entry,
         so re-running the action after a crash or redelivery sends the very same command."""
-        command_id = uuid.uuid5(_ACTION_NAMESPACE, f"{job.job_id}:{action.kind}:{action.attempt}:{action.since_seq}")
+        command_id = uuid.uuid5(
+            _ACTION_NAMESPACE, f"{job.job_id}:{action.kind}:{action.attempt}:{action.since_seq}"
+        )
         command = self.sender.make(job.job_id, job.tenant, data, command_id=command_id)
         await self.sender.send(command)

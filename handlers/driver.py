@@ -44,6 +44,16 @@ class _Slot:
     key: tuple[ActionKind, int, int] | None
     task: asyncio.Task[None] | None
 
+    def cancel_if_waiting(self) -> None:
+        """Cancel an action that only waits (a relaunch backoff) once something else is due."""
+        if (
+            self.task is not None
+            and not self.task.done()
+            and self.key is not None
+            and self.key[0] in _CANCELLABLE
+        ):
+            self.task.cancel()
+
 
 class Driver:
     def __init__(self, ctx: ReactionContext, clock: Callable[[], datetime] = utcnow) -> None:
@@ -57,9 +67,8 @@ class Driver:
         slot = self._slots.get(job.job_id)
         if slot is not None and slot.key == key:
             return
-        if slot is not None and slot.task is not None and not slot.task.done() and slot.key is not None:
-            if slot.key[0] in _CANCELLABLE:
-                slot.task.cancel()
+        if slot is not None:
+            slot.cancel_if_waiting()
         if action is None:
             self._slots[job.job_id] = _Slot(None, slot.task if slot else None)
             return

@@ -35,8 +35,9 @@ async def launch(job: Job, action: Action, ctx: ReactionContext) -> None:
         await ctx.launcher.launch(request)
     except Exception as exc:
         log.exception("launch failed", job_id=job.job_id, attempt=job.attempt)
-        lost = cmd.ReportLearnerLost(rank=0, attempt=job.attempt, reason=LossReason.VANISHED,
-                                     detail=f"launch failed: {exc}")
+        lost = cmd.ReportLearnerLost(
+            rank=0, attempt=job.attempt, reason=LossReason.VANISHED, detail=f"launch failed: {exc}"
+        )
         await ctx.send(job, action, lost)
         return
     log.info("learners launched", job_id=job.job_id, attempt=job.attempt, learners=job.spec.learners)

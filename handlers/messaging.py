@@ -72,12 +72,18 @@ class CommandSender:
 
     async def send(self, *commands: Command) -> list[Position]:
         records = [
-            OutgoingRecord(c.job_id, command_to_json(c), tuple(command_headers(c, self.producer))) for c in commands
+            OutgoingRecord(c.job_id, command_to_json(c), tuple(command_headers(c, self.producer)))
+            for c in commands
         ]
         positions = await self._bus.publish(self._topics.commands, records)
         for command, position in zip(commands, positions, strict=True):
-            log.debug("command sent", job_id=command.job_id, command=command.type, command_id=str(command.command_id),
-                      position=position.token)
+            log.debug(
+                "command sent",
+                job_id=command.job_id,
+                command=command.type,
+                command_id=str(command.command_id),
+                position=position.token,
+            )
         return positions
 
 
@@ -95,4 +101,6 @@ async def dead_letter(bus: Bus, topics: Topics, record: Record, reason: str) -> 
         ("ffdl_dlq_offset", str(record.offset).encode()),
     )
     await bus.publish(topics.deadletter, [OutgoingRecord(record.key, record.value, headers)])
-    log.warning("dead-lettered", topic=record.topic, partition=record.partition, offset=record.offset, reason=reason)
+    log.warning(
+        "dead-lettered", topic=record.topic, partition=record.partition, offset=record.offset, reason=reason
+    )

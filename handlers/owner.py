@@ -65,8 +65,14 @@ class JobOwner:
         if decided:
             await self._bus.publish(self._topics.events, event_records(decided, self._producer))
             for event in decided:
-                log.info("event appended", job_id=event.job_id, type=event.type, seq=event.seq,
-                         event_id=str(event.event_id), causation_id=str(event.causation_id))
+                log.info(
+                    "event appended",
+                    job_id=event.job_id,
+                    type=event.type,
+                    seq=event.seq,
+                    event_id=str(event.event_id),
+                    causation_id=str(event.causation_id),
+                )
 
     async def _decide(self, record: Record) -> list[Event]:
         try:
@@ -91,8 +97,9 @@ class JobOwner:
                 leader = -1
         job = self.book.jobs.get(command.job_id)
         try:
-            events = decide(job, command, self._clock(), policy=self._policy, producer=self._producer,
-                            leader_token=leader)
+            events = decide(
+                job, command, self._clock(), policy=self._policy, producer=self._producer, leader_token=leader
+            )
         except UnknownJob as exc:
             return await self._dead_letter(record, str(exc))
         except Exception as exc:  # a decider bug must not stall the partition

@@ -114,7 +114,9 @@ class Bus(Protocol):
         self, group: str, topics: Sequence[str], listener: RebalanceListener | None = None
     ) -> Subscription: ...
 
-    def read(self, topic: str, partition: int, start: int = 0, end: int | None = None) -> AsyncIterator[Record]:
+    def read(
+        self, topic: str, partition: int, start: int = 0, end: int | None = None
+    ) -> AsyncIterator[Record]:
         """Records of one partition from ``start`` up to ``end`` (exclusive; ``None``: the current end)."""
 
     async def end_offsets(self, topic: str) -> dict[int, int]: ...

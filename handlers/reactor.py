@@ -22,14 +22,18 @@ from ffdl.handlers.runtime import JobBook, decode_event
 
 log = structlog.get_logger(__name__)
 
+
 class JobObserver(Protocol):
     def observe(self, event: Event | None, job: Job) -> None:
         """Called with each applied event and the job after it (event None: the job was loaded)."""
 
     def forget(self, job_ids: set[str]) -> None: ...
 
+
 class ReactorHost:
-    def __init__(self, bus: Bus, events_topic: str, driver: Driver, observers: Sequence[JobObserver] = ()) -> None:
+    def __init__(
+        self, bus: Bus, events_topic: str, driver: Driver, observers: Sequence[JobObserver] = ()
+    ) -> None:
         self._bus = bus
         self._topic = events_topic
         self.driver = driver

@@ -69,8 +69,11 @@ async def consume(
             try:
                 await subscription.commit(offsets)
             except CommitFailed as exc:
-                log.warning("commit refused after a rebalance; records will be redelivered", group=group,
-                            error=str(exc))
+                log.warning(
+                    "commit refused after a rebalance; records will be redelivered",
+                    group=group,
+                    error=str(exc),
+                )
     finally:
         await subscription.close()
 
@@ -80,8 +83,13 @@ def decode_event(record: Record) -> Event | None:
     try:
         return event_from_json(record.value)
     except DecodeError as exc:
-        log.error("undecodable event skipped", topic=record.topic, partition=record.partition,
-                  offset=record.offset, reason=exc.reason)
+        log.error(
+            "undecodable event skipped",
+            topic=record.topic,
+            partition=record.partition,
+            offset=record.offset,
+            reason=exc.reason,
+        )
         return None
 
 
@@ -133,14 +141,21 @@ class JobBook:
         before = self.jobs.get(event.job_id)
         if before is not None and event.seq <= before.seq:
             self.ignored += 1
-            log.info("duplicate or conflicting event ignored", job_id=event.job_id, seq=event.seq,
-                     event_id=str(event.event_id), have_seq=before.seq)
+            log.info(
+                "duplicate or conflicting event ignored",
+                job_id=event.job_id,
+                seq=event.seq,
+                event_id=str(event.event_id),
+                have_seq=before.seq,
+            )
             return None
         try:
             after = evolve(before, event)
         except EvolveError as exc:
             self.ignored += 1
-            log.error("event does not apply", job_id=event.job_id, event_id=str(event.event_id), error=str(exc))
+            log.error(
+                "event does not apply", job_id=event.job_id, event_id=str(event.event_id), error=str(exc)
+            )
             return None
         self.jobs[event.job_id] = after
         self.partition_of[event.job_id] = partition

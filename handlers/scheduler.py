@@ -38,7 +38,7 @@ from ffdl.core.job import Job, WaitRecord
 from ffdl.core.scheduling import Plan, SchedulerPolicy, WaitingJob, plan
 from ffdl.core.states import JobState
 from ffdl.events import commands as cmd
-from ffdl.events.envelope import Command, Event
+from ffdl.events.envelope import Command, CommandData, Event
 from ffdl.events.model import Placement
 from ffdl.handlers.messaging import CommandSender, utcnow
 from ffdl.handlers.ports import Bus, Record, TopicPartition
@@ -229,5 +229,5 @@ class Scheduler:
             if commands:
                 await self._sender.send(*commands)
 
-    def _command(self, job: Job, data: cmd.CommandData) -> Command:
+    def _command(self, job: Job, data: CommandData) -> Command:
         return self._sender.make(job.job_id, job.tenant, data, fencing_token=self._token)

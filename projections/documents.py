@@ -40,7 +40,9 @@ def job_document(job: Job) -> JsonObject:
                 "host": learner.host,
                 "step": learner.step,
                 "metrics": dict(learner.metrics),
-                "last_progress_at": learner.last_progress_at.isoformat() if learner.last_progress_at else None,
+                "last_progress_at": learner.last_progress_at.isoformat()
+                if learner.last_progress_at
+                else None,
                 "exit_code": learner.exit_code,
                 "lost_reason": learner.lost_reason or None,
             }

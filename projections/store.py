@@ -161,18 +161,32 @@ class Projection:
                 continue
             changed[event.job_id] = job
             history.append(
-                (event.job_id, event.seq, str(event.event_id), event.type, event.occurred_at.isoformat(),
-                 logged.position, str(event.causation_id) if event.causation_id else None,
-                 logged.body if logged.body is not None else event_to_json(event).decode())
+                (
+                    event.job_id,
+                    event.seq,
+                    str(event.event_id),
+                    event.type,
+                    event.occurred_at.isoformat(),
+                    logged.position,
+                    str(event.causation_id) if event.causation_id else None,
+                    logged.body if logged.body is not None else event_to_json(event).decode(),
+                )
             )
         db.executemany("INSERT INTO history VALUES (?, ?, ?, ?, ?, ?, ?, ?)", history)
-        db.executemany("INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                       [_job_row(job) for job in changed.values() if not job.deleted])
-        db.executemany("DELETE FROM jobs WHERE job_id = ?", [(j.job_id,) for j in changed.values() if j.deleted])
+        db.executemany(
+            "INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [_job_row(job) for job in changed.values() if not job.deleted],
+        )
+        db.executemany(
+            "DELETE FROM jobs WHERE job_id = ?", [(j.job_id,) for j in changed.values() if j.deleted]
+        )
         db.executemany("INSERT OR REPLACE INTO positions VALUES (?, ?)", sorted(reached.items()))
         if ignored:
-            db.execute("INSERT INTO counters VALUES ('ignored_events', ?) "
-                       "ON CONFLICT(name) DO UPDATE SET value = value + excluded.value", (ignored,))
+            db.execute(
+                "INSERT INTO counters VALUES ('ignored_events', ?) "
+                "ON CONFLICT(name) DO UPDATE SET value = value + excluded.value",
+                (ignored,),
+            )
         self._jobs.update(changed)
         return len(history)
 
@@ -229,11 +243,13 @@ class Projection:
             clauses.append("submitted_at < ?")
             params.append(submitted_until)
         if after is not None:
-            clauses.append("(submitted_at, job_id) < (?, ?)" if newest_first else "(submitted_at, job_id) > (?, ?)")
+            clauses.append(
+                "(submitted_at, job_id) < (?, ?)" if newest_first else "(submitted_at, job_id) > (?, ?)"
+            )
             params.extend(after)
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
         order = "DESC" if newest_first else "ASC"
-        sql = f"SELECT document FROM jobs {where} ORDER BY submitted_at {order}, job_id {order} LIMIT ?"  # noqa: S608
+        sql = f"SELECT document FROM jobs {where} ORDER BY submitted_at {order}, job_id {order} LIMIT ?"
         with self._connection() as db:
             return [str(doc) for (doc,) in db.execute(sql, (*params, limit))]
 
@@ -263,7 +279,8 @@ class Projection:
         """Jobs that hold GPUs now, with their placement: the cluster GPU map's source."""
         with self._connection() as db:
             rows = db.execute(
-                "SELECT document FROM jobs WHERE json_extract(document, '$.placement') IS NOT NULL ORDER BY job_id"
+                "SELECT document FROM jobs WHERE json_extract(document, '$.placement') IS NOT NULL "
+                "ORDER BY job_id"
             ).fetchall()
         return [json.loads(doc) for (doc,) in rows]
 
@@ -311,10 +328,18 @@ class Projection:
             before = db.execute(queued, key).fetchone()[0]
             tenant_before = db.execute(f"{queued} AND tenant = ?", (*key, tenant)).fetchone()[0]
             length = db.execute("SELECT COUNT(*) FROM jobs WHERE state = 'QUEUED'").fetchone()[0]
-        held = sum(len(learner["gpus"]) for job in self.holdings() if job["tenant"] == tenant
-                   for learner in job["placement"])
-        return {"position": before + 1, "tenant_position": tenant_before + 1, "queue_length": length,
-                "tenant_gpus_held": held}
+        held = sum(
+            len(learner["gpus"])
+            for job in self.holdings()
+            if job["tenant"] == tenant
+            for learner in job["placement"]
+        )
+        return {
+            "position": before + 1,
+            "tenant_position": tenant_before + 1,
+            "queue_length": length,
+            "tenant_gpus_held": held,
+        }
 
     def counts(self) -> dict[tuple[str, str], int]:
         with self._connection() as db:
@@ -325,9 +350,13 @@ class Projection:
         """Every row of every table in a fixed order: equal dumps mean equal projections."""
         with self._connection() as db:
             lines = []
-            for table, order in (("jobs", "job_id"), ("history", "job_id, seq"), ("positions", "partition"),
-                                 ("counters", "name")):
-                for row in db.execute(f"SELECT * FROM {table} ORDER BY {order}"):  # noqa: S608
+            for table, order in (
+                ("jobs", "job_id"),
+                ("history", "job_id, seq"),
+                ("positions", "partition"),
+                ("counters", "name"),
+            ):
+                for row in db.execute(f"SELECT * FROM {table} ORDER BY {order}"):
                     lines.append(f"{table}\t{json.dumps(list(row))}")
         return "\n".join(lines)
 

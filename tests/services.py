@@ -335,8 +335,9 @@ class MosquittoServer(ServiceProcess):
         config = self._workdir / "mosquitto.conf"
         config.write_text(f"listener {self.port} {self.host}\nallow_anonymous true\npersistence false\n")
         log = (self._workdir / "mosquitto.log").open("wb")
-        self._process = subprocess.Popen([str(MOSQUITTO_BINARY), "-c", str(config)], stdout=log,
-                                         stderr=subprocess.STDOUT)
+        self._process = subprocess.Popen(
+            [str(MOSQUITTO_BINARY), "-c", str(config)], stdout=log, stderr=subprocess.STDOUT
+        )
         log.close()
         wait_until(self._serves, self._start_timeout_s, what="mosquitto to accept connections")
 

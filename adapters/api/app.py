@@ -36,7 +36,6 @@ from ffdl.events.envelope import CommandData
 from ffdl.handlers.heartbeat_keys import JOBS_PREFIX, LearnerBeat, parse_key
 from ffdl.handlers.ports import Position, StoreUnavailable
 
-
 WRITE_WAIT_S = 10.0
 READ_WAIT_MAX_S = 30.0
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED"}
@@ -65,7 +64,7 @@ def principal(request: Request) -> Principal:
 Caller = Annotated[Principal, Depends(principal)]
 
 
-def create_app(platform: Platform) -> FastAPI:  # noqa: C901, PLR0915 - one closure per route, on purpose
+def create_app(platform: Platform) -> FastAPI:  # noqa: PLR0915 - one closure per route, on purpose
     settings = platform.settings
     projection = platform.projection
     tenants = TenantRegistry(settings.tenants_path)
@@ -299,7 +298,7 @@ def create_app(platform: Platform) -> FastAPI:  # noqa: C901, PLR0915 - one clos
         tail: Annotated[int, Query(ge=1, le=100_000)] = 200,
         follow: bool = False,
     ) -> Response:
-        """A learner's log (the local launcher's files); ``follow=true`` streams new lines until the job ends."""
+        """A learner's log (the local launcher's files); ``follow=true`` streams new lines until it ends."""
         document = await visible_job(job_id, caller)
         chosen = attempt or max(document["attempt"], 1)
         path = settings.work_dir / job_id / "logs" / f"attempt-{chosen}" / f"learner-{rank}.log"
@@ -312,7 +311,7 @@ def create_app(platform: Platform) -> FastAPI:  # noqa: C901, PLR0915 - one clos
     async def follow_log(job_id: str, path: Path, tail: int) -> AsyncIterator[bytes]:
         lines = await read(_tail, path, tail)
         yield "".join(lines).encode()
-        offset = path.stat().st_size
+        offset = await read(lambda: path.stat().st_size)
         while True:
             chunk = await read(_read_from, path, offset)
             offset += len(chunk)

@@ -1,4 +1,4 @@
-"""``python -m ffdl.adapters.api.openapi [FILE]``: export the API's OpenAPI document (default docs/openapi.json).
+"""``python -m ffdl.adapters.api.openapi [FILE]``: export the OpenAPI document (default docs/openapi.json).
 
 The exported file is committed; a test fails when the API changes without it being exported again.
 """

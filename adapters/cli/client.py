@@ -35,8 +35,9 @@ class ApiClient:
         return response.text
 
     def submit(self, manifest: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._call("POST", "/v1/jobs", content=manifest,
-                                            headers={"Content-Type": "application/yaml"})
+        result: dict[str, Any] = self._call(
+            "POST", "/v1/jobs", content=manifest, headers={"Content-Type": "application/yaml"}
+        )
         return result
 
     def get(self, job_id: str, after: str | None = None) -> dict[str, Any]:
@@ -61,7 +62,9 @@ class ApiClient:
         return result
 
     def events(self, job_id: str, after_seq: int = 0) -> list[dict[str, Any]]:
-        result: dict[str, Any] = self._call("GET", f"/v1/jobs/{job_id}/events", params={"after_seq": after_seq})
+        result: dict[str, Any] = self._call(
+            "GET", f"/v1/jobs/{job_id}/events", params={"after_seq": after_seq}
+        )
         return list(result["events"])
 
     def why(self, job_id: str) -> dict[str, Any]:

@@ -55,8 +55,12 @@ async def run_demo(*, chaos: bool, steps: int, keep: bool) -> int:
         configure_logging("json", "info", log_stream)
         port = _free_port()
         settings = Settings(
-            data_dir=data_dir, api=f"http://127.0.0.1:{port}", heartbeat_ttl_s=2.0, monitor_grace_s=6.0,
-            stop_grace_s=5.0, restart_backoff_base_s=0.5,
+            data_dir=data_dir,
+            api=f"http://127.0.0.1:{port}",
+            heartbeat_ttl_s=2.0,
+            monitor_grace_s=6.0,
+            stop_grace_s=5.0,
+            restart_backoff_base_s=0.5,
         )
         console.print(f"ffdl demo: platform data in {data_dir} (log: {log_file})")
         started = time.monotonic()
@@ -72,8 +76,10 @@ async def run_demo(*, chaos: bool, steps: int, keep: bool) -> int:
         report = await verify_log(settings)
     console.print(timeline_table(job))
     accuracy = job["result"]["metrics"].get("accuracy") if job.get("result") else None
-    console.print(f"job {job['job_id']} ended {styled(job['state'])} after {job['restarts']} restart(s) "
-                  f"in {elapsed:.1f}s; final test accuracy: {accuracy if accuracy is None else f'{accuracy:.3f}'}")
+    console.print(
+        f"job {job['job_id']} ended {styled(job['state'])} after {job['restarts']} restart(s) "
+        f"in {elapsed:.1f}s; final test accuracy: {accuracy if accuracy is None else f'{accuracy:.3f}'}"
+    )
     console.print(f"ffdl verify: {report['events']} events, {len(report['violations'])} violation(s)")
     if not keep:
         shutil.rmtree(data_dir, ignore_errors=True)
@@ -94,14 +100,21 @@ async def _wait_ready(client: httpx.AsyncClient) -> None:
 async def _drive(api: str, steps: int, chaos: bool) -> dict[str, Any]:
     async with httpx.AsyncClient(base_url=api, timeout=30) as client:
         await _wait_ready(client)
-        response = await client.post("/v1/jobs", content=demo_manifest(steps),
-                                     headers={"Content-Type": "application/yaml"})
+        response = await client.post(
+            "/v1/jobs", content=demo_manifest(steps), headers={"Content-Type": "application/yaml"}
+        )
         response.raise_for_status()
         job_id = response.json()["job_id"]
         console.print(f"submitted {job_id}: 2 learners x 1 GPU, {steps} steps")
         killed = not chaos
-        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                      TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console) as progress:
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(),
+            console=console,
+        ) as progress:
             bars = [progress.add_task(f"learner {rank}", total=steps, info="") for rank in range(2)]
             state = progress.add_task("job", total=None, info="")
             while True:
@@ -114,9 +127,16 @@ async def _drive(api: str, steps: int, chaos: bool) -> dict[str, Any]:
                 if job["state"] in TERMINAL and job["placement"] is None:
                     return dict(job)
                 victim = job["learners"][1]
-                if not killed and job["state"] == "RUNNING" and victim["step"] >= steps // 3 and victim["pid"]:
+                if (
+                    not killed
+                    and job["state"] == "RUNNING"
+                    and victim["step"] >= steps // 3
+                    and victim["pid"]
+                ):
                     os.kill(victim["pid"], signal.SIGKILL)
                     killed = True
-                    progress.console.print(f"[magenta]chaos:[/] killed learner 1 (pid {victim['pid']}) "
-                                           f"at step {victim['step']} with SIGKILL")
+                    progress.console.print(
+                        f"[magenta]chaos:[/] killed learner 1 (pid {victim['pid']}) "
+                        f"at step {victim['step']} with SIGKILL"
+                    )
                 await asyncio.sleep(0.3)

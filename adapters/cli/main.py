@@ -32,7 +32,9 @@ from ffdl.adapters.cli.render import (
 from ffdl.adapters.config import Settings
 from ffdl.adapters.logging import configure_logging
 
-app = typer.Typer(help="ffdl: an event-sourced multi-tenant deep-learning training platform.", no_args_is_help=True)
+app = typer.Typer(
+    help="ffdl: an event-sourced multi-tenant deep-learning training platform.", no_args_is_help=True
+)
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED"}
@@ -167,8 +169,10 @@ def events(
                 if json_output:
                     print_json(event)
                 else:
-                    console.print(f"{event['seq']:>4} {event['occurred_at']} [bold]{event['type']}[/] "
-                                  f"{_summary(event['data'])}")
+                    console.print(
+                        f"{event['seq']:>4} {event['occurred_at']} [bold]{event['type']}[/] "
+                        f"{_summary(event['data'])}"
+                    )
             if not follow or client.get(job_id)["state"] in TERMINAL:
                 return
             time.sleep(0.5)
@@ -189,7 +193,9 @@ app.add_typer(tenants_app, name="tenants")
 @tenants_app.command("add")
 def tenants_add(
     name: str,
-    admin: Annotated[bool, typer.Option("--admin", help="May see and steer every tenant's jobs (SREs).")] = False,
+    admin: Annotated[
+        bool, typer.Option("--admin", help="May see and steer every tenant's jobs (SREs).")
+    ] = False,
     json_output: JsonFlag = False,
 ) -> None:
     """Create a tenant and print its API token once (only its hash is kept)."""
@@ -203,7 +209,9 @@ def tenants_add(
     if json_output:
         print_json({"tenant": name, "admin": admin, "token": token})
     else:
-        console.print(f"tenant [bold]{name}[/]{' (admin)' if admin else ''} created; its token, shown only now:")
+        console.print(
+            f"tenant [bold]{name}[/]{' (admin)' if admin else ''} created; its token, shown only now:"
+        )
         print(token)
         console.print("clients send it as 'Authorization: Bearer TOKEN'; the CLI reads FFDL_TOKEN")
 
@@ -232,8 +240,10 @@ def why(job_id: str, json_output: JsonFlag = False) -> None:
     if waiting and waiting["reserved_nodes"]:
         console.print(f"nodes kept free for it: {', '.join(waiting['reserved_nodes'])}")
     if answer["state"] == "QUEUED":
-        console.print(f"tenant {answer['tenant']}: position {answer['tenant_position']} among its jobs, "
-                      f"{answer['tenant_gpus_held']} GPU(s) held now")
+        console.print(
+            f"tenant {answer['tenant']}: position {answer['tenant_position']} among its jobs, "
+            f"{answer['tenant_gpus_held']} GPU(s) held now"
+        )
 
 
 @app.command()
@@ -262,8 +272,9 @@ def simulate(
     if generate is not None:
         if out is None or trace is not None:
             raise _fail(ValueError("--generate N writes to --out FILE (and simulates it); give no TRACE"))
-        jobs = generate_trace(generate, nodes=nodes, gpus_per_node=gpus_per_node, load=load, tenants=tenants,
-                              seed=seed)
+        jobs = generate_trace(
+            generate, nodes=nodes, gpus_per_node=gpus_per_node, load=load, tenants=tenants, seed=seed
+        )
         write_trace(jobs, out)
         if not json_output:
             console.print(f"wrote {len(jobs)} jobs to {out}")
@@ -381,8 +392,10 @@ def export(
     if json_output:
         where.print_json(data=report)
     else:
-        where.print(f"exported {report['written']} of {report['events']} events of {report['topic']} "
-                    f"from {report['source']} to {'stdout' if output == STDIO else output}")
+        where.print(
+            f"exported {report['written']} of {report['events']} events of {report['topic']} "
+            f"from {report['source']} to {'stdout' if output == STDIO else output}"
+        )
 
 
 @app.command("import")
@@ -402,8 +415,11 @@ def import_log(
     if json_output:
         print_json(report)
     else:
-        moved = "every event at its exported position" if not report["moved"] else (
-            f"{report['moved']} event(s) at another position than exported (another partition count)")
+        moved = (
+            "every event at its exported position"
+            if not report["moved"]
+            else (f"{report['moved']} event(s) at another position than exported (another partition count)")
+        )
         target = f"{report['topic']} on {report['target']}"
         console.print(f"imported {report['events']} events into {target}: {moved}")
 
@@ -444,8 +460,11 @@ def replay(
         if until is not None:
             raise _sre_usage("--diff A B compares two points; leave out --until")
         first, second = diff
-        report = _sre(lambda: sre.diff_job(_log_events(log, bus, settings), job, sre.Point.parse(first),
-                                           sre.Point.parse(second)))
+        report = _sre(
+            lambda: sre.diff_job(
+                _log_events(log, bus, settings), job, sre.Point.parse(first), sre.Point.parse(second)
+            )
+        )
         if json_output:
             print_json(report)
             return
@@ -486,8 +505,10 @@ def _rebuild(log: str | None, bus: str | None, out: Path | None, settings: Setti
         return
     states = ", ".join(f"{styled(state)} {count}" for state, count in report["states"].items())
     jobs = f"{report['jobs']} job(s) of {report['tenants']} tenant(s)"
-    console.print(f"rebuilt {jobs} from {report['events']} events ({report['ignored']} ignored) into "
-                  f"{report['path']}: {states or 'no jobs'}")
+    console.print(
+        f"rebuilt {jobs} from {report['events']} events ({report['ignored']} ignored) into "
+        f"{report['path']}: {states or 'no jobs'}"
+    )
     if report.get("identical") is not None:
         same = "[green]identical to[/]" if report["identical"] else "[bold red]DIFFERENT from[/]"
         console.print(f"the rebuilt projections are {same} the live ones")

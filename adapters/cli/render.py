@@ -10,9 +10,18 @@ from rich.console import Console
 from rich.table import Table
 
 STATE_STYLE = {
-    "SUBMITTED": "white", "QUEUED": "yellow", "SCHEDULED": "cyan", "LAUNCHING": "cyan", "RUNNING": "green",
-    "RESTARTING": "magenta", "HALTING": "blue", "HALTED": "blue", "STORING": "cyan",
-    "COMPLETED": "bold green", "FAILED": "bold red", "CANCELLED": "dim",
+    "SUBMITTED": "white",
+    "QUEUED": "yellow",
+    "SCHEDULED": "cyan",
+    "LAUNCHING": "cyan",
+    "RUNNING": "green",
+    "RESTARTING": "magenta",
+    "HALTING": "blue",
+    "HALTED": "blue",
+    "STORING": "cyan",
+    "COMPLETED": "bold green",
+    "FAILED": "bold red",
+    "CANCELLED": "dim",
 }
 
 console = Console()
@@ -55,9 +64,15 @@ def job_table(jobs: list[dict[str, Any]]) -> Table:
     for column in ("job", "tenant", "state", "learners", "attempt", "submitted", "reason"):
         table.add_column(column)
     for job in jobs:
-        table.add_row(job["job_id"], job["tenant"], styled(job["state"]),
-                      f"{job['spec']['learners']}x{job['spec']['gpus']} GPU", str(job["attempt"]),
-                      job["submitted_at"], job["reason"])
+        table.add_row(
+            job["job_id"],
+            job["tenant"],
+            styled(job["state"]),
+            f"{job['spec']['learners']}x{job['spec']['gpus']} GPU",
+            str(job["attempt"]),
+            job["submitted_at"],
+            job["reason"],
+        )
     return table
 
 
@@ -120,24 +135,31 @@ def replay_lines(report: dict[str, Any]) -> list[str]:
     if state["reason"]:
         lines.append(f"reason: {state['reason']}")
     if state["placement"]:
-        held = ", ".join(f"rank {p['rank']} on {p['node']} GPUs {','.join(map(str, p['gpus']))}"
-                         for p in state["placement"])
+        held = ", ".join(
+            f"rank {p['rank']} on {p['node']} GPUs {','.join(map(str, p['gpus']))}"
+            for p in state["placement"]
+        )
         lines.append(f"placement: {held}")
     checkpoint = state["latest_checkpoint"]
     if checkpoint:
-        lines.append(f"latest checkpoint: step {checkpoint['step']} (attempt {checkpoint['attempt']}) "
-                     f"at {checkpoint['uri']}")
+        lines.append(
+            f"latest checkpoint: step {checkpoint['step']} (attempt {checkpoint['attempt']}) "
+            f"at {checkpoint['uri']}"
+        )
     for skipped in report["skipped"]:
-        lines.append(f"[yellow]skipped[/] seq {skipped['seq']} {skipped['type']} at {skipped['position']}: "
-                     f"{skipped['reason']}")
+        lines.append(
+            f"[yellow]skipped[/] seq {skipped['seq']} {skipped['type']} at {skipped['position']}: "
+            f"{skipped['reason']}"
+        )
     return lines
 
 
 def diff_table(report: dict[str, Any]) -> Table:
     """What changed in a job between two points, field by field."""
     before, after = report["from"], report["to"]
-    table = Table(title=f"{report['job_id']}: seq {before['seq']} ({before['at']}) → seq {after['seq']} "
-                        f"({after['at']})")
+    table = Table(
+        title=f"{report['job_id']}: seq {before['seq']} ({before['at']}) → seq {after['seq']} ({after['at']})"
+    )
     for column in ("field", "before", "after"):
         table.add_column(column)
     for change in report["changes"]:

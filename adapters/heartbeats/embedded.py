@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import structlog
+
 from ffdl.handlers.ports import Snapshot, StoreUnavailable, WatchEvent, WatchKind
 
 log = structlog.get_logger(__name__)

@@ -32,6 +32,7 @@ from typing import Any, NoReturn
 import aetcd
 import structlog
 from aetcd import rpc
+
 from ffdl.handlers.ports import Snapshot, StoreUnavailable, WatchEvent, WatchKind
 
 log = structlog.get_logger(__name__)

@@ -12,9 +12,9 @@ from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+
 from ffdl.adapters.heartbeats import open_store
 from ffdl.handlers.ports import HeartbeatStore, WatchEvent, WatchKind
-
 from tests.services import EtcdServer, wait_until_async
 
 TTL_S = 1.0

@@ -180,7 +180,8 @@ async def test_bad_manifests_get_a_4xx_naming_the_field_and_record_nothing(
 async def test_an_ffdl_manifest_runs_as_is(api: Api, settings: Settings) -> None:
     command = learner_command("--steps", "3", "--delay", "0.01")
     ffdl_manifest = (
-        "name: FfDL_Tutorial\nversion: '1.0'\ndescription: from FfDL\nlearners: 1\ngpus: 1\ncpus: 1\nmemory: 1Gb\n"
+        "name: FfDL_Tutorial\nversion: '1.0'\ndescription: from FfDL\n"
+        "learners: 1\ngpus: 1\ncpus: 1\nmemory: 1Gb\n"
         "data_stores:\n  - id: store\n    type: mount_cos\n    training_data: {container: train-data}\n"
         "    training_results: {container: " + str(settings.work_dir / "ffdl-results") + "}\n"
         f"framework:\n  name: tensorflow\n  version: '1.5'\n  command: {command}\n"

@@ -122,7 +122,8 @@ async def test_learner_telemetry_over_mqtt_is_progress(api: Api, mosquitto: Mosq
     job_id = await api.submit(f'name: quiet\nlearners: 1\ngpus: 1\ncommand: "{quiet}"\n')
     await api.wait(job_id, "RUNNING")
     payload = json.dumps({"attempt": 1, "step": 7, "metrics": {"loss": 0.5}})
-    subprocess.run(
+    await asyncio.to_thread(
+        subprocess.run,
         [
             "mosquitto_pub",
             "-h",
@@ -142,7 +143,8 @@ async def test_learner_telemetry_over_mqtt_is_progress(api: Api, mosquitto: Mosq
     job = await api.wait_for(job_id, lambda j: j["learners"][0]["step"] == 7, "step 7 from MQTT")
     assert job["learners"][0]["metrics"] == {"loss": 0.5}
     foreign = json.dumps({"attempt": 1, "step": 99})
-    subprocess.run(
+    await asyncio.to_thread(
+        subprocess.run,
         [
             "mosquitto_pub",
             "-h",

@@ -10,6 +10,7 @@ from contextlib import aclosing
 from pathlib import Path
 
 import pytest
+
 from ffdl.adapters.heartbeats import (
     EmbeddedHeartbeatStore,
     EtcdHeartbeatStore,
