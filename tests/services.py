@@ -100,6 +100,13 @@ class ServiceProcess:
         self._process.send_signal(signal.SIGCONT)
         self._paused = False
 
+    def _raise_if_exited(self, name: str, log_name: str) -> None:
+        """Fail a start at once, with the end of the server's log, when the server died."""
+        assert self._process is not None
+        if self._process.poll() is not None:
+            log = (self._workdir / log_name).read_text(errors="replace") if self._workdir else ""
+            raise RuntimeError(f"{name} exited with {self._process.returncode}: {log[-2000:]}")
+
     def stop(self) -> None:
         process, self._process = self._process, None
         if process is not None and process.poll() is None:
@@ -171,11 +178,7 @@ class EtcdServer(ServiceProcess):
 
     def _serves(self) -> bool:
         """True once etcd answers /health, which it only does after a quorum read succeeds."""
-        assert self._process is not None
-        if self._process.poll() is not None:
-            assert self._workdir is not None
-            log = (self._workdir / "etcd.log").read_text(errors="replace")
-            raise RuntimeError(f"etcd exited with {self._process.returncode}: {log[-2000:]}")
+        self._raise_if_exited("etcd", "etcd.log")
         try:
             with urllib.request.urlopen(f"http://{self.host}:{self.port}/health", timeout=1) as response:
                 return bool(json.load(response).get("health") == "true")
@@ -238,11 +241,7 @@ class TansuBroker(ServiceProcess):
 
     def _serves(self) -> bool:
         """True once the broker answers an ApiVersions request without an error."""
-        assert self._process is not None
-        if self._process.poll() is not None:
-            assert self._workdir is not None
-            log = (self._workdir / "tansu.log").read_text(errors="replace")
-            raise RuntimeError(f"tansu exited with {self._process.returncode}: {log[-2000:]}")
+        self._raise_if_exited("tansu", "tansu.log")
         header = struct.pack(">hhih", 18, 0, _API_VERSIONS_CORRELATION_ID, len(_API_VERSIONS_CLIENT_ID))
         request = header + _API_VERSIONS_CLIENT_ID
         try:
@@ -290,8 +289,7 @@ class MosquittoServer(ServiceProcess):
         wait_until(self._serves, self._start_timeout_s, what="mosquitto to accept connections")
 
     def _serves(self) -> bool:
-        if self._process is None or self._process.poll() is not None:
-            raise RuntimeError("mosquitto exited at start")
+        self._raise_if_exited("mosquitto", "mosquitto.log")
         try:
             with socket.create_connection((self.host, self.port), timeout=0.5):
                 return True
