@@ -358,8 +358,8 @@ def export(
     partitions: PartitionsOption = None,
     job: Annotated[str | None, typer.Option("--job", help="Only this job's events.")] = None,
     tenant: Annotated[str | None, typer.Option("--tenant", help="Only this tenant's events.")] = None,
-    since: Annotated[str | None, typer.Option("--since", help="Only events at or after this time.")] = None,
-    until: Annotated[str | None, typer.Option("--until", help="Only events before this ISO time.")] = None,
+    since: Annotated[str | None, typer.Option("--since", help="Only events from this time on (ISO).")] = None,
+    until: Annotated[str | None, typer.Option("--until", help="Only events before this time (ISO).")] = None,
     types: Annotated[list[str] | None, typer.Option("--type", help="Only this event type (repeatable).")] = (
         None
     ),
@@ -399,7 +399,7 @@ def export(
 
 
 @app.command("import")
-def import_log(
+def import_events(
     log: Annotated[str, typer.Argument(help="A log file as 'ffdl export' writes it ('-': stdin).")],
     *,
     bus: BusOption = None,
@@ -407,11 +407,11 @@ def import_log(
     json_output: JsonFlag = False,
 ) -> None:
     """Import a JSON Lines log into an empty event log (embedded or a Kafka topic)."""
-    from ffdl.adapters.sre import events_topic, import_log  # noqa: PLC0415
+    from ffdl.adapters import sre  # noqa: PLC0415
 
     settings = _sre_settings(partitions)
-    url = bus or settings.bus_url
-    report = _sre(lambda: asyncio.run(import_log(log, url, settings.partitions, events_topic(settings))))
+    url, topic = bus or settings.bus_url, sre.events_topic(settings)
+    report = _sre(lambda: asyncio.run(sre.import_log(log, url, settings.partitions, topic)))
     if json_output:
         print_json(report)
     else:
