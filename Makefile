@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 services:
 	@missing=""; \
 	command -v etcd >/dev/null || missing="$$missing etcd-server"; \
-	command -v mosquitto >/dev/null || missing="$$missing mosquitto"; \
+	[ -x /usr/sbin/mosquitto ] || missing="$$missing mosquitto"; \
 	command -v mosquitto_sub >/dev/null || missing="$$missing mosquitto-clients"; \
 	command -v tini >/dev/null || missing="$$missing tini"; \
 	if [ -n "$$missing" ]; then \
