@@ -7,12 +7,9 @@ exactly what the launcher and the watches use; disruption budgets that select re
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from tests.kube import openapi_problems
@@ -149,24 +146,6 @@ def test_the_platform_configuration_chooses_pods_kafka_and_etcd() -> None:
     assert data["FFDL_BUS"].startswith("kafka://")
     assert data["FFDL_HEARTBEATS"].startswith("etcd://")
     assert data["FFDL_KUBE__NAMESPACE"] == "ffdl-jobs"
-
-
-@pytest.mark.skipif(
-    shutil.which("kubectl") is None, reason="kubectl (with its built-in kustomize) is not installed"
-)
-def test_kustomize_renders_the_base_into_valid_objects() -> None:
-    rendered = subprocess.run(
-        ["kubectl", "kustomize", str(BASE)], check=True, capture_output=True, text=True
-    ).stdout
-    docs = [doc for doc in yaml.safe_load_all(rendered) if doc]
-    assert len(docs) == len(documents())
-    assert [problem for doc in docs for problem in openapi_problems(doc)] == []
-    assert {
-        c["image"]
-        for d in docs
-        if d["kind"] == "Deployment"
-        for c in d["spec"]["template"]["spec"]["containers"]
-    } == {"ffdl:0.1.0"}
 
 
 def test_the_image_is_multi_stage_unprivileged_and_starts_under_tini() -> None:
