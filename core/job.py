@@ -3,14 +3,21 @@
 ``evolve`` applies the transition table and keeps everything the decider and the read side need:
 per-learner state, the current attempt, the GPUs the job holds, its checkpoints, the time it
 entered each state and why. It never looks at a clock; times come from the events.
+
+Replaying a log folds every event through ``evolve``, so it copies ``Job`` and ``Learner`` with
+field copiers generated once at import instead of ``dataclasses.replace``, and copies the job once
+per event. The copiers hold no state: ``evolve`` stays a pure function, safe from any thread.
 """
 
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from enum import StrEnum
+from types import MemberDescriptorType
+from typing import NoReturn, Protocol, TypeVar
 
 from ffdl.core.states import JobState, next_state
 from ffdl.events import types as ev
@@ -123,7 +130,56 @@ class Job:
         return self.learners[rank] if 0 <= rank < len(self.learners) else None
 
     def seen_command(self, command_id: uuid.UUID) -> bool:
-        return command_id in self.recent_commands
+        # Comparing the ints skips UUID.__eq__, a Python call per remembered id, on every event folded.
+        return command_id.int in [seen.int for seen in self.recent_commands]
+
+
+_Record = TypeVar("_Record")
+
+
+class _Copy(Protocol[_Record]):
+    """A copier's signature: ``record`` with the fields named in ``changes`` replaced."""
+
+    def __call__(self, record: _Record, /, **changes: object) -> _Record: ...
+
+
+def _refuse_unknown_fields(cls: type, names: Iterable[str]) -> NoReturn:
+    raise TypeError(f"{cls.__name__} has no field(s) {', '.join(sorted(names))}")
+
+
+def _field_copier(cls: type[_Record]) -> _Copy[_Record]:
+    """``dataclasses.replace`` for the slotted dataclass ``cls``, at a fraction of its cost.
+
+    ``replace`` walks the field metadata and calls ``__init__`` with keywords on every call, which was
+    most of what a replay spent per event. Like ``dataclasses`` itself, this generates the code once:
+    a function that makes a bare instance and sets every slot through its member descriptor (which
+    bypasses the frozen ``__setattr__``, as the generated ``__init__`` does), from ``changes`` or
+    else from ``record``. That equals calling ``__init__`` only for a slotted class without
+    ``__post_init__`` or ``init=False`` fields, so any other class is refused. Like ``replace``, a
+    change naming no field raises ``TypeError``.
+    """
+    record_fields = fields(cls)  # type: ignore[arg-type]
+    if (
+        hasattr(cls, "__post_init__")
+        or not all(f.init for f in record_fields)
+        or not all(isinstance(getattr(cls, f.name, None), MemberDescriptorType) for f in record_fields)
+    ):
+        raise TypeError(f"{cls.__name__}.__init__ does more than set slots; copy it with replace")
+    namespace: dict[str, object] = {"new": object.__new__, "cls": cls, "refuse": _refuse_unknown_fields}
+    lines = ["def copy(record, /, **changes):", "    copied = new(cls)"]
+    for index, name in enumerate(f.name for f in record_fields):
+        namespace[f"set_{index}"] = getattr(cls, name).__set__
+        lines.append(
+            f"    set_{index}(copied, changes.pop({name!r}) if {name!r} in changes else record.{name})"
+        )
+    lines += ["    if changes:", "        refuse(cls, changes)", "    return copied"]
+    exec("\n".join(lines), namespace)
+    copy: _Copy[_Record] = namespace["copy"]  # type: ignore[assignment]
+    return copy
+
+
+_copy_job = _field_copier(Job)
+_copy_learner = _field_copier(Learner)
 
 
 class EvolveError(ValueError):
@@ -165,7 +221,7 @@ def _fresh_learners(placement: Placement | None, count: int) -> tuple[Learner, .
 
 def _update_learner(job: Job, rank: int, **changes: object) -> tuple[Learner, ...]:
     learners = list(job.learners)
-    learners[rank] = replace(learners[rank], **changes)  # type: ignore[arg-type]
+    learners[rank] = _copy_learner(learners[rank], **changes)
     return tuple(learners)
 
 
@@ -202,9 +258,9 @@ def evolve(job: Job | None, event: Event) -> Job:
         state = next_state(job.state, type(event.data))
     except ValueError as exc:
         raise EvolveError(f"job {job.job_id} seq {event.seq}: {exc}") from exc
-    job = _apply(job, event)
+    changes = _payload_changes(job, event)
     recent = job.recent_commands
-    if event.causation_id is not None and event.causation_id not in recent:
+    if event.causation_id is not None and not job.seen_command(event.causation_id):
         recent = (*recent[-(COMMAND_WINDOW - 1) :], event.causation_id)
     history = job.history
     if state is not job.state:
@@ -212,8 +268,9 @@ def evolve(job: Job | None, event: Event) -> Job:
     token = job.fencing_token
     if event.fencing_token is not None:
         token = max(token or 0, event.fencing_token)
-    return replace(
+    return _copy_job(
         job,
+        **changes,
         state=state,
         seq=event.seq,
         updated_at=event.occurred_at,
@@ -223,75 +280,75 @@ def evolve(job: Job | None, event: Event) -> Job:
     )
 
 
-def _apply(job: Job, event: Event) -> Job:
+def _payload_changes(job: Job, event: Event) -> dict[str, object]:
+    """The fields of ``job`` that the event's payload changes; ``evolve`` adds its own and copies once.
+
+    ``LearnerProgressed`` comes first since most of a running job's events are progress; the cases
+    match disjoint classes, so their order only decides how many are tried.
+    """
     at = event.occurred_at
     match event.data:
+        case ev.LearnerProgressed(rank=rank, step=step, metrics=metrics):
+            metric_items = tuple(sorted(metrics.items()))
+            progressed = _update_learner(job, rank, step=step, metrics=metric_items, last_progress_at=at)
+            return {"learners": progressed}
         case ev.JobRejected(code=code, reason=reason) | ev.JobFailed(code=code, reason=reason):
-            return replace(job, failure_code=code, reason=reason)
+            return {"failure_code": code, "reason": reason}
         case ev.JobWaiting(code=code, detail=detail, waiting_for=waiting_for, reserved_nodes=reserved_nodes):
             waiting = WaitRecord(code, detail, waiting_for, reserved_nodes)
-            return replace(job, waiting=waiting, waiting_since=at, reason=detail or job.reason)
+            return {"waiting": waiting, "waiting_since": at, "reason": detail or job.reason}
         case ev.GpusAllocated(placement=placement):
             learners = _fresh_learners(placement, job.spec.learners)
-            return replace(job, placement=placement, learners=learners, waiting=None, waiting_since=None)
+            return {"placement": placement, "learners": learners, "waiting": None, "waiting_since": None}
         case ev.JobLaunching(attempt=attempt, resume_from=resume_from):
-            return replace(
-                job,
-                attempt=attempt,
-                resume_from=resume_from,
-                learners=_fresh_learners(job.placement, job.spec.learners),
-            )
+            return {
+                "attempt": attempt,
+                "resume_from": resume_from,
+                "learners": _fresh_learners(job.placement, job.spec.learners),
+            }
         case ev.LearnerStarted(rank=rank, pid=pid, host=host):
             learner = job.learners[rank]
             status = learner.status if learner.has_started else LearnerStatus.RUNNING
-            changes: dict[str, object] = {"status": status, "pid": pid, "host": host, "last_progress_at": at}
-            return replace(job, learners=_update_learner(job, rank, **changes))
-        case ev.LearnerProgressed(rank=rank, step=step, metrics=metrics):
-            progress: dict[str, object] = {
-                "step": step,
-                "metrics": tuple(sorted(metrics.items())),
-                "last_progress_at": at,
-            }
-            return replace(job, learners=_update_learner(job, rank, **progress))
+            started = _update_learner(job, rank, status=status, pid=pid, host=host, last_progress_at=at)
+            return {"learners": started}
         case ev.CheckpointRecorded(checkpoint=checkpoint):
             kept = tuple(c for c in job.checkpoints if c.uri != checkpoint.uri)[-15:]
-            return replace(job, checkpoints=(*kept, checkpoint))
+            return {"checkpoints": (*kept, checkpoint)}
         case ev.LearnerExited(rank=rank, exit_code=code):
-            return replace(
-                job, learners=_update_learner(job, rank, status=LearnerStatus.EXITED, exit_code=code)
-            )
+            return {"learners": _update_learner(job, rank, status=LearnerStatus.EXITED, exit_code=code)}
         case ev.LearnerLost(rank=rank, reason=reason, detail=detail):
-            lost: dict[str, object] = {
-                "status": LearnerStatus.LOST,
-                "lost_reason": str(reason),
-                "lost_detail": detail,
-            }
-            return replace(job, learners=_update_learner(job, rank, **lost))
-        case ev.JobRestarting(attempt=attempt, reason=reason, resume_from=resume_from, backoff_s=backoff_s):
-            return replace(
-                job,
-                attempt=attempt,
-                restarts=job.restarts + 1,
-                backoff_s=backoff_s,
-                resume_from=resume_from,
-                reason=reason,
-                learners=_fresh_learners(job.placement, job.spec.learners),
+            lost = _update_learner(
+                job, rank, status=LearnerStatus.LOST, lost_reason=str(reason), lost_detail=detail
             )
+            return {"learners": lost}
+        case ev.JobRestarting(attempt=attempt, reason=reason, resume_from=resume_from, backoff_s=backoff_s):
+            return {
+                "attempt": attempt,
+                "restarts": job.restarts + 1,
+                "backoff_s": backoff_s,
+                "resume_from": resume_from,
+                "reason": reason,
+                "learners": _fresh_learners(job.placement, job.spec.learners),
+            }
         case ev.JobCompleted(result=result):
-            return replace(job, result=result)
+            return {"result": result}
         case ev.JobDeleted():
-            return replace(job, deleted=True)
+            return {"deleted": True}
         case ev.GpusReleased():
-            return replace(job, placement=None)
+            return {"placement": None}
         case ev.JobQueued(reason=reason):
-            reason = reason or job.reason
-            return replace(job, reason=reason, waiting=None, waiting_since=None, requeue_on_halt=False)
+            return {
+                "reason": reason or job.reason,
+                "waiting": None,
+                "waiting_since": None,
+                "requeue_on_halt": False,
+            }
         case ev.HaltRequested(reason=reason, requeue=requeue):
-            return replace(job, reason=reason or job.reason, requeue_on_halt=requeue)
+            return {"reason": reason or job.reason, "requeue_on_halt": requeue}
         case ev.JobCancelled(reason=reason):
-            return replace(job, reason=reason or job.reason)
+            return {"reason": reason or job.reason}
         case _:
-            return job
+            return {}
 
 
 def fold(events: list[Event]) -> Job | None:
