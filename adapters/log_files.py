@@ -1,11 +1,12 @@
 """Event logs as JSON Lines files: what ``ffdl export`` writes and ``replay``, ``verify`` and ``import`` read.
 
-One line per event: the event's JSON object exactly as the codec gives it (``event_to_dict``), plus
-where it sat in the log, ``"topic"`` and ``"position": "PARTITION:OFFSET"``. Keys are sorted and
-there are no spaces, so exporting the same log twice gives the same bytes, and a line minus those two
-keys is byte for byte the record value the platform appended (``event_to_json``). Lines are kept in
-the order they were written: an export writes the partitions merged by event time, which keeps each
-job's events in seq order. Old schema versions in a file are upcast when read, like records on a bus.
+One line per event, a job's or a node's (the events topic carries both): the event's JSON object
+exactly as the codec gives it (``event_to_dict``), plus where it sat in the log, ``"topic"`` and
+``"position": "PARTITION:OFFSET"``. Keys are sorted and there are no spaces, so exporting the same
+log twice gives the same bytes, and a line minus those two keys is byte for byte the record value
+the platform appended (``event_to_json``). Lines are kept in the order they were written: an export
+writes the partitions merged by event time, which keeps each job's and each node's events in seq
+order. Old schema versions in a file are upcast when read, like records on a bus.
 
 Files are read and written as streams, one line at a time by one thread: a command holds only what
 it folds (``replay`` one job's events, ``verify`` the checker's state), never the whole file. A line
@@ -25,8 +26,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
 
-from ffdl.events.codec import DecodeError, JsonObject, event_from_dict, event_to_dict
-from ffdl.events.envelope import Event
+from ffdl.events.codec import AnyEvent, DecodeError, JsonObject, any_event_from_dict, event_to_dict
+from ffdl.events.envelope import NodeEvent
 from ffdl.projections.documents import dumps
 from ffdl.projections.store import LoggedEvent
 
@@ -47,7 +48,10 @@ class LogFileError(ValueError):
 class EventFilter:
     """Which events an export keeps: all of the given conditions hold (none given: every event).
 
-    ``since`` is inclusive and ``until`` exclusive, so consecutive windows never share an event.
+    ``job_id`` and ``tenant`` select jobs' events (a node's event has neither), ``node`` one node's
+    events, so a filter naming a node and a job or tenant would keep nothing and is refused.
+    ``types`` may name job and node event types. ``since`` is inclusive and ``until`` exclusive, so
+    consecutive windows never share an event.
     """
 
     job_id: str | None = None
@@ -55,14 +59,28 @@ class EventFilter:
     since: datetime | None = None
     until: datetime | None = None
     types: frozenset[str] = frozenset()
+    node: str | None = None
 
-    def matches(self, event: Event) -> bool:
+    def __post_init__(self) -> None:
+        if self.node is not None and (self.job_id is not None or self.tenant is not None):
+            raise ValueError("a node's events have no job or tenant: filter by node, or by job and tenant")
+
+    def matches(self, event: AnyEvent) -> bool:
         return (
-            (self.job_id is None or event.job_id == self.job_id)
-            and (self.tenant is None or event.tenant == self.tenant)
+            self._selects(event)
             and (self.since is None or event.occurred_at >= self.since)
             and (self.until is None or event.occurred_at < self.until)
             and (not self.types or event.type in self.types)
+        )
+
+    def _selects(self, event: AnyEvent) -> bool:
+        """Whether the event's aggregate is one the filter asks for."""
+        if isinstance(event, NodeEvent):
+            return self.job_id is None and self.tenant is None and self.node in (None, event.node)
+        return (
+            self.node is None
+            and (self.job_id is None or event.job_id == self.job_id)
+            and (self.tenant is None or event.tenant == self.tenant)
         )
 
 
@@ -111,14 +129,14 @@ def split_line(text: str, number: int) -> tuple[JsonObject, tuple[int, int]]:
 
 
 def decode_line(text: str, number: int = 0) -> LoggedEvent:
-    """The event of one exported line, upcast to the current schema, with its position."""
+    """The job's or node's event of one exported line, upcast to the current schema, with its position."""
     raw, position = split_line(text, number)
     return _logged(raw, position, number)
 
 
 def _logged(raw: JsonObject, position: tuple[int, int], number: int) -> LoggedEvent:
     try:
-        return LoggedEvent(event_from_dict(raw), *position)
+        return LoggedEvent(any_event_from_dict(raw), *position)
     except DecodeError as exc:
         raise LogFileError(number, exc.reason) from exc
 

@@ -29,7 +29,7 @@ from ffdl.events import types as ev
 from ffdl.events.envelope import Event
 from ffdl.handlers.messaging import CommandSender, Topics
 from ffdl.handlers.ports import Bus, Record, TopicPartition
-from ffdl.handlers.runtime import JobBook, consume, decode_event
+from ffdl.handlers.runtime import AggregateBook, consume, decode_event
 
 log = structlog.get_logger(__name__)
 
@@ -76,7 +76,7 @@ class StatusPublisher:
         self._client = client
         self._topic = topics.events
         self._bus = bus
-        self.book = JobBook(bus, topics.events)
+        self.book = AggregateBook(bus, topics.events)
 
     async def on_assigned(self, partitions: frozenset[TopicPartition]) -> None:
         mine = sorted(tp.partition for tp in partitions if tp.topic == self._topic)
@@ -90,8 +90,10 @@ class StatusPublisher:
             if self.book.folded(record):
                 continue
             event = decode_event(record)
-            applied = self.book.apply(event, record.partition) if event else None
-            if event is None or applied is None:
+            if not isinstance(event, Event):
+                continue  # undecodable (logged), or a node's event: no job status changes
+            applied = self.book.apply(event, record.partition)
+            if applied is None:
                 continue
             before, job = applied
             await self._publish(event, before, job)

@@ -11,10 +11,10 @@ restarted role refolds its partitions first. ``FFDL_LAUNCHER=instant`` learners 
 Singleton roles are elected through etcd when ``FFDL_ELECTION`` (or, by default, the heartbeat
 store) names an etcd, else through lock files in the data dir.
 
-With ``FFDL_LAUNCHER=kubernetes`` learners are pods: the cluster's Ready nodes, kept current by a
-node watch, replace the configured inventory (for the workers and the scheduler), and the workers
-also watch their jobs' learner pods (observations the agents cannot send) and remove the pods of
-jobs that should have none.
+The scheduler leader records the inventory on the log (node events) from its source: the
+configured nodes by default; with ``FFDL_LAUNCHER=kubernetes``, where learners are pods, the
+cluster's nodes, kept current by a node watch. The workers then also watch their jobs' learner
+pods (observations the agents cannot send) and remove the pods of jobs that should have none.
 """
 
 from __future__ import annotations
@@ -33,15 +33,15 @@ from ffdl.adapters.bus import open_bus
 from ffdl.adapters.config import Settings
 from ffdl.adapters.election import open_election
 from ffdl.adapters.heartbeats import open_store
+from ffdl.adapters.inventory import ConfiguredInventory
 from ffdl.adapters.projector import Projector
-from ffdl.core.allocator import Node
 from ffdl.core.restart import RestartPolicy
 from ffdl.handlers.context import ReactionContext
 from ffdl.handlers.driver import Driver
 from ffdl.handlers.messaging import CommandSender, Topics
 from ffdl.handlers.monitoring import Monitor
 from ffdl.handlers.owner import SCHEDULER_ROLE, JobOwner
-from ffdl.handlers.ports import Bus, Election, HeartbeatStore, Launcher
+from ffdl.handlers.ports import Bus, Election, HeartbeatStore, InventorySource, Launcher
 from ffdl.handlers.reactor import ReactorHost
 from ffdl.handlers.runtime import consume
 from ffdl.handlers.scheduler import Scheduler
@@ -55,6 +55,8 @@ log = structlog.get_logger(__name__)
 ALL_ROLES = frozenset({"api", "workers", "scheduler", "projector", "notifier"})
 #: How often a leading scheduler checks that it still leads.
 LEADERSHIP_CHECK_S = 0.25
+#: How often a leading scheduler plans even when no event arrived (inventory changes, minimum runtimes).
+SCHEDULE_TICK_S = 1.0
 
 
 def open_launcher(settings: Settings, heartbeats: HeartbeatStore) -> Launcher:
@@ -91,7 +93,7 @@ class Platform:
         self.projection = Projection(s.projection_path)
         self.projector = Projector(self.bus, self.topics, self.projection)
         self.sender = CommandSender(self.bus, self.topics, f"api@{self.instance}")
-        self.inventory: Callable[[], list[Node]] = s.inventory
+        self.inventory: InventorySource | None = None
         self.policy = RestartPolicy(base_s=s.restart_backoff_base_s, max_backoff_s=s.restart_backoff_max_s)
         self.reactor: ReactorHost | None = None
         self.owner: JobOwner | None = None
@@ -119,7 +121,6 @@ class Platform:
             ctx = ReactionContext(
                 sender=CommandSender(self.bus, self.topics, f"reactor@{self.instance}"),
                 launcher=self.launcher,
-                inventory=self.inventory,
                 learner_env={
                     "FFDL_HEARTBEATS": s.heartbeats_url,
                     "FFDL_HEARTBEAT_TTL": str(s.heartbeat_ttl_s),
@@ -156,7 +157,8 @@ class Platform:
                 keeps = self._keeps_learners
                 self._supervise("orphans", lambda: kubernetes.remove_orphans_forever(keeps, self._stop))
         if "scheduler" in self.roles:
-            self._supervise("scheduler", self._lead_scheduler)
+            inventory = self.inventory = self.inventory or ConfiguredInventory(s.inventory())
+            self._supervise("scheduler", lambda: self._lead_scheduler(inventory))
         if "notifier" in self.roles and s.mqtt:
             from ffdl.adapters.mqtt import MqttBridge  # noqa: PLC0415 - only with an MQTT broker configured
 
@@ -184,11 +186,11 @@ class Platform:
         )
 
     async def _start_kubernetes(self) -> None:
-        """Learners are pods: the cluster's Ready nodes are the inventory, kept current by a node watch."""
+        """Learners are pods: the cluster's nodes are the inventory, kept current by a node watch."""
         from ffdl.adapters.launchers.kubernetes import KubernetesCluster  # noqa: PLC0415 - only for pods
 
         self.kubernetes = kubernetes = await KubernetesCluster.connect(self.settings)
-        self.inventory = kubernetes.nodes.inventory
+        self.inventory = kubernetes.nodes
         self._supervise("nodes", lambda: kubernetes.nodes.run(self._stop))
 
     def _keeps_learners(self, job_id: str) -> bool:
@@ -220,7 +222,7 @@ class Platform:
                 await asyncio.sleep(backoff)
                 backoff = min(10.0, backoff * 2)
 
-    async def _lead_scheduler(self) -> None:
+    async def _lead_scheduler(self, inventory: InventorySource) -> None:
         """One term: campaign, then schedule until deposed or stopped; the supervisor campaigns again.
 
         Each term consumes in a consumer group of its own (named by its fencing token): a leader
@@ -238,7 +240,7 @@ class Platform:
             self.bus,
             self.topics.events,
             CommandSender(self.bus, self.topics, f"scheduler@{self.instance}"),
-            self.inventory,
+            inventory,
             token,
             policy=self.settings.scheduler_policy(),
         )
@@ -247,11 +249,17 @@ class Platform:
             name=f"scheduler-term-{token}",
         )
         try:
+            planned_at = asyncio.get_running_loop().time()
             while not term.done():
                 await asyncio.wait({term}, timeout=LEADERSHIP_CHECK_S)
-                if not term.done() and not await self.election.is_leader(SCHEDULER_ROLE, token):
+                if term.done():
+                    break
+                if not await self.election.is_leader(SCHEDULER_ROLE, token):
                     log.warning("scheduler deposed: it stops scheduling", fencing_token=token)
                     break
+                if asyncio.get_running_loop().time() - planned_at >= SCHEDULE_TICK_S and scheduler.ready:
+                    planned_at = asyncio.get_running_loop().time()
+                    await scheduler.schedule()
         finally:
             term.cancel()
             await asyncio.gather(term, return_exceptions=True)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import structlog
 from prometheus_client import Histogram
 
-from ffdl.events.codec import DecodeError, event_from_json
+from ffdl.events.codec import DecodeError, any_event_from_json
 from ffdl.handlers.messaging import Topics, dead_letter
 from ffdl.handlers.ports import Bus, Record, TopicPartition
 from ffdl.projections.store import LoggedEvent, Projection
@@ -46,7 +46,7 @@ class Projector:
         batch = []
         for record in records:
             try:
-                batch.append(LoggedEvent(event_from_json(record.value), record.partition, record.offset))
+                batch.append(LoggedEvent(any_event_from_json(record.value), record.partition, record.offset))
             except DecodeError as exc:
                 await dead_letter(self._bus, self._topics, record, exc.reason)
         applied = await asyncio.to_thread(self.projection.apply, batch)

@@ -215,7 +215,8 @@ async def loss_times(
             async for logged in merged_events(bus, topic):
                 event = logged.event
                 if (
-                    event.job_id in wanted
+                    isinstance(event, Event)
+                    and event.job_id in wanted
                     and isinstance(event.data, ev.LearnerLost)
                     and event.job_id not in found
                 ):

@@ -19,7 +19,8 @@ PlacementPolicy = Literal["pack", "spread"]
 
 @dataclass(frozen=True, slots=True)
 class Node:
-    """A machine of the inventory; ``schedulable`` is False while it is cordoned."""
+    """A machine of the inventory; ``schedulable`` is False while it is cordoned, and ``draining``
+    while its jobs are being moved off it."""
 
     name: str
     gpus: int
@@ -27,6 +28,7 @@ class Node:
     cpus: float = 64.0
     memory_mb: int = 262_144
     schedulable: bool = True
+    draining: bool = False
 
 
 @dataclass(frozen=True, slots=True)

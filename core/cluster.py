@@ -322,6 +322,30 @@ class ClusterRoom:
         return total >= demand.learners
 
 
+class Admission:
+    """Whether gangs could ever run on an inventory: built once per inventory, asked per job.
+
+    A job is weighed against the inventory empty and with every cordon lifted: a cordon passes,
+    so it is a reason to wait, not to be rejected.
+    """
+
+    def __init__(self, nodes: Sequence[Node]) -> None:
+        self.nodes = tuple(nodes)
+        self._room = ClusterRoom(replace(node, schedulable=True, draining=False) for node in self.nodes)
+
+    def why_never_fits(self, spec: JobSpec) -> str | None:
+        """Why the job can never run here; None when it could."""
+        if self._room.find(Demand.of(spec)) is not None:
+            return None
+        largest = max((n.gpus for n in self.nodes if spec.gpu_type in (None, n.gpu_type)), default=0)
+        gpu_type = f" of type {spec.gpu_type}" if spec.gpu_type else ""
+        return (
+            f"{spec.learners} learner(s) x {spec.gpus} GPU(s){gpu_type} with {spec.cpus} CPUs and "
+            f"{spec.memory_mb} MB each can never fit this cluster ({len(self.nodes)} node(s), "
+            f"at most {largest} matching GPUs on one node)"
+        )
+
+
 def _gang(demand: Demand, chosen: Sequence[tuple[NodeRoom, int]]) -> Gang:
     learners = []
     for room, count in chosen:
@@ -365,7 +389,8 @@ class ClusterState:
         self.usage: dict[str, int] = {}
         self.releasing: dict[str, int] = {}
         self.gpus_by_priority: dict[int, int] = {}  # GPUs of running (not stopping) jobs per priority
-        self.orphans: set[str] = set()  # jobs with a learner on a node that is not in the inventory
+        #: jobs to move off their nodes, with why: a node of theirs left the inventory or is draining
+        self.evacuees: dict[str, str] = {}
 
     def hold(self, job: HeldJob) -> None:
         if job.job_id in self.held:
@@ -378,8 +403,18 @@ class ClusterState:
             self.releasing[job.tenant] = self.releasing.get(job.tenant, 0) + gpus
         else:
             self.gpus_by_priority[job.priority] = self.gpus_by_priority.get(job.priority, 0) + gpus
-        if any(node not in self.room for node in job.gang.nodes):
-            self.orphans.add(job.job_id)
+        if (why := self._evacuation(job.gang)) is not None:
+            self.evacuees[job.job_id] = why
+
+    def _evacuation(self, gang: Gang) -> str | None:
+        """Why a gang must leave its nodes, if it must."""
+        for name in gang.nodes:
+            room = self.room.room(name)
+            if room is None:
+                return f"node {name} left the inventory"
+            if room.node.draining:
+                return f"node {name} is being drained"
+        return None
 
     def release(self, job_id: str) -> HeldJob | None:
         """The job's GPUs are free again."""
@@ -393,7 +428,7 @@ class ClusterState:
             self.releasing[job.tenant] -= gpus
         else:
             self.gpus_by_priority[job.priority] -= gpus
-        self.orphans.discard(job_id)
+        self.evacuees.pop(job_id, None)
         return job
 
     def stop(self, job_id: str) -> HeldJob:

@@ -93,7 +93,7 @@ def decide(
         return []
     if command.tenant != job.tenant:
         decision.reject(f"job belongs to another tenant than {command.tenant!r}")
-    elif _deposed(command.fencing_token, job.fencing_token, leader_token):
+    elif is_deposed(command.fencing_token, job.fencing_token, leader_token):
         decision.reject(f"fencing token {command.fencing_token} is not the leader's: sender was deposed")
     else:
         _decide(decision, job, data, policy or RestartPolicy())
@@ -184,7 +184,7 @@ def _decide(d: _Decision, job: Job, data: CommandData, policy: RestartPolicy) ->
             d.reject(f"{d.command.type} is not allowed in state {state}")
 
 
-def _deposed(token: int | None, job_token: int | None, leader_token: int | None) -> bool:
+def is_deposed(token: int | None, job_token: int | None, leader_token: int | None) -> bool:
     if token is None:
         return False
     return (job_token is not None and token < job_token) or (

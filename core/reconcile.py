@@ -20,7 +20,6 @@ S = JobState
 
 
 class ActionKind(StrEnum):
-    ADMIT = "admit"  # decide whether the job can ever run here
     BEGIN_LAUNCH = "begin-launch"  # GPUs are reserved: start attempt N
     LAUNCH = "launch"  # start the learners of the attempt (idempotent)
     RELAUNCH = "relaunch"  # stop the failed gang, wait out the backoff, begin the next attempt
@@ -44,8 +43,6 @@ class Action:
 def next_action(job: Job, now: datetime) -> Action | None:
     entered = job.history[-1]
     state = job.state
-    if state is S.SUBMITTED:
-        return Action(ActionKind.ADMIT, 0, entered.seq)
     if state is S.SCHEDULED:
         return Action(ActionKind.BEGIN_LAUNCH, next_attempt(job) or 0, entered.seq)
     if state is S.LAUNCHING:

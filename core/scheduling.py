@@ -124,17 +124,15 @@ class Planner:
         self._held_back: dict[Demand, tuple[str, ...]] = {}  # gangs that only reservations keep out
         self._no_victims: set[tuple[Demand, int, str | None]] = set()
         self._pool: VictimPool | None = None
-        self.evictions = self._evict_from_lost_nodes()
+        self.evictions = self._evacuate()
 
-    def _evict_from_lost_nodes(self) -> list[Eviction]:
+    def _evacuate(self) -> list[Eviction]:
+        """Halt (to requeue) every running job on a node that left the inventory or is draining."""
         evictions = []
-        for job_id in sorted(self._state.orphans):
-            job = self._state.held[job_id]
-            if job.stopping:
+        for job_id, why in sorted(self._state.evacuees.items()):
+            if self._state.held[job_id].stopping:
                 continue
-            lost = next(node for node in job.gang.nodes if node not in self._room)
-            reason = f"node {lost} left the inventory: halted to resume elsewhere from its checkpoint"
-            evictions.append(Eviction(job_id, reason))
+            evictions.append(Eviction(job_id, f"{why}: halted to resume elsewhere from its checkpoint"))
             self._state.stop(job_id)
         return evictions
 

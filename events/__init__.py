@@ -5,14 +5,29 @@ logs and our own handlers all speak through these types alone.
 """
 
 from ffdl.events.codec import (
+    AnyCommand,
+    AnyEvent,
     DecodeError,
+    any_command_from_json,
+    any_event_from_json,
     command_from_json,
     command_to_json,
     event_from_json,
     event_to_json,
 )
 from ffdl.events.commands import COMMAND_TYPES
-from ffdl.events.envelope import Command, CommandData, Event, EventData, derived_id
+from ffdl.events.envelope import (
+    Command,
+    CommandData,
+    Event,
+    EventData,
+    NodeCommand,
+    NodeCommandData,
+    NodeEvent,
+    NodeEventData,
+    derived_id,
+    node_key,
+)
 from ffdl.events.model import (
     Checkpoint,
     ErrorCode,
@@ -23,11 +38,16 @@ from ffdl.events.model import (
     Placement,
     ResultSummary,
 )
+from ffdl.events.nodes import NODE_COMMAND_TYPES, NODE_EVENT_TYPES, NodeSpec
 from ffdl.events.types import EVENT_TYPES
 
 __all__ = [
     "COMMAND_TYPES",
     "EVENT_TYPES",
+    "NODE_COMMAND_TYPES",
+    "NODE_EVENT_TYPES",
+    "AnyCommand",
+    "AnyEvent",
     "Checkpoint",
     "Command",
     "CommandData",
@@ -39,11 +59,19 @@ __all__ = [
     "JobSpec",
     "LearnerPlacement",
     "LossReason",
+    "NodeCommand",
+    "NodeCommandData",
+    "NodeEvent",
+    "NodeEventData",
+    "NodeSpec",
     "Placement",
     "ResultSummary",
+    "any_command_from_json",
+    "any_event_from_json",
     "command_from_json",
     "command_to_json",
     "derived_id",
     "event_from_json",
     "event_to_json",
+    "node_key",
 ]

@@ -14,10 +14,15 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 
 from ffdl.events.commands import COMMAND_TYPES
-from ffdl.events.envelope import Command, Event, Payload
+from ffdl.events.envelope import Command, Event, NodeCommand, NodeEvent, Payload
+from ffdl.events.nodes import NODE_COMMAND_TYPES, NODE_EVENT_TYPES
 from ffdl.events.types import EVENT_TYPES
 
 JsonObject = dict[str, Any]
+#: Anything on the events topic: a job's event or a node's.
+AnyEvent = Event | NodeEvent
+#: Anything on the commands topic: a command to a job or to a node.
+AnyCommand = Command | NodeCommand
 Upcaster = Callable[[JsonObject], JsonObject]
 
 
@@ -92,32 +97,60 @@ def _loads(value: bytes | str) -> JsonObject:
     return raw
 
 
-def event_from_dict(raw: JsonObject) -> Event:
-    """Decode one event from its JSON object form (as in an exported log line)."""
+def any_event_from_dict(raw: JsonObject) -> AnyEvent:
+    """Decode one job or node event from its JSON object form (as in an exported log line)."""
     raw = dict(raw)
-    payload = _decode_payload(EVENT_TYPES, raw)
-    raw["data"] = payload
-    try:
-        return Event.model_validate(raw)
-    except ValidationError as exc:
-        raise DecodeError(f"invalid event envelope: {_first_error(exc)}") from exc
+    if raw.get("type") in NODE_EVENT_TYPES:
+        raw["data"] = _decode_payload(NODE_EVENT_TYPES, raw)
+        return _envelope(NodeEvent, raw, "node event")
+    raw["data"] = _decode_payload(EVENT_TYPES, raw)
+    return _envelope(Event, raw, "event")
+
+
+def event_from_dict(raw: JsonObject) -> Event:
+    """Decode one job event; a node event is a :class:`DecodeError` here."""
+    event = any_event_from_dict(raw)
+    if not isinstance(event, Event):
+        raise DecodeError(f"{event.type} is a node event, not a job event")
+    return event
+
+
+def any_event_from_json(value: bytes | str) -> AnyEvent:
+    return any_event_from_dict(_loads(value))
 
 
 def event_from_json(value: bytes | str) -> Event:
     return event_from_dict(_loads(value))
 
 
-def command_from_json(value: bytes | str) -> Command:
+def any_command_from_json(value: bytes | str) -> AnyCommand:
     raw = _loads(value)
-    payload = _decode_payload(COMMAND_TYPES, raw)
-    raw["data"] = payload
+    if raw.get("type") in NODE_COMMAND_TYPES:
+        raw["data"] = _decode_payload(NODE_COMMAND_TYPES, raw)
+        return _envelope(NodeCommand, raw, "node command")
+    raw["data"] = _decode_payload(COMMAND_TYPES, raw)
+    return _envelope(Command, raw, "command")
+
+
+def command_from_json(value: bytes | str) -> Command:
+    """Decode one command to a job; a node command is a :class:`DecodeError` here."""
+    command = any_command_from_json(value)
+    if not isinstance(command, Command):
+        raise DecodeError(f"{command.type} is a node command, not a job command")
+    return command
+
+
+E = TypeVar("E", Event, NodeEvent, Command, NodeCommand)
+
+
+def _envelope(cls: type[E], raw: JsonObject, what: str) -> E:
     try:
-        return Command.model_validate(raw)
+        return cls.model_validate(raw)
     except ValidationError as exc:
-        raise DecodeError(f"invalid command envelope: {_first_error(exc)}") from exc
+        raise DecodeError(f"invalid {what} envelope: {_first_error(exc)}") from exc
 
 
-def event_to_dict(event: Event) -> JsonObject:
+def event_to_dict(event: AnyEvent) -> JsonObject:
     head = event.model_dump(mode="json", exclude={"data"})
     return {
         "type": event.type,
@@ -127,18 +160,18 @@ def event_to_dict(event: Event) -> JsonObject:
     }
 
 
-def event_to_json(event: Event) -> bytes:
+def event_to_json(event: AnyEvent) -> bytes:
     return json.dumps(event_to_dict(event), separators=(",", ":"), sort_keys=True).encode()
 
 
-def command_to_json(command: Command) -> bytes:
+def command_to_json(command: AnyCommand) -> bytes:
     head = command.model_dump(mode="json", exclude={"data"})
     body = {"type": command.type, "schema_version": command.schema_version, **head}
     body["data"] = command.data.model_dump(mode="json")
     return json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
 
 
-def cloudevent_headers(event: Event, source: str) -> list[tuple[str, bytes]]:
+def cloudevent_headers(event: AnyEvent, source: str) -> list[tuple[str, bytes]]:
     """CloudEvents Kafka protocol binding, binary mode attributes (``ce_*`` headers)."""
     return [
         ("ce_specversion", CE_SPECVERSION.encode()),
@@ -146,18 +179,18 @@ def cloudevent_headers(event: Event, source: str) -> list[tuple[str, bytes]]:
         ("ce_type", f"io.ffdl.{event.type}.v{event.schema_version}".encode()),
         ("ce_source", source.encode()),
         ("ce_time", event.occurred_at.isoformat().encode()),
-        ("ce_subject", event.job_id.encode()),
+        ("ce_subject", event.key.encode()),
         ("content-type", b"application/json"),
     ]
 
 
-def command_headers(command: Command, source: str) -> list[tuple[str, bytes]]:
+def command_headers(command: AnyCommand, source: str) -> list[tuple[str, bytes]]:
     return [
         ("ce_specversion", CE_SPECVERSION.encode()),
         ("ce_id", str(command.command_id).encode()),
         ("ce_type", f"io.ffdl.command.{command.type}.v{command.schema_version}".encode()),
         ("ce_source", source.encode()),
         ("ce_time", command.issued_at.isoformat().encode()),
-        ("ce_subject", command.job_id.encode()),
+        ("ce_subject", command.key.encode()),
         ("content-type", b"application/json"),
     ]

@@ -12,10 +12,11 @@ import uuid
 from datetime import datetime
 from typing import Annotated, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ffdl.events.model import Frozen
 
+NODE_KEY_PREFIX = "node:"
 _DERIVED_NAMESPACE = uuid.UUID("5f0c2a5e-6d1b-4c31-9a8e-0f5d0e7a1b2c")
 
 
@@ -66,6 +67,11 @@ class Event(BaseModel):
     def schema_version(self) -> int:
         return self.data.VERSION
 
+    @property
+    def key(self) -> str:
+        """The log key: the job id (all of a job's records on one partition)."""
+        return self.job_id
+
 
 class Command(BaseModel):
     """A request or an observation addressed to one job's owner, on the untrusted commands topic.
@@ -85,6 +91,13 @@ class Command(BaseModel):
     fencing_token: int | None = None
     data: CommandData
 
+    @field_validator("job_id")
+    @classmethod
+    def _not_a_node_key(cls, value: str) -> str:
+        if value.startswith(NODE_KEY_PREFIX):
+            raise ValueError(f"a job id may not begin with {NODE_KEY_PREFIX!r}: that is a node's key")
+        return value
+
     @property
     def type(self) -> str:
         return self.data.type_name()
@@ -92,3 +105,85 @@ class Command(BaseModel):
     @property
     def schema_version(self) -> int:
         return self.data.VERSION
+
+    @property
+    def key(self) -> str:
+        return self.job_id
+
+
+def node_key(node: str) -> str:
+    """The log key of a node's commands and events: one partition, one owner, one order per node,
+    as for a job; the prefix keeps node keys apart from job ids in the log's key space."""
+    return f"{NODE_KEY_PREFIX}{node}"
+
+
+#: A node name: a Kubernetes node name (DNS subdomain) or a host name.
+NodeName = Annotated[
+    str, Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
+]
+
+
+class NodeEventData(Payload):
+    """Base of node event payloads: facts about the inventory the node's owner appended to the log."""
+
+
+class NodeCommandData(Payload):
+    """Base of node command payloads: inventory observations and operator requests for one node."""
+
+
+class NodeEvent(BaseModel):
+    """One fact about a node of the inventory, in its envelope; ``seq`` numbers a node's events.
+
+    Nodes are aggregates like jobs (owned, numbered, fenced, on the same topics under the key
+    :func:`node_key`), but they belong to no tenant, so they travel in an envelope of their own.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    event_id: uuid.UUID
+    node: NodeName
+    seq: Annotated[int, Field(ge=1)]
+    occurred_at: datetime
+    causation_id: uuid.UUID | None = None
+    correlation_id: uuid.UUID | None = None
+    producer: str
+    fencing_token: int | None = None
+    data: NodeEventData
+
+    @property
+    def type(self) -> str:
+        return self.data.type_name()
+
+    @property
+    def schema_version(self) -> int:
+        return self.data.VERSION
+
+    @property
+    def key(self) -> str:
+        return node_key(self.node)
+
+
+class NodeCommand(BaseModel):
+    """An inventory observation or an operator request addressed to one node's owner."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    command_id: uuid.UUID
+    node: NodeName
+    issued_at: datetime
+    producer: Annotated[str, Field(min_length=1, max_length=200)]
+    correlation_id: uuid.UUID | None = None
+    fencing_token: int | None = None
+    data: NodeCommandData
+
+    @property
+    def type(self) -> str:
+        return self.data.type_name()
+
+    @property
+    def schema_version(self) -> int:
+        return self.data.VERSION
+
+    @property
+    def key(self) -> str:
+        return node_key(self.node)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ffdl.events.commands import COMMAND_TYPES
 from ffdl.events.envelope import Payload
+from ffdl.events.nodes import NODE_COMMAND_TYPES, NODE_EVENT_TYPES
 from ffdl.events.types import EVENT_TYPES
 
 SCHEMA_DIR = Path(__file__).resolve().with_name("schemas")
@@ -21,6 +22,8 @@ def all_payload_types() -> dict[str, type[Payload]]:
     return {
         **{f"event.{k}": v for k, v in EVENT_TYPES.items()},
         **{f"command.{k}": v for k, v in COMMAND_TYPES.items()},
+        **{f"event.{k}": v for k, v in NODE_EVENT_TYPES.items()},
+        **{f"command.{k}": v for k, v in NODE_COMMAND_TYPES.items()},
     }
 
 

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ffdl.core.allocator import Node
 from ffdl.core.job import Job
 from ffdl.core.reconcile import Action
 from ffdl.events.envelope import CommandData
@@ -21,7 +20,6 @@ _ACTION_NAMESPACE = uuid.UUID("a3d2f1e0-58b4-4f0e-9c1d-7b6a5e4d3c2b")
 class ReactionContext:
     sender: CommandSender
     launcher: Launcher
-    inventory: Callable[[], Sequence[Node]]
     learner_env: Mapping[str, str] = field(default_factory=dict)
     stop_grace_s: float = 10.0
     result_dir: Callable[[str], Path | None] = lambda job_id: None

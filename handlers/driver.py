@@ -18,7 +18,7 @@ import structlog
 
 from ffdl.core.job import Job
 from ffdl.core.reconcile import Action, ActionKind, next_action
-from ffdl.handlers import admission, halting, launching, releasing, storing
+from ffdl.handlers import halting, launching, releasing, storing
 from ffdl.handlers.context import ReactionContext
 from ffdl.handlers.messaging import utcnow
 
@@ -27,7 +27,6 @@ log = structlog.get_logger(__name__)
 Reaction = Callable[[Job, Action, ReactionContext], Awaitable[None]]
 
 REACTIONS: Mapping[ActionKind, Reaction] = {
-    ActionKind.ADMIT: admission.admit,
     ActionKind.BEGIN_LAUNCH: launching.begin_launch,
     ActionKind.LAUNCH: launching.launch,
     ActionKind.RELAUNCH: launching.relaunch,

@@ -13,8 +13,15 @@ from datetime import UTC, datetime
 
 import structlog
 
-from ffdl.events.codec import cloudevent_headers, command_headers, command_to_json, event_to_json
-from ffdl.events.envelope import Command, CommandData, Event, derived_id
+from ffdl.events.codec import (
+    AnyCommand,
+    AnyEvent,
+    cloudevent_headers,
+    command_headers,
+    command_to_json,
+    event_to_json,
+)
+from ffdl.events.envelope import Command, CommandData, NodeCommand, NodeCommandData, derived_id
 from ffdl.handlers.ports import Bus, OutgoingRecord, Position, Record
 
 log = structlog.get_logger(__name__)
@@ -38,7 +45,7 @@ def utcnow() -> datetime:
 
 
 class CommandSender:
-    """Puts commands on the commands topic, keyed by job id (so they reach the job's owner in order)."""
+    """Puts commands on the commands topic, keyed by job id or node key (so they reach the owner in order)."""
 
     def __init__(self, bus: Bus, topics: Topics, producer: str) -> None:
         self._bus = bus
@@ -70,16 +77,33 @@ class CommandSender:
             data=data,
         )
 
-    async def send(self, *commands: Command) -> list[Position]:
+    def make_for_node(
+        self,
+        node: str,
+        data: NodeCommandData,
+        *,
+        fencing_token: int | None = None,
+        command_id: uuid.UUID | None = None,
+    ) -> NodeCommand:
+        return NodeCommand(
+            command_id=command_id or uuid.uuid4(),
+            node=node,
+            issued_at=utcnow(),
+            producer=self.producer,
+            fencing_token=fencing_token,
+            data=data,
+        )
+
+    async def send(self, *commands: AnyCommand) -> list[Position]:
         records = [
-            OutgoingRecord(c.job_id, command_to_json(c), tuple(command_headers(c, self.producer)))
+            OutgoingRecord(c.key, command_to_json(c), tuple(command_headers(c, self.producer)))
             for c in commands
         ]
         positions = await self._bus.publish(self._topics.commands, records)
         for command, position in zip(commands, positions, strict=True):
             log.debug(
                 "command sent",
-                job_id=command.job_id,
+                key=command.key,
                 command=command.type,
                 command_id=str(command.command_id),
                 position=position.token,
@@ -87,8 +111,8 @@ class CommandSender:
         return positions
 
 
-def event_records(events: Sequence[Event], source: str) -> list[OutgoingRecord]:
-    return [OutgoingRecord(e.job_id, event_to_json(e), tuple(cloudevent_headers(e, source))) for e in events]
+def event_records(events: Sequence[AnyEvent], source: str) -> list[OutgoingRecord]:
+    return [OutgoingRecord(e.key, event_to_json(e), tuple(cloudevent_headers(e, source))) for e in events]
 
 
 async def dead_letter(bus: Bus, topics: Topics, record: Record, reason: str) -> None:

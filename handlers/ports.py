@@ -7,6 +7,8 @@ suite in ``tests/contract`` that all of them pass.
   consumer groups that share partitions and commit positions, at-least-once delivery.
 * :class:`HeartbeatStore` is etcd's model: leases with a TTL, keys bound to leases, prefix watches.
 * :class:`Launcher` starts and stops the learners of a job attempt, idempotently.
+* :class:`InventorySource` says which nodes exist and which of them the source itself cordons
+  (the configuration, the Kubernetes nodes); the scheduler records what it says as node events.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
+from ffdl.core.nodes import InventoryObservation
 from ffdl.events.model import Checkpoint, JobSpec, Placement
 
 # --------------------------------------------------------------------------- bus
@@ -210,6 +213,17 @@ class Launcher(Protocol):
         """The learners this launcher has alive, for reconciling against the jobs that should have them."""
 
     async def close(self) -> None: ...
+
+
+# --------------------------------------------------------------------------- inventory
+
+
+class InventorySource(Protocol):
+    """Where the nodes come from. The scheduler leader asks it each cycle and sends the node
+    commands that bring the log in line with it (:func:`ffdl.core.nodes.inventory_changes`)."""
+
+    def observe(self) -> InventoryObservation | None:
+        """What the source sees now; None until it has seen the whole inventory once."""
 
 
 # --------------------------------------------------------------------------- leader election

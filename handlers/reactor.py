@@ -18,7 +18,7 @@ from ffdl.core.job import Job
 from ffdl.events.envelope import Event
 from ffdl.handlers.driver import Driver
 from ffdl.handlers.ports import Bus, Record, TopicPartition
-from ffdl.handlers.runtime import JobBook, decode_event
+from ffdl.handlers.runtime import AggregateBook, decode_event
 
 log = structlog.get_logger(__name__)
 
@@ -38,7 +38,7 @@ class ReactorHost:
         self._topic = events_topic
         self.driver = driver
         self._observers = list(observers)
-        self.book = JobBook(bus, events_topic)
+        self.book = AggregateBook(bus, events_topic)
         self.partitions: frozenset[int] = frozenset()
 
     def owns(self, job_id: str) -> bool:
@@ -68,8 +68,8 @@ class ReactorHost:
             if self.book.folded(record):
                 continue
             event = decode_event(record)
-            if event is None:
-                continue
+            if not isinstance(event, Event):
+                continue  # undecodable (logged), or a node's event: nodes are the scheduler's concern
             applied = self.book.apply(event, record.partition)
             if applied is None:
                 continue

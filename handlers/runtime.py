@@ -1,4 +1,4 @@
-"""The consume loop every role runs, and the job book each owner or reactor folds from the log.
+"""The consume loop every role runs, and the book of jobs and nodes each role folds from the log.
 
 A role is a member of a consumer group. The loop fetches records of the partitions assigned to
 it, hands each partition's records, in offset order, to the role's processor, and commits the
@@ -17,8 +17,9 @@ from typing import Protocol
 import structlog
 
 from ffdl.core.job import EvolveError, Job, evolve
-from ffdl.events.codec import DecodeError, event_from_json
-from ffdl.events.envelope import Event
+from ffdl.core.nodes import NodeRecord, evolve_node
+from ffdl.events.codec import AnyEvent, DecodeError, any_event_from_json
+from ffdl.events.envelope import Event, NodeEvent
 from ffdl.handlers.ports import Bus, BusUnavailable, CommitFailed, Record, TopicPartition
 
 log = structlog.get_logger(__name__)
@@ -78,10 +79,10 @@ async def consume(
         await subscription.close()
 
 
-def decode_event(record: Record) -> Event | None:
-    """The event in ``record``, or None (logged) when it cannot be decoded."""
+def decode_event(record: Record) -> AnyEvent | None:
+    """The job or node event in ``record``, or None (logged) when it cannot be decoded."""
     try:
-        return event_from_json(record.value)
+        return any_event_from_json(record.value)
     except DecodeError as exc:
         log.error(
             "undecodable event skipped",
@@ -93,8 +94,8 @@ def decode_event(record: Record) -> Event | None:
         return None
 
 
-class JobBook:
-    """Jobs folded from the events of the partitions a role owns.
+class AggregateBook:
+    """Jobs and nodes folded from the events of the partitions a role owns.
 
     Events whose seq is already taken are duplicates (redelivery) or conflicts (a stale owner
     wrote too): either way they are ignored and counted, never applied twice (DESIGN §5).
@@ -105,6 +106,8 @@ class JobBook:
         self._topic = events_topic
         self.jobs: dict[str, Job] = {}
         self.partition_of: dict[str, int] = {}
+        self.nodes: dict[str, NodeRecord] = {}
+        self.node_partition: dict[str, int] = {}
         self._folded_until: dict[int, int] = {}
         self.ignored = 0
 
@@ -121,7 +124,9 @@ class JobBook:
             async for record in self._bus.read(self._topic, partition):
                 self._folded_until[partition] = record.offset + 1
                 event = decode_event(record)
-                if event is not None:
+                if isinstance(event, NodeEvent):
+                    self.apply_node(event, partition)
+                elif event is not None:
                     self.apply(event, partition)
 
     def folded(self, record: Record) -> bool:
@@ -135,6 +140,9 @@ class JobBook:
         for job_id in [j for j, p in self.partition_of.items() if p in gone]:
             del self.jobs[job_id]
             del self.partition_of[job_id]
+        for name in [n for n, p in self.node_partition.items() if p in gone]:
+            del self.nodes[name]
+            del self.node_partition[name]
 
     def apply(self, event: Event, partition: int) -> tuple[Job | None, Job] | None:
         """Apply one event; returns (before, after), or None when it was ignored."""
@@ -160,3 +168,28 @@ class JobBook:
         self.jobs[event.job_id] = after
         self.partition_of[event.job_id] = partition
         return before, after
+
+    def apply_node(self, event: NodeEvent, partition: int) -> NodeRecord | None:
+        """Apply one node event; returns the node after it, or None when it was ignored."""
+        before = self.nodes.get(event.node)
+        if before is not None and event.seq <= before.seq:
+            self.ignored += 1
+            log.info(
+                "duplicate or conflicting node event ignored",
+                node=event.node,
+                seq=event.seq,
+                event_id=str(event.event_id),
+                have_seq=before.seq,
+            )
+            return None
+        try:
+            after = evolve_node(before, event)
+        except EvolveError as exc:
+            self.ignored += 1
+            log.error(
+                "node event does not apply", node=event.node, event_id=str(event.event_id), error=str(exc)
+            )
+            return None
+        self.nodes[event.node] = after
+        self.node_partition[event.node] = partition
+        return after

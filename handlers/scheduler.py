@@ -1,13 +1,18 @@
-"""The scheduler role: the one process that sees the whole cluster, hands out GPUs and preempts.
+"""The scheduler role: the one process that sees the whole cluster, admits, hands out GPUs, preempts.
 
 It runs under leader election and folds every partition of the events topic (its consumer group
-has one active member). After each batch it builds the cluster state from the inventory and the
-folded jobs, runs one planning step of :mod:`ffdl.core.scheduling`, and sends what the plan says,
-all with its fencing token (the jobs' owners refuse a token that is no longer the leader's):
+has one active member): the jobs, and the nodes of the inventory. After each batch it sends, all
+with its fencing token (the owners refuse a token that is no longer the leader's):
 
-* ``AllocateGpus`` for each gang that fits;
-* ``HaltJob(requeue=True)`` for each job preempted, or stranded on a node that left the inventory;
-* ``RecordWaitReason`` for each waiting job whose reason changed since the one on the log.
+* node observations (``ObserveNode``, ``ReportNodeLost``, ``RemoveNode``) wherever its inventory
+  source (the configuration, the Kubernetes nodes) disagrees with the nodes on the log, so every
+  join, cordon, loss and removal is an event; operators' cordons and drains arrive as events too;
+* ``AdmitJob`` or ``RejectJob`` for each submitted job, once the log agrees with the source: a job
+  that could never fit the inventory (empty, every cordon lifted) is rejected with the reason;
+* from one planning step of :mod:`ffdl.core.scheduling` over the present nodes and the folded
+  jobs: ``AllocateGpus`` for each gang that fits; ``HaltJob(requeue=True)`` for each job
+  preempted, or on a node that left the inventory or is being drained; ``RecordWaitReason`` for
+  each waiting job whose reason changed since the one on the log.
 
 Everything it sent counts as done until the owner's answer is on the log (an event whose
 ``causation_id`` is the command's id) or the job's state makes it moot: an allocation it sent is
@@ -32,17 +37,18 @@ from datetime import datetime
 
 import structlog
 
-from ffdl.core.allocator import Node
-from ffdl.core.cluster import ClusterState, Demand, Gang, HeldJob
+from ffdl.core.cluster import Admission, ClusterState, Demand, Gang, HeldJob
 from ffdl.core.job import Job, WaitRecord
+from ffdl.core.nodes import inventory_changes, schedulable_inventory
 from ffdl.core.scheduling import Plan, SchedulerPolicy, WaitingJob, plan
 from ffdl.core.states import JobState
 from ffdl.events import commands as cmd
-from ffdl.events.envelope import Command, CommandData, Event
-from ffdl.events.model import Placement
+from ffdl.events.codec import AnyCommand, AnyEvent
+from ffdl.events.envelope import Command, CommandData, Event, NodeCommandData, NodeEvent
+from ffdl.events.model import ErrorCode, Placement
 from ffdl.handlers.messaging import CommandSender, utcnow
-from ffdl.handlers.ports import Bus, Record, TopicPartition
-from ffdl.handlers.runtime import JobBook, decode_event
+from ffdl.handlers.ports import Bus, InventorySource, Record, TopicPartition
+from ffdl.handlers.runtime import AggregateBook, decode_event
 
 log = structlog.get_logger(__name__)
 
@@ -58,6 +64,7 @@ class _Sent:
     command_id: uuid.UUID
     placement: Placement | None = None
     wait: WaitRecord | None = None
+    node_change: NodeCommandData | None = None
 
 
 class Scheduler:
@@ -66,7 +73,7 @@ class Scheduler:
         bus: Bus,
         events_topic: str,
         sender: CommandSender,
-        inventory: Callable[[], Sequence[Node]],
+        inventory: InventorySource,
         fencing_token: int,
         *,
         policy: SchedulerPolicy | None = None,
@@ -79,26 +86,40 @@ class Scheduler:
         self._token = fencing_token
         self._policy = policy or SchedulerPolicy()
         self._clock = clock
-        self.book = JobBook(bus, events_topic)
+        self.book = AggregateBook(bus, events_topic)
         self._allocations: dict[str, _Sent] = {}
         self._halts: dict[str, _Sent] = {}
         self._reasons: dict[str, _Sent] = {}
+        self._admissions: dict[str, _Sent] = {}
+        self._node_changes: dict[str, _Sent] = {}
         self._queued_order: dict[str, tuple[float, str]] = {}
+        self._submitted: set[str] = set()
+        self._holding: set[str] = set()  # jobs whose folded state holds GPUs
+        self._admission: Admission | None = None
         self._lock = asyncio.Lock()
+        self.ready = False  # its partitions are folded: it may plan
 
     async def on_assigned(self, partitions: frozenset[TopicPartition]) -> None:
         mine = sorted(tp.partition for tp in partitions if tp.topic == self._topic)
         await self.book.load(mine)
         for job in self.book.jobs.values():
             self._track(job, None)
+        self._node_changes.clear()
+        self._admission = None
+        self.ready = True
         await self.schedule()
 
     async def on_revoked(self, partitions: frozenset[TopicPartition]) -> None:
         gone = {tp.partition for tp in partitions if tp.topic == self._topic}
         self.book.drop(gone)
-        for sent in (self._allocations, self._halts, self._reasons, self._queued_order):
+        for sent in (self._allocations, self._halts, self._reasons, self._admissions, self._queued_order):
             for job_id in [j for j in sent if j not in self.book.jobs]:
                 del sent[job_id]
+        self._submitted &= self.book.jobs.keys()
+        self._holding &= self.book.jobs.keys()
+        self._node_changes.clear()
+        self._admission = None
+        self.ready = False
 
     async def process(self, records: Sequence[Record]) -> None:
         async with self._lock:
@@ -110,18 +131,35 @@ class Scheduler:
                     self.fold(event, record.partition)
         await self.schedule()
 
-    def fold(self, event: Event, partition: int) -> None:
-        """Apply one event of ``partition`` to the jobs the scheduler knows (duplicates are ignored)."""
+    def fold(self, event: AnyEvent, partition: int) -> None:
+        """Apply one event of ``partition`` to the jobs and nodes the scheduler knows (duplicates are
+        ignored)."""
+        if isinstance(event, NodeEvent):
+            if self.book.apply_node(event, partition) is not None:
+                self._admission = None  # the inventory changed
+                entry = self._node_changes.get(event.node)
+                if entry is not None and event.causation_id == entry.command_id:
+                    del self._node_changes[event.node]
+            return
         applied = self.book.apply(event, partition)
         if applied is not None:
             self._track(applied[1], event)
 
     def _track(self, job: Job, event: Event | None) -> None:
         """Forget what the owner has answered (``event`` caused by it) or what the job's state settles."""
-        for sent in (self._allocations, self._halts, self._reasons):
+        for sent in (self._allocations, self._halts, self._reasons, self._admissions):
             entry = sent.get(job.job_id)
             if entry is not None and event is not None and event.causation_id == entry.command_id:
                 del sent[job.job_id]
+        if job.placement is not None:
+            self._holding.add(job.job_id)
+        else:
+            self._holding.discard(job.job_id)
+        if job.state is S.SUBMITTED:
+            self._submitted.add(job.job_id)
+        else:
+            self._submitted.discard(job.job_id)
+            self._admissions.pop(job.job_id, None)
         if job.state is not S.QUEUED or job.placement is not None:
             self._allocations.pop(job.job_id, None)
         if job.state not in _PREEMPTIBLE:
@@ -134,9 +172,11 @@ class Scheduler:
             self._reasons.pop(job.job_id, None)
 
     def cluster_state(self, now: float) -> ClusterState:
-        """The inventory with every GPU held: by the folded jobs and by allocations sent but unanswered."""
-        state = ClusterState(self._inventory())
-        for job_id in sorted(self.book.jobs):
+        """The inventory with every GPU held: by the folded jobs and by allocations sent but unanswered.
+        Only those jobs are visited, not every job ever folded, so a cycle's cost does not grow with
+        the log's history."""
+        state = ClusterState(schedulable_inventory(self.book.nodes.values()))
+        for job_id in sorted(self._holding | self._allocations.keys()):
             job = self.book.jobs[job_id]
             sent = self._allocations.get(job_id)
             placement = job.placement or (sent.placement if sent else None)
@@ -185,10 +225,55 @@ class Scheduler:
         state = self.cluster_state(now)
         return state, plan(state, self.waiting(), now, self._policy)
 
+    def _inventory_commands(self) -> tuple[list[AnyCommand], bool]:
+        """The node observations to send for what the source sees, and whether the log agrees with
+        the source (no observation missing or on its way): only then may admission reject a job."""
+        seen = self._inventory.observe()
+        if seen is None:
+            return [], False
+        changes = inventory_changes(self.book.nodes, seen)
+        commands: list[AnyCommand] = []
+        for name in [n for n, sent in self._node_changes.items() if changes.get(n) != sent.node_change]:
+            del self._node_changes[name]  # settled some other way, or the source changed its mind
+        for name, change in changes.items():
+            if name in self._node_changes:
+                continue
+            command = self._sender.make_for_node(name, change, fencing_token=self._token)
+            self._node_changes[name] = _Sent(command.command_id, node_change=change)
+            commands.append(command)
+            log.info(
+                "inventory change", node=name, change=change.type_name(), command_id=str(command.command_id)
+            )
+        return commands, not changes
+
+    def _admission_commands(self, settled: bool) -> list[AnyCommand]:
+        """Admit or reject each submitted job not yet answered; rejecting waits for a settled inventory."""
+        if self._admission is None:
+            self._admission = Admission(schedulable_inventory(self.book.nodes.values()))
+        commands: list[AnyCommand] = []
+        for job_id in sorted(self._submitted - self._admissions.keys()):
+            job = self.book.jobs[job_id]
+            why = self._admission.why_never_fits(job.spec)
+            if why is not None and not settled:
+                continue
+            data: CommandData = (
+                cmd.AdmitJob() if why is None else cmd.RejectJob(code=ErrorCode.UNSCHEDULABLE, reason=why)
+            )
+            commands.append(self._command(job, data))
+            self._admissions[job_id] = _Sent(commands[-1].command_id)
+            log.info(
+                "job admitted" if why is None else "job rejected",
+                job_id=job_id,
+                reason=why,
+                command_id=str(commands[-1].command_id),
+            )
+        return commands
+
     async def schedule(self) -> None:
         async with self._lock:
+            commands, settled = self._inventory_commands()
+            commands.extend(self._admission_commands(settled))
             state, decided = self.next_plan(self._clock().timestamp())
-            commands: list[Command] = []
             for eviction in decided.evictions:
                 job = self.book.jobs[eviction.job_id]
                 commands.append(self._command(job, cmd.HaltJob(reason=eviction.reason, requeue=True)))

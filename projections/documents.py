@@ -1,4 +1,5 @@
-"""The read side's view of a job: one JSON document per job, a pure function of its folded state.
+"""The read side's view of a job and of a node: one JSON document each, a pure function of its
+folded state.
 
 Everything here is deterministic (sorted keys, times from events, never the clock), so a
 projection rebuilt from the log is byte-for-byte the live one.
@@ -10,6 +11,7 @@ import json
 from typing import Any
 
 from ffdl.core.job import Job
+from ffdl.core.nodes import NodeRecord
 
 JsonObject = dict[str, Any]
 
@@ -69,6 +71,21 @@ def _waiting(job: Job) -> JsonObject | None:
         "waiting_for": list(job.waiting.waiting_for),
         "reserved_nodes": list(job.waiting.reserved_nodes),
         "since": job.waiting_since.isoformat() if job.waiting_since else None,
+    }
+
+
+def node_document(node: NodeRecord) -> JsonObject:
+    cordon = node.cordon
+    return {
+        "name": node.name,
+        "status": str(node.status),
+        "seq": node.seq,
+        **node.spec.model_dump(mode="json"),
+        "cordon": {"reason": cordon.reason, "source": str(cordon.source), "drain": cordon.drain}
+        if cordon
+        else None,
+        "reason": node.reason,
+        "since": node.since.isoformat(),
     }
 
 

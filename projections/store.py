@@ -1,4 +1,4 @@
-"""The read models in one SQLite file: jobs, per-job history, and the applied log positions.
+"""The read models in one SQLite file: jobs, nodes, their histories, and the applied log positions.
 
 ``apply`` folds a batch of events and, in the same transaction, stores the position it reached
 per partition (exactly-once folding: a batch is either wholly applied with its positions or not
@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from ffdl.core.job import EvolveError, Job, evolve
-from ffdl.events.codec import event_from_json, event_to_json
-from ffdl.events.envelope import Event
-from ffdl.projections.documents import JsonObject, dumps, job_document, why_summary
+from ffdl.core.nodes import NodeRecord, evolve_node
+from ffdl.events.codec import AnyEvent, any_event_from_json, event_from_json, event_to_json
+from ffdl.events.envelope import NodeEvent
+from ffdl.projections.documents import JsonObject, dumps, job_document, node_document, why_summary
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -53,6 +54,23 @@ CREATE TABLE IF NOT EXISTS history (
     PRIMARY KEY (job_id, seq)
 );
 CREATE INDEX IF NOT EXISTS history_by_cause ON history (causation_id);
+CREATE TABLE IF NOT EXISTS nodes (
+    name TEXT PRIMARY KEY,
+    status TEXT NOT NULL,
+    document TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS node_history (
+    node TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    event_id TEXT NOT NULL,
+    type TEXT NOT NULL,
+    occurred_at TEXT NOT NULL,
+    position TEXT NOT NULL,
+    causation_id TEXT,
+    body TEXT NOT NULL,
+    PRIMARY KEY (node, seq)
+);
+CREATE INDEX IF NOT EXISTS node_history_by_cause ON node_history (causation_id);
 CREATE TABLE IF NOT EXISTS positions (
     partition INTEGER PRIMARY KEY,
     next_offset INTEGER NOT NULL
@@ -66,13 +84,13 @@ CREATE TABLE IF NOT EXISTS counters (
 
 @dataclass(frozen=True, slots=True)
 class LoggedEvent:
-    """An event with where it sits in the log.
+    """A job's or a node's event with where it sits in the log.
 
     ``body``, when a reader has it at hand, is the event's JSON exactly as ``event_to_json`` gives it;
     the history row stores it as is instead of serialising the event again.
     """
 
-    event: Event
+    event: AnyEvent
     partition: int
     offset: int
     body: str | None = None
@@ -88,6 +106,7 @@ class Projection:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
         self._jobs: dict[str, Job] = {}
+        self._nodes: dict[str, NodeRecord] = {}
         with self._connection() as db:
             db.executescript(SCHEMA)
 
@@ -136,7 +155,8 @@ class Projection:
                 db.execute("COMMIT")
             except BaseException:
                 db.execute("ROLLBACK")
-                self._jobs.clear()  # the cache may hold what the rollback undid
+                self._jobs.clear()  # the caches may hold what the rollback undid
+                self._nodes.clear()
                 raise
         return applied
 
@@ -144,13 +164,27 @@ class Projection:
         stored = {p: o for p, o in db.execute("SELECT partition, next_offset FROM positions")}
         reached = dict(stored)
         changed: dict[str, Job] = {}
+        changed_nodes: dict[str, NodeRecord] = {}
         history = []
+        node_history = []
         ignored = 0
         for logged in batch:
             if logged.offset < stored.get(logged.partition, 0):
                 continue
             reached[logged.partition] = max(reached.get(logged.partition, 0), logged.offset + 1)
             event = logged.event
+            if isinstance(event, NodeEvent):
+                node = changed_nodes.get(event.node) or self._load_node(db, event.node)
+                if node is not None and event.seq <= node.seq:
+                    ignored += 1
+                    continue
+                try:
+                    changed_nodes[event.node] = evolve_node(node, event)
+                except EvolveError:
+                    ignored += 1
+                    continue
+                node_history.append((event.node, *_history_columns(logged)))
+                continue
             job = changed.get(event.job_id) or self._load(db, event.job_id)
             if job is not None and event.seq <= job.seq:
                 ignored += 1
@@ -161,19 +195,13 @@ class Projection:
                 ignored += 1
                 continue
             changed[event.job_id] = job
-            history.append(
-                (
-                    event.job_id,
-                    event.seq,
-                    str(event.event_id),
-                    event.type,
-                    event.occurred_at.isoformat(),
-                    logged.position,
-                    str(event.causation_id) if event.causation_id else None,
-                    logged.body if logged.body is not None else event_to_json(event).decode(),
-                )
-            )
+            history.append((event.job_id, *_history_columns(logged)))
         db.executemany("INSERT INTO history VALUES (?, ?, ?, ?, ?, ?, ?, ?)", history)
+        db.executemany("INSERT INTO node_history VALUES (?, ?, ?, ?, ?, ?, ?, ?)", node_history)
+        db.executemany(
+            "INSERT OR REPLACE INTO nodes VALUES (?, ?, ?)",
+            [(n.name, str(n.status), dumps(node_document(n))) for n in changed_nodes.values()],
+        )
         db.executemany(
             "INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [_job_row(job) for job in changed.values() if not job.deleted],
@@ -189,7 +217,8 @@ class Projection:
                 (ignored,),
             )
         self._jobs.update(changed)
-        return len(history)
+        self._nodes.update(changed_nodes)
+        return len(history) + len(node_history)
 
     def _load(self, db: sqlite3.Connection, job_id: str) -> Job | None:
         job = self._jobs.get(job_id)
@@ -198,6 +227,16 @@ class Projection:
         for (body,) in db.execute("SELECT body FROM history WHERE job_id = ? ORDER BY seq", (job_id,)):
             job = evolve(job, event_from_json(body))
         return job
+
+    def _load_node(self, db: sqlite3.Connection, name: str) -> NodeRecord | None:
+        node = self._nodes.get(name)
+        if node is not None:
+            return node
+        for (body,) in db.execute("SELECT body FROM node_history WHERE node = ? ORDER BY seq", (name,)):
+            event = any_event_from_json(body)
+            if isinstance(event, NodeEvent):
+                node = evolve_node(node, event)
+        return node
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -265,10 +304,38 @@ class Projection:
     def position_of_cause(self, causation_id: str) -> str | None:
         """The log position of the first event a command caused (read-your-writes for a write)."""
         with self._connection() as db:
-            row = db.execute(
-                "SELECT position FROM history WHERE causation_id = ? ORDER BY seq LIMIT 1", (causation_id,)
-            ).fetchone()
-        return str(row[0]) if row else None
+            for table in ("history", "node_history"):
+                row = db.execute(
+                    f"SELECT position FROM {table} WHERE causation_id = ? ORDER BY seq LIMIT 1",
+                    (causation_id,),
+                ).fetchone()
+                if row:
+                    return str(row[0])
+        return None
+
+    def nodes(self) -> list[JsonObject]:
+        """Every node the inventory ever had (removed ones too, with their status), by name."""
+        with self._connection() as db:
+            rows = db.execute("SELECT document FROM nodes ORDER BY name").fetchall()
+        return [json.loads(doc) for (doc,) in rows]
+
+    def node(self, name: str) -> JsonObject | None:
+        with self._connection() as db:
+            row = db.execute("SELECT document FROM nodes WHERE name = ?", (name,)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def node_record(self, name: str) -> NodeRecord | None:
+        """The node as its projected events fold: what a writer asks the node decider about."""
+        with self._connection() as db:
+            return self._load_node(db, name)
+
+    def node_history(self, name: str, after_seq: int = 0, limit: int = 1000) -> list[JsonObject]:
+        with self._connection() as db:
+            rows = db.execute(
+                "SELECT body, position FROM node_history WHERE node = ? AND seq > ? ORDER BY seq LIMIT ?",
+                (name, after_seq, limit),
+            ).fetchall()
+        return [{**json.loads(body), "position": position} for body, position in rows]
 
     def reached(self, partition: int, offset: int) -> bool:
         """Whether the event at ``partition:offset`` has been applied."""
@@ -354,6 +421,8 @@ class Projection:
             for table, order in (
                 ("jobs", "job_id"),
                 ("history", "job_id, seq"),
+                ("nodes", "name"),
+                ("node_history", "node, seq"),
                 ("positions", "partition"),
                 ("counters", "name"),
             ):
@@ -366,6 +435,20 @@ class Projection:
         if db is not None:
             db.close()
             self._local.db = None
+
+
+def _history_columns(logged: LoggedEvent) -> tuple[Any, ...]:
+    """A history row after its key: seq, event id, type, time, position, cause and JSON body."""
+    event = logged.event
+    return (
+        event.seq,
+        str(event.event_id),
+        event.type,
+        event.occurred_at.isoformat(),
+        logged.position,
+        str(event.causation_id) if event.causation_id else None,
+        logged.body if logged.body is not None else event_to_json(event).decode(),
+    )
 
 
 def _job_row(job: Job) -> tuple[Any, ...]:

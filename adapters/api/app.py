@@ -6,6 +6,8 @@
 * Tenancy: with tenants configured every request needs ``Authorization: Bearer TOKEN``; a tenant
   sees and touches only its own jobs (another tenant's job is a 404, never a 403 that would leak
   that it exists); an admin sees all. With no tenant configured the API runs open.
+* Nodes: everyone sees the inventory (``/v1/nodes``, ``/v1/cluster``, both folded from the node
+  events); only admins cordon, drain and uncordon, which are node commands on the log like a job's.
 * Problems answer 4xx with a body that names the field: ``{"detail": [{"field", "message"}]}``.
 * ``/events?follow=true`` is Server-Sent Events with ``id:`` = seq, resumable with
   ``Last-Event-ID``. Each follower reads the projection at its own pace (nothing is buffered per
@@ -22,23 +24,30 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response
+from fastapi import Body, Depends, FastAPI, HTTPException, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ConfigDict, Field
 
 from ffdl.adapters.api.metrics import PlatformCollector, registry_for
 from ffdl.adapters.manifest import ManifestError, parse_manifest
 from ffdl.adapters.platform import Platform
 from ffdl.adapters.tenants import OPEN, Principal, TenantRegistry
+from ffdl.core.nodes import NodeStatus, decide_node
 from ffdl.events import commands as cmd
-from ffdl.events.envelope import CommandData
+from ffdl.events import nodes as nd
+from ffdl.events.codec import AnyCommand
+from ffdl.events.envelope import CommandData, NodeCommand
 from ffdl.handlers.heartbeat_keys import JOBS_PREFIX, LearnerBeat, parse_key
+from ffdl.handlers.messaging import utcnow
 from ffdl.handlers.ports import Position, StoreUnavailable
 
 WRITE_WAIT_S = 10.0
 READ_WAIT_MAX_S = 30.0
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED"}
+#: The events by which an owner refuses a command (a job's, a node's); both carry the reason.
+REJECTIONS = frozenset({"CommandRejected", "NodeCommandRejected"})
 
 
 def problem(status: int, message: str, field: str = "(request)") -> HTTPException:
@@ -62,6 +71,29 @@ def principal(request: Request) -> Principal:
 
 
 Caller = Annotated[Principal, Depends(principal)]
+
+
+def admin(caller: Caller) -> Principal:
+    """The caller, if an admin (SREs): the inventory is the whole platform's, not a tenant's."""
+    if not caller.admin:
+        raise problem(403, "only an admin may change the inventory", "Authorization")
+    return caller
+
+
+Admin = Annotated[Principal, Depends(admin)]
+
+
+class CordonRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: Annotated[str, Field(min_length=1, max_length=2000, description="why, for the node's history")]
+    drain: bool = Field(default=False, description="also halt its jobs with a checkpoint to resume elsewhere")
+
+
+class UncordonRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: Annotated[str, Field(max_length=2000)] = ""
 
 
 def create_app(platform: Platform) -> FastAPI:  # noqa: PLR0915 - one closure per route, on purpose
@@ -121,30 +153,40 @@ def create_app(platform: Platform) -> FastAPI:  # noqa: PLR0915 - one closure pe
             raise problem(404, f"no job {job_id}", "job_id")
         return dict(document)
 
-    async def send_and_wait(job_id: str, tenant: str, data: CommandData) -> dict[str, Any]:
-        command = platform.sender.make(job_id, tenant, data)
+    def caused_by(command: AnyCommand) -> list[dict[str, Any]]:
+        """The events of the command's job or node that the command caused, as projected."""
+        cause = str(command.command_id)
+        if isinstance(command, NodeCommand):
+            events = projection.node_history(command.node, 0, 100_000)
+        else:
+            events = projection.history(command.job_id, 0, 100_000)
+        return [e for e in events if e.get("causation_id") == cause]
+
+    async def send_and_wait(command: AnyCommand) -> str | None:
+        """Send ``command`` and wait (bounded) until the projection has applied what it caused: the
+        log position of its first event, or None if the wait ran out. A rejection answers 409 with
+        the owner's reason."""
         await platform.sender.send(command)
         cause = str(command.command_id)
         deadline = time.monotonic() + WRITE_WAIT_S
         while time.monotonic() < deadline:
-            position = await read(projection.position_of_cause, cause)
+            position: str | None = await read(projection.position_of_cause, cause)
             if position is not None:
-                caused = [
-                    e
-                    for e in await read(projection.history, job_id, 0, 100_000)
-                    if e.get("causation_id") == cause
-                ]
-                rejected = next((e for e in caused if e["type"] == "CommandRejected"), None)
+                caused = await read(caused_by, command)
+                rejected = next((e for e in caused if e["type"] in REJECTIONS), None)
                 if rejected is not None:
                     raise problem(409, rejected["data"]["reason"], "state")
-                document = await read(projection.get, job_id)
-                return {
-                    "job_id": job_id,
-                    "state": document["state"] if document else None,
-                    "position": position,
-                }
+                return position
             await platform.projector.wait_for_change(0.05)
-        return {"job_id": job_id, "state": None, "position": None, "command_id": cause}
+        return None
+
+    async def write_job(job_id: str, tenant: str, data: CommandData) -> dict[str, Any]:
+        command = platform.sender.make(job_id, tenant, data)
+        position = await send_and_wait(command)
+        if position is None:
+            return {"job_id": job_id, "state": None, "position": None, "command_id": str(command.command_id)}
+        document = await read(projection.get, job_id)
+        return {"job_id": job_id, "state": document["state"] if document else None, "position": position}
 
     @app.post("/v1/jobs", status_code=201)
     async def submit(request: Request, caller: Caller) -> dict[str, Any]:
@@ -157,7 +199,7 @@ def create_app(platform: Platform) -> FastAPI:  # noqa: PLR0915 - one closure pe
         except ManifestError as exc:
             raise HTTPException(422, detail=[{"field": f, "message": m} for f, m in exc.problems]) from exc
         job_id = f"{spec.name}-{uuid.uuid4().hex[:8]}"
-        return await send_and_wait(job_id, caller.tenant, cmd.SubmitJob(spec=spec))
+        return await write_job(job_id, caller.tenant, cmd.SubmitJob(spec=spec))
 
     @app.get("/v1/jobs", response_model=None)
     async def list_jobs(
@@ -233,22 +275,20 @@ def create_app(platform: Platform) -> FastAPI:  # noqa: PLR0915 - one closure pe
         """Cancel a live job; delete an ended one from the listings (its events stay on the log)."""
         document = await visible_job(job_id, caller)
         if document["state"] in TERMINAL:
-            return await send_and_wait(job_id, document["tenant"], cmd.DeleteJob())
-        return await send_and_wait(
-            job_id, document["tenant"], cmd.CancelJob(reason="cancelled through the API")
-        )
+            return await write_job(job_id, document["tenant"], cmd.DeleteJob())
+        return await write_job(job_id, document["tenant"], cmd.CancelJob(reason="cancelled through the API"))
 
     @app.post("/v1/jobs/{job_id}:halt", status_code=202)
     async def halt(job_id: str, caller: Caller) -> dict[str, Any]:
         document = await visible_job(job_id, caller)
         if document["state"] in ("HALTING", "HALTED"):
             return {"job_id": job_id, "state": document["state"], "position": None}
-        return await send_and_wait(job_id, document["tenant"], cmd.HaltJob(reason="halted through the API"))
+        return await write_job(job_id, document["tenant"], cmd.HaltJob(reason="halted through the API"))
 
     @app.post("/v1/jobs/{job_id}:resume", status_code=202)
     async def resume(job_id: str, caller: Caller) -> dict[str, Any]:
         document = await visible_job(job_id, caller)
-        return await send_and_wait(job_id, document["tenant"], cmd.ResumeJob())
+        return await write_job(job_id, document["tenant"], cmd.ResumeJob())
 
     @app.get("/v1/jobs/{job_id}/events", response_model=None)
     async def events(
@@ -323,35 +363,119 @@ def create_app(platform: Platform) -> FastAPI:  # noqa: PLR0915 - one closure pe
                 return
             await asyncio.sleep(0.25)
 
+    async def gpu_holders(caller: Principal) -> dict[str, dict[str, str]]:
+        """Per node, which job holds each GPU (index as text -> job id; another tenant's is 'other')."""
+        holders: dict[str, dict[str, str]] = {}
+        for job in await read(projection.holdings):
+            holder = job["job_id"] if caller.may_see(job["tenant"]) else "other"
+            for learner in job["placement"]:
+                for gpu in learner["gpus"]:
+                    holders.setdefault(learner["node"], {})[str(gpu)] = holder
+        return holders
+
+    async def known_node(name: str) -> dict[str, Any]:
+        document: dict[str, Any] | None = await read(projection.node, name)
+        if document is None:
+            raise problem(404, f"no node {name}", "name")
+        return document
+
     @app.get("/v1/cluster")
     async def cluster(caller: Caller) -> dict[str, Any]:
-        """Nodes, their GPUs and which job holds each (jobs of other tenants are shown as 'other')."""
-        holdings = await read(projection.holdings)
-        by_slot = {
-            (learner["node"], gpu): job["job_id"] if caller.may_see(job["tenant"]) else "other"
-            for job in holdings
-            for learner in job["placement"]
-            for gpu in learner["gpus"]
-        }
+        """The present nodes (ready, cordoned or draining), their GPUs and which job holds each (jobs
+        of other tenants are shown as 'other')."""
+        holders = await gpu_holders(caller)
         nodes: list[dict[str, Any]] = [
             {
-                "name": node.name,
-                "gpu_type": node.gpu_type,
-                "gpus": node.gpus,
-                "cpus": node.cpus,
-                "memory_mb": node.memory_mb,
-                "schedulable": node.schedulable,
-                "allocated": {
-                    str(gpu): by_slot[(node.name, gpu)]
-                    for gpu in range(node.gpus)
-                    if (node.name, gpu) in by_slot
-                },
+                "name": node["name"],
+                "status": node["status"],
+                "gpu_type": node["gpu_type"],
+                "gpus": node["gpus"],
+                "cpus": node["cpus"],
+                "memory_mb": node["memory_mb"],
+                "schedulable": node["status"] == NodeStatus.READY,
+                "allocated": holders.get(node["name"], {}),
             }
-            for node in platform.inventory()
+            for node in await read(projection.nodes)
+            if NodeStatus(node["status"]).present
         ]
         total = sum(int(n["gpus"]) for n in nodes)
         used = sum(len(n["allocated"]) for n in nodes)
         return {"nodes": nodes, "gpus_total": total, "gpus_allocated": used}
+
+    @app.get("/v1/nodes")
+    async def list_nodes(
+        caller: Caller,
+        status: Annotated[
+            list[str] | None, Query(description="repeatable: READY, CORDONED, DRAINING, LOST, REMOVED")
+        ] = None,
+        after: Annotated[str | None, Query(description="PARTITION:OFFSET to wait for")] = None,
+    ) -> dict[str, Any]:
+        """Every node the inventory ever had, removed ones too, with its status and cordon."""
+        await wait_position(after)
+        wanted = {s.upper() for s in status or []}
+        unknown = sorted(wanted - set(NodeStatus))
+        if unknown:
+            raise problem(
+                422, f"no node status {', '.join(unknown)}; known: {', '.join(NodeStatus)}", "status"
+            )
+        nodes = await read(projection.nodes)
+        return {"nodes": [n for n in nodes if not wanted or n["status"] in wanted]}
+
+    @app.get("/v1/nodes/{name}")
+    async def get_node(
+        name: str,
+        caller: Caller,
+        history: Annotated[bool, Query(description="include the node's events")] = False,
+        after: Annotated[str | None, Query(description="PARTITION:OFFSET to wait for")] = None,
+    ) -> dict[str, Any]:
+        """The node, which job holds each of its GPUs (another tenant's as 'other') and, with
+        ``history=true``, its events."""
+        await wait_position(after)
+        document = await known_node(name)
+        document["allocated"] = (await gpu_holders(caller)).get(name, {})
+        if history:
+            document["history"] = await read(projection.node_history, name, 0, 100_000)
+        return document
+
+    async def write_node(
+        name: str, data: nd.CordonNode | nd.UncordonNode, response: Response
+    ) -> dict[str, Any]:
+        """Send an operator's node command; answer with the node after it and the position of the
+        event it caused, or (202) with the node as it was and the command's id if that event is not
+        projected within the wait. A command the node decider says changes nothing (cordoning a
+        node cordoned so already, uncordoning an open one) is not sent: the node as it is, no position."""
+        document = await known_node(name)
+        command = platform.sender.make_for_node(name, data)
+        record = await read(projection.node_record, name)
+        if record is not None and not decide_node(record, command, utcnow()):
+            return {**document, "position": None}
+        position = await send_and_wait(command)
+        document = await known_node(name)
+        if position is None:
+            response.status_code = 202
+            return {**document, "position": None, "command_id": str(command.command_id)}
+        return {**document, "position": position}
+
+    @app.post("/v1/nodes/{name}:cordon")
+    async def cordon(
+        name: str, caller: Admin, body: Annotated[CordonRequest, Body()], response: Response
+    ) -> dict[str, Any]:
+        """Admins: place nothing new on the node; with ``drain`` also halt its jobs with a checkpoint
+        and requeue them to resume elsewhere. An operator's cordon replaces the inventory's; cordoning
+        an operator-cordoned node again only ever adds ``drain``."""
+        return await write_node(name, nd.CordonNode(reason=body.reason, drain=body.drain), response)
+
+    @app.post("/v1/nodes/{name}:uncordon")
+    async def uncordon(
+        name: str,
+        caller: Admin,
+        response: Response,
+        body: Annotated[UncordonRequest | None, Body()] = None,
+    ) -> dict[str, Any]:
+        """Admins: lift an operator's cordon or drain (one the inventory put there is lifted at its
+        source: 409). A node that is not cordoned is answered as it is, with no position."""
+        reason = body.reason if body is not None else ""
+        return await write_node(name, nd.UncordonNode(reason=reason), response)
 
     @app.get("/v1/queues")
     async def queues(caller: Caller) -> dict[str, Any]:

@@ -1,9 +1,10 @@
 """Prometheus metrics, read at scrape time from the projections and the roles' counters.
 
-Jobs by state and tenant, queue length and the longest and mean wait per tenant, GPUs allocated
-and total, the projector's lag behind the log per partition, dead letters by reason, duplicate or
-conflicting events ignored, and (observed by the projector as it applies events) the
-event-to-projection latency histogram.
+Jobs by state and tenant, queue length and the longest and mean wait per tenant, nodes by status
+(folded from the node events), GPUs allocated and total (of the present nodes), the projector's
+lag behind the log per partition, dead letters by reason, duplicate or conflicting events
+ignored, and (observed by the projector as it applies events) the event-to-projection latency
+histogram.
 
 Dead letters are counted from the dead-letter topic itself by a :class:`DeadLetterTally` that the
 API role's process follows (every second), so one scrape sees the whole platform's, whichever
@@ -24,6 +25,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ffdl.core.nodes import NodeStatus
 from ffdl.handlers.ports import Bus, BusUnavailable
 
 if TYPE_CHECKING:
@@ -39,9 +41,10 @@ _REASON_CLASSES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (r"unknown type ", "unknown_type"),
         (r"no upcaster for |\S+ schema_version \d+ is newer than", "schema_version"),
         (r"invalid ", "invalid"),
-        (r"record key .* is not the command's job_id", "wrong_key"),
+        (r"record key .* is not the command's key", "wrong_key"),
         (r"wrong partition: ", "wrong_partition"),
         (r"no job ", "unknown_job"),
+        (r"no node ", "unknown_node"),
         (r"internal error: ", "internal_error"),
     )
 )
@@ -96,10 +99,16 @@ class PlatformCollector(Collector):
         for (tenant, state), count in sorted(projection.counts().items()):
             jobs.add_metric([tenant, state], count)
         yield jobs
+        nodes = projection.nodes()
+        by_status = Counter(node["status"] for node in nodes)
+        statuses = GaugeMetricFamily("ffdl_nodes", "Nodes of the inventory by status", labels=["status"])
+        for status in NodeStatus:
+            statuses.add_metric([status.value], by_status[status.value])
+        yield statuses
         allocated = sum(len(learner["gpus"]) for job in projection.holdings() for learner in job["placement"])
         gpus = GaugeMetricFamily("ffdl_gpus", "GPUs of the inventory", labels=["status"])
         gpus.add_metric(["allocated"], allocated)
-        gpus.add_metric(["total"], sum(node.gpus for node in platform.inventory()))
+        gpus.add_metric(["total"], sum(node["gpus"] for node in nodes if NodeStatus(node["status"]).present))
         yield gpus
         yield from self._queues()
         lag = GaugeMetricFamily(

@@ -76,3 +76,21 @@ class ApiClient:
 
     def close(self) -> None:
         self._http.close()
+
+    def nodes(self) -> list[dict[str, Any]]:
+        result: dict[str, Any] = self._call("GET", "/v1/nodes")
+        return list(result["nodes"])
+
+    def node(self, name: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", f"/v1/nodes/{name}", params={"history": "true"})
+        return result
+
+    def cordon(self, name: str, reason: str, *, drain: bool) -> dict[str, Any]:
+        result: dict[str, Any] = self._call(
+            "POST", f"/v1/nodes/{name}:cordon", json={"reason": reason, "drain": drain}
+        )
+        return result
+
+    def uncordon(self, name: str, reason: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", f"/v1/nodes/{name}:uncordon", json={"reason": reason})
+        return result

@@ -1,6 +1,6 @@
 """The ``ffdl`` command line: run the platform, submit and steer jobs, and inspect the log.
 
-Commands that steer jobs talk to the API at ``FFDL_API`` (``ffdl up`` listens there); the SRE
+Commands that steer jobs or nodes talk to the API at ``FFDL_API`` (``ffdl up`` listens there); the SRE
 commands (``export``, ``import``, ``replay``, ``verify``) read an event log directly, the configured
 bus, another one (``--bus``) or an exported file, so they work with the platform down.
 Every command prints rich tables on a terminal and JSON with ``--json``.
@@ -14,20 +14,27 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.table import Table
 
 from ffdl.adapters.cli.client import ApiClient, ApiError
 from ffdl.adapters.cli.render import (
     console,
+    cordon_text,
     diff_table,
     err_console,
     job_table,
     learners_table,
+    node_line,
+    node_status,
+    node_timeline_table,
+    nodes_table,
     print_json,
     replay_lines,
     replay_timeline_table,
     styled,
     timeline_table,
     violations_table,
+    when,
 )
 from ffdl.adapters.config import Settings
 from ffdl.adapters.logging import configure_logging
@@ -246,6 +253,81 @@ def why(job_id: str, json_output: JsonFlag = False) -> None:
         )
 
 
+nodes_app = typer.Typer(
+    help="The inventory: list and show nodes; cordon, drain, uncordon them (admins).", no_args_is_help=True
+)
+app.add_typer(nodes_app, name="nodes")
+ReasonOption = Annotated[str, typer.Option("--reason", help="Why, for the node's history.")]
+
+
+@nodes_app.command("list")
+def nodes_list(json_output: JsonFlag = False) -> None:
+    """List every node of the inventory (lost and removed ones too) with its status."""
+    nodes = _call(lambda c: c.nodes())
+    if json_output:
+        print_json(nodes)
+    else:
+        console.print(nodes_table(nodes))
+
+
+@nodes_app.command("show")
+def nodes_show(name: str, json_output: JsonFlag = False) -> None:
+    """Show a node: status, cordon, which job holds each GPU, and its events."""
+    node = _call(lambda c: c.node(name))
+    if json_output:
+        print_json(node)
+        return
+    console.print(node_line(node))
+    console.print(
+        f"{node['gpus']} x {node['gpu_type']} GPU, {node['cpus']:g} CPUs, {node['memory_mb']} MB; "
+        f"since {when(node['since'])}: {node['reason'] or 'no reason recorded'}"
+    )
+    gpus = Table(title=f"GPUs of {name}")
+    for column in ("gpu", "job"):
+        gpus.add_column(column)
+    for gpu in range(node["gpus"]):
+        gpus.add_row(str(gpu), node["allocated"].get(str(gpu), "[dim]free[/]"))
+    console.print(gpus)
+    history = Table(title=f"events of {name}")
+    for column in ("seq", "at", "event", "detail"):
+        history.add_column(column)
+    for event in node["history"]:
+        history.add_row(str(event["seq"]), when(event["occurred_at"]), event["type"], _summary(event["data"]))
+    console.print(history)
+
+
+def _steer_node(write: Any, json_output: bool) -> None:
+    node = _call(write)
+    if json_output:
+        print_json(node)
+    else:
+        pending = " (not projected yet)" if node.get("command_id") else ""
+        console.print(node_line(node) + pending)
+
+
+@nodes_app.command("cordon")
+def nodes_cordon(
+    name: str,
+    reason: ReasonOption,
+    drain: Annotated[bool, typer.Option("--drain", help="Also move its jobs off (see 'drain').")] = False,
+    json_output: JsonFlag = False,
+) -> None:
+    """Place nothing new on a node (admins)."""
+    _steer_node(lambda c: c.cordon(name, reason, drain=drain), json_output)
+
+
+@nodes_app.command("drain")
+def nodes_drain(name: str, reason: ReasonOption, json_output: JsonFlag = False) -> None:
+    """Cordon a node and halt its jobs with a checkpoint, to resume elsewhere (admins)."""
+    _steer_node(lambda c: c.cordon(name, reason, drain=True), json_output)
+
+
+@nodes_app.command("uncordon")
+def nodes_uncordon(name: str, reason: ReasonOption = "", json_output: JsonFlag = False) -> None:
+    """Lift an operator's cordon or drain from a node (admins)."""
+    _steer_node(lambda c: c.uncordon(name, reason), json_output)
+
+
 @app.command()
 def simulate(
     trace: Annotated[Path | None, typer.Argument(help="Trace file, JSON Lines (docs/scheduling.md).")] = None,
@@ -330,25 +412,26 @@ def _sre_settings(partitions: int | None) -> Settings:
 
 def _sre(work: Any) -> Any:
     """Run one SRE operation; a bad log, a bad argument or a refused target exits 2 with the reason."""
-    from ffdl.adapters.sre import JobNotInLogError, TargetNotEmptyError  # noqa: PLC0415
+    from ffdl.adapters.sre import NotInLogError, TargetNotEmptyError  # noqa: PLC0415
 
     try:
         return work()
-    except (OSError, ValueError, JobNotInLogError, TargetNotEmptyError) as exc:
+    except (OSError, ValueError, NotInLogError, TargetNotEmptyError) as exc:
         err_console.print(f"[bold red]error:[/] {exc}")
         raise typer.Exit(2) from exc
 
 
 def _log_events(log: str | None, bus: str | None, settings: Settings) -> Any:
-    """The events of a log file (streamed) or of a bus (read whole), in log order."""
+    """The events of a log file (streamed) or of a bus (read whole; records that are no event are
+    logged as warnings), in log order."""
     from ffdl.adapters.log_files import read_log  # noqa: PLC0415
-    from ffdl.adapters.sre import bus_events, events_topic  # noqa: PLC0415
+    from ffdl.adapters.sre import events_topic, read_bus  # noqa: PLC0415
 
     if log is not None and bus is not None:
         raise ValueError("read either a LOG file or --bus, not both")
     if log is not None:
         return read_log(log)
-    return asyncio.run(bus_events(bus or settings.bus_url, settings.partitions, events_topic(settings)))
+    return asyncio.run(read_bus(bus or settings.bus_url, settings.partitions, events_topic(settings))).events
 
 
 @app.command()
@@ -357,7 +440,8 @@ def export(
     bus: BusOption = None,
     partitions: PartitionsOption = None,
     job: Annotated[str | None, typer.Option("--job", help="Only this job's events.")] = None,
-    tenant: Annotated[str | None, typer.Option("--tenant", help="Only this tenant's events.")] = None,
+    tenant: Annotated[str | None, typer.Option("--tenant", help="Only this tenant's jobs' events.")] = None,
+    node: Annotated[str | None, typer.Option("--node", help="Only this node's events.")] = None,
     since: Annotated[str | None, typer.Option("--since", help="Only events from this time on (ISO).")] = None,
     until: Annotated[str | None, typer.Option("--until", help="Only events before this time (ISO).")] = None,
     types: Annotated[list[str] | None, typer.Option("--type", help="Only this event type (repeatable).")] = (
@@ -366,20 +450,23 @@ def export(
     output: Annotated[str, typer.Option("--output", "-o", help="File to write; '-' for stdout.")] = "-",
     json_output: JsonFlag = False,
 ) -> None:
-    """Export the event log to JSON Lines, one event per line, partitions merged in time order."""
+    """Export the event log to JSON Lines, one event per line, partitions merged in time order.
+
+    Jobs' and nodes' events alike; --job and --tenant keep jobs' events only, --node one node's.
+    """
     from ffdl.adapters.log_files import STDIO, EventFilter, open_for_writing, parse_time  # noqa: PLC0415
     from ffdl.adapters.sre import events_topic, export_log  # noqa: PLC0415
-    from ffdl.events import EVENT_TYPES  # noqa: PLC0415
+    from ffdl.events import EVENT_TYPES, NODE_EVENT_TYPES  # noqa: PLC0415
 
     settings = _sre_settings(partitions)
 
     def run() -> dict[str, Any]:
-        unknown = sorted(set(types or ()) - EVENT_TYPES.keys())
+        known = EVENT_TYPES.keys() | NODE_EVENT_TYPES.keys()
+        unknown = sorted(set(types or ()) - known)
         if unknown:
-            known = ", ".join(sorted(EVENT_TYPES))
-            raise ValueError(f"unknown event type(s) {', '.join(unknown)}; known: {known}")
+            raise ValueError(f"unknown event type(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
         start, end = (parse_time(since) if since else None), (parse_time(until) if until else None)
-        keep = EventFilter(job, tenant, start, end, frozenset(types or ()))
+        keep = EventFilter(job, tenant, start, end, frozenset(types or ()), node)
         with open_for_writing(output) as out:
             report: dict[str, Any] = asyncio.run(
                 export_log(bus or settings.bus_url, settings.partitions, events_topic(settings), keep, out)
@@ -395,6 +482,12 @@ def export(
         where.print(
             f"exported {report['written']} of {report['events']} events of {report['topic']} "
             f"from {report['source']} to {'stdout' if output == STDIO else output}"
+        )
+    if report["undecodable"]:
+        positions = ", ".join(record["position"] for record in report["undecodable"])
+        err_console.print(
+            f"[yellow]warning:[/] {len(report['undecodable'])} record(s) are no event and were not exported, "
+            f"at {positions} (ffdl verify lists why)"
         )
 
 
@@ -429,8 +522,10 @@ def replay(
     log: LogArgument = None,
     *,
     job: Annotated[str | None, typer.Option("--job", help="The job to replay.")] = None,
+    node: Annotated[str | None, typer.Option("--node", help="The node to replay.")] = None,
     until: Annotated[
-        str | None, typer.Option("--until", help="Stop after this seq of the job, or at this ISO 8601 time.")
+        str | None,
+        typer.Option("--until", help="Stop after this seq of the job or node, or at this ISO 8601 time."),
     ] = None,
     diff: Annotated[
         tuple[str, str] | None, typer.Option("--diff", help="What changed between points A B (SEQ or TIME).")
@@ -443,19 +538,25 @@ def replay(
     partitions: PartitionsOption = None,
     json_output: JsonFlag = False,
 ) -> None:
-    """Replay a job to any point (state, timeline, diff), or rebuild the projections, from a log.
+    """Replay a job (state, timeline, diff) or a node (state, timeline) to any point, or rebuild the
+    projections, from a log.
 
     --rebuild without LOG rebuilds the configured bus and compares with the live projections.
     """
     from ffdl.adapters import sre  # noqa: PLC0415
 
     settings = _sre_settings(partitions)
-    if rebuild == (job is not None):
-        raise _sre_usage("say what to replay: --job JOB, or --rebuild")
+    if [job is not None, node is not None, rebuild].count(True) != 1:
+        raise _sre_usage("say what to replay: --job JOB, --node NODE, or --rebuild")
     if rebuild:
         if until is not None or diff is not None:
-            raise _sre_usage("--until and --diff replay a job; a rebuild folds the whole log")
+            raise _sre_usage("--until and --diff replay a job or node; a rebuild folds the whole log")
         _rebuild(log, bus, out, settings, json_output)
+        return
+    if node is not None:
+        if diff is not None:
+            raise _sre_usage("--diff compares two points of a job; a node replays with --until")
+        _replay_node(log, bus, node, until, settings, json_output)
         return
     assert job is not None
     if diff is not None:
@@ -492,6 +593,34 @@ def _sre_usage(message: str) -> typer.Exit:
     return typer.Exit(2)
 
 
+def _replay_node(
+    log: str | None, bus: str | None, name: str, until: str | None, settings: Settings, as_json: bool
+) -> None:
+    """``replay --node``: the node's state at the point, what was skipped, and its timeline."""
+    from ffdl.adapters import sre  # noqa: PLC0415
+
+    point = _sre(lambda: sre.Point.parse(until) if until else None)
+    report = _sre(lambda: sre.replay_node(_log_events(log, bus, settings), name, point))
+    if as_json:
+        print_json(report)
+        return
+    state, at = report["state"], report["point"]
+    console.print(
+        f"node [bold]{name}[/] at seq {at['seq']}, {at['at']} (position {at['position']}): "
+        f"{node_status(state['status'])}, {state['gpus']} x {state['gpu_type']} GPU, "
+        f"{state['cpus']:g} CPUs, {state['memory_mb']} MB"
+    )
+    console.print(f"since {state['since']}: {state['reason'] or 'no reason recorded'}")
+    if state["cordon"]:
+        console.print(cordon_text(state))
+    for skipped in report["skipped"]:
+        console.print(
+            f"[yellow]skipped[/] seq {skipped['seq']} {skipped['type']} at {skipped['position']}: "
+            f"{skipped['reason']}"
+        )
+    console.print(node_timeline_table(name, report["timeline"]))
+
+
 def _rebuild(log: str | None, bus: str | None, out: Path | None, settings: Settings, as_json: bool) -> None:
     from ffdl.adapters import sre  # noqa: PLC0415
 
@@ -506,11 +635,16 @@ def _rebuild(log: str | None, bus: str | None, out: Path | None, settings: Setti
         print_json(report)
         return
     states = ", ".join(f"{styled(state)} {count}" for state, count in report["states"].items())
-    jobs = f"{report['jobs']} job(s) of {report['tenants']} tenant(s)"
+    statuses = ", ".join(
+        f"{node_status(status)} {count}" for status, count in report["node_statuses"].items()
+    )
+    jobs = f"{report['jobs']} job(s) of {report['tenants']} tenant(s) and {report['nodes']} node(s)"
     console.print(
         f"rebuilt {jobs} from {report['events']} events ({report['ignored']} ignored) into "
-        f"{report['path']}: {states or 'no jobs'}"
+        f"{report['path']}: {states or 'no jobs'}; {statuses or 'no nodes'}"
     )
+    if report.get("undecodable"):
+        err_console.print(f"[yellow]warning:[/] {report['undecodable']} record(s) of the log are no event")
     if report.get("identical") is not None:
         same = "[green]identical to[/]" if report["identical"] else "[bold red]DIFFERENT from[/]"
         console.print(f"the rebuilt projections are {same} the live ones")
@@ -524,7 +658,10 @@ def verify(
     partitions: PartitionsOption = None,
     json_output: JsonFlag = False,
 ) -> None:
-    """Check every invariant of the log (DESIGN §5); exit 1 on any violation."""
+    """Check every invariant of the log (DESIGN §5), jobs and nodes; exit 1 on any violation.
+
+    A record of the bus that is no event is a violation too (kind 'undecodable', at its position).
+    """
     from ffdl.adapters import sre  # noqa: PLC0415
 
     settings = _sre_settings(partitions)
@@ -536,9 +673,16 @@ def verify(
         print_json(report)
     else:
         if report["violations"]:
-            console.print(violations_table(report["violations"]))
+            # the table's one column names what a violation is about: its job, else its node
+            named = [
+                {**v, "job_id": v["job_id"] or (f"node {v['node']}" if v["node"] else "")}
+                for v in report["violations"]
+            ]
+            console.print(violations_table(named))
         colour = "red" if report["violations"] else "green"
         found = f"{len(report['violations'])} violation(s), {report['duplicates']} duplicate(s) ignored"
-        read = f"{report['source']}: {report['events']} events, {report['jobs']} jobs"
+        read = (
+            f"{report['source']}: {report['events']} events, {report['jobs']} jobs, {report['nodes']} nodes"
+        )
         console.print(f"[{colour}]{read}, {found}[/]")
     raise typer.Exit(1 if report["violations"] else 0)

@@ -189,3 +189,68 @@ def violations_table(violations: list[dict[str, str]]) -> Table:
         kind = f"[red]{violation['kind']}[/]"
         table.add_row(kind, violation["job_id"], violation["position"], violation["detail"])
     return table
+
+
+NODE_STATUS_STYLE = {
+    "READY": "green",
+    "CORDONED": "yellow",
+    "DRAINING": "magenta",
+    "LOST": "bold red",
+    "REMOVED": "dim",
+}
+
+
+def node_status(status: str) -> str:
+    return f"[{NODE_STATUS_STYLE.get(status, 'white')}]{status}[/]"
+
+
+def cordon_text(node: dict[str, Any]) -> str:
+    cordon = node["cordon"]
+    if cordon is None:
+        return ""
+    return f"{'drain' if cordon['drain'] else 'cordon'} by {cordon['source']}: {cordon['reason']}"
+
+
+def nodes_table(nodes: list[dict[str, Any]]) -> Table:
+    table = Table()
+    for column in ("node", "status", "gpus", "cpus", "memory"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("cordon", overflow="fold")
+    for node in nodes:
+        table.add_row(
+            node["name"],
+            node_status(node["status"]),
+            f"{node['gpus']} x {node['gpu_type']}",
+            f"{node['cpus']:g}",
+            f"{node['memory_mb']} MB",
+            cordon_text(node),
+        )
+    return table
+
+
+def when(iso: str) -> str:
+    return datetime.fromisoformat(iso).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def node_line(node: dict[str, Any]) -> str:
+    cordon = cordon_text(node)
+    return f"{node['name']}: {node_status(node['status'])}" + (f" ({cordon})" if cordon else "")
+
+
+def node_timeline_table(name: str, rows: list[dict[str, Any]]) -> Table:
+    """``ffdl replay --node``: one row per change of the node's status, spec or cordon."""
+    table = Table(title=f"timeline of node {name}")
+    for column in ("seq", "status", "entered at", "for", "event", "gpus", "reason"):
+        table.add_column(column)
+    for row in rows:
+        duration = seconds(row["duration_s"]) + (" (ongoing)" if row["ongoing"] else "")
+        table.add_row(
+            str(row["seq"]),
+            node_status(row["status"]),
+            row["entered_at"],
+            duration,
+            row["event"],
+            f"{row['spec']['gpus']} x {row['spec']['gpu_type']}",
+            row["reason"],
+        )
+    return table

@@ -57,6 +57,7 @@ from ffdl.adapters.launchers.k8s_manifests import (
     learner_of,
 )
 from ffdl.core.allocator import Node
+from ffdl.core.nodes import InventoryObservation
 from ffdl.events import commands as cmd
 from ffdl.events.envelope import CommandData
 from ffdl.events.model import LossReason
@@ -444,7 +445,11 @@ def node_of(node: Mapping[str, Any], gpu_type_labels: Sequence[str]) -> Node:
 
 
 class NodeInventory:
-    """The Ready nodes of the cluster as the scheduler's inventory; see the module docstring."""
+    """The cluster's nodes as an inventory source (see :class:`ffdl.handlers.ports.InventorySource`):
+    Ready nodes are in it (``spec.unschedulable`` is the source's own cordon), NotReady ones are
+    lost, deleted ones are gone. A node leaving the Ready ones also reports its learners lost."""
+
+    SOURCE = "Kubernetes nodes"
 
     def __init__(
         self,
@@ -457,11 +462,17 @@ class NodeInventory:
         self._gpu_type_labels = tuple(gpu_type_labels)
         self.on_node_lost = on_node_lost
         self._nodes: dict[str, Node] = {}
+        self._not_ready: dict[str, str] = {}
         self.informer = Informer(client, NODES, None, self._on_node, watch_timeout_s=watch_timeout_s)
 
     def inventory(self) -> list[Node]:
         """The nodes that can run learners now (empty until the first list arrived)."""
         return sorted(self._nodes.values(), key=lambda node: node.name)
+
+    def observe(self) -> InventoryObservation | None:
+        if not self.informer.synced.is_set():
+            return None
+        return InventoryObservation(dict(self._nodes), dict(self._not_ready), self.SOURCE)
 
     async def run(self, stop: asyncio.Event) -> None:
         await self.informer.run(stop)
@@ -472,15 +483,19 @@ class NodeInventory:
         was_there = name in self._nodes
         if change != "DELETED" and ready:
             self._nodes[name] = node_of(node, self._gpu_type_labels)
+            self._not_ready.pop(name, None)
             if not was_there:
                 log.info("node joined the inventory", node=name, gpus=self._nodes[name].gpus)
             return
         self._nodes.pop(name, None)
+        if change == "DELETED":
+            self._not_ready.pop(name, None)
+            detail = f"node {name} was deleted"
+        else:
+            detail = f"node {name} is NotReady ({condition})"
+            self._not_ready[name] = detail
         if not was_there:
             return
-        detail = (
-            f"node {name} was deleted" if change == "DELETED" else f"node {name} is NotReady ({condition})"
-        )
         log.warning("node left the inventory: its learners are lost", node=name, detail=detail)
         if self.on_node_lost is not None:
             await self.on_node_lost(name, detail)

@@ -11,6 +11,8 @@ import pytest
 from ffdl.adapters.config import Settings
 from ffdl.adapters.platform import Platform
 from ffdl.adapters.sre import verify_log
+from ffdl.events.codec import any_command_from_json
+from ffdl.events.envelope import Command
 from tests.harness import Api, learner_command, manifest
 
 pytestmark = pytest.mark.e2e
@@ -174,7 +176,13 @@ async def test_bad_manifests_get_a_4xx_naming_the_field_and_record_nothing(
     assert response.status_code == 422
     assert field in [problem["field"] for problem in response.json()["detail"]]
     assert (await api.http.get("/v1/jobs")).json()["jobs"] == []
-    assert sum((await platform.bus.end_offsets(platform.topics.commands)).values()) == 0
+    topic = platform.topics.commands
+    sent = [
+        any_command_from_json(record.value)
+        for partition in await platform.bus.end_offsets(topic)
+        async for record in platform.bus.read(topic, partition)
+    ]
+    assert [c for c in sent if isinstance(c, Command)] == [], "only the scheduler's node observations"
 
 
 async def test_an_ffdl_manifest_runs_as_is(api: Api, settings: Settings) -> None:

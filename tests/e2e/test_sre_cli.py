@@ -1,8 +1,9 @@
 """The SRE commands on the log of a real run: export, verify, replay, rebuild, import, as an SRE types them.
 
 The platform runs a job with real learner processes on the embedded log; then the ``ffdl`` commands
-read that log (the bus, and the file exported from it). A rebuild from the exported file must be
-byte-for-byte the projection the live projector wrote.
+read that log (the bus, and the file exported from it). The log holds the inventory too (the
+scheduler records the configured node as it starts), so the tools answer for the node as well. A
+rebuild from the exported file must be byte-for-byte the projection the live projector wrote.
 """
 
 from __future__ import annotations
@@ -69,8 +70,18 @@ async def test_the_sre_commands_answer_every_question_from_the_log_of_a_real_run
     assert exported["written"] == exported["events"] == len(log.read_text().splitlines()) > 10
 
     verified = await cli("verify", str(log))
-    assert verified.exit_code == 0 and "0 violation(s)" in verified.stdout
-    assert (await cli.json("verify"))["events"] == exported["events"]
+    assert verified.exit_code == 0 and "1 jobs, 1 nodes, 0 violation(s)" in verified.stdout
+    from_bus = await cli.json("verify")
+    assert (from_bus["events"], from_bus["nodes"], from_bus["undecodable"]) == (exported["events"], 1, 0)
+
+    node = await cli.json("replay", str(log), "--node", "node-a")
+    assert (node["state"]["status"], node["state"]["gpus"]) == ("READY", 4)
+    assert [row["event"] for row in node["timeline"]] == ["NodeJoined"]
+    only_node = tmp_path / "node.jsonl"
+    assert (await cli.json("export", "--node", "node-a", "-o", str(only_node)))["written"] == node["events"][
+        "in_log"
+    ]
+    assert {json.loads(line)["node"] for line in only_node.read_text().splitlines()} == {"node-a"}
 
     replayed = await cli.json("replay", str(log), "--job", job_id)
     assert replayed["state"]["state"] == "COMPLETED"
@@ -88,7 +99,8 @@ async def test_the_sre_commands_answer_every_question_from_the_log_of_a_real_run
     assert table.exit_code == 0 and "timeline of" in table.stdout and "COMPLETED" in table.stdout
 
     first, second = tmp_path / "first.sqlite", tmp_path / "second.sqlite"
-    assert (await cli.json("replay", str(log), "--rebuild", "--out", str(first)))["jobs"] == 1
+    rebuilt = await cli.json("replay", str(log), "--rebuild", "--out", str(first))
+    assert (rebuilt["jobs"], rebuilt["node_statuses"]) == (1, {"READY": 1})
     await cli.json("replay", str(log), "--rebuild", "--out", str(second))
     live = await asyncio.to_thread(dump, settings.projection_path)
     assert dump(first) == dump(second) == live

@@ -89,9 +89,7 @@ async def job_events(settings: Settings, job_id: str) -> list[EventData]:
     await bus.start()
     try:
         topic = Topics.with_prefix(settings.topic_prefix).events
-        return [
-            logged.event.data async for logged in merged_events(bus, topic) if logged.event.job_id == job_id
-        ]
+        return [logged.event.data async for logged in merged_events(bus, topic) if logged.event.key == job_id]
     finally:
         await bus.close()
 

@@ -186,7 +186,7 @@ async def test_bad_commands_are_dead_lettered_with_their_reason_and_origin_and_c
     assert reasons["unknown_type"] == "unknown type 'LaunchRockets'"
     assert reasons["schema_version"] == "SubmitJob schema_version 7 is newer than this platform's 1"
     assert reasons["unknown_job"] == "no job job-d for ResumeJob"
-    assert reasons["wrong_key"] == "record key 'job-e' is not the command's job_id"
+    assert reasons["wrong_key"] == "record key 'job-e' is not the command's key 'job-not-e'"
     assert (
         reasons["wrong_partition"]
         == f"wrong partition: key 'job-f' belongs on partition {home}, not {elsewhere}"

@@ -1,11 +1,14 @@
 """The wire format of docs/events.md is what the platform reads and writes, and outsiders can use it.
 
 The doc's examples are rendered here from the real models (:func:`render_examples`), one per command
-and event type, so they cannot drift: a test fails when the doc differs from the rendering (rewrite
-it with ``.venv/bin/python -m tests.integration.test_kafka_wire_format``), another decodes every
-example the doc shows, and every reason the codec gives for bad input maps to a class of the
-dead-letter metric. Then the doc's own producer program, which uses confluent-kafka (librdkafka, a
-client we did not write), submits a job to a platform on a real broker, and the job completes.
+and event type of jobs and of nodes, so they cannot drift: a test fails when the doc differs from
+the rendering (rewrite it with ``.venv/bin/python -m tests.integration.test_kafka_wire_format``),
+another decodes every example the doc shows the way a reader of either topic must (dispatching on
+the type: a job's or a node's), every example's key and CloudEvents subject are its job id or
+``node:<name>``, and every reason the codec gives for bad input maps to a class of the dead-letter
+metric. Then the doc's own producer programs, which use confluent-kafka (librdkafka, a client we did
+not write), run against a platform on a real broker: one submits a job, which completes; the other
+drains a node, which the platform records as the operator's drain.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import re
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -27,9 +31,14 @@ import pytest
 from ffdl.adapters.api.metrics import reason_class
 from ffdl.adapters.config import KafkaConfig, Settings
 from ffdl.events import commands as cmd
+from ffdl.events import nodes as nd
 from ffdl.events import types as ev
 from ffdl.events.codec import (
+    AnyCommand,
+    AnyEvent,
     DecodeError,
+    any_command_from_json,
+    any_event_from_json,
     cloudevent_headers,
     command_from_json,
     command_headers,
@@ -38,7 +47,18 @@ from ffdl.events.codec import (
     event_to_json,
 )
 from ffdl.events.commands import COMMAND_TYPES
-from ffdl.events.envelope import Command, CommandData, Event, EventData, derived_id
+from ffdl.events.envelope import (
+    Command,
+    CommandData,
+    Event,
+    EventData,
+    NodeCommand,
+    NodeCommandData,
+    NodeEvent,
+    NodeEventData,
+    Payload,
+    derived_id,
+)
 from ffdl.events.model import (
     Checkpoint,
     ErrorCode,
@@ -49,6 +69,7 @@ from ffdl.events.model import (
     ResultSummary,
     WaitReason,
 )
+from ffdl.events.nodes import NODE_COMMAND_TYPES, NODE_EVENT_TYPES
 from ffdl.events.types import EVENT_TYPES
 from tests.harness import Api, fast_settings
 from tests.services import TansuBroker, wait_until_async
@@ -99,9 +120,12 @@ COMMAND_EXAMPLES: dict[str, tuple[str, CommandData]] = {
         "A user or service asks for a new job (the API sends it for POST /v1/jobs).",
         cmd.SubmitJob(spec=SPEC),
     ),
-    "AdmitJob": ("Admission: the job can run on this cluster and may queue.", cmd.AdmitJob()),
+    "AdmitJob": (
+        "The scheduler's admission: the job fits the inventory and may queue (with its fencing token).",
+        cmd.AdmitJob(),
+    ),
     "RejectJob": (
-        "Admission: the job can never run here.",
+        "The scheduler's admission: the job can never fit the inventory (with its fencing token).",
         cmd.RejectJob(code=ErrorCode.UNSCHEDULABLE, reason="2 learner(s) x 16 GPU(s) can never fit"),
     ),
     "AllocateGpus": (
@@ -226,13 +250,83 @@ EVENT_EXAMPLES: dict[str, tuple[str, EventData]] = {
 }
 
 
-#: Who sends each kind of command (the rest come from the API, on a user's request).
+NODE = "gpu-node-1"
+NODE_SPEC = nd.NodeSpec(gpus=8, gpu_type="a100", cpus=96.0, memory_mb=1_048_576)
+_NODE_CORDON = "unschedulable in the Kubernetes nodes"
+
+#: Node command type -> (who sends it and when, an example payload).
+NODE_COMMAND_EXAMPLES: dict[str, tuple[str, NodeCommandData]] = {
+    "ObserveNode": (
+        "The scheduler leader's inventory source sees the node ready with this capacity: a new node, one "
+        "back, other capacity, or the source's own cordon put or lifted (`cordoned`). Fenced.",
+        nd.ObserveNode(spec=NODE_SPEC, reason="seen by the Kubernetes nodes"),
+    ),
+    "ReportNodeLost": (
+        "The scheduler leader's inventory source has the node, but it is not ready. Fenced.",
+        nd.ReportNodeLost(reason="KubeletNotReady: container runtime is down"),
+    ),
+    "RemoveNode": (
+        "The node left the scheduler leader's inventory source. Fenced.",
+        nd.RemoveNode(reason="no longer in the Kubernetes nodes"),
+    ),
+    "CordonNode": (
+        "An operator cordons the node (`ffdl nodes cordon`, `POST /v1/nodes/{name}:cordon`); with "
+        "`drain` its jobs also move elsewhere (`ffdl nodes drain`).",
+        nd.CordonNode(reason="replace GPU 3", drain=True),
+    ),
+    "UncordonNode": (
+        "An operator lifts the operator's cordon or drain (`ffdl nodes uncordon`, "
+        "`POST /v1/nodes/{name}:uncordon`).",
+        nd.UncordonNode(reason="GPU 3 replaced"),
+    ),
+}
+
+#: Node event type -> (what it records, an example payload).
+NODE_EVENT_EXAMPLES: dict[str, tuple[str, NodeEventData]] = {
+    "NodeJoined": (
+        "The node is in the inventory with this capacity: new, or back after it was lost or removed.",
+        nd.NodeJoined(spec=NODE_SPEC, reason="seen by the Kubernetes nodes"),
+    ),
+    "NodeResized": (
+        "The inventory reports other capacity for the node (a GPU failed, allocatable changed).",
+        nd.NodeResized(spec=NODE_SPEC.model_copy(update={"gpus": 7}), reason="seen by the Kubernetes nodes"),
+    ),
+    "NodeCordoned": (
+        "Nothing new is placed on the node; `source` says who cordoned it (`operator` or `inventory`), "
+        "and with `drain` its jobs are halted with a checkpoint and requeued to resume elsewhere.",
+        nd.NodeCordoned(reason="replace GPU 3", source=nd.CordonSource.OPERATOR, drain=True),
+    ),
+    "NodeUncordoned": (
+        "The cordon (and drain) is lifted: the node takes new learners again.",
+        nd.NodeUncordoned(reason="GPU 3 replaced"),
+    ),
+    "NodeLost": (
+        "The node is unreachable or not ready: out of the inventory, its jobs resume elsewhere.",
+        nd.NodeLost(reason="KubeletNotReady: container runtime is down"),
+    ),
+    "NodeRemoved": (
+        "The node left the inventory on purpose (its cordon goes with it); its jobs resume elsewhere.",
+        nd.NodeRemoved(reason="no longer in the Kubernetes nodes"),
+    ),
+    "NodeCommandRejected": (
+        "A node command that was illegal in the node's state (here: an operator's uncordon of the "
+        "inventory's own cordon, which is lifted at its source).",
+        nd.NodeCommandRejected(
+            command_id=str(derived_id(_IDS, "NodeCommandRejected", 1)),
+            command_type="UncordonNode",
+            reason=f"node {NODE} is cordoned by its inventory ({_NODE_CORDON}): lift it there",
+        ),
+    ),
+}
+
+
+#: Who sends each kind of command (the rest come from the API, on a user's or an operator's request).
 _SENDERS = {
-    "AdmitJob": "reactor",
-    "RejectJob": "reactor",
     "BeginLaunch": "reactor",
     "FinishStoring": "reactor",
     "ReleaseGpus": "reactor",
+    "AdmitJob": "scheduler",
+    "RejectJob": "scheduler",
     "AllocateGpus": "scheduler",
     "RecordWaitReason": "scheduler",
     "ReportLearnerStarted": "monitor",
@@ -240,38 +334,140 @@ _SENDERS = {
     "ReportCheckpoint": "monitor",
     "ReportLearnerExited": "monitor",
     "ReportLearnerLost": "monitor",
+    "ObserveNode": "scheduler",
+    "ReportNodeLost": "scheduler",
+    "RemoveNode": "scheduler",
 }
+#: Events caused by the scheduler's commands, which carry its fencing token.
+_FENCED_EVENTS = frozenset(
+    {"JobAccepted", "JobQueued", "JobRejected", "JobWaiting", "GpusAllocated"}
+    | {"NodeJoined", "NodeResized", "NodeLost", "NodeRemoved"}
+)
 SCHEDULER_TOKEN = 3
+OWNER = "owner@ffdl-0"
+
+
+def _sender(data: Payload) -> str:
+    return f"{_SENDERS.get(data.type_name(), 'api')}@ffdl-0"
+
+
+def _token(data: Payload) -> int | None:
+    fenced = _SENDERS.get(data.type_name()) == "scheduler" or data.type_name() in _FENCED_EVENTS
+    return SCHEDULER_TOKEN if fenced else None
+
+
+def _cause(data: Payload) -> uuid.UUID:
+    """The id of the command that caused an example event."""
+    return derived_id(_IDS, data.type_name(), 1)
 
 
 def example_command(data: CommandData) -> Command:
-    sender = _SENDERS.get(data.type_name(), "api")
     return Command(
         command_id=derived_id(_IDS, data.type_name(), 0),
         job_id=JOB_ID,
         tenant=TENANT,
         issued_at=AT,
-        producer=f"{sender}@ffdl-0",
+        producer=_sender(data),
         correlation_id=derived_id(_IDS, "SubmitJob", 0),
-        fencing_token=SCHEDULER_TOKEN if sender == "scheduler" else None,
+        fencing_token=_token(data),
         data=data,
     )
 
 
 def example_event(data: EventData, seq: int) -> Event:
-    cause = derived_id(_IDS, data.type_name(), 1)
     return Event(
-        event_id=derived_id(cause, "owner@ffdl-0", 0),
+        event_id=derived_id(_cause(data), OWNER, 0),
         job_id=JOB_ID,
         tenant=TENANT,
         seq=seq,
         occurred_at=AT + timedelta(seconds=seq),
-        causation_id=cause,
+        causation_id=_cause(data),
         correlation_id=derived_id(_IDS, "SubmitJob", 0),
-        producer="owner@ffdl-0",
-        fencing_token=SCHEDULER_TOKEN if data.type_name() in ("GpusAllocated", "JobWaiting") else None,
+        producer=OWNER,
+        fencing_token=_token(data),
         data=data,
     )
+
+
+def example_node_command(data: NodeCommandData) -> NodeCommand:
+    """As :meth:`CommandSender.make_for_node` makes them: no tenant, no correlation id."""
+    return NodeCommand(
+        command_id=derived_id(_IDS, data.type_name(), 0),
+        node=NODE,
+        issued_at=AT,
+        producer=_sender(data),
+        fencing_token=_token(data),
+        data=data,
+    )
+
+
+def example_node_event(data: NodeEventData, seq: int) -> NodeEvent:
+    """As the node decider writes them: correlated with the causing command, which started the chain."""
+    return NodeEvent(
+        event_id=derived_id(_cause(data), OWNER, 0),
+        node=NODE,
+        seq=seq,
+        occurred_at=AT + timedelta(seconds=seq),
+        causation_id=_cause(data),
+        correlation_id=_cause(data),
+        producer=OWNER,
+        fencing_token=_token(data),
+        data=data,
+    )
+
+
+WireRecord = AnyCommand | AnyEvent
+
+
+@dataclass(frozen=True, slots=True)
+class Section:
+    """One section of the generated part: a kind of record, its topic, the types it shows and how a
+    reader of that topic decodes them (dispatching on the type, job or node)."""
+
+    topic: str
+    types: Mapping[str, type[Payload]]
+    envelope: type[WireRecord]
+    decode: Callable[[str], WireRecord]
+
+
+#: The generated part's sections, in the doc's order.
+SECTIONS: dict[str, Section] = {
+    "Job commands": Section("ffdl.commands", COMMAND_TYPES, Command, any_command_from_json),
+    "Job events": Section("ffdl.events", EVENT_TYPES, Event, any_event_from_json),
+    "Node commands": Section("ffdl.commands", NODE_COMMAND_TYPES, NodeCommand, any_command_from_json),
+    "Node events": Section("ffdl.events", NODE_EVENT_TYPES, NodeEvent, any_event_from_json),
+}
+
+
+def examples() -> dict[str, list[tuple[str, WireRecord]]]:
+    """Section -> (what it is, the example record) for every type, in the doc's order."""
+    return {
+        "Job commands": [(what, example_command(data)) for what, data in COMMAND_EXAMPLES.values()],
+        "Job events": [
+            (what, example_event(data, seq))
+            for seq, (what, data) in enumerate(EVENT_EXAMPLES.values(), start=1)
+        ],
+        "Node commands": [
+            (what, example_node_command(data)) for what, data in NODE_COMMAND_EXAMPLES.values()
+        ],
+        "Node events": [
+            (what, example_node_event(data, seq))
+            for seq, (what, data) in enumerate(NODE_EVENT_EXAMPLES.values(), start=1)
+        ],
+    }
+
+
+def wire_value(record: WireRecord) -> bytes:
+    if isinstance(record, Command | NodeCommand):
+        return command_to_json(record)
+    return event_to_json(record)
+
+
+def wire_headers(record: WireRecord) -> list[tuple[str, bytes]]:
+    """The headers its producer puts on the record (the source is the producer, as the platform's)."""
+    if isinstance(record, Command | NodeCommand):
+        return command_headers(record, record.producer)
+    return cloudevent_headers(record, record.producer)
 
 
 def _json_block(value: bytes) -> str:
@@ -292,21 +488,17 @@ def _headers_table(headers: list[tuple[str, bytes]]) -> str:
 
 
 def render_examples() -> str:
-    """The generated part of docs/events.md: every command and event type, an example of each."""
-    parts = [BEGIN, "\n\n## Commands (topic `ffdl.commands`)\n\n"]
-    submit = example_command(COMMAND_EXAMPLES["SubmitJob"][1])
-    parts.append("Headers of the `SubmitJob` example (CloudEvents Kafka binding, binary mode):\n\n")
-    parts.append(_headers_table(command_headers(submit, "api@ffdl-0")))
-    for name, (what, command_data) in COMMAND_EXAMPLES.items():
-        parts.append("\n" + _heading(name, command_data.VERSION) + "\n" + what + "\n\n")
-        parts.append(_json_block(command_to_json(example_command(command_data))))
-    parts.append("\n## Events (topic `ffdl.events`)\n\n")
-    submitted = example_event(EVENT_EXAMPLES["JobSubmitted"][1], 1)
-    parts.append("Headers of the `JobSubmitted` example:\n\n")
-    parts.append(_headers_table(cloudevent_headers(submitted, "owner@ffdl-0")))
-    for seq, (name, (what, event_data)) in enumerate(EVENT_EXAMPLES.items(), start=1):
-        parts.append("\n" + _heading(name, event_data.VERSION) + "\n" + what + "\n\n")
-        parts.append(_json_block(event_to_json(example_event(event_data, seq))))
+    """The generated part of docs/events.md: every job and node command and event type, an example of
+    each, and the headers of each section's first example."""
+    parts = [BEGIN, "\n"]
+    for name, shown in examples().items():
+        first = shown[0][1]
+        parts.append(f"\n## {name} (topic `{SECTIONS[name].topic}`)\n\n")
+        parts.append(f"Headers of the `{first.type}` example (CloudEvents Kafka binding, binary mode):\n\n")
+        parts.append(_headers_table(wire_headers(first)))
+        for what, record in shown:
+            parts.append("\n" + _heading(record.type, record.schema_version) + "\n" + what + "\n\n")
+            parts.append(_json_block(wire_value(record)))
     parts.append("\n" + END)
     return "".join(parts)
 
@@ -316,12 +508,15 @@ def generated_part(text: str) -> str:
     return text[start:end]
 
 
+_EXAMPLE = re.compile(
+    rf"^## ({'|'.join(SECTIONS)}) \(|^### (\w+) · v(\d+)\n\n.*?\n\n```json\n(.*?)\n```", re.M | re.S
+)
+
+
 def doc_examples(text: str) -> Iterator[tuple[str, str, int, str]]:
     """(section, type, version, JSON) of every example in the doc's generated part."""
     section = ""
-    for match in re.finditer(
-        r"^## (Commands|Events)|^### (\w+) · v(\d+)\n\n.*?\n\n```json\n(.*?)\n```", text, re.M | re.S
-    ):
+    for match in _EXAMPLE.finditer(text):
         if match.group(1):
             section = match.group(1)
         else:
@@ -331,11 +526,21 @@ def doc_examples(text: str) -> Iterator[tuple[str, str, int, str]]:
 # --------------------------------------------------------------------------- the doc
 
 
-def test_the_doc_shows_an_example_of_every_command_and_event_type() -> None:
+def test_the_doc_shows_an_example_of_every_job_and_node_command_and_event_type() -> None:
     assert sorted(COMMAND_EXAMPLES) == sorted(COMMAND_TYPES), "add an example for each new command type"
     assert sorted(EVENT_EXAMPLES) == sorted(EVENT_TYPES), "add an example for each new event type"
-    shown = {(section, name) for section, name, _, _ in doc_examples(generated_part(DOC.read_text()))}
-    assert shown == {("Commands", n) for n in COMMAND_TYPES} | {("Events", n) for n in EVENT_TYPES}
+    assert sorted(NODE_COMMAND_EXAMPLES) == sorted(NODE_COMMAND_TYPES), "add an example for each node command"
+    assert sorted(NODE_EVENT_EXAMPLES) == sorted(NODE_EVENT_TYPES), "add an example for each node event"
+    tables: tuple[Mapping[str, tuple[str, Payload]], ...] = (
+        COMMAND_EXAMPLES,
+        EVENT_EXAMPLES,
+        NODE_COMMAND_EXAMPLES,
+        NODE_EVENT_EXAMPLES,
+    )
+    for table in tables:
+        assert [data.type_name() for _, data in table.values()] == list(table), "named by its payload's type"
+    shown_in_doc = {(section, name) for section, name, _, _ in doc_examples(generated_part(DOC.read_text()))}
+    assert shown_in_doc == {(section, name) for section, kind in SECTIONS.items() for name in kind.types}
 
 
 def test_the_doc_examples_are_what_the_models_write_now() -> None:
@@ -344,14 +549,36 @@ def test_the_doc_examples_are_what_the_models_write_now() -> None:
     )
 
 
-def test_every_example_in_the_doc_decodes_to_its_type_and_version() -> None:
-    examples = list(doc_examples(generated_part(DOC.read_text())))
-    assert examples
-    for section, name, version, text in examples:
-        decoded = command_from_json(text) if section == "Commands" else event_from_json(text)
+def test_every_example_in_the_doc_decodes_to_its_type_and_version_and_back() -> None:
+    examples_in_doc = list(doc_examples(generated_part(DOC.read_text())))
+    assert {section for section, _, _, _ in examples_in_doc} == set(SECTIONS)
+    for section, name, version, text in examples_in_doc:
+        kind = SECTIONS[section]
+        decoded = kind.decode(text)
+        assert isinstance(decoded, kind.envelope), f"{name} in {section} decodes to {type(decoded).__name__}"
         assert (decoded.type, decoded.schema_version) == (name, version)
-        encode = command_to_json if isinstance(decoded, Command) else event_to_json
-        assert json.loads(encode(decoded)) == json.loads(text)  # type: ignore[arg-type]
+        assert json.loads(wire_value(decoded)) == json.loads(text)
+
+
+def test_a_reader_of_job_records_only_is_refused_node_records() -> None:
+    """Why the doc tells readers to dispatch on the type: the job-only decoders refuse node records."""
+    observe = command_to_json(example_node_command(NODE_COMMAND_EXAMPLES["ObserveNode"][1]))
+    joined = event_to_json(example_node_event(NODE_EVENT_EXAMPLES["NodeJoined"][1], 1))
+    with pytest.raises(DecodeError, match="ObserveNode is a node command"):
+        command_from_json(observe)
+    with pytest.raises(DecodeError, match="NodeJoined is a node event"):
+        event_from_json(joined)
+
+
+def test_every_examples_key_and_cloudevents_subject_are_its_job_id_or_node_key() -> None:
+    for section, shown in examples().items():
+        for _, record in shown:
+            key = JOB_ID if isinstance(record, Command | Event) else f"node:{NODE}"
+            headers = dict(wire_headers(record))
+            assert record.key == key
+            assert headers["ce_subject"] == key.encode()
+            kind = "command." if SECTIONS[section].topic == "ffdl.commands" else ""
+            assert headers["ce_type"] == f"io.ffdl.{kind}{record.type}.v{record.schema_version}".encode()
 
 
 @pytest.mark.parametrize(
@@ -376,6 +603,27 @@ def test_every_reason_the_codec_gives_for_bad_input_has_a_dead_letter_class(chan
     assert reason_class(refused.value.reason) == label
 
 
+@pytest.mark.parametrize(
+    ("change", "label"),
+    [
+        (lambda raw: _with(raw, data=[]), "undecodable"),
+        (lambda raw: _with(raw, schema_version=2), "schema_version"),
+        (lambda raw: _with(raw, data={"spec": {"gpus": 8}}), "invalid"),
+        (lambda raw: _with(raw, data={"spec": {**NODE_SPEC.model_dump(), "gpus": -1}}), "invalid"),
+        (lambda raw: _with(raw, node="gpu node 1"), "invalid"),
+        (lambda raw: _with(raw, node=None), "invalid"),
+        (lambda raw: _with(raw, tenant="vision"), "invalid"),
+    ],
+)
+def test_every_reason_the_codec_gives_for_a_bad_node_command_has_a_dead_letter_class(
+    change: Any, label: str
+) -> None:
+    observe = command_to_json(example_node_command(NODE_COMMAND_EXAMPLES["ObserveNode"][1]))
+    with pytest.raises(DecodeError) as refused:
+        any_command_from_json(change(observe))
+    assert reason_class(refused.value.reason) == label
+
+
 def _with(value: bytes, **changes: Any) -> bytes:
     """A command's JSON with top-level fields changed (``None``: removed)."""
     raw = {**json.loads(value), **changes}
@@ -385,11 +633,25 @@ def _with(value: bytes, **changes: Any) -> bytes:
 # --------------------------------------------------------------------------- an outside producer
 
 
-def doc_program(text: str) -> str:
-    """The Python program of the doc's "Producing commands from outside" section."""
-    section = text[text.index("## Producing commands from outside") :]
+def doc_program(text: str, heading: str) -> str:
+    """The first Python program of the doc's section ``heading``."""
+    section = text[text.index(f"\n{heading}\n") :]
     start = section.index("```python\n") + len("```python\n")
     return section[start : section.index("\n```\n", start)]
+
+
+async def run_doc_program(heading: str, env: Mapping[str, str]) -> str:
+    """Run the doc's program in a child Python; what it printed last."""
+    run = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-c", doc_program(DOC.read_text(), heading)],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+    return run.stdout.strip().splitlines()[-1]
 
 
 @pytest.fixture(scope="module")
@@ -416,21 +678,8 @@ async def settings(tmp_path: Path, broker: TansuBroker) -> Settings:
 async def test_a_job_submitted_by_the_docs_confluent_kafka_program_runs_to_completed(
     api: Api, settings: Settings, broker: TansuBroker
 ) -> None:
-    env = {
-        **os.environ,
-        "KAFKA_BOOTSTRAP": broker.bootstrap,
-        "FFDL_COMMANDS_TOPIC": f"{settings.topic_prefix}.commands",
-    }
-    run = await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, "-c", doc_program(DOC.read_text())],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert run.returncode == 0, run.stderr
-    job_id = run.stdout.strip().splitlines()[-1]
+    env = {"KAFKA_BOOTSTRAP": broker.bootstrap, "FFDL_COMMANDS_TOPIC": f"{settings.topic_prefix}.commands"}
+    job_id = await run_doc_program("## Producing commands from outside", env)
 
     async def known() -> bool:
         return (await api.http.get(f"/v1/jobs/{job_id}")).status_code == 200
@@ -439,6 +688,40 @@ async def test_a_job_submitted_by_the_docs_confluent_kafka_program_runs_to_compl
     job = await api.wait(job_id, "COMPLETED")
     assert job["tenant"] == "default"
     assert job["spec"]["command"] == "python train.py --epochs 90"
+
+
+@pytest.mark.integration
+async def test_a_node_drained_by_the_docs_confluent_kafka_program_is_drained_by_an_operator(
+    api: Api, settings: Settings, broker: TansuBroker
+) -> None:
+    async def node_a() -> dict[str, Any]:
+        response = await api.http.get("/v1/nodes/node-a", params={"history": "true"})
+        return dict(response.json()) if response.status_code == 200 else {}
+
+    async def ready() -> bool:  # the scheduler observed it: a node command for it is no dead letter
+        return (await node_a()).get("status") == "READY"
+
+    await wait_until_async(ready, 30, what="node-a in the inventory")
+    env = {
+        "KAFKA_BOOTSTRAP": broker.bootstrap,
+        "FFDL_COMMANDS_TOPIC": f"{settings.topic_prefix}.commands",
+        "FFDL_NODE": "node-a",
+    }
+    command_id = await run_doc_program("### Draining a node from outside", env)
+
+    async def answered() -> bool:
+        return any(event["causation_id"] == command_id for event in (await node_a())["history"])
+
+    await wait_until_async(answered, 30, what=f"an event caused by {command_id}")
+    node = await node_a()
+    [event] = [event for event in node["history"] if event["causation_id"] == command_id]
+    assert (event["type"], event["data"]) == (
+        "NodeCordoned",
+        {"reason": "firmware update", "source": "operator", "drain": True},
+    )
+    assert event["fencing_token"] is None
+    assert node["status"] == "DRAINING"
+    assert node["cordon"] == {"reason": "firmware update", "source": "operator", "drain": True}
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The platform with ``FFDL_LAUNCHER=kubernetes`` end to end: kmock's API with the local kubelet
 (tests/kube.py) runs the learner pods, a real etcd holds their heartbeats, and the HTTP API answers.
-The cluster's nodes are the inventory; a finished job leaves no pod, service or policy behind."""
+The cluster's nodes are the inventory, recorded as node events; a finished job leaves no pod,
+service or policy behind."""
 
 from __future__ import annotations
 
@@ -62,7 +63,9 @@ async def test_a_job_runs_as_pods_on_the_clusters_nodes_and_leaves_nothing_behin
 ) -> None:
     kube_api, _ = cluster
     await wait_until_async(
-        lambda: [n.name for n in platform.inventory()] == ["gpu-node-1"], 10, what="inventory"
+        lambda: [(n["name"], n["status"]) for n in platform.projection.nodes()] == [("gpu-node-1", "READY")],
+        10,
+        what="the cluster's node recorded as a node event",
     )
     spec = {
         "name": "on-pods",

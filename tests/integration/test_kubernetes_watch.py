@@ -319,6 +319,9 @@ async def test_a_node_that_goes_not_ready_leaves_the_inventory_and_its_learners_
     assert sorted(report.rank for report in lost) == [0, 1]
     assert all(report.detail.startswith("NodeLost: node node-0 is NotReady") for report in lost)
     assert [node.name for node in cluster.nodes.inventory()] == ["node-1"]
+    seen = cluster.nodes.observe()
+    assert seen is not None and list(seen.nodes) == ["node-1"]
+    assert seen.lost == {"node-0": "node node-0 is NotReady (KubeletReady)"}, "lost, not gone: it may return"
 
 
 async def test_a_deleted_node_leaves_the_inventory(cluster: Cluster) -> None:
@@ -327,3 +330,5 @@ async def test_a_deleted_node_leaves_the_inventory(cluster: Cluster) -> None:
     await wait_until_async(
         lambda: [n.name for n in cluster.nodes.inventory()] == ["node-0"], 5, what="node-1 gone"
     )
+    seen = cluster.nodes.observe()
+    assert seen is not None and list(seen.nodes) == ["node-0"] and seen.lost == {}, "deleted: gone, not lost"

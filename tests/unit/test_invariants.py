@@ -1,20 +1,25 @@
-"""The invariant checker finds each kind of violation, on the right job at the right position.
+"""The invariant checker finds each kind of violation, on the right job or node at the right position.
 
 Logs are written by hand, event by event, the way a broken owner or a stale scheduler could have
-written them; a clean log of two jobs sharing one GPU over time must come out with no violation.
+written them; a clean log of two jobs sharing one GPU over time, or of jobs on a node that is
+cordoned and shrinks meanwhile, must come out with no violation.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 import pytest
 
 from ffdl.core.invariants import InvariantChecker, Violation, ViolationKind, check
+from ffdl.events import nodes as nd
 from ffdl.events import types as ev
-from ffdl.events.envelope import Event, EventData
+from ffdl.events.codec import AnyEvent
+from ffdl.events.envelope import Event, EventData, NodeEvent, NodeEventData
 from ffdl.events.model import ErrorCode, JobSpec, LearnerPlacement, Placement
+from ffdl.events.nodes import NodeSpec
 
 AT = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 SPEC = JobSpec(name="mnist", command="python train.py", learners=1, gpus=1)
@@ -46,7 +51,7 @@ def queued(job_id: str) -> list[Event]:
     ]
 
 
-def positioned(events: list[Event]) -> list[tuple[Event, str]]:
+def positioned(events: Sequence[AnyEvent]) -> list[tuple[AnyEvent, str]]:
     return [(e, f"ffdl.events/0@{offset}") for offset, e in enumerate(events)]
 
 
@@ -204,3 +209,169 @@ def test_an_event_with_an_older_fencing_token_is_reported() -> None:
         "ffdl.events/0@4",
     )
     assert "fencing token 2 after 3" in violation.detail
+
+
+# -- nodes: the same rules as jobs, and GPUs only where a node offered them ---------------------------
+
+A100_4 = NodeSpec(gpus=4, gpu_type="a100", cpus=32, memory_mb=131_072)
+A100_2 = NodeSpec(gpus=2, gpu_type="a100", cpus=32, memory_mb=131_072)
+
+
+def node_event(
+    node: str, seq: int, data: NodeEventData, *, token: int | None = None, event_id: uuid.UUID | None = None
+) -> NodeEvent:
+    return NodeEvent(
+        event_id=event_id or uuid.uuid5(uuid.NAMESPACE_URL, f"node:{node}/{seq}"),
+        node=node,
+        seq=seq,
+        occurred_at=AT,
+        producer="test",
+        fencing_token=token,
+        data=data,
+    )
+
+
+def on(node: str, *gpus: int, gpu_type: str | None = "a100") -> Placement:
+    return Placement(learners=(LearnerPlacement(rank=0, node=node, gpus=gpus, gpu_type=gpu_type),))
+
+
+def test_a_clean_log_of_a_node_and_jobs_on_it_has_no_violation() -> None:
+    log: list[AnyEvent] = [
+        node_event("node-1", 1, nd.NodeJoined(spec=A100_4), token=1),
+        *queued("job-a"),
+        event("job-a", 4, ev.GpusAllocated(placement=on("node-1", 2, 3)), token=1),
+        node_event("node-1", 2, nd.NodeCordoned(reason="maintenance", source=nd.CordonSource.OPERATOR)),
+        node_event("node-1", 3, nd.NodeResized(spec=A100_2), token=1),  # a GPU failed: the job keeps its own
+        node_event(
+            "node-1",
+            4,
+            nd.NodeCommandRejected(command_id="c-1", command_type="ObserveNode", reason="deposed"),
+            token=0,
+        ),
+        node_event("node-1", 5, nd.NodeUncordoned(reason="done")),
+    ]
+
+    assert check(positioned(log)) == []
+
+
+def test_a_nodes_seq_gap_conflict_and_duplicate_are_told_apart() -> None:
+    joined = node_event("node-1", 1, nd.NodeJoined(spec=A100_4))
+    log: list[AnyEvent] = [
+        joined,
+        joined,  # redelivered
+        node_event("node-1", 1, nd.NodeLost(reason="gone"), event_id=uuid.uuid4()),
+        node_event("node-1", 3, nd.NodeLost(reason="gone")),
+    ]
+    checker = InvariantChecker()
+    for e, position in positioned(log):
+        checker.feed(e, position)
+
+    found = [(v.kind, v.job_id, v.node, v.position) for v in checker.finish()]
+
+    assert found == [
+        (ViolationKind.SEQ_CONFLICT, None, "node-1", "ffdl.events/0@2"),
+        (ViolationKind.SEQ_GAP, None, "node-1", "ffdl.events/0@3"),
+    ]
+    assert checker.duplicates == 1 and set(checker.nodes) == {"node-1"}
+
+
+@pytest.mark.parametrize(
+    ("events", "position"),
+    [
+        ([node_event("node-1", 1, nd.NodeResized(spec=A100_4))], 0),
+        (
+            [
+                node_event("node-1", 1, nd.NodeJoined(spec=A100_4)),
+                node_event("node-1", 2, nd.NodeUncordoned()),
+            ],
+            1,
+        ),
+        (
+            [
+                node_event("node-1", 1, nd.NodeJoined(spec=A100_4)),
+                node_event("node-1", 2, nd.NodeRemoved(reason="decommissioned")),
+                node_event("node-1", 3, nd.NodeCordoned(reason="x", source=nd.CordonSource.OPERATOR)),
+            ],
+            2,
+        ),
+    ],
+    ids=["no-join-first", "uncordon-when-not-cordoned", "cordon-a-removed-node"],
+)
+def test_a_node_event_that_cannot_apply_is_an_illegal_transition(
+    events: list[NodeEvent], position: int
+) -> None:
+    violation = only(check(positioned(events)))
+
+    assert violation.kind is ViolationKind.ILLEGAL_TRANSITION
+    assert (violation.job_id, violation.node, violation.position) == (
+        None,
+        "node-1",
+        f"ffdl.events/0@{position}",
+    )
+
+
+def test_a_node_event_with_an_older_fencing_token_is_reported() -> None:
+    log: list[AnyEvent] = [
+        node_event("node-1", 1, nd.NodeJoined(spec=A100_4), token=3),
+        node_event("node-1", 2, nd.NodeLost(reason="not ready"), token=2),
+    ]
+
+    violation = only(check(positioned(log)))
+
+    assert (violation.kind, violation.node, violation.position) == (
+        ViolationKind.STALE_FENCING_TOKEN,
+        "node-1",
+        "ffdl.events/0@1",
+    )
+    assert violation.detail == "fencing token 2 after 3"
+
+
+def test_fencing_tokens_never_go_backwards_across_the_jobs_and_nodes_of_a_partition() -> None:
+    checker = InvariantChecker()
+    checker.feed(node_event("node-1", 1, nd.NodeJoined(spec=A100_4), token=7), "0:0", partition=0)
+    for offset, e in enumerate(queued("job-a"), start=1):
+        checker.feed(e, f"0:{offset}", partition=0)
+    checker.feed(event("job-a", 4, ev.GpusAllocated(placement=on("node-1", 0)), token=6), "0:4", partition=0)
+    checker.feed(node_event("node-2", 1, nd.NodeJoined(spec=A100_4), token=5), "1:0", partition=1)
+
+    assert [(v.kind, v.job_id, v.position) for v in checker.finish()] == [
+        (ViolationKind.STALE_FENCING_TOKEN, "job-a", "0:4")
+    ]
+
+
+def test_a_gpu_its_node_never_offered_is_reported_on_the_allocation() -> None:
+    log: list[AnyEvent] = [
+        *queued("job-a"),
+        *queued("job-b"),
+        event(
+            "job-a", 4, ev.GpusAllocated(placement=on("node-1", 4, 5))
+        ),  # placed before the join, by the clocks
+        node_event("node-1", 1, nd.NodeJoined(spec=A100_2)),
+        node_event("node-1", 2, nd.NodeResized(spec=A100_4)),
+        event("job-b", 4, ev.GpusAllocated(placement=on("node-1", 0, gpu_type="h100"))),
+    ]
+
+    found = [(v.kind, v.job_id, v.node, v.position, v.detail) for v in check(positioned(log))]
+
+    assert found == [
+        (
+            ViolationKind.GPU_NOT_OFFERED,
+            "job-a",
+            "node-1",
+            "ffdl.events/0@6",
+            "GPU(s) 4, 5 on node-1, which never offered more than 4",
+        ),
+        (
+            ViolationKind.GPU_NOT_OFFERED,
+            "job-b",
+            "node-1",
+            "ffdl.events/0@9",
+            "h100 GPUs on node-1, which only ever offered a100",
+        ),
+    ]
+
+
+def test_gpus_are_not_judged_on_a_node_with_no_event_in_the_log() -> None:
+    log = [*queued("job-a"), event("job-a", 4, ev.GpusAllocated(placement=on("gpu-node-01", 12)))]
+
+    assert check(positioned(log)) == []

@@ -1,4 +1,5 @@
-"""Log files: one exported event per line that reads back to the same event, filters, and clear errors."""
+"""Log files: one exported event (a job's or a node's) per line that reads back to the same event, filters,
+and clear errors."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from ffdl.adapters.log_files import (
 )
 from ffdl.events.codec import event_to_json
 from tests.golden.record import GOLDEN_DIR
+from tests.node_history import JOB, NODE, node_and_job_events, positioned
 
 PREEMPTION = GOLDEN_DIR / "preemption.events.jsonl"
 LEGACY = GOLDEN_DIR / "halt_resume_v1.events.jsonl"
@@ -96,3 +98,18 @@ def test_filters_keep_a_job_a_tenant_a_time_window_and_types() -> None:
     assert len(window) == sum(start <= e.occurred_at < end for e in events)
     types = EventFilter(types=frozenset({"GpusAllocated", "GpusReleased"}))
     assert [e.type for e in events if types.matches(e)] == ["GpusAllocated", "GpusReleased"] * 3
+
+
+def test_filters_keep_jobs_and_nodes_apart() -> None:
+    events = [logged.event for logged in positioned(node_and_job_events())]
+
+    def kept(keep: EventFilter) -> set[str]:
+        return {e.key for e in events if keep.matches(e)}
+
+    assert kept(EventFilter()) == {JOB, f"node:{NODE}"}
+    assert kept(EventFilter(job_id=JOB)) == kept(EventFilter(tenant="acme")) == {JOB}
+    assert kept(EventFilter(node=NODE)) == {f"node:{NODE}"} and kept(EventFilter(node="gpu-node-99")) == set()
+    both = EventFilter(types=frozenset({"NodeJoined", "JobSubmitted"}))
+    assert [e.type for e in events if both.matches(e)] == ["NodeJoined", "JobSubmitted", "NodeJoined"]
+    with pytest.raises(ValueError, match="a node's events have no job or tenant"):
+        EventFilter(job_id=JOB, node=NODE)

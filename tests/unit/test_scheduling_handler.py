@@ -15,16 +15,18 @@ import pytest
 
 from ffdl.adapters.bus import open_bus
 from ffdl.adapters.election import FileElection
+from ffdl.adapters.inventory import ConfiguredInventory
 from ffdl.core.allocator import Node
 from ffdl.core.decider import decide
 from ffdl.core.invariants import check
 from ffdl.core.job import Job, evolve
+from ffdl.core.nodes import NodeRecord, decide_node, evolve_node
 from ffdl.core.scheduling import SchedulerPolicy
 from ffdl.core.states import JobState
 from ffdl.events import commands as cmd
 from ffdl.events import types as ev
-from ffdl.events.codec import command_from_json, event_from_json
-from ffdl.events.envelope import Command, CommandData, Event
+from ffdl.events.codec import AnyEvent, any_command_from_json, any_event_from_json
+from ffdl.events.envelope import Command, CommandData, Event, NodeCommand, NodeEvent
 from ffdl.events.model import Checkpoint, JobSpec, WaitReason
 from ffdl.handlers.messaging import CommandSender, Topics
 from ffdl.handlers.owner import SCHEDULER_ROLE, JobOwner
@@ -35,6 +37,7 @@ from tests.services import wait_until_async
 
 S = JobState
 TENANT = "t"
+INVENTORY = ConfiguredInventory([Node("n0", 4)])
 
 
 @dataclass
@@ -60,16 +63,16 @@ class Cluster:
         return job
 
     async def queue(self, job_id: str, gpus: int, priority: int = 0) -> None:
+        """Submit the job; the scheduler admits it."""
         await self.send(
             job_id, cmd.SubmitJob(spec=JobSpec(name=job_id, command="train", gpus=gpus, priority=priority))
         )
-        await self.send(job_id, cmd.AdmitJob())
 
-    async def log(self) -> list[tuple[Event, str]]:
+    async def log(self) -> list[tuple[AnyEvent, str]]:
         events = []
         for partition in sorted(await self.bus.end_offsets(self.topics.events)):
             async for record in self.bus.read(self.topics.events, partition):
-                events.append((event_from_json(record.value), f"{partition}:{record.offset}"))
+                events.append((any_event_from_json(record.value), f"{partition}:{record.offset}"))
         return events
 
 
@@ -85,7 +88,7 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
         bus,
         topics.events,
         CommandSender(bus, topics, "scheduler"),
-        lambda: [Node("n0", 4)],
+        INVENTORY,
         token,
         policy=SchedulerPolicy(min_runtime_s=0.0),
     )
@@ -138,7 +141,11 @@ async def test_a_higher_priority_job_preempts_and_the_victim_resumes_from_its_ch
 
     log = await cluster.log()
     assert check(log) == []
-    halts = [e for e, _ in log if isinstance(e.data, ev.HaltRequested) and e.job_id == "low"]
+    halts = [
+        e
+        for e, _ in log
+        if isinstance(e, Event) and isinstance(e.data, ev.HaltRequested) and e.job_id == "low"
+    ]
     assert len(halts) == 1 and halts[0].fencing_token is not None, "preempted once, with the leader's token"
 
 
@@ -154,11 +161,16 @@ async def test_the_same_log_in_another_order_yields_the_same_decisions(cluster: 
     log = [event for event, _ in await cluster.log()]
     by_job: dict[str, list[Event]] = {}
     for event in log:
-        by_job.setdefault(event.job_id, []).append(event)
+        if isinstance(event, Event):
+            by_job.setdefault(event.job_id, []).append(event)
+    node_events = [event for event in log if isinstance(event, NodeEvent)]
+    assert [(e.node, e.type) for e in node_events] == [("n0", "NodeJoined")]
 
     def replayed(seed: int) -> Scheduler:
         """A fresh scheduler folding the log with the jobs' events interleaved in another order."""
-        fresh = Scheduler(cluster.bus, cluster.topics.events, cluster.user, lambda: [Node("n0", 4)], 1)
+        fresh = Scheduler(cluster.bus, cluster.topics.events, cluster.user, INVENTORY, 1)
+        for event in node_events:
+            fresh.fold(event, 0)
         pending = {job_id: list(events) for job_id, events in by_job.items()}
         rng = random.Random(seed)
         while pending:
@@ -181,13 +193,17 @@ async def test_an_allocation_stays_held_until_the_owner_answers_it_not_just_unti
     bus = open_bus(f"embedded://{tmp_path}", 1)
     await bus.start()
     topics = Topics()
-    scheduler = Scheduler(
-        bus, topics.events, CommandSender(bus, topics, "scheduler"), lambda: [Node("n0", 4)], 1
-    )
+    scheduler = Scheduler(bus, topics.events, CommandSender(bus, topics, "scheduler"), INVENTORY, 1)
     jobs: dict[str, Job] = {}
+    nodes: dict[str, NodeRecord] = {}
     delivered = 0
 
-    def apply(command: Command) -> None:
+    def apply(command: Command | NodeCommand) -> None:
+        if isinstance(command, NodeCommand):
+            for node_event in decide_node(nodes.get(command.node), command, datetime.now(UTC)):
+                nodes[command.node] = evolve_node(nodes.get(command.node), node_event)
+                scheduler.fold(node_event, 0)
+            return
         for event in decide(jobs.get(command.job_id), command, datetime.now(UTC)):
             jobs[command.job_id] = evolve(jobs.get(command.job_id), event)
             scheduler.fold(event, 0)
@@ -204,22 +220,32 @@ async def test_an_allocation_stays_held_until_the_owner_answers_it_not_just_unti
             )
         )
 
-    async def from_scheduler() -> list[Command]:
+    async def from_scheduler() -> list[Command | NodeCommand]:
         """The commands the scheduler sent since the last call, not yet delivered to the owner."""
         nonlocal delivered
-        sent = [command_from_json(record.value) async for record in bus.read(topics.commands, 0)][delivered:]
-        delivered += len(sent)
-        return sent
+        records = [record async for record in bus.read(topics.commands, 0)][delivered:]
+        delivered += len(records)
+        return [any_command_from_json(record.value) for record in records]
+
+    async def settle() -> None:
+        """Schedule and deliver until the scheduler has nothing more to say."""
+        while True:
+            await scheduler.schedule()
+            sent = await from_scheduler()
+            if not sent:
+                return
+            for command in sent:
+                apply(command)
 
     try:
+        await scheduler.on_assigned(frozenset())
         user("y", cmd.SubmitJob(spec=JobSpec(name="y", command="train", gpus=4)))
-        user("y", cmd.AdmitJob())
-        await scheduler.schedule()
-        for command in await from_scheduler():
-            apply(command)
-        assert jobs["y"].state is S.SCHEDULED
+        await settle()
+        assert nodes["n0"].spec.gpus == 4 and jobs["y"].state is S.SCHEDULED
         user("x", cmd.SubmitJob(spec=JobSpec(name="x", command="train", gpus=4)))
-        user("x", cmd.AdmitJob())
+        await scheduler.schedule()
+        for admission in await from_scheduler():
+            apply(admission)
         await scheduler.schedule()
         reason = await from_scheduler()
         assert [c.type for c in reason] == ["RecordWaitReason"]
@@ -227,11 +253,14 @@ async def test_an_allocation_stays_held_until_the_owner_answers_it_not_just_unti
         user("y", cmd.ReleaseGpus())
         await scheduler.schedule()
         allocation = await from_scheduler()
-        assert [(c.type, c.job_id) for c in allocation] == [("AllocateGpus", "x")]
+        assert [(c.type, c.key) for c in allocation] == [("AllocateGpus", "x")]
         apply(reason[0])  # the owner answers the older command first: x's next event is JobWaiting
         assert jobs["x"].state is S.QUEUED and jobs["x"].waiting is not None
         user("z", cmd.SubmitJob(spec=JobSpec(name="z", command="train", gpus=4)))
-        user("z", cmd.AdmitJob())
+        await scheduler.schedule()
+        for admission in await from_scheduler():
+            assert admission.type == "AdmitJob"
+            apply(admission)
         await scheduler.schedule()
         assert all(c.type != "AllocateGpus" for c in await from_scheduler()), "x's GPUs were promised again"
         apply(allocation[0])

@@ -1,0 +1,81 @@
+"""``ffdl nodes`` as an operator types it, against the API of a running platform: list, show,
+cordon, drain and uncordon, and the inventory's own cordon refused with its reason."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner, Result
+
+from ffdl.adapters.cli.main import app
+from ffdl.adapters.config import NodeConfig, Settings
+from tests.harness import Api, fast_settings
+from tests.services import wait_until_async
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+async def settings(tmp_path: Path) -> Settings:
+    nodes = [NodeConfig(name="node-a", gpus=4), NodeConfig(name="node-c", gpus=1, schedulable=False)]
+    return fast_settings(tmp_path / "ffdl", nodes=nodes)
+
+
+class Cli:
+    """``ffdl`` run in process, in a worker thread (the platform's event loop keeps running)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.env = {"FFDL_API": settings.api}
+        self.runner = CliRunner()
+
+    async def __call__(self, *args: str) -> Result:
+        return await asyncio.to_thread(self.runner.invoke, app, list(args), env=self.env)
+
+    async def json(self, *args: str) -> Any:
+        result = await self(*args, "--json")
+        assert result.exit_code == 0, result.output
+        text = "\n" + result.output  # the platform's own log lines may come before and after
+        start = min(i for i in (text.find("\n{"), text.find("\n[")) if i >= 0) + 1
+        value, _ = json.JSONDecoder().raw_decode(text, start)
+        return value
+
+
+async def recorded(api: Api) -> bool:
+    nodes = (await api.http.get("/v1/nodes")).json()["nodes"]
+    return [(n["name"], n["status"]) for n in nodes] == [("node-a", "READY"), ("node-c", "CORDONED")]
+
+
+async def test_an_operator_cordons_drains_and_uncordons_a_node_from_the_command_line(
+    api: Api, settings: Settings
+) -> None:
+    await wait_until_async(lambda: recorded(api), 30, interval_s=0.1, what="the configured nodes")
+    cli = Cli(settings)
+
+    listed = await cli.json("nodes", "list")
+    assert [(n["name"], n["status"]) for n in listed] == [("node-a", "READY"), ("node-c", "CORDONED")]
+    table = await cli("nodes", "list")
+    assert table.exit_code == 0 and "node-a" in table.output and "cordon by inventory" in table.output
+
+    cordoned = await cli("nodes", "cordon", "node-a", "--reason", "bad fan")
+    assert cordoned.exit_code == 0, cordoned.output
+    assert "node-a: CORDONED (cordon by operator: bad fan)" in cordoned.output
+    drained = await cli.json("nodes", "drain", "node-a", "--reason", "kernel update")
+    assert drained["status"] == "DRAINING" and drained["cordon"]["drain"] is True
+
+    shown = await cli("nodes", "show", "node-a")
+    assert shown.exit_code == 0 and "events of node-a" in shown.output and "NodeCordoned" in shown.output
+    detail = await cli.json("nodes", "show", "node-a")
+    assert [e["type"] for e in detail["history"]] == ["NodeJoined", "NodeCordoned", "NodeCordoned"]
+    assert detail["allocated"] == {}
+
+    lifted = await cli("nodes", "uncordon", "node-a", "--reason", "fan replaced")
+    assert lifted.exit_code == 0 and "node-a: READY" in lifted.output
+    refused = await cli("nodes", "uncordon", "node-c")
+    assert refused.exit_code == 2 and "HTTP 409" in refused.output
+    assert "cordoned by its inventory" in " ".join(refused.output.split())  # as the terminal wrapped it
+    unknown = await cli("nodes", "show", "node-z")
+    assert unknown.exit_code == 2 and "HTTP 404" in unknown.output
