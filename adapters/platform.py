@@ -55,8 +55,6 @@ log = structlog.get_logger(__name__)
 ALL_ROLES = frozenset({"api", "workers", "scheduler", "projector", "notifier"})
 #: How often a leading scheduler checks that it still leads.
 LEADERSHIP_CHECK_S = 0.25
-#: How often a leading scheduler plans even when no event arrived (inventory changes, minimum runtimes).
-SCHEDULE_TICK_S = 1.0
 
 
 def open_launcher(settings: Settings, heartbeats: HeartbeatStore) -> Launcher:
@@ -244,22 +242,20 @@ class Platform:
             token,
             policy=self.settings.scheduler_policy(),
         )
-        term = asyncio.create_task(
-            consume(self.bus, self._group(f"scheduler.{token}"), [self.topics.events], scheduler, self._stop),
-            name=f"scheduler-term-{token}",
-        )
+        group = self._group(f"scheduler.{token}")
+
+        async def serve_term() -> None:
+            async with asyncio.TaskGroup() as tasks:  # either failing ends the term
+                tasks.create_task(consume(self.bus, group, [self.topics.events], scheduler, self._stop))
+                tasks.create_task(scheduler.plan_forever(self._stop))
+
+        term = asyncio.create_task(serve_term(), name=f"scheduler-term-{token}")
         try:
-            planned_at = asyncio.get_running_loop().time()
             while not term.done():
                 await asyncio.wait({term}, timeout=LEADERSHIP_CHECK_S)
-                if term.done():
-                    break
-                if not await self.election.is_leader(SCHEDULER_ROLE, token):
+                if not term.done() and not await self.election.is_leader(SCHEDULER_ROLE, token):
                     log.warning("scheduler deposed: it stops scheduling", fencing_token=token)
                     break
-                if asyncio.get_running_loop().time() - planned_at >= SCHEDULE_TICK_S and scheduler.ready:
-                    planned_at = asyncio.get_running_loop().time()
-                    await scheduler.schedule()
         finally:
             term.cancel()
             await asyncio.gather(term, return_exceptions=True)

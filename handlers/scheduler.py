@@ -24,7 +24,11 @@ sent again. A new
 leader starts from the log alone: reservations and preemption claims live in the jobs' recorded
 reasons, so it carries on where the old one stopped.
 
-Processing is sequential: one lock serialises the planning step with the folding of new records.
+Folding and planning are apart: :meth:`process` only folds a batch and marks a plan due, and
+:meth:`plan_forever` plans once for everything folded since its last pass (a fetch brings batches
+of several partitions: one plan, not one per batch), and at least every ``SCHEDULE_TICK_S`` even
+when nothing arrives, since time alone changes some decisions (minimum runtimes, backoffs, what
+the inventory source sees). One lock serialises a planning step with the folding of new records.
 """
 
 from __future__ import annotations
@@ -53,6 +57,11 @@ from ffdl.handlers.runtime import AggregateBook, decode_event
 log = structlog.get_logger(__name__)
 
 S = JobState
+#: How often the scheduler plans when no event arrives.
+SCHEDULE_TICK_S = 1.0
+#: The least time between two plans: under a flood of events a pass covers more of them (a pass
+#: costs about the same for one event as for a hundred), for at most this much added latency.
+MIN_PLAN_INTERVAL_S = 0.02
 #: States in which a job holding GPUs may be preempted; in any other it is already on its way out.
 _PREEMPTIBLE = frozenset({S.SCHEDULED, S.LAUNCHING, S.RUNNING, S.RESTARTING})
 
@@ -97,6 +106,9 @@ class Scheduler:
         self._holding: set[str] = set()  # jobs whose folded state holds GPUs
         self._admission: Admission | None = None
         self._lock = asyncio.Lock()
+        self._due = asyncio.Event()  # something was folded since the last plan
+        self._demands: dict[str, Demand] = {}  # job -> its gang's demand (a spec never changes)
+        self._gangs: dict[str, tuple[Placement, Gang]] = {}  # job -> its placement, as a gang
         self.ready = False  # its partitions are folded: it may plan
 
     async def on_assigned(self, partitions: frozenset[TopicPartition]) -> None:
@@ -107,7 +119,7 @@ class Scheduler:
         self._node_changes.clear()
         self._admission = None
         self.ready = True
-        await self.schedule()
+        self._due.set()
 
     async def on_revoked(self, partitions: frozenset[TopicPartition]) -> None:
         gone = {tp.partition for tp in partitions if tp.topic == self._topic}
@@ -117,6 +129,9 @@ class Scheduler:
                 del sent[job_id]
         self._submitted &= self.book.jobs.keys()
         self._holding &= self.book.jobs.keys()
+        for cache in (self._demands, self._gangs):
+            for job_id in cache.keys() - self.book.jobs.keys():
+                del cache[job_id]
         self._node_changes.clear()
         self._admission = None
         self.ready = False
@@ -129,7 +144,22 @@ class Scheduler:
                 event = decode_event(record)
                 if event is not None:
                     self.fold(event, record.partition)
-        await self.schedule()
+        self._due.set()
+
+    async def plan_forever(self, stop: asyncio.Event, tick_s: float = SCHEDULE_TICK_S) -> None:
+        """Plan whenever something was folded, and every ``tick_s`` anyway, until ``stop``."""
+        while not stop.is_set():
+            due = asyncio.ensure_future(self._due.wait())
+            stopping = asyncio.ensure_future(stop.wait())
+            try:
+                await asyncio.wait({due, stopping}, timeout=tick_s, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                due.cancel()
+                stopping.cancel()
+            self._due.clear()
+            if self.ready and not stop.is_set():
+                await self.schedule()
+                await asyncio.sleep(MIN_PLAN_INTERVAL_S)
 
     def fold(self, event: AnyEvent, partition: int) -> None:
         """Apply one event of ``partition`` to the jobs and nodes the scheduler knows (duplicates are
@@ -155,6 +185,9 @@ class Scheduler:
             self._holding.add(job.job_id)
         else:
             self._holding.discard(job.job_id)
+            self._gangs.pop(job.job_id, None)
+        if job.state.terminal:
+            self._demands.pop(job.job_id, None)
         if job.state is S.SUBMITTED:
             self._submitted.add(job.job_id)
         else:
@@ -188,9 +221,9 @@ class Scheduler:
                 HeldJob(
                     job_id=job_id,
                     tenant=job.tenant,
-                    demand=Demand.of(job.spec),
+                    demand=self._demand(job),
                     priority=job.spec.priority,
-                    gang=Gang.of(placement),
+                    gang=self._gang(job_id, placement),
                     started_at=allocated_at.timestamp() if allocated_at else now,
                     stopping=stopping,
                 )
@@ -208,13 +241,25 @@ class Scheduler:
                 WaitingJob(
                     job_id,
                     job.tenant,
-                    Demand.of(job.spec),
+                    self._demand(job),
                     job.spec.priority,
                     order,
                     self._current_reason(job),
                 )
             )
         return waiting
+
+    def _demand(self, job: Job) -> Demand:
+        demand = self._demands.get(job.job_id)
+        if demand is None:
+            demand = self._demands[job.job_id] = Demand.of(job.spec)
+        return demand
+
+    def _gang(self, job_id: str, placement: Placement) -> Gang:
+        cached = self._gangs.get(job_id)
+        if cached is None or cached[0] is not placement:
+            cached = self._gangs[job_id] = (placement, Gang.of(placement))
+        return cached[1]
 
     def _current_reason(self, job: Job) -> WaitRecord | None:
         sent = self._reasons.get(job.job_id)

@@ -149,6 +149,7 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
     tasks = [
         asyncio.create_task(consume(bus, "owners", [topics.commands], owner, stop)),
         asyncio.create_task(consume(bus, "scheduler", [topics.events], scheduler, stop)),
+        asyncio.create_task(scheduler.plan_forever(stop)),
     ]
     try:
         yield Cluster(bus, topics, owner, scheduler, source, CommandSender(bus, topics, "test"), token)
