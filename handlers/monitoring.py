@@ -13,6 +13,10 @@ revision; after the watch breaks it starts over with a new snapshot) and reports
 * no progress for the job's ``progress_timeout_s`` -> ``ReportLearnerLost(hung)``; process liveness
   is not progress.
 
+Exit records have no lease (they must outlive the agent), so the monitor deletes them once they
+matter no more: when the job it watches leaves the attempt they belong to (its owner has decided
+on them by then), and for a job it adopts from the log that is past them.
+
 A store outage is not a learner death. Losses are decided only while the store is *healthy*:
 
 * the follower holds a current snapshot and watch (after any break it resyncs), and
@@ -36,12 +40,13 @@ records from what it has read when it starts watching that job.
 
 Concurrency: four tasks on one event loop share the state: the follower (snapshot and watch,
 reacting to each change), the checker (every ``check_interval_s``: exits not yet reported, grace
-decisions, hangs), the prober and the flusher. The reactor host calls ``observe`` and ``forget``
-from its own task on the same loop. Reactions are synchronous: they update the state and queue
-their commands in an outbox, so nothing interleaves with them, and a slow log never holds up the
-watch (thousands of learners' heartbeats a second would otherwise queue behind one append each).
-The flusher sends the outbox in order, up to :data:`MAX_BATCH` commands per append, and keeps a
-batch that failed to send it again: the outbox is the only memory of a decided loss.
+decisions, hangs, then deleting the exit records that are over), the prober and the flusher. The
+reactor host calls ``observe`` and ``forget`` from its own task on the same loop. Reactions are
+synchronous: they update the state and queue their commands in an outbox, so nothing interleaves
+with them, and a slow log never holds up the watch (thousands of learners' heartbeats a second would
+otherwise queue behind one append each). The flusher sends the outbox in order, up to
+:data:`MAX_BATCH` commands per append, and keeps a batch that failed to send it again: the outbox is
+the only memory of a decided loss.
 """
 
 from __future__ import annotations
@@ -59,7 +64,14 @@ from ffdl.core.states import JobState
 from ffdl.events import commands as cmd
 from ffdl.events.envelope import Command, CommandData, Event
 from ffdl.events.model import Checkpoint, LossReason
-from ffdl.handlers.heartbeat_keys import JOBS_PREFIX, LearnerBeat, learner_key, parse_exit, parse_key
+from ffdl.handlers.heartbeat_keys import (
+    JOBS_PREFIX,
+    LearnerBeat,
+    exit_key,
+    learner_key,
+    parse_exit,
+    parse_key,
+)
 from ffdl.handlers.messaging import CommandSender
 from ffdl.handlers.ports import HeartbeatStore, StoreUnavailable, WatchEvent, WatchKind
 
@@ -126,6 +138,8 @@ class Monitor:
         self._watched: dict[str, _Watched] = {}
         self._beats_by_key: dict[str, LearnerBeat] = {}
         self._exits: dict[str, dict[tuple[int, int], int]] = {}
+        self._spent_exits: set[str] = set()  # exit record keys to delete from the store
+        self._past_attempt: dict[str, int] = {}  # job -> the last attempt it has moved past
         self._reap_after = clock() + grace_s
         self._outbox: list[Command] = []
         self._outbox_filled = asyncio.Event()
@@ -143,6 +157,7 @@ class Monitor:
         """Track ``job``; ``event`` None means the job was loaded from the log, not followed live."""
         if job.state not in _WATCHED:
             self._watched.pop(job.job_id, None)
+            self._past_attempt[job.job_id] = job.attempt
             self._forget_exits(job.job_id, up_to_attempt=job.attempt)
             return
         watched = self._watched.get(job.job_id)
@@ -155,6 +170,7 @@ class Monitor:
     def forget(self, job_ids: set[str]) -> None:
         for job_id in job_ids:
             self._watched.pop(job_id, None)
+            self._past_attempt.pop(job_id, None)
 
     # -- the loops ------------------------------------------------------------------------------
 
@@ -234,6 +250,16 @@ class Monitor:
                 self._check()
             except Exception:
                 log.exception("monitor check failed")
+            await self._delete_spent_exits()
+
+    async def _delete_spent_exits(self) -> None:
+        """Delete the exit records of attempts that are over; what the store refuses now, next time."""
+        for key in sorted(self._spent_exits):
+            try:
+                await self._store.delete(key)
+            except StoreUnavailable:
+                return
+            self._spent_exits.discard(key)
 
     async def _probe_forever(self, stop: asyncio.Event) -> None:
         """Read the store every TTL/4; a read slower than TTL/4, or failed, is trouble (see the docstring)."""
@@ -318,6 +344,10 @@ class Monitor:
             log.warning("unreadable exit record", job_id=job_id, rank=rank, attempt=attempt, error=str(exc))
             return
         self._exits.setdefault(job_id, {})[(attempt, rank)] = code
+        past = self._past_attempt.get(job_id, 0)
+        if attempt <= past:  # written after its job moved on (a learner stopped by a halt or cancel)
+            self._forget_exits(job_id, up_to_attempt=past)
+            return
         watched = self._watched.get(job_id)
         if watched is not None and watched.job.attempt == attempt:
             self._report_exit(watched, rank, code)
@@ -412,6 +442,7 @@ class Monitor:
             return
         for attempt, rank in [k for k in exits if k[0] <= up_to_attempt]:
             del exits[(attempt, rank)]
+            self._spent_exits.add(exit_key(job_id, attempt, rank))
         if not exits:
             del self._exits[job_id]
 

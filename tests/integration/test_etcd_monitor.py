@@ -26,7 +26,7 @@ from ffdl.events import types as ev
 from ffdl.events.codec import command_from_json
 from ffdl.events.envelope import CommandData, Event, EventData
 from ffdl.events.model import JobSpec, LearnerPlacement, LossReason, Placement
-from ffdl.handlers.heartbeat_keys import LearnerBeat, encode_exit
+from ffdl.handlers.heartbeat_keys import JOBS_PREFIX, LearnerBeat, encode_exit
 from ffdl.handlers.messaging import CommandSender, Topics
 from ffdl.handlers.monitoring import Monitor
 from ffdl.handlers.ports import Bus
@@ -151,6 +151,43 @@ async def test_an_exit_recorded_before_the_job_is_adopted_is_reported_as_an_exit
     await wait_until_async(exit_reported, 2, what="the exit report")
     await until_past_grace(running)
     assert await running.losses() == []
+
+
+async def test_exit_records_are_deleted_once_their_job_has_moved_past_them(
+    store: EtcdHeartbeatStore, running: Running
+) -> None:
+    job, last = running_job(learners=2)
+    await wait_until_async(lambda: running.monitor.healthy, 5, what="the monitor following etcd")
+    running.monitor.observe(last, job)
+    for rank in (0, 1):
+        await store.put(exit_key(job.job_id, 1, rank), encode_exit(0))
+
+    async def both_reported() -> bool:
+        sent = await running.sent()
+        return all(cmd.ReportLearnerExited(rank=r, attempt=1, exit_code=0) in sent for r in (0, 1))
+
+    await wait_until_async(both_reported, 5, what="both exits reported")
+    prefix = f"{JOBS_PREFIX}{job.job_id}/exits/"
+    assert len((await store.snapshot(prefix)).values) == 2, "kept while the job is on that attempt"
+
+    stored = Event(
+        event_id=uuid.uuid4(),
+        job_id=job.job_id,
+        tenant=job.tenant,
+        seq=job.seq + 1,
+        occurred_at=datetime.now(UTC),
+        producer="test",
+        data=ev.JobStoring(attempt=1),
+    )
+    running.monitor.observe(stored, evolve(job, stored))
+
+    async def collected() -> bool:
+        return (await store.snapshot(prefix)).values == {}
+
+    await wait_until_async(collected, 5, what="the spent exit records deleted")
+
+    await store.put(exit_key(job.job_id, 1, 1), encode_exit(-15))  # a learner stopped late
+    await wait_until_async(collected, 5, what="an exit record written after its attempt deleted")
 
 
 async def test_a_quiet_learner_seen_before_its_job_is_adopted_is_not_reaped(
