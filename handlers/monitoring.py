@@ -157,8 +157,10 @@ class Monitor:
         """Track ``job``; ``event`` None means the job was loaded from the log, not followed live."""
         if job.state not in _WATCHED:
             self._watched.pop(job.job_id, None)
-            self._past_attempt[job.job_id] = job.attempt
-            self._forget_exits(job.job_id, up_to_attempt=job.attempt)
+            # A restarting job already carries the number of the attempt it is about to launch.
+            past = job.attempt - 1 if job.state is JobState.RESTARTING else job.attempt
+            self._past_attempt[job.job_id] = past
+            self._forget_exits(job.job_id, up_to_attempt=past)
             return
         watched = self._watched.get(job.job_id)
         if watched is None:

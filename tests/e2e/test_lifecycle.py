@@ -149,7 +149,7 @@ async def test_exceeding_max_restarts_fails_the_job_with_the_reason(api: Api, se
     )
     job_id = await api.submit(text)
     job = await api.wait(job_id, "FAILED", released=True)
-    assert job["failure_code"] == "C200"
+    assert job["failure_code"] == "C200", job["reason"]
     assert "learner 0 exited with code 3" in job["reason"] and "gave up after 1 restarts" in job["reason"]
     assert job["restarts"] == 1
     await assert_log_clean(settings)
