@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Annotated, ClassVar
+from typing import TYPE_CHECKING, Annotated, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -43,21 +43,13 @@ class CommandData(Payload):
     """Base of command payloads: requests and observations sent to the job's owner."""
 
 
-class Event(BaseModel):
-    """One fact on the log, in its envelope. ``seq`` numbers a job's events 1, 2, 3 ... with no gaps."""
+class _Envelope(BaseModel):
+    """What every envelope has: immutability, no unknown fields, and its payload's type and version."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    event_id: uuid.UUID
-    job_id: Annotated[str, Field(min_length=1, max_length=128)]
-    tenant: Annotated[str, Field(min_length=1, max_length=63)]
-    seq: Annotated[int, Field(ge=1)]
-    occurred_at: datetime
-    causation_id: uuid.UUID | None = None
-    correlation_id: uuid.UUID | None = None
-    producer: str
-    fencing_token: int | None = None
-    data: EventData
+    if TYPE_CHECKING:  # each envelope declares its own payload field, of its own base type
+        data: Payload
 
     @property
     def type(self) -> str:
@@ -67,28 +59,51 @@ class Event(BaseModel):
     def schema_version(self) -> int:
         return self.data.VERSION
 
+
+class _EventEnvelope(_Envelope):
+    """A fact on the log: numbered per aggregate, caused by a command, appended by its owner."""
+
+    event_id: uuid.UUID
+    seq: Annotated[int, Field(ge=1)]
+    occurred_at: datetime
+    causation_id: uuid.UUID | None = None
+    correlation_id: uuid.UUID | None = None
+    producer: str
+    fencing_token: int | None = None
+
+
+class _CommandEnvelope(_Envelope):
+    """A request or an observation for one aggregate's owner, on the untrusted commands topic.
+
+    ``fencing_token`` is set by singleton roles (the scheduler) elected through a lease; the owner
+    refuses commands that carry a token that is not the current leader's.
+    """
+
+    command_id: uuid.UUID
+    issued_at: datetime
+    producer: Annotated[str, Field(min_length=1, max_length=200)]
+    correlation_id: uuid.UUID | None = None
+    fencing_token: int | None = None
+
+
+class Event(_EventEnvelope):
+    """One fact of a job on the log. ``seq`` numbers a job's events 1, 2, 3 ... with no gaps."""
+
+    job_id: Annotated[str, Field(min_length=1, max_length=128)]
+    tenant: Annotated[str, Field(min_length=1, max_length=63)]
+    data: EventData
+
     @property
     def key(self) -> str:
         """The log key: the job id (all of a job's records on one partition)."""
         return self.job_id
 
 
-class Command(BaseModel):
-    """A request or an observation addressed to one job's owner, on the untrusted commands topic.
+class Command(_CommandEnvelope):
+    """A request or an observation addressed to one job's owner."""
 
-    ``fencing_token`` is set by singleton roles (the scheduler) elected through a lease; the owner
-    refuses commands that carry a token older than one it has already seen for the job.
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    command_id: uuid.UUID
     job_id: Annotated[str, Field(min_length=1, max_length=128)]
     tenant: Annotated[str, Field(min_length=1, max_length=63)]
-    issued_at: datetime
-    producer: Annotated[str, Field(min_length=1, max_length=200)]
-    correlation_id: uuid.UUID | None = None
-    fencing_token: int | None = None
     data: CommandData
 
     @field_validator("job_id")
@@ -97,14 +112,6 @@ class Command(BaseModel):
         if value.startswith(NODE_KEY_PREFIX):
             raise ValueError(f"a job id may not begin with {NODE_KEY_PREFIX!r}: that is a node's key")
         return value
-
-    @property
-    def type(self) -> str:
-        return self.data.type_name()
-
-    @property
-    def schema_version(self) -> int:
-        return self.data.VERSION
 
     @property
     def key(self) -> str:
@@ -131,58 +138,26 @@ class NodeCommandData(Payload):
     """Base of node command payloads: inventory observations and operator requests for one node."""
 
 
-class NodeEvent(BaseModel):
-    """One fact about a node of the inventory, in its envelope; ``seq`` numbers a node's events.
+class NodeEvent(_EventEnvelope):
+    """One fact about a node of the inventory; ``seq`` numbers a node's events.
 
     Nodes are aggregates like jobs (owned, numbered, fenced, on the same topics under the key
     :func:`node_key`), but they belong to no tenant, so they travel in an envelope of their own.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    event_id: uuid.UUID
     node: NodeName
-    seq: Annotated[int, Field(ge=1)]
-    occurred_at: datetime
-    causation_id: uuid.UUID | None = None
-    correlation_id: uuid.UUID | None = None
-    producer: str
-    fencing_token: int | None = None
     data: NodeEventData
-
-    @property
-    def type(self) -> str:
-        return self.data.type_name()
-
-    @property
-    def schema_version(self) -> int:
-        return self.data.VERSION
 
     @property
     def key(self) -> str:
         return node_key(self.node)
 
 
-class NodeCommand(BaseModel):
+class NodeCommand(_CommandEnvelope):
     """An inventory observation or an operator request addressed to one node's owner."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    command_id: uuid.UUID
     node: NodeName
-    issued_at: datetime
-    producer: Annotated[str, Field(min_length=1, max_length=200)]
-    correlation_id: uuid.UUID | None = None
-    fencing_token: int | None = None
     data: NodeCommandData
-
-    @property
-    def type(self) -> str:
-        return self.data.type_name()
-
-    @property
-    def schema_version(self) -> int:
-        return self.data.VERSION
 
     @property
     def key(self) -> str:
