@@ -153,6 +153,14 @@ class ClusterRoom:
         """Free GPUs that ``demand`` could use."""
         return self.free_gpus(demand.gpu_type if demand.gpus else None)
 
+    def cordoned_for(self, demand: Demand) -> int:
+        """Free GPUs that ``demand`` could use if their nodes were not cordoned."""
+        return sum(
+            len(room.free)
+            for room in self._rooms.values()
+            if not room.node.schedulable and demand.gpu_type in (None, room.node.gpu_type)
+        )
+
     # -- changing it ------------------------------------------------------------------------------
 
     def take(self, demand: Demand, gang: Gang) -> None:

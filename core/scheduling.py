@@ -123,6 +123,7 @@ class Planner:
         self._no_fit: set[Demand] = set()  # gangs that found no room this cycle (room only shrinks)
         self._held_back: dict[Demand, tuple[str, ...]] = {}  # gangs that only reservations keep out
         self._no_victims: set[tuple[Demand, int, str | None]] = set()
+        self._cordoned: dict[str | None, int] = {}  # GPU type -> free GPUs on cordoned nodes
         self._pool: VictimPool | None = None
         self.evictions = self._evacuate()
 
@@ -339,6 +340,8 @@ class Planner:
         if job.wait is not None and record.same_as(job.wait):
             return job.wait  # the same reason: keep its wording, and spare the formatting
         detail = _DETAILS[code].format(need=demand.describe(), ahead=", ".join(waiting_for))
+        if code in (W.CAPACITY, W.GPU_TYPE) and demand.gpus and (cordoned := self._cordoned_for(demand)):
+            detail += f"; {cordoned} more are free on cordoned nodes"
         if nodes:
             detail += f"; {len(nodes)} node(s) are kept free for it, so jobs behind it cannot delay it"
         return WaitRecord(code, detail, waiting_for, nodes)
@@ -359,6 +362,13 @@ class Planner:
         if ahead is not None:
             return W.PRIORITY, (ahead,)
         return code, ()
+
+    def _cordoned_for(self, demand: Demand) -> int:
+        """Free GPUs for ``demand`` on cordoned nodes, for the wait detail (memoised for the plan)."""
+        cordoned = self._cordoned.get(demand.gpu_type)
+        if cordoned is None:
+            cordoned = self._cordoned[demand.gpu_type] = self._room.cordoned_for(demand)
+        return cordoned
 
     def _held_back_by(self, demand: Demand) -> tuple[str, ...]:
         """The jobs whose reserved nodes are all that keep ``demand`` from fitting now (none if it

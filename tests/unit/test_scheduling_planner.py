@@ -188,6 +188,27 @@ def test_jobs_on_a_node_that_left_the_inventory_are_halted_to_resume_elsewhere()
     assert plan(state, [], NOW + 1, SchedulerPolicy()).evictions == []
 
 
+def test_jobs_on_a_draining_node_are_halted_and_nothing_new_goes_there() -> None:
+    state = ClusterState([Node("draining", 8, schedulable=False, draining=True), Node("open", 4)])
+    running(state, "on-it", "draining", range(4), tenant="a")
+    decided = plan(state, [waiting("new", 8)], NOW, SchedulerPolicy())
+    assert [(e.job_id, e.reason) for e in decided.evictions] == [
+        ("on-it", "node draining is being drained: halted to resume elsewhere from its checkpoint")
+    ]
+    assert decided.allocations == []
+    assert decided.waits["new"].code is W.CAPACITY
+    assert decided.waits["new"].detail.endswith("; 4 more are free on cordoned nodes"), "says where GPUs are"
+
+
+def test_a_cordoned_node_keeps_its_jobs_but_takes_no_new_ones() -> None:
+    state = ClusterState([Node("cordoned", 8, schedulable=False), Node("open", 2)])
+    running(state, "stays", "cordoned", range(2), tenant="a")
+    decided = plan(state, [waiting("small", 2), waiting("big", 4, order=1.0)], NOW, SchedulerPolicy())
+    assert decided.evictions == []
+    assert [(a.job_id, a.gang.nodes) for a in decided.allocations] == [("small", ("open",))]
+    assert "6 more are free on cordoned nodes" in decided.waits["big"].detail
+
+
 # -- backfill and reservations --------------------------------------------------------------------
 
 
