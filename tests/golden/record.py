@@ -1,25 +1,27 @@
-"""Golden logs: recorded job histories that the current decider must decide again, event for event.
+"""Golden logs: recorded histories of jobs and nodes that today's deciders must decide again, event for event.
 
-This is Temporal's replay testing applied to our decider. A golden log is three files here:
+This is Temporal's replay testing applied to our deciders. A golden log is three files here:
 
-* ``NAME.commands.jsonl``: every command the jobs' owner decided, in the order it decided them, as
-  the commands topic carries it (``command_to_json``) plus how it was decided: ``decided_at`` (the
-  owner's clock), ``decided_by`` (the owner, the producer of the events) and ``leader_token`` (the
-  scheduler leader's fencing token the owner saw);
-* ``NAME.events.jsonl``: the events the owner appended, as ``ffdl export`` writes them;
+* ``NAME.commands.jsonl``: every command the owner decided, a job's or a node's, in the order it
+  decided them, as the commands topic carries it (``command_to_json``) plus how it was decided:
+  ``decided_at`` (the owner's clock), ``decided_by`` (the owner, the producer of the events) and
+  ``leader_token`` (the scheduler leader's fencing token the owner checked the command against);
+* ``NAME.events.jsonl``: the events the owner appended, jobs' and nodes', as ``ffdl export`` writes them;
 * ``NAME.case.json``: what the log shows, the restart policy the owner ran with, and what each job's
-  state must fold to.
+  state and (where the log has nodes) each node's state must fold to.
 
-``tests/unit/test_golden_logs.py`` decides every recorded command again on the state folded from the
-recorded events before it and demands exactly the recorded events. Once committed, a golden log is a
-history an older platform wrote and is never rewritten; a new scenario gets new files::
+``tests/unit/test_golden_logs.py`` decides every recorded command again on the job or node folded from
+the recorded events before it and demands exactly the recorded events. Once committed, a golden log
+is a history an older platform wrote and is never rewritten; a new scenario gets new files::
 
     .venv/bin/python -m tests.golden.record NAME [NAME ...]   # refuses to overwrite
 
-The :class:`Owner` here is the job owner without I/O: the decider and ``evolve`` on a virtual clock,
-the way ``handlers/owner.py`` runs them on the log. :class:`JobScript` drives one job through its life
-with the commands the platform's roles send (API, reactor, scheduler, monitor); the replay benchmark
-uses the same scripts to generate a large realistic log.
+The :class:`Owner` here is the partition owner without I/O: the job decider and ``evolve``, the node
+decider and ``evolve_node``, on a virtual clock, the way ``handlers/owner.py`` runs them on the log
+(one owner, one order, whatever the aggregate). :class:`JobScript` drives one job through its life
+with the commands the platform's roles send (API, reactor, scheduler, monitor), :class:`NodeScript`
+one node with the scheduler's inventory observations and operators' cordons; the replay benchmark
+uses the job scripts to generate a large realistic log.
 """
 
 from __future__ import annotations
@@ -34,16 +36,18 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from ffdl.adapters.bus.partitioning import partition_for
 from ffdl.adapters.log_files import encode_line, write_log
 from ffdl.core.decider import decide, next_attempt
 from ffdl.core.job import Job, evolve
+from ffdl.core.nodes import NodeRecord, decide_node, evolve_node
 from ffdl.core.restart import RestartPolicy
 from ffdl.events import commands as cmd
-from ffdl.events.codec import command_from_json, command_to_json
-from ffdl.events.envelope import Command, CommandData, Event
+from ffdl.events import nodes as nd
+from ffdl.events.codec import AnyCommand, AnyEvent, any_command_from_json, command_to_json
+from ffdl.events.envelope import Command, CommandData, Event, NodeCommand, NodeCommandData, NodeEvent
 from ffdl.events.model import (
     Checkpoint,
     ErrorCode,
@@ -64,15 +68,18 @@ OWNER = "owner@ffdl-0"
 API = "api@ffdl-0"
 REACTOR = "reactor@ffdl-0"
 SCHEDULER = "scheduler@ffdl-0"
+#: The scheduler replica that takes the lead when ``SCHEDULER`` loses it.
+SCHEDULER_STANDBY = "scheduler@ffdl-1"
 MONITOR = "monitor@ffdl-0"
 _COMMAND_NAMESPACE = uuid.UUID("0b9e4f52-2f7c-4d8e-a1f6-3c5d7e9a1b24")
 
 
 @dataclass(frozen=True, slots=True)
 class DecidedCommand:
-    """One command as the owner decided it: with its clock, its name and the leader's token."""
+    """One command, a job's or a node's, as the owner decided it: with its clock, its name and the
+    leader's token."""
 
-    command: Command
+    command: AnyCommand
     decided_at: datetime
     decided_by: str
     leader_token: int | None
@@ -90,15 +97,18 @@ class DecidedCommand:
         decided_at = datetime.fromisoformat(body.pop("decided_at"))
         decided_by = body.pop("decided_by")
         leader_token = body.pop("leader_token")
-        return cls(command_from_json(json.dumps(body)), decided_at, decided_by, leader_token)
+        return cls(any_command_from_json(json.dumps(body)), decided_at, decided_by, leader_token)
 
 
 class Owner:
-    """The jobs' owner without I/O: decides each command on the folded job, on a virtual clock.
+    """The owner of jobs and nodes without I/O: decides each command on the folded job or node, on a
+    virtual clock.
 
-    ``leader_token`` is the scheduler leader's fencing token as the owner's election sees it.
-    It keeps every command it decided and every event it appended, for a golden log; a long
-    generated log drains both as it goes and forgets ended jobs, so it streams in flat memory.
+    ``leader_token`` is the scheduler leader's fencing token as the owner's election sees it; like
+    ``handlers/owner.py`` the owner checks every fenced command against it (only the scheduler's
+    commands are fenced). It keeps every command it decided and every event it appended, in order,
+    for a golden log; a long generated log drains both as it goes and forgets ended jobs, so it
+    streams in flat memory.
     """
 
     def __init__(self, name: str, start: datetime, policy: RestartPolicy | None = None) -> None:
@@ -107,8 +117,9 @@ class Owner:
         self.policy = policy or RestartPolicy()
         self.leader_token: int | None = None
         self.jobs: dict[str, Job] = {}
+        self.nodes: dict[str, NodeRecord] = {}
         self.decided: list[DecidedCommand] = []
-        self.events: list[Event] = []
+        self.events: list[AnyEvent] = []
         self._sent = 0
 
     def tick(self, seconds: float) -> None:
@@ -128,20 +139,56 @@ class Owner:
             data=data,
         )
 
-    def deliver(self, command: Command) -> list[Event]:
+    def node_command(
+        self, node: str, data: NodeCommandData, sender: str, token: int | None = None
+    ) -> NodeCommand:
+        self._sent += 1
+        return NodeCommand(
+            command_id=uuid.uuid5(_COMMAND_NAMESPACE, f"{self.name}/{self._sent}"),
+            node=node,
+            issued_at=self.now,
+            producer=sender,
+            fencing_token=token,
+            data=data,
+        )
+
+    @overload
+    def deliver(self, command: Command) -> list[Event]: ...
+
+    @overload
+    def deliver(self, command: NodeCommand) -> list[NodeEvent]: ...
+
+    def deliver(self, command: AnyCommand) -> list[Event] | list[NodeEvent]:
         """Decide ``command`` now and apply its events, as the owner does for each record."""
-        leader = self.leader_token if isinstance(command.data, cmd.AllocateGpus) else None
+        leader = self.leader_token if command.fencing_token is not None else None
+        events = (
+            self._decide_node(command, leader)
+            if isinstance(command, NodeCommand)
+            else self._decide_job(command, leader)
+        )
+        self.decided.append(DecidedCommand(command, self.now, OWNER, leader))
+        self.events.extend(events)
+        return events
+
+    def _decide_job(self, command: Command, leader: int | None) -> list[Event]:
         job = self.jobs.get(command.job_id)
         events = decide(job, command, self.now, policy=self.policy, producer=OWNER, leader_token=leader)
         for event in events:
             job = evolve(job, event)
         if job is not None:
             self.jobs[command.job_id] = job
-        self.decided.append(DecidedCommand(command, self.now, OWNER, leader))
-        self.events.extend(events)
         return events
 
-    def drain(self, job_id: str) -> list[Event]:
+    def _decide_node(self, command: NodeCommand, leader: int | None) -> list[NodeEvent]:
+        node = self.nodes.get(command.node)
+        events = decide_node(node, command, self.now, producer=OWNER, leader_token=leader)
+        for event in events:
+            node = evolve_node(node, event)
+        if node is not None:
+            self.nodes[command.node] = node
+        return events
+
+    def drain(self, job_id: str) -> list[AnyEvent]:
         """The events appended since the last drain; forgets ``job_id`` (ended) and the decided commands."""
         events, self.events = self.events, []
         self.decided.clear()
@@ -204,8 +251,12 @@ class JobScript:
     def submit(self) -> list[Event]:
         return self.send(cmd.SubmitJob(spec=self.spec), API, after_s=0.0)
 
-    def admit(self) -> list[Event]:
-        return self.send(cmd.AdmitJob(), REACTOR)
+    def admit(self, token: int | None = None) -> list[Event]:
+        """Admission: the scheduler leader's, fenced with its ``token``; without one, the reactor's, as
+        the platform admitted before the inventory was on the log."""
+        if token is None:
+            return self.send(cmd.AdmitJob(), REACTOR)
+        return self.send(cmd.AdmitJob(), SCHEDULER, token)
 
     def reject(self, reason: str) -> list[Event]:
         return self.send(cmd.RejectJob(code=ErrorCode.INVALID_MANIFEST, reason=reason), REACTOR)
@@ -236,6 +287,11 @@ class JobScript:
 
     def preempt(self, *, token: int, by: str) -> list[Event]:
         data = cmd.HaltJob(reason=f"preempted for higher-priority job {by}", requeue=True)
+        return self.send(data, SCHEDULER, token)
+
+    def evacuate(self, why: str, *, token: int) -> list[Event]:
+        """Halt the job to requeue it because of its node (``why``: drained, left the inventory)."""
+        data = cmd.HaltJob(reason=f"{why}: halted to resume elsewhere from its checkpoint", requeue=True)
         return self.send(data, SCHEDULER, token)
 
     # -- reactor ----------------------------------------------------------------------------------
@@ -331,6 +387,61 @@ class JobScript:
         self.exit_all(0)
         self.finish_storing()
         self.release()
+
+
+@dataclass
+class NodeScript:
+    """One node's life as the platform's roles drive it: each method sends what one role would send.
+
+    The scheduler leader (``by``) sends what its inventory source sees, fenced with its ``token``;
+    operators cordon, drain and uncordon through the API, unfenced. Every method returns the events
+    the owner decided. The wording is the platform's: :func:`ffdl.core.nodes.inventory_changes` and
+    the Kubernetes inventory (``NodeInventory``) for the scheduler's observations.
+    """
+
+    owner: Owner
+    name: str
+    spec: nd.NodeSpec
+    source: str = "Kubernetes nodes"
+
+    def send(
+        self, data: NodeCommandData, sender: str, token: int | None = None, after_s: float = 1.0
+    ) -> list[NodeEvent]:
+        self.owner.tick(after_s)
+        return self.owner.deliver(self.owner.node_command(self.name, data, sender, token))
+
+    # -- scheduler (its inventory source) ---------------------------------------------------------
+
+    def observe(
+        self, *, token: int, cordoned: bool = False, by: str = SCHEDULER, after_s: float = 1.0
+    ) -> list[NodeEvent]:
+        """The source sees the node ready with ``spec`` (``cordoned``: marked unschedulable there)."""
+        data = nd.ObserveNode(
+            spec=self.spec,
+            cordoned=cordoned,
+            reason=f"seen by the {self.source}",
+            cordon_reason=f"unschedulable in the {self.source}" if cordoned else "",
+        )
+        return self.send(data, by, token, after_s)
+
+    def report_lost(
+        self, condition: str, *, token: int, by: str = SCHEDULER, after_s: float = 1.0
+    ) -> list[NodeEvent]:
+        """The source has the node but it is not ready (``condition``: the reason it gives)."""
+        data = nd.ReportNodeLost(reason=f"node {self.name} is NotReady ({condition})")
+        return self.send(data, by, token, after_s)
+
+    def remove(self, *, token: int, by: str = SCHEDULER, after_s: float = 1.0) -> list[NodeEvent]:
+        """The source no longer has the node."""
+        return self.send(nd.RemoveNode(reason=f"no longer in the {self.source}"), by, token, after_s)
+
+    # -- operators --------------------------------------------------------------------------------
+
+    def cordon(self, reason: str, *, drain: bool = False, after_s: float = 1.0) -> list[NodeEvent]:
+        return self.send(nd.CordonNode(reason=reason, drain=drain), API, after_s=after_s)
+
+    def uncordon(self, reason: str, after_s: float = 1.0) -> list[NodeEvent]:
+        return self.send(nd.UncordonNode(reason=reason), API, after_s=after_s)
 
 
 def spec(name: str, *, learners: int = 2, gpus: int = 1, max_restarts: int = 3, priority: int = 0) -> JobSpec:
@@ -499,6 +610,53 @@ def preemption(owner: Owner) -> None:
     low.complete()
 
 
+#: What each node of :func:`node_drain` offers.
+DGX_NODE = nd.NodeSpec(gpus=4, gpu_type="a100", cpus=64.0, memory_mb=524_288)
+
+
+def node_drain(owner: Owner) -> None:
+    """An operator drains a node: its job halts with its checkpoint, resumes on the other node and
+    completes; the drained node is uncordoned. After a scheduler failover the other node is lost (the
+    deposed leader's observation of it is rejected), comes back cordoned in Kubernetes (an operator's
+    uncordon is rejected: the inventory lifts its own cordon) and the drained node is retired."""
+    owner.leader_token = 8
+    node_a = NodeScript(owner, "gpu-node-11", DGX_NODE)
+    node_b = NodeScript(owner, "gpu-node-12", DGX_NODE)
+    node_a.observe(token=8, after_s=0.0)
+    node_b.observe(token=8, after_s=0.0)
+    job = JobScript(owner, "llama-ft-8c1d", "acme", spec("llama-ft"), nodes=(node_a.name,))
+    job.submit()
+    job.admit(token=8)
+    job.allocate(token=8)
+    job.launch()
+    job.start_learners()
+    job.train(100)
+    node_a.cordon("GPU 3 reports uncorrectable ECC errors", drain=True, after_s=30.0)
+    job.evacuate(f"node {node_a.name} is being drained", token=8)
+    job.exit_all(-15)
+    job.release()
+    job.nodes = (node_b.name,)
+    job.allocate(token=8)
+    job.launch()
+    job.resume_from_checkpoint()
+    job.start_learners()
+    job.train(50)
+    job.complete()
+    node_a.uncordon("ECC errors cleared by a GPU reset", after_s=600.0)
+    owner.leader_token = 9  # SCHEDULER lost its lease: SCHEDULER_STANDBY leads with token 9
+    node_b.report_lost(
+        "NodeStatusUnknown: Kubelet stopped posting node status.",
+        token=9,
+        by=SCHEDULER_STANDBY,
+        after_s=120.0,
+    )
+    node_b.observe(token=8)  # the deposed leader still sees it ready: rejected
+    node_b.observe(token=9, cordoned=True, by=SCHEDULER_STANDBY, after_s=300.0)  # back, kubectl-cordoned
+    node_b.uncordon("maintenance is over")  # rejected: the inventory's cordon is lifted at the source
+    node_b.observe(token=9, by=SCHEDULER_STANDBY, after_s=60.0)  # kubectl uncordon
+    node_a.remove(token=9, by=SCHEDULER_STANDBY, after_s=3600.0)  # retired: deleted from the cluster
+
+
 #: Each scenario, with its owner's restart policy.
 SCENARIOS: dict[str, tuple[Callable[[Owner], None], RestartPolicy]] = {
     "happy_path": (happy_path, RestartPolicy()),
@@ -508,16 +666,17 @@ SCENARIOS: dict[str, tuple[Callable[[Owner], None], RestartPolicy]] = {
     "max_restarts_failure": (max_restarts_failure, RestartPolicy(base_s=0.5, factor=3.0, max_backoff_s=30.0)),
     "rejected_commands": (rejected_commands, RestartPolicy()),
     "preemption": (preemption, RestartPolicy()),
+    "node_drain": (node_drain, RestartPolicy()),
 }
 #: The instant every golden log starts at.
 START = datetime(2024, 5, 1, 9, 0, tzinfo=UTC)
 
 
-def positioned(events: Iterable[Event], partitions: int = PARTITIONS) -> Iterator[LoggedEvent]:
-    """``events`` in append order, each at the offset its job's partition would give it."""
+def positioned(events: Iterable[AnyEvent], partitions: int = PARTITIONS) -> Iterator[LoggedEvent]:
+    """``events`` in append order, each at the offset its key's partition would give it."""
     next_offset: dict[int, int] = {}
     for event in events:
-        partition = partition_for(event.job_id, partitions)
+        partition = partition_for(event.key, partitions)
         offset = next_offset.get(partition, 0)
         next_offset[partition] = offset + 1
         yield LoggedEvent(event, partition, offset)
@@ -535,6 +694,19 @@ def job_summary(job: Job) -> dict[str, Any]:
         "holds_gpus": job.placement is not None,
         "latest_checkpoint_step": latest.step if latest else None,
         "failure_code": str(job.failure_code) if job.failure_code else None,
+    }
+
+
+def node_summary(node: NodeRecord) -> dict[str, Any]:
+    """What a golden log's case file pins of each node's folded state."""
+    cordon = node.cordon
+    return {
+        "status": str(node.status),
+        "seq": node.seq,
+        "spec": node.spec.model_dump(mode="json"),
+        "cordon": None
+        if cordon is None
+        else {"reason": cordon.reason, "source": str(cordon.source), "drain": cordon.drain},
     }
 
 
@@ -631,7 +803,7 @@ LIVES: tuple[tuple[int, Callable[[JobScript, random.Random], None]], ...] = (
 )
 
 
-def lane(index: int, budget: Budget) -> Iterator[Event]:
+def lane(index: int, budget: Budget) -> Iterator[AnyEvent]:
     """One lane's jobs back to back on its own two GPUs, each a life drawn from :data:`LIVES`."""
     rng = random.Random(index)
     owner = Owner(f"replay-bench-{index}", START + timedelta(seconds=index * 7.3))
@@ -662,7 +834,7 @@ def lane(index: int, budget: Budget) -> Iterator[Event]:
         owner.tick(rng.uniform(1.0, 20.0))
 
 
-def generated_events(target: int, lanes: int = LANES) -> Iterator[Event]:
+def generated_events(target: int, lanes: int = LANES) -> Iterator[AnyEvent]:
     """A log of ``lanes`` lanes merged by time: at least ``target`` events, every job ended."""
     budget = Budget(target)
     for event in heapq.merge(*(lane(i, budget) for i in range(lanes)), key=lambda e: e.occurred_at):
@@ -701,11 +873,13 @@ def record(name: str, directory: Path = GOLDEN_DIR) -> list[Path]:
     if legacy:
         commands = [dumps(downgrade_to_v1(json.loads(line))) for line in commands]
         events = [dumps(downgrade_to_v1(json.loads(line))) for line in events]
-    case = {
-        "description": (script.__doc__ or "").strip(),
+    case: dict[str, Any] = {
+        "description": " ".join((script.__doc__ or "").split()),
         "restart_policy": asdict(policy),
         "jobs": {job_id: job_summary(job) for job_id, job in sorted(owner.jobs.items())},
     }
+    if owner.nodes:  # a log of jobs alone has no nodes to pin, as before the inventory was on the log
+        case["nodes"] = {name: node_summary(node) for name, node in sorted(owner.nodes.items())}
     paths[0].write_text("".join(f"{line}\n" for line in commands))
     paths[1].write_text("".join(f"{line}\n" for line in events))
     paths[2].write_text(json.dumps(case, indent=2, sort_keys=True) + "\n")

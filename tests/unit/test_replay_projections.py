@@ -72,11 +72,11 @@ def test_a_rebuild_reports_its_counts_and_never_overwrites_a_projection(tmp_path
         "events": events,
         "applied": events,
         "ignored": 0,
-        "jobs": 9,
+        "jobs": 10,
         "tenants": 3,
-        "states": {"CANCELLED": 1, "COMPLETED": 6, "FAILED": 2},
-        "nodes": 0,  # the golden logs predate the inventory on the log
-        "node_statuses": {},
+        "states": {"CANCELLED": 1, "COMPLETED": 7, "FAILED": 2},
+        "nodes": 2,
+        "node_statuses": {"READY": 1, "REMOVED": 1},
         "path": str(out),
     }
     with pytest.raises(FileExistsError, match="a rebuild writes a new projection file"):
