@@ -30,8 +30,8 @@ from ffdl.adapters.platform import Platform
 from ffdl.adapters.serve import api_server
 from ffdl.adapters.sre import rebuild_projections, verify_log
 from ffdl.events import commands as cmd
-from ffdl.events.codec import command_to_json, event_from_json
-from ffdl.events.envelope import Command
+from ffdl.events.codec import any_event_from_json, command_to_json
+from ffdl.events.envelope import Command, Event
 from ffdl.events.model import JobSpec
 from ffdl.handlers.owner import JobOwner
 from ffdl.handlers.ports import OutgoingRecord, Position, Record
@@ -210,8 +210,8 @@ async def test_a_stale_owner_cannot_corrupt_a_job_its_conflicting_events_are_ign
     stale = JobOwner(platform.bus, platform.topics, platform.election, producer="owner@stale")
     partition = platform.bus.partition_for(job_id)
     async for record in platform.bus.read(platform.topics.events, partition):
-        event = event_from_json(record.value)
-        if event.job_id == job_id and event.seq <= 3:
+        event = any_event_from_json(record.value)
+        if isinstance(event, Event) and event.job_id == job_id and event.seq <= 3:
             stale.book.apply(event, partition)
     assert stale.book.jobs[job_id].state.name == "QUEUED"
     cancel = command(job_id, cmd.CancelJob(reason="from a stale view"))

@@ -115,13 +115,13 @@ async def test_an_imported_log_exports_again_as_the_very_same_file(
 
 async def test_export_filters_by_job_and_type(settings: Settings, generated: GeneratedLog) -> None:
     await imported(settings, generated.path)
-    job_id = next(read_log(generated.path)).event.job_id
+    job_id = next(read_log(generated.path)).event.key
 
     text = await exported(
         settings, EventFilter(job_id=job_id, types=frozenset({"JobSubmitted", "GpusReleased"}))
     )
 
-    kept = [(logged.event.job_id, logged.event.type) for logged in decoded(text)]
+    kept = [(logged.event.key, logged.event.type) for logged in decoded(text)]
     assert kept == [(job_id, "JobSubmitted"), (job_id, "GpusReleased")]
 
 
@@ -171,7 +171,7 @@ async def test_importing_into_another_partition_count_keeps_every_jobs_order(
     assert report["moved"] > 0
     by_job: dict[str, list[int]] = {}
     for logged in read_log(again):
-        by_job.setdefault(logged.event.job_id, []).append(logged.event.seq)
+        by_job.setdefault(logged.event.key, []).append(logged.event.seq)
     assert all(seqs == list(range(1, len(seqs) + 1)) for seqs in by_job.values())
     assert sorted(e.event.event_id.int for e in read_log(again)) == sorted(
         e.event.event_id.int for e in read_log(generated.path)

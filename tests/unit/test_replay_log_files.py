@@ -88,9 +88,9 @@ def test_filters_keep_a_job_a_tenant_a_time_window_and_types() -> None:
     start, end = datetime(2024, 5, 1, 9, 1, tzinfo=UTC), datetime(2024, 5, 1, 9, 2, tzinfo=UTC)
 
     def kept(keep: EventFilter) -> list[str]:
-        return [f"{e.job_id}/{e.seq}" for e in events if keep.matches(e)]
+        return [f"{e.key}/{e.seq}" for e in events if keep.matches(e)]
 
-    assert kept(EventFilter()) == [f"{e.job_id}/{e.seq}" for e in events]
+    assert kept(EventFilter()) == [f"{e.key}/{e.seq}" for e in events]
     assert {e.split("/")[0] for e in kept(EventFilter(job_id="urgent-45"))} == {"urgent-45"}
     assert {e.split("/")[0] for e in kept(EventFilter(tenant="globex"))} == {"sweep-44"}
     window = [e for e in events if EventFilter(since=start, until=end).matches(e)]
