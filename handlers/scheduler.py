@@ -43,7 +43,7 @@ import structlog
 
 from ffdl.core.cluster import Admission, ClusterState, Demand, Gang, HeldJob
 from ffdl.core.job import Job, WaitRecord
-from ffdl.core.nodes import inventory_changes, schedulable_inventory
+from ffdl.core.nodes import InventoryObservation, inventory_changes, schedulable_inventory
 from ffdl.core.scheduling import Plan, SchedulerPolicy, WaitingJob, plan
 from ffdl.core.states import JobState
 from ffdl.events import commands as cmd
@@ -62,6 +62,11 @@ SCHEDULE_TICK_S = 1.0
 #: The least time between two plans: under a flood of events a pass covers more of them (a pass
 #: costs about the same for one event as for a hundred), for at most this much added latency.
 MIN_PLAN_INTERVAL_S = 0.02
+#: How long a node observation may go unanswered before it is sent again. An observation of a node
+#: the log has never had is dropped without an answer when the owner cannot confirm the sender's
+#: token (the node has no history to record a refusal in); observations are idempotent, so a
+#: repeat costs nothing.
+NODE_CHANGE_RESEND_S = 5.0
 #: States in which a job holding GPUs may be preempted; in any other it is already on its way out.
 _PREEMPTIBLE = frozenset({S.SCHEDULED, S.LAUNCHING, S.RUNNING, S.RESTARTING})
 
@@ -74,6 +79,7 @@ class _Sent:
     placement: Placement | None = None
     wait: WaitRecord | None = None
     node_change: NodeCommandData | None = None
+    sent_at: float = 0.0
 
 
 class Scheduler:
@@ -105,6 +111,8 @@ class Scheduler:
         self._submitted: set[str] = set()
         self._holding: set[str] = set()  # jobs whose folded state holds GPUs
         self._admission: Admission | None = None
+        self._nodes_folded = 0  # node events folded so far: a version of the folded inventory
+        self._inventory_diff: tuple[InventoryObservation, int, dict[str, NodeCommandData]] | None = None
         self._lock = asyncio.Lock()
         self._due = asyncio.Event()  # something was folded since the last plan
         self._demands: dict[str, Demand] = {}  # job -> its gang's demand (a spec never changes)
@@ -117,7 +125,7 @@ class Scheduler:
         for job in self.book.jobs.values():
             self._track(job, None)
         self._node_changes.clear()
-        self._admission = None
+        self._admission = self._inventory_diff = None
         self.ready = True
         self._due.set()
 
@@ -133,7 +141,7 @@ class Scheduler:
             for job_id in cache.keys() - self.book.jobs.keys():
                 del cache[job_id]
         self._node_changes.clear()
-        self._admission = None
+        self._admission = self._inventory_diff = None
         self.ready = False
 
     async def process(self, records: Sequence[Record]) -> None:
@@ -167,6 +175,7 @@ class Scheduler:
         if isinstance(event, NodeEvent):
             if self.book.apply_node(event, partition) is not None:
                 self._admission = None  # the inventory changed
+                self._nodes_folded += 1
                 entry = self._node_changes.get(event.node)
                 if entry is not None and event.causation_id == entry.command_id:
                     del self._node_changes[event.node]
@@ -276,20 +285,29 @@ class Scheduler:
         seen = self._inventory.observe()
         if seen is None:
             return [], False
-        changes = inventory_changes(self.book.nodes, seen)
+        changes = self._changes(seen)
+        now = self._clock().timestamp()
         commands: list[AnyCommand] = []
-        for name in [n for n, sent in self._node_changes.items() if changes.get(n) != sent.node_change]:
-            del self._node_changes[name]  # settled some other way, or the source changed its mind
+        for name, sent in list(self._node_changes.items()):
+            if changes.get(name) != sent.node_change or now - sent.sent_at >= NODE_CHANGE_RESEND_S:
+                del self._node_changes[name]  # settled some other way, changed at the source, or unanswered
         for name, change in changes.items():
             if name in self._node_changes:
                 continue
             command = self._sender.make_for_node(name, change, fencing_token=self._token)
-            self._node_changes[name] = _Sent(command.command_id, node_change=change)
+            self._node_changes[name] = _Sent(command.command_id, node_change=change, sent_at=now)
             commands.append(command)
             log.info(
                 "inventory change", node=name, change=change.type_name(), command_id=str(command.command_id)
             )
         return commands, not changes
+
+    def _changes(self, seen: InventoryObservation) -> dict[str, NodeCommandData]:
+        """:func:`inventory_changes`, asked again only when the source or the folded nodes changed
+        (it builds a spec per node, and a busy scheduler plans fifty times a second)."""
+        if self._inventory_diff is None or self._inventory_diff[:2] != (seen, self._nodes_folded):
+            self._inventory_diff = (seen, self._nodes_folded, inventory_changes(self.book.nodes, seen))
+        return self._inventory_diff[2]
 
     def _admission_commands(self, settled: bool) -> list[AnyCommand]:
         """Admit or reject each submitted job not yet answered; rejecting waits for a settled inventory."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -23,14 +24,14 @@ from ffdl.core.scheduling import SchedulerPolicy
 from ffdl.core.states import JobState
 from ffdl.events import commands as cmd
 from ffdl.events import nodes as nd
-from ffdl.events.codec import any_event_from_json
+from ffdl.events.codec import any_command_from_json, any_event_from_json
 from ffdl.events.envelope import CommandData, NodeCommandData, NodeEvent
 from ffdl.events.model import Checkpoint, ErrorCode, JobSpec
 from ffdl.handlers.messaging import CommandSender, Topics
 from ffdl.handlers.owner import SCHEDULER_ROLE, JobOwner
 from ffdl.handlers.ports import Bus, TopicPartition
 from ffdl.handlers.runtime import consume
-from ffdl.handlers.scheduler import Scheduler
+from ffdl.handlers.scheduler import NODE_CHANGE_RESEND_S, Scheduler
 from tests.services import wait_until_async
 
 S = JobState
@@ -296,3 +297,31 @@ async def test_a_lost_node_requeues_its_jobs(cluster: Cluster) -> None:
     assert f"node {node} left the inventory" in halting.reason
     events = [e for e in await cluster.node_events() if e.node == node]
     assert [e.type for e in events] == ["NodeJoined", "NodeLost"]
+
+
+async def test_an_unanswered_observation_is_sent_again(tmp_path: Path) -> None:
+    """An observation of a new node that its owner drops (it could not confirm the sender's token,
+    and a node with no history has nowhere to record a refusal) is sent again, not waited for."""
+    bus = open_bus(f"embedded://{tmp_path}", 1)
+    await bus.start()
+    topics = Topics()
+    now = [datetime(2026, 1, 1, tzinfo=UTC)]
+    source = Source({"a": Node("a", 4, "A100")})
+    scheduler = Scheduler(
+        bus, topics.events, CommandSender(bus, topics, "scheduler"), source, 1, clock=lambda: now[0]
+    )
+
+    async def observations() -> list[str]:
+        records = [record async for record in bus.read(topics.commands, 0)]
+        return [any_command_from_json(record.value).type for record in records]
+
+    try:
+        await scheduler.on_assigned(frozenset())
+        await scheduler.schedule()
+        await scheduler.schedule()
+        assert await observations() == ["ObserveNode"], "sent once while it may still be answered"
+        now[0] += timedelta(seconds=NODE_CHANGE_RESEND_S)
+        await scheduler.schedule()
+        assert await observations() == ["ObserveNode", "ObserveNode"]
+    finally:
+        await bus.close()
