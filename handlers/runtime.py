@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
-from typing import Protocol
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol, TypeVar
 
 import structlog
 
@@ -23,6 +23,9 @@ from ffdl.events.envelope import Event, NodeEvent
 from ffdl.handlers.ports import Bus, BusUnavailable, CommitFailed, Record, TopicPartition
 
 log = structlog.get_logger(__name__)
+
+_State = TypeVar("_State", Job, NodeRecord)
+_Event = TypeVar("_Event", Event, NodeEvent)
 
 
 class PartitionProcessor(Protocol):
@@ -147,23 +150,8 @@ class AggregateBook:
     def apply(self, event: Event, partition: int) -> tuple[Job | None, Job] | None:
         """Apply one event; returns (before, after), or None when it was ignored."""
         before = self.jobs.get(event.job_id)
-        if before is not None and event.seq <= before.seq:
-            self.ignored += 1
-            log.info(
-                "duplicate or conflicting event ignored",
-                job_id=event.job_id,
-                seq=event.seq,
-                event_id=str(event.event_id),
-                have_seq=before.seq,
-            )
-            return None
-        try:
-            after = evolve(before, event)
-        except EvolveError as exc:
-            self.ignored += 1
-            log.error(
-                "event does not apply", job_id=event.job_id, event_id=str(event.event_id), error=str(exc)
-            )
+        after = self._next(before, event, evolve, job_id=event.job_id)
+        if after is None:
             return None
         self.jobs[event.job_id] = after
         self.partition_of[event.job_id] = partition
@@ -171,25 +159,35 @@ class AggregateBook:
 
     def apply_node(self, event: NodeEvent, partition: int) -> NodeRecord | None:
         """Apply one node event; returns the node after it, or None when it was ignored."""
-        before = self.nodes.get(event.node)
-        if before is not None and event.seq <= before.seq:
-            self.ignored += 1
-            log.info(
-                "duplicate or conflicting node event ignored",
-                node=event.node,
-                seq=event.seq,
-                event_id=str(event.event_id),
-                have_seq=before.seq,
-            )
-            return None
-        try:
-            after = evolve_node(before, event)
-        except EvolveError as exc:
-            self.ignored += 1
-            log.error(
-                "node event does not apply", node=event.node, event_id=str(event.event_id), error=str(exc)
-            )
+        after = self._next(self.nodes.get(event.node), event, evolve_node, node=event.node)
+        if after is None:
             return None
         self.nodes[event.node] = after
         self.node_partition[event.node] = partition
         return after
+
+    def _next(
+        self,
+        before: _State | None,
+        event: _Event,
+        step: Callable[[_State | None, _Event], _State],
+        **ids: str,
+    ) -> _State | None:
+        """``step`` applied to ``before``; None (counted and logged) for a duplicate, a conflict or an
+        event that does not apply."""
+        if before is not None and event.seq <= before.seq:
+            self.ignored += 1
+            log.info(
+                "duplicate or conflicting event ignored",
+                seq=event.seq,
+                event_id=str(event.event_id),
+                have_seq=before.seq,
+                **ids,
+            )
+            return None
+        try:
+            return step(before, event)
+        except EvolveError as exc:
+            self.ignored += 1
+            log.error("event does not apply", event_id=str(event.event_id), error=str(exc), **ids)
+            return None
