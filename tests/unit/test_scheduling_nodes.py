@@ -119,6 +119,20 @@ class Cluster:
         await self.until(job_id, lambda j: j.state is S.QUEUED, f"{job_id} is requeued")
         await self.send(job_id, cmd.ReleaseGpus())
 
+    async def scheduler_sent(self, key: str) -> list[str]:
+        """The types of the commands the scheduler sent for ``key`` so far (it sends before a
+        planning pass returns, so after :meth:`tick` this is everything that pass decided)."""
+        sent = []
+        for partition in sorted(await self.bus.end_offsets(self.topics.commands)):
+            async for record in self.bus.read(self.topics.commands, partition):
+                command = any_command_from_json(record.value)
+                if command.key == key and command.producer == "scheduler":
+                    sent.append(command.type)
+        return sent
+
+    async def scheduler_sees(self, what: str, holds: Callable[[Scheduler], bool]) -> None:
+        await wait_until_async(lambda: holds(self.scheduler), 10.0, what=f"the scheduler folded {what}")
+
     async def node_events(self) -> list[NodeEvent]:
         events = []
         for partition in sorted(await self.bus.end_offsets(self.topics.events)):
@@ -225,10 +239,11 @@ async def test_changes_at_the_source_become_node_events(cluster: Cluster) -> Non
 async def test_admission_waits_for_the_source_and_rejects_only_what_can_never_fit(cluster: Cluster) -> None:
     cluster.source.nodes = None  # not listed yet: nothing is known to be too big
     await cluster.submit("huge", gpus=8)
-    await asyncio.sleep(0.3)
+    await cluster.scheduler_sees("huge", lambda s: "huge" in s.book.jobs)
     await cluster.tick()
-    huge = cluster.job("huge")
-    assert huge is not None and huge.state is S.SUBMITTED
+    assert await cluster.scheduler_sent("huge") == [], (
+        "neither admitted nor rejected before the source listed"
+    )
 
     cluster.source.nodes = {"a": Node("a", 4, "A100"), "b": Node("b", 4, "A100", schedulable=False)}
     await cluster.tick()
@@ -245,10 +260,18 @@ async def test_admission_waits_for_the_source_and_rejects_only_what_can_never_fi
     await cluster.until_node(
         "b", lambda n: n.cordon is not None and n.cordon.source is nd.CordonSource.OPERATOR, "operator cordon"
     )
-    await asyncio.sleep(0.2)
+    await cluster.scheduler_sees(
+        "the operator's cordon",
+        lambda s: (
+            (b := s.book.nodes.get("b")) is not None
+            and b.cordon is not None
+            and b.cordon.source is nd.CordonSource.OPERATOR
+        ),
+    )
     await cluster.tick()
-    big = cluster.job("big")
-    assert big is not None and big.placement is None, "an operator's cordon outlives the source's"
+    assert "AllocateGpus" not in await cluster.scheduler_sent("big"), (
+        "an operator's cordon outlives the source's"
+    )
     await cluster.operate("b", nd.UncordonNode(reason="maintenance done"))
     big = await cluster.until("big", lambda j: j.state is S.SCHEDULED, "big runs once b is open")
     assert big.placement is not None and {p.node for p in big.placement.learners} == {"a", "b"}
@@ -266,10 +289,11 @@ async def test_a_drained_node_is_emptied_and_its_jobs_resume_elsewhere_from_thei
 
     await cluster.operate(node, nd.CordonNode(reason="replace a fan"))
     await cluster.until_node(node, lambda n: n.status is NodeStatus.CORDONED, "cordoned")
-    await asyncio.sleep(0.2)
+    await cluster.scheduler_sees(
+        "the cordon", lambda s: (n := s.book.nodes.get(node)) is not None and n.status is NodeStatus.CORDONED
+    )
     await cluster.tick()
-    job = cluster.job("job")
-    assert job is not None and job.state is S.RUNNING, "a cordon alone leaves running jobs alone"
+    assert "HaltJob" not in await cluster.scheduler_sent("job"), "a cordon alone leaves running jobs alone"
 
     await cluster.operate(node, nd.CordonNode(reason="replace a fan", drain=True))
     halting = await cluster.until("job", lambda j: j.state is S.HALTING, "the drain halts the job")
