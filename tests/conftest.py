@@ -6,7 +6,7 @@ Tests override ``settings`` to point the platform at real services (Kafka, etcd,
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
@@ -16,6 +16,7 @@ from ffdl.adapters.config import Settings
 from ffdl.adapters.platform import Platform
 from ffdl.adapters.serve import api_server
 from tests.harness import Api, fast_settings
+from tests.services import EtcdServer
 
 
 @pytest.fixture
@@ -43,3 +44,12 @@ async def api(platform: Platform) -> AsyncIterator[Api]:
         yield Api(client, server.config.app)
     server.should_exit = True
     await serving
+
+
+@pytest.fixture(scope="module")
+def etcd_server() -> Iterator[EtcdServer]:
+    """A real etcd per test module (chaos tests freeze or kill it: no module sees another's)."""
+    server = EtcdServer()
+    server.start()
+    yield server
+    server.stop()

@@ -8,25 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from ffdl.adapters.heartbeats import open_store
 from ffdl.handlers.ports import HeartbeatStore, WatchEvent, WatchKind
-from tests.services import EtcdServer, wait_until_async
+from tests.services import wait_until_async
 
 TTL_S = 1.0
 EXPIRY_WAIT_S = 5.0
-
-
-@pytest.fixture(scope="module")
-def etcd_server() -> Iterator[EtcdServer]:
-    server = EtcdServer()
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(params=["embedded", pytest.param("etcd", marks=pytest.mark.integration)])

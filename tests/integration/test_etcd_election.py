@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO
@@ -31,14 +31,6 @@ pytestmark = pytest.mark.integration
 TTL_S = 1.0
 # Scheduling slack on a busy two-core machine.
 SLACK_S = 1.5
-
-
-@pytest.fixture(scope="module")
-def etcd_server() -> Iterator[EtcdServer]:
-    server = EtcdServer()
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

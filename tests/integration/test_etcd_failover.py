@@ -43,6 +43,8 @@ KILL_AFTER = 3
 
 @pytest.fixture
 def etcd_server() -> Iterator[EtcdServer]:
+    """A fresh etcd per test, not per module: each test must start with no leader, and a killed
+    leader's election key outlives it until its lease expires."""
     server = EtcdServer()
     server.start()
     yield server

@@ -26,14 +26,6 @@ TIMEOUT_S = 0.5
 SLACK_S = 1.0
 
 
-@pytest.fixture(scope="module")
-def etcd_server() -> Iterator[EtcdServer]:
-    server = EtcdServer()
-    server.start()
-    yield server
-    server.stop()
-
-
 @pytest.fixture
 async def store(etcd_server: EtcdServer) -> AsyncIterator[EtcdHeartbeatStore]:
     store = EtcdHeartbeatStore(etcd_server.host, etcd_server.port, timeout_s=TIMEOUT_S)

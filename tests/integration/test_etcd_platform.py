@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -39,14 +39,6 @@ pytestmark = pytest.mark.integration
 
 TTL_S = 1.0
 GRACE_S = 3.0
-
-
-@pytest.fixture(scope="module")
-def etcd_server() -> Iterator[EtcdServer]:
-    server = EtcdServer()
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ service or policy behind."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -28,14 +28,6 @@ from tests.kube import (
 from tests.services import EtcdServer, wait_until_async
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def etcd_server() -> Iterator[EtcdServer]:
-    server = EtcdServer()
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

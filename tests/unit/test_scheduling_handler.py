@@ -14,14 +14,12 @@ from pathlib import Path
 import pytest
 
 from ffdl.adapters.bus import open_bus
-from ffdl.adapters.election import FileElection
 from ffdl.adapters.inventory import ConfiguredInventory
 from ffdl.core.allocator import Node
 from ffdl.core.decider import decide
 from ffdl.core.invariants import check
 from ffdl.core.job import Job, evolve
 from ffdl.core.nodes import NodeRecord, decide_node, evolve_node
-from ffdl.core.scheduling import SchedulerPolicy
 from ffdl.core.states import JobState
 from ffdl.events import commands as cmd
 from ffdl.events import types as ev
@@ -29,10 +27,10 @@ from ffdl.events.codec import AnyEvent, any_command_from_json, any_event_from_js
 from ffdl.events.envelope import Command, CommandData, Event, NodeCommand, NodeEvent
 from ffdl.events.model import Checkpoint, JobSpec, WaitReason
 from ffdl.handlers.messaging import CommandSender, Topics
-from ffdl.handlers.owner import SCHEDULER_ROLE, JobOwner
+from ffdl.handlers.owner import JobOwner
 from ffdl.handlers.ports import Bus
-from ffdl.handlers.runtime import consume
 from ffdl.handlers.scheduler import Scheduler
+from tests.scheduling import owner_and_scheduler
 from tests.services import wait_until_async
 
 S = JobState
@@ -78,33 +76,9 @@ class Cluster:
 
 @pytest.fixture
 async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
-    bus = open_bus(f"embedded://{tmp_path / 'log'}", 2)
-    await bus.start()
-    topics = Topics()
-    election = FileElection(tmp_path / "election")
-    token = await election.campaign(SCHEDULER_ROLE)
-    owner = JobOwner(bus, topics, election)
-    scheduler = Scheduler(
-        bus,
-        topics.events,
-        CommandSender(bus, topics, "scheduler"),
-        INVENTORY,
-        token,
-        policy=SchedulerPolicy(min_runtime_s=0.0),
-    )
-    stop = asyncio.Event()
-    tasks = [
-        asyncio.create_task(consume(bus, "owners", [topics.commands], owner, stop)),
-        asyncio.create_task(consume(bus, "scheduler", [topics.events], scheduler, stop)),
-        asyncio.create_task(scheduler.plan_forever(stop)),
-    ]
-    try:
-        yield Cluster(bus, topics, owner, scheduler, CommandSender(bus, topics, "test"))
-    finally:
-        stop.set()
-        await asyncio.gather(*tasks)
-        await bus.close()
-        await election.close()
+    async with owner_and_scheduler(tmp_path, 2, INVENTORY) as running:
+        sender = CommandSender(running.bus, running.topics, "test")
+        yield Cluster(running.bus, running.topics, running.owner, running.scheduler, sender)
 
 
 async def test_a_higher_priority_job_preempts_and_the_victim_resumes_from_its_checkpoint(

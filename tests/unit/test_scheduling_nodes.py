@@ -16,11 +16,9 @@ from pathlib import Path
 import pytest
 
 from ffdl.adapters.bus import open_bus
-from ffdl.adapters.election import FileElection
 from ffdl.core.allocator import Node
 from ffdl.core.job import Job
 from ffdl.core.nodes import InventoryObservation, NodeRecord, NodeStatus
-from ffdl.core.scheduling import SchedulerPolicy
 from ffdl.core.states import JobState
 from ffdl.events import commands as cmd
 from ffdl.events import nodes as nd
@@ -28,10 +26,10 @@ from ffdl.events.codec import any_command_from_json, any_event_from_json
 from ffdl.events.envelope import CommandData, NodeCommandData, NodeEvent
 from ffdl.events.model import Checkpoint, ErrorCode, JobSpec
 from ffdl.handlers.messaging import CommandSender, Topics
-from ffdl.handlers.owner import SCHEDULER_ROLE, JobOwner
+from ffdl.handlers.owner import JobOwner
 from ffdl.handlers.ports import Bus, TopicPartition
-from ffdl.handlers.runtime import consume
 from ffdl.handlers.scheduler import NODE_CHANGE_RESEND_S, Scheduler
+from tests.scheduling import owner_and_scheduler
 from tests.services import wait_until_async
 
 S = JobState
@@ -145,34 +143,12 @@ class Cluster:
 
 @pytest.fixture
 async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
-    bus = open_bus(f"embedded://{tmp_path / 'log'}", 3)
-    await bus.start()
-    topics = Topics()
-    election = FileElection(tmp_path / "election")
-    token = await election.campaign(SCHEDULER_ROLE)
     source = Source({"a": Node("a", 4, "A100"), "b": Node("b", 4, "A100")})
-    owner = JobOwner(bus, topics, election)
-    scheduler = Scheduler(
-        bus,
-        topics.events,
-        CommandSender(bus, topics, "scheduler"),
-        source,
-        token,
-        policy=SchedulerPolicy(min_runtime_s=0.0),
-    )
-    stop = asyncio.Event()
-    tasks = [
-        asyncio.create_task(consume(bus, "owners", [topics.commands], owner, stop)),
-        asyncio.create_task(consume(bus, "scheduler", [topics.events], scheduler, stop)),
-        asyncio.create_task(scheduler.plan_forever(stop)),
-    ]
-    try:
-        yield Cluster(bus, topics, owner, scheduler, source, CommandSender(bus, topics, "test"), token)
-    finally:
-        stop.set()
-        await asyncio.gather(*tasks)
-        await bus.close()
-        await election.close()
+    async with owner_and_scheduler(tmp_path, 3, source) as running:
+        sender = CommandSender(running.bus, running.topics, "test")
+        yield Cluster(
+            running.bus, running.topics, running.owner, running.scheduler, source, sender, running.token
+        )
 
 
 async def test_the_source_nodes_are_recorded_once_with_the_leaders_token(cluster: Cluster) -> None:

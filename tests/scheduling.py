@@ -1,0 +1,57 @@
+"""A job owner and a leading scheduler running on one embedded log, for the scheduler role's tests."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from ffdl.adapters.bus import open_bus
+from ffdl.adapters.election import FileElection
+from ffdl.core.scheduling import SchedulerPolicy
+from ffdl.handlers.messaging import CommandSender, Topics
+from ffdl.handlers.owner import SCHEDULER_ROLE, JobOwner
+from ffdl.handlers.ports import Bus, InventorySource
+from ffdl.handlers.runtime import consume
+from ffdl.handlers.scheduler import Scheduler
+
+
+@dataclass(frozen=True, slots=True)
+class Running:
+    bus: Bus
+    topics: Topics
+    owner: JobOwner
+    scheduler: Scheduler
+    token: int
+
+
+@asynccontextmanager
+async def owner_and_scheduler(
+    tmp_path: Path, partitions: int, inventory: InventorySource
+) -> AsyncIterator[Running]:
+    """The owner consuming commands, the elected scheduler folding events and planning, until exit.
+    Preemption has no minimum runtime, so tests need not wait for one."""
+    bus = open_bus(f"embedded://{tmp_path / 'log'}", partitions)
+    await bus.start()
+    topics = Topics()
+    election = FileElection(tmp_path / "election")
+    token = await election.campaign(SCHEDULER_ROLE)
+    owner = JobOwner(bus, topics, election)
+    sender = CommandSender(bus, topics, "scheduler")
+    policy = SchedulerPolicy(min_runtime_s=0.0)
+    scheduler = Scheduler(bus, topics.events, sender, inventory, token, policy=policy)
+    stop = asyncio.Event()
+    tasks = [
+        asyncio.create_task(consume(bus, "owners", [topics.commands], owner, stop)),
+        asyncio.create_task(consume(bus, "scheduler", [topics.events], scheduler, stop)),
+        asyncio.create_task(scheduler.plan_forever(stop)),
+    ]
+    try:
+        yield Running(bus, topics, owner, scheduler, token)
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks)
+        await bus.close()
+        await election.close()
