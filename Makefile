@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]' --config-settings editable_mode=strict
+	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
 services:
@@ -29,7 +29,7 @@ services:
 	fi
 
 demo: $(STAMP)
-	$(BIN)/pip install --quiet --no-deps -e . --config-settings editable_mode=strict
+	$(BIN)/pip install --quiet --no-deps -e .
 	$(BIN)/ffdl demo
 
 lint: $(STAMP)
@@ -40,7 +40,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy -p ffdl
 
 test: $(STAMP) services
-	$(BIN)/pip install --quiet --no-deps -e . --config-settings editable_mode=strict
+	$(BIN)/pip install --quiet --no-deps -e .
 	$(BIN)/ruff check .
 	$(BIN)/mypy -p ffdl
 	$(BIN)/pytest -q $(PYTEST_ARGS)

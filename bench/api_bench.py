@@ -60,7 +60,7 @@ import httpx
 from ffdl.adapters.tenants import TenantRegistry
 from ffdl.core.decider import decide
 from ffdl.core.job import Job, evolve
-from ffdl.events import commands as cmd
+from ffdl.events import job_commands as cmd
 from ffdl.events.envelope import Command, CommandData, Event
 from ffdl.events.model import JobSpec, LearnerPlacement, Placement
 from ffdl.projections.store import LoggedEvent, Projection, rebuild
@@ -370,7 +370,7 @@ def wait_up(api: str) -> None:
 @contextmanager
 def running_platform(env: dict[str, str], roles: str | None) -> Iterator[int]:
     """``ffdl up`` (``--roles roles``, or every role) in a child process for the block; yields its pid."""
-    command = [sys.executable, "-m", "ffdl.adapters.cli", "up", *(["--roles", roles] if roles else [])]
+    command = [sys.executable, "-m", "ffdl.cli", "up", *(["--roles", roles] if roles else [])]
     server = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_up(env["FFDL_API"])

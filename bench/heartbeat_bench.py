@@ -59,19 +59,19 @@ import yaml
 from aetcd import rpc
 
 from ffdl.adapters.bus import open_bus
-from ffdl.adapters.config import NodeConfig, Settings
 from ffdl.adapters.heartbeats import JOBS_PREFIX, EtcdHeartbeatStore, learner_key, parse_key
-from ffdl.adapters.log_reading import merged_events
-from ffdl.adapters.logging import configure_logging
 from ffdl.core.job import Job, evolve, start
-from ffdl.events import commands as cmd
-from ffdl.events import types as ev
+from ffdl.events import job_commands as cmd
+from ffdl.events import job_events as ev
 from ffdl.events.codec import command_from_json
 from ffdl.events.envelope import Event, EventData
 from ffdl.events.model import JobSpec, LearnerPlacement, LossReason, Placement
 from ffdl.handlers.heartbeat_keys import LearnerBeat
 from ffdl.handlers.messaging import CommandSender, Topics
 from ffdl.handlers.monitoring import Monitor
+from ffdl.tools.log_reading import merged_events
+from ffdl.wiring.config import NodeConfig, Settings
+from ffdl.wiring.logging import configure_logging
 from tests.harness import fast_settings, manifest
 from tests.services import EtcdServer, free_port
 
@@ -157,7 +157,7 @@ class PlatformProcess:
         }
         with self._log_path.open("ab") as out:
             self._process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "ffdl.adapters.cli", "up", env=env, stdout=out, stderr=subprocess.STDOUT
+                sys.executable, "-m", "ffdl.cli", "up", env=env, stdout=out, stderr=subprocess.STDOUT
             )
         deadline = time.monotonic() + 60
         while not await self._healthy():

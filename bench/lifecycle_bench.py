@@ -57,11 +57,11 @@ from aiokafka import TopicPartition as KafkaTopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from ffdl.adapters.bus.kafka import KafkaBus
-from ffdl.adapters.logging import configure_logging
-from ffdl.events import commands as cmd
+from ffdl.events import job_commands as cmd
 from ffdl.events.envelope import Command
 from ffdl.events.model import JobSpec
 from ffdl.handlers.messaging import CommandSender, Topics
+from ffdl.wiring.logging import configure_logging
 from tests.services import TansuBroker
 
 PARTITIONS = 8
@@ -114,7 +114,7 @@ def start_platform(
         with (data_dir.parent / f"platform-{index}.log").open("wb") as out:
             processes.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "ffdl.adapters.cli", "up", "--roles", roles],
+                    [sys.executable, "-m", "ffdl.cli", "up", "--roles", roles],
                     env=env,
                     stdout=out,
                     stderr=subprocess.STDOUT,

@@ -42,8 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ffdl.adapters.log_files import decode_line
-from ffdl.adapters.sre import rebuild_file
+from ffdl.tools.log_files import decode_line
+from ffdl.tools.sre import rebuild_file
 from tests.golden.record import GENERATED_LOG_VERSION, write_generated_log
 
 

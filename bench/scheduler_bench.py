@@ -1,7 +1,7 @@
 """Scheduler benchmark: how fast one planning step decides, against a naive first-fit baseline.
 
 Cluster: 1,000 nodes x 8 GPUs. Queue: 20,000 waiting jobs from the Philly-shaped generator
-(``ffdl.adapters.traces``), all queued at once. Two cycles are measured, as the scheduler role
+(``ffdl.tools.traces``), all queued at once. Two cycles are measured, as the scheduler role
 runs them:
 
 * ``cold``: the empty cluster fills up; most jobs are then left waiting, each with its reason;
@@ -35,12 +35,12 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ffdl.adapters.simulate import homogeneous_cluster
-from ffdl.adapters.traces import generate_trace
 from ffdl.core.allocator import Node
 from ffdl.core.cluster import ClusterState, Demand
 from ffdl.core.scheduling import Planner, SchedulerPolicy, WaitingJob
 from ffdl.core.simulation import TraceJob, percentile, simulate
+from ffdl.tools.simulate import homogeneous_cluster
+from ffdl.tools.traces import generate_trace
 
 NODES = 1000
 GPUS_PER_NODE = 8

@@ -12,9 +12,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ffdl.adapters.config import Settings
-from ffdl.adapters.platform import Platform
-from ffdl.adapters.serve import api_server
+from ffdl.cli.serve import api_server
+from ffdl.wiring.config import Settings
+from ffdl.wiring.platform import Platform
 from tests.harness import Api, fast_settings
 from tests.services import EtcdServer
 

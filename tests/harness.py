@@ -12,7 +12,7 @@ import httpx
 import yaml
 from fastapi import FastAPI
 
-from ffdl.adapters.config import NodeConfig, Settings
+from ffdl.wiring.config import NodeConfig, Settings
 from tests.services import free_port
 
 LEARNER = Path(__file__).with_name("learners") / "counting.py"

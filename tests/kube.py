@@ -56,11 +56,11 @@ import kmock
 from kmock import KubernetesEmulator, KubernetesError, KubernetesObjectNotFoundError, Request, Server
 from kubernetes_asyncio.client import models as openapi_models
 
-from ffdl.adapters.agent import wait_for_exit
 from ffdl.adapters.heartbeats import open_store
 from ffdl.adapters.launchers.k8s_client import KubeClient
 from ffdl.adapters.launchers.k8s_manifests import PodSettings, pod_name
 from ffdl.adapters.launchers.kubernetes import KubernetesLauncher
+from ffdl.adapters.processes import wait_for_exit
 from ffdl.handlers.ports import HeartbeatStore, Launcher
 
 Obj = dict[str, Any]

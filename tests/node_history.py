@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ffdl.adapters.log_files import write_log
 from ffdl.events import nodes as nd
 from ffdl.events.codec import AnyEvent
 from ffdl.projections.store import LoggedEvent
+from ffdl.tools.log_files import write_log
 from tests.golden.record import (
     EVENTS_TOPIC,
     SCHEDULER,

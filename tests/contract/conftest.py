@@ -8,8 +8,8 @@ from contextlib import asynccontextmanager
 import pytest
 
 from ffdl.adapters.bus.kafka import KafkaBus
-from ffdl.adapters.config import KafkaConfig
 from ffdl.handlers.ports import Bus
+from ffdl.wiring.config import KafkaConfig
 from tests.contract.bus_contract import BusFactory, EmbeddedBusFactory
 from tests.services import TansuBroker
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from ffdl.adapters.api.openapi import render
-from ffdl.adapters.config import Settings
-from ffdl.adapters.platform import Platform
 from ffdl.adapters.tenants import TenantRegistry
+from ffdl.api.openapi import render
+from ffdl.wiring.config import Settings
+from ffdl.wiring.platform import Platform
 from tests.harness import Api, manifest
 from tests.services import wait_until_async
 
@@ -218,7 +218,7 @@ async def test_the_exported_openapi_document_is_current() -> None:
 
     committed = Path(__file__).parents[2] / "docs" / "openapi.json"
     assert json.loads(committed.read_text()) == json.loads(render()), (
-        "the API changed: run `python -m ffdl.adapters.api.openapi` and commit docs/openapi.json"
+        "the API changed: run `python -m ffdl.api.openapi` and commit docs/openapi.json"
     )
 
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from ffdl.adapters.config import Settings
-from ffdl.adapters.platform import Platform
-from ffdl.adapters.sre import verify_log
 from ffdl.events.codec import any_command_from_json
 from ffdl.events.envelope import Command
+from ffdl.tools.sre import verify_log
+from ffdl.wiring.config import Settings
+from ffdl.wiring.platform import Platform
 from tests.harness import Api, learner_command, manifest
 
 pytestmark = pytest.mark.e2e

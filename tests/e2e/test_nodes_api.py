@@ -14,10 +14,10 @@ from typing import Any
 import httpx
 import pytest
 
-from ffdl.adapters.api.app import create_app
-from ffdl.adapters.config import NodeConfig, Settings
-from ffdl.adapters.platform import Platform
 from ffdl.adapters.tenants import TenantRegistry
+from ffdl.api.app import create_app
+from ffdl.wiring.config import NodeConfig, Settings
+from ffdl.wiring.platform import Platform
 from tests.harness import Api, fast_settings, manifest
 from tests.services import wait_until_async
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner, Result
 
-from ffdl.adapters.cli.main import app
-from ffdl.adapters.config import NodeConfig, Settings
+from ffdl.cli.main import app
+from ffdl.wiring.config import NodeConfig, Settings
 from tests.harness import Api, fast_settings
 from tests.services import wait_until_async
 

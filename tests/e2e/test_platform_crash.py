@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ffdl.adapters.sre import rebuild_projections, verify_log
+from ffdl.tools.sre import rebuild_projections, verify_log
 from tests.harness import TERMINAL, fast_settings, manifest
 from tests.services import wait_until_async
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.e2e
 def start_platform(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "ffdl.adapters.cli", "up"], env=env, stdout=out, stderr=subprocess.STDOUT
+            [sys.executable, "-m", "ffdl.cli", "up"], env=env, stdout=out, stderr=subprocess.STDOUT
         )
 
 

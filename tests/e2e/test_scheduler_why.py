@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from ffdl.adapters.cli.main import app
-from ffdl.adapters.config import Settings
+from ffdl.cli.main import app
+from ffdl.wiring.config import Settings
 from tests.harness import Api, manifest
 
 pytestmark = pytest.mark.e2e

@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner, Result
 
-from ffdl.adapters.cli.main import app
-from ffdl.adapters.config import Settings
-from ffdl.adapters.platform import Platform
-from ffdl.adapters.sre import events_topic
+from ffdl.cli.main import app
 from ffdl.projections.store import Projection
+from ffdl.tools.sre import events_topic
+from ffdl.wiring.config import Settings
+from ffdl.wiring.platform import Platform
 from tests.harness import Api, manifest
 from tests.services import wait_until_async
 

@@ -39,12 +39,11 @@ from pathlib import Path
 from typing import Any, overload
 
 from ffdl.adapters.bus.partitioning import partition_for
-from ffdl.adapters.log_files import encode_line, write_log
 from ffdl.core.decider import decide, next_attempt
 from ffdl.core.job import Job, evolve
 from ffdl.core.nodes import NodeRecord, decide_node, evolve_node
 from ffdl.core.restart import RestartPolicy
-from ffdl.events import commands as cmd
+from ffdl.events import job_commands as cmd
 from ffdl.events import nodes as nd
 from ffdl.events.codec import AnyCommand, AnyEvent, any_command_from_json, command_to_json
 from ffdl.events.envelope import Command, CommandData, Event, NodeCommand, NodeCommandData, NodeEvent
@@ -60,6 +59,7 @@ from ffdl.events.model import (
 )
 from ffdl.projections.documents import dumps
 from ffdl.projections.store import LoggedEvent
+from ffdl.tools.log_files import encode_line, write_log
 
 GOLDEN_DIR = Path(__file__).resolve().parent
 EVENTS_TOPIC = "ffdl.events"

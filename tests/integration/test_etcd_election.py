@@ -21,7 +21,7 @@ import pytest
 from ffdl.adapters.election import FileElection, open_election
 from ffdl.adapters.election_etcd import EtcdElection
 from ffdl.core.invariants import InvariantChecker, ViolationKind
-from ffdl.events import types as ev
+from ffdl.events import job_events as ev
 from ffdl.events.envelope import Event, EventData
 from ffdl.events.model import JobSpec, LearnerPlacement, Placement, WaitReason
 from tests.services import EtcdServer, wait_until_async

@@ -23,13 +23,13 @@ import httpx
 import pytest
 
 from ffdl.adapters.bus import open_bus
-from ffdl.adapters.config import Settings
 from ffdl.adapters.election_etcd import leader_key
-from ffdl.adapters.log_reading import merged_events
-from ffdl.adapters.sre import verify_log
 from ffdl.core.invariants import InvariantChecker
 from ffdl.handlers.messaging import Topics
 from ffdl.handlers.owner import SCHEDULER_ROLE
+from ffdl.tools.log_reading import merged_events
+from ffdl.tools.sre import verify_log
+from ffdl.wiring.config import Settings
 from tests.harness import TERMINAL, fast_settings, manifest
 from tests.services import EtcdServer, TansuBroker, wait_until_async
 
@@ -74,7 +74,7 @@ class Processes:
     def up(self, name: str, roles: str) -> subprocess.Popen[bytes]:
         with (self._logs / f"{name}.log").open("ab") as out:
             process = subprocess.Popen(
-                [sys.executable, "-m", "ffdl.adapters.cli", "up", "--roles", roles],
+                [sys.executable, "-m", "ffdl.cli", "up", "--roles", roles],
                 env=self._env,
                 stdout=out,
                 stderr=subprocess.STDOUT,

@@ -21,8 +21,8 @@ import pytest
 from ffdl.adapters.bus import open_bus
 from ffdl.adapters.heartbeats import EtcdHeartbeatStore, exit_key, learner_key
 from ffdl.core.job import Job, evolve, start
-from ffdl.events import commands as cmd
-from ffdl.events import types as ev
+from ffdl.events import job_commands as cmd
+from ffdl.events import job_events as ev
 from ffdl.events.codec import command_from_json
 from ffdl.events.envelope import CommandData, Event, EventData
 from ffdl.events.model import JobSpec, LearnerPlacement, LossReason, Placement

@@ -22,16 +22,16 @@ import pytest
 from fastapi import FastAPI
 
 from ffdl.adapters.bus import open_bus
-from ffdl.adapters.config import Settings
 from ffdl.adapters.heartbeats import EtcdHeartbeatStore
-from ffdl.adapters.log_reading import merged_events
-from ffdl.adapters.platform import Platform
-from ffdl.adapters.serve import api_server
-from ffdl.adapters.sre import verify_log
-from ffdl.events import types as ev
+from ffdl.cli.serve import api_server
+from ffdl.events import job_events as ev
 from ffdl.events.envelope import EventData
 from ffdl.events.model import LossReason
 from ffdl.handlers.messaging import Topics
+from ffdl.tools.log_reading import merged_events
+from ffdl.tools.sre import verify_log
+from ffdl.wiring.config import Settings
+from ffdl.wiring.platform import Platform
 from tests.harness import Api, fast_settings, manifest
 from tests.services import EtcdServer, wait_until_async
 

@@ -21,8 +21,8 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from ffdl.adapters.bus.embedded import EmbeddedBus
 from ffdl.adapters.bus.kafka import KafkaBus
-from ffdl.adapters.config import KafkaConfig
 from ffdl.handlers.ports import BusUnavailable, OutgoingRecord, TopicPartition
+from ffdl.wiring.config import KafkaConfig
 from tests.services import TansuBroker, free_port
 
 pytestmark = pytest.mark.integration

@@ -25,16 +25,16 @@ import structlog
 from aiokafka import AIOKafkaProducer
 from fastapi import FastAPI
 
-from ffdl.adapters.config import KafkaConfig, Settings
-from ffdl.adapters.platform import Platform
-from ffdl.adapters.serve import api_server
-from ffdl.adapters.sre import rebuild_projections, verify_log
-from ffdl.events import commands as cmd
+from ffdl.cli.serve import api_server
+from ffdl.events import job_commands as cmd
 from ffdl.events.codec import any_event_from_json, command_to_json
 from ffdl.events.envelope import Command, Event
 from ffdl.events.model import JobSpec
 from ffdl.handlers.owner import JobOwner
 from ffdl.handlers.ports import OutgoingRecord, Position, Record
+from ffdl.tools.sre import rebuild_projections, verify_log
+from ffdl.wiring.config import KafkaConfig, Settings
+from ffdl.wiring.platform import Platform
 from tests.harness import Api, fast_settings, manifest
 from tests.services import TansuBroker, free_port, wait_until_async
 

@@ -24,8 +24,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ffdl.adapters.config import KafkaConfig, NodeConfig, Settings
-from ffdl.adapters.sre import rebuild_projections, verify_log
+from ffdl.tools.sre import rebuild_projections, verify_log
+from ffdl.wiring.config import KafkaConfig, NodeConfig, Settings
 from tests.services import TansuBroker, free_port, wait_until_async
 
 pytestmark = pytest.mark.integration
@@ -93,7 +93,7 @@ def environment(settings: Settings) -> dict[str, str]:
 def start(roles: str, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "ffdl.adapters.cli", "up", "--roles", roles],
+            [sys.executable, "-m", "ffdl.cli", "up", "--roles", roles],
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,

@@ -28,11 +28,9 @@ from typing import Any
 
 import pytest
 
-from ffdl.adapters.api.metrics import reason_class
-from ffdl.adapters.config import KafkaConfig, Settings
-from ffdl.events import commands as cmd
+from ffdl.events import job_commands as cmd
+from ffdl.events import job_events as ev
 from ffdl.events import nodes as nd
-from ffdl.events import types as ev
 from ffdl.events.codec import (
     AnyCommand,
     AnyEvent,
@@ -46,7 +44,6 @@ from ffdl.events.codec import (
     event_from_json,
     event_to_json,
 )
-from ffdl.events.commands import COMMAND_TYPES
 from ffdl.events.envelope import (
     Command,
     CommandData,
@@ -59,6 +56,8 @@ from ffdl.events.envelope import (
     Payload,
     derived_id,
 )
+from ffdl.events.job_commands import COMMAND_TYPES
+from ffdl.events.job_events import EVENT_TYPES
 from ffdl.events.model import (
     Checkpoint,
     ErrorCode,
@@ -70,7 +69,8 @@ from ffdl.events.model import (
     WaitReason,
 )
 from ffdl.events.nodes import NODE_COMMAND_TYPES, NODE_EVENT_TYPES
-from ffdl.events.types import EVENT_TYPES
+from ffdl.handlers.deadletters import reason_class
+from ffdl.wiring.config import KafkaConfig, Settings
 from tests.harness import Api, fast_settings
 from tests.services import TansuBroker, wait_until_async
 

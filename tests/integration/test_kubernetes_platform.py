@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ffdl.adapters.config import KubeConfig, Settings
-from ffdl.adapters.platform import Platform
+from ffdl.wiring.config import KubeConfig, Settings
+from ffdl.wiring.platform import Platform
 from tests.harness import Api, fast_settings
 from tests.kube import (
     NAMESPACE,

@@ -17,7 +17,7 @@ from ffdl.adapters.launchers.k8s_manifests import PodSettings, pod_name
 from ffdl.adapters.launchers.k8s_watch import NodeInventory, PodWatcher
 from ffdl.adapters.launchers.kubernetes import KubernetesLauncher
 from ffdl.core.allocator import Node
-from ffdl.events import commands as cmd
+from ffdl.events import job_commands as cmd
 from ffdl.events.codec import command_from_json
 from ffdl.events.envelope import Command
 from ffdl.events.model import JobSpec, LearnerPlacement, LossReason, Placement

@@ -12,9 +12,9 @@ from pathlib import Path
 import aiomqtt
 import pytest
 
-from ffdl.adapters.config import Settings
 from ffdl.adapters.mqtt import status_topic
-from ffdl.adapters.platform import Platform
+from ffdl.wiring.config import Settings
+from ffdl.wiring.platform import Platform
 from tests.harness import Api, fast_settings, manifest
 from tests.services import MosquittoServer, wait_until_async
 

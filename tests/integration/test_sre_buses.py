@@ -19,9 +19,10 @@ from typing import Any
 import pytest
 
 from ffdl.adapters.bus import open_bus
-from ffdl.adapters.config import Settings
-from ffdl.adapters.log_files import EventFilter, decode_line, read_log
-from ffdl.adapters.sre import (
+from ffdl.handlers.ports import OutgoingRecord
+from ffdl.projections.store import LoggedEvent, Projection
+from ffdl.tools.log_files import EventFilter, decode_line, read_log
+from ffdl.tools.sre import (
     TargetNotEmptyError,
     events_topic,
     export_log,
@@ -31,8 +32,7 @@ from ffdl.adapters.sre import (
     verify_events,
     verify_log,
 )
-from ffdl.handlers.ports import OutgoingRecord
-from ffdl.projections.store import LoggedEvent, Projection
+from ffdl.wiring.config import Settings
 from tests.golden.record import write_generated_log
 from tests.node_history import NODE, write_node_history
 from tests.services import TansuBroker

@@ -23,8 +23,8 @@ from ffdl.core.decider import UnknownJob, decide, next_attempt
 from ffdl.core.invariants import InvariantChecker, check
 from ffdl.core.job import COMMAND_WINDOW, Job, evolve
 from ffdl.core.states import TERMINAL, JobState, is_legal
-from ffdl.events import commands as cmd
-from ffdl.events import types as ev
+from ffdl.events import job_commands as cmd
+from ffdl.events import job_events as ev
 from ffdl.events.envelope import Command, CommandData, Event
 from ffdl.events.model import (
     Checkpoint,

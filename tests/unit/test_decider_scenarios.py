@@ -16,8 +16,8 @@ from ffdl.core.invariants import check
 from ffdl.core.job import Job, evolve
 from ffdl.core.restart import RestartPolicy
 from ffdl.core.states import JobState
-from ffdl.events import commands as cmd
-from ffdl.events import types as ev
+from ffdl.events import job_commands as cmd
+from ffdl.events import job_events as ev
 from ffdl.events.envelope import Command, CommandData, Event, derived_id
 from ffdl.events.model import (
     Checkpoint,

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from ffdl.adapters.manifest import parse_manifest
+from ffdl.api.manifest import parse_manifest
 from tests.services import free_port, wait_until
 
 EXAMPLE = "ffdl.examples.digits.train"
@@ -142,7 +142,7 @@ def test_sigterm_halts_the_gang_with_a_checkpoint_of_the_last_step(
 
 
 def test_the_manifest_is_a_valid_job() -> None:
-    manifest = Path(__file__).parents[2] / "examples" / "digits" / "manifest.yaml"
+    manifest = Path(__file__).parents[2] / "src" / "ffdl" / "examples" / "digits" / "manifest.yaml"
 
     spec = parse_manifest(manifest.read_text())
 

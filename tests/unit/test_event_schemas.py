@@ -17,8 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ffdl.events import codec
-from ffdl.events import commands as cmd
-from ffdl.events import types as ev
+from ffdl.events import job_commands as cmd
+from ffdl.events import job_events as ev
 from ffdl.events.codec import (
     DecodeError,
     JsonObject,

@@ -19,18 +19,18 @@ from typing import Any, TypeVar
 
 import pytest
 
-from ffdl.adapters.log_files import read_log
 from ffdl.core.decider import decide
 from ffdl.core.invariants import check
 from ffdl.core.job import Job, evolve
 from ffdl.core.nodes import NodeRecord, decide_node, evolve_node
 from ffdl.core.restart import RestartPolicy
-from ffdl.events import commands as cmd
+from ffdl.events import job_commands as cmd
+from ffdl.events import job_events as ev
 from ffdl.events import nodes as nd
-from ffdl.events import types as ev
 from ffdl.events.codec import AnyCommand, AnyEvent, event_to_dict
 from ffdl.events.envelope import Command, EventData, NodeCommand, NodeEvent, NodeEventData
 from ffdl.projections.store import LoggedEvent
+from ffdl.tools.log_files import read_log
 from tests.golden.record import GOLDEN_DIR, DecidedCommand, job_summary, node_summary, record
 
 P = TypeVar("P", bound=EventData | NodeEventData)

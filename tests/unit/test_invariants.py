@@ -14,8 +14,8 @@ from datetime import UTC, datetime
 import pytest
 
 from ffdl.core.invariants import InvariantChecker, Violation, ViolationKind, check
+from ffdl.events import job_events as ev
 from ffdl.events import nodes as nd
-from ffdl.events import types as ev
 from ffdl.events.codec import AnyEvent
 from ffdl.events.envelope import Event, EventData, NodeEvent, NodeEventData
 from ffdl.events.model import ErrorCode, JobSpec, LearnerPlacement, Placement

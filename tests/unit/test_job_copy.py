@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from ffdl.adapters.log_files import read_log
 from ffdl.core.job import Job, _copy_job, _field_copier, evolve
 from ffdl.events.envelope import Event
+from ffdl.tools.log_files import read_log
 from tests.golden.record import GOLDEN_DIR
 
 GOLDEN = sorted(path.name.removesuffix(".events.jsonl") for path in GOLDEN_DIR.glob("*.events.jsonl"))

@@ -128,7 +128,7 @@ def test_a_learner_runs_the_command_under_tini_and_the_agent_from_the_configured
         "--",
         "python",
         "-m",
-        "ffdl.adapters.agent",
+        "ffdl.learner.agent",
         "--",
         "python train.py --epochs 3",
     ]

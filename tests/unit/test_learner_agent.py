@@ -18,10 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from ffdl.adapters.agent import AgentConfig, LearnerAgent, ReportTail, exit_code_of, main
 from ffdl.adapters.heartbeats import exit_key, learner_key, open_store
+from ffdl.adapters.processes import exit_code_of
 from ffdl.handlers.heartbeat_keys import LearnerBeat, parse_exit
 from ffdl.handlers.ports import Snapshot, StoreUnavailable, WatchEvent
+from ffdl.learner.agent import AgentConfig, LearnerAgent, ReportTail, main
 from tests.services import wait_until_async
 
 JOB = "job-agent"
@@ -287,7 +288,7 @@ def start_agent(tmp_path: Path, command: str) -> subprocess.Popen[bytes]:
         "FFDL_REPORT_FILE": str(tmp_path / "learner.reports.jsonl"),
     }
     return subprocess.Popen(
-        [sys.executable, "-m", "ffdl.adapters.agent", "--", command],
+        [sys.executable, "-m", "ffdl.learner.agent", "--", command],
         env=env,
         stdout=subprocess.DEVNULL,
         start_new_session=True,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner, Result
 
-from ffdl.adapters.cli.main import app
+from ffdl.cli.main import app
 from tests.golden.record import GOLDEN_DIR
 
 RESTART = str(GOLDEN_DIR / "restart_after_kill.events.jsonl")

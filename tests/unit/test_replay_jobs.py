@@ -7,9 +7,9 @@ from datetime import timedelta
 
 import pytest
 
-from ffdl.adapters.log_files import read_log
-from ffdl.adapters.sre import JobNotInLogError, Point, diff_job, replay_job
 from ffdl.projections.store import LoggedEvent
+from ffdl.tools.log_files import read_log
+from ffdl.tools.sre import JobNotInLogError, Point, diff_job, replay_job
 from tests.golden.record import GOLDEN_DIR
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from ffdl.adapters.log_files import (
+from ffdl.events.codec import event_to_json
+from ffdl.tools.log_files import (
     EventFilter,
     LogFileError,
     decode_line,
@@ -19,7 +20,6 @@ from ffdl.adapters.log_files import (
     read_log,
     write_log,
 )
-from ffdl.events.codec import event_to_json
 from tests.golden.record import GOLDEN_DIR
 from tests.node_history import JOB, NODE, node_and_job_events, positioned
 

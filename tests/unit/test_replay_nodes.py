@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner, Result
 
-from ffdl.adapters.cli.main import app
-from ffdl.adapters.log_files import read_log, write_log
-from ffdl.adapters.sre import NodeNotInLogError, Point, rebuild_file, replay_job, replay_node, verify_events
+from ffdl.cli.main import app
 from ffdl.projections.store import LoggedEvent, Projection
+from ffdl.tools.log_files import read_log, write_log
+from ffdl.tools.sre import NodeNotInLogError, Point, rebuild_file, replay_job, replay_node, verify_events
 from tests.golden.record import EVENTS_TOPIC
 from tests.node_history import JOB, NODE, write_node_history
 

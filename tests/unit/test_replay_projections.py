@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from ffdl.adapters.log_files import read_log, write_log
-from ffdl.adapters.sre import rebuild_file, verify_events
 from ffdl.projections.store import LoggedEvent, Projection
+from ffdl.tools.log_files import read_log, write_log
+from ffdl.tools.sre import rebuild_file, verify_events
 from tests.golden.record import GOLDEN_DIR, positioned
 
 LOGS = sorted(GOLDEN_DIR.glob("*.events.jsonl"))

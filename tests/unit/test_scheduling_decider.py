@@ -14,7 +14,7 @@ from ffdl.core.decider import decide
 from ffdl.core.invariants import check
 from ffdl.core.job import Job, evolve
 from ffdl.core.states import JobState
-from ffdl.events import commands as cmd
+from ffdl.events import job_commands as cmd
 from ffdl.events.codec import command_from_json, event_from_json, event_to_json
 from ffdl.events.envelope import Command, CommandData, Event
 from ffdl.events.model import Checkpoint, JobSpec, LearnerPlacement, Placement, WaitReason

@@ -21,8 +21,8 @@ from ffdl.core.invariants import check
 from ffdl.core.job import Job, evolve
 from ffdl.core.nodes import NodeRecord, decide_node, evolve_node
 from ffdl.core.states import JobState
-from ffdl.events import commands as cmd
-from ffdl.events import types as ev
+from ffdl.events import job_commands as cmd
+from ffdl.events import job_events as ev
 from ffdl.events.codec import AnyEvent, any_command_from_json, any_event_from_json
 from ffdl.events.envelope import Command, CommandData, Event, NodeCommand, NodeEvent
 from ffdl.events.model import Checkpoint, JobSpec, WaitReason

@@ -20,7 +20,7 @@ from ffdl.core.allocator import Node
 from ffdl.core.job import Job
 from ffdl.core.nodes import InventoryObservation, NodeRecord, NodeStatus
 from ffdl.core.states import JobState
-from ffdl.events import commands as cmd
+from ffdl.events import job_commands as cmd
 from ffdl.events import nodes as nd
 from ffdl.events.codec import any_command_from_json, any_event_from_json
 from ffdl.events.envelope import CommandData, NodeCommandData, NodeEvent

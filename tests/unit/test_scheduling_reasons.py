@@ -13,7 +13,7 @@ from ffdl.core.decider import decide
 from ffdl.core.job import Job, evolve
 from ffdl.core.scheduling import Plan, SchedulerPolicy, WaitingJob, plan
 from ffdl.core.tenancy import TenancyPolicy, TenantQuota
-from ffdl.events import commands as cmd
+from ffdl.events import job_commands as cmd
 from ffdl.events.envelope import Command, CommandData, Event
 from ffdl.events.model import JobSpec, WaitReason
 from ffdl.projections.store import LoggedEvent, Projection

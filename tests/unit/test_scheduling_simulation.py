@@ -12,12 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from ffdl.adapters.cli.main import app
-from ffdl.adapters.traces import TraceError, generate_trace, read_trace, write_trace
+from ffdl.cli.main import app
 from ffdl.core.allocator import Node
 from ffdl.core.scheduling import SchedulerPolicy
 from ffdl.core.simulation import TraceJob, simulate, summarize
 from ffdl.core.tenancy import TenancyPolicy, TenantQuota
+from ffdl.tools.traces import TraceError, generate_trace, read_trace, write_trace
 
 REPORT_KEYS = {
     "jobs",

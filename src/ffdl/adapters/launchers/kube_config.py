@@ -1,0 +1,24 @@
+"""How the Kubernetes launcher reaches the cluster and makes learner pods: the adapter's settings."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+
+class KubeConfig(BaseModel):
+    """How the Kubernetes launcher (``FFDL_LAUNCHER=kubernetes``) reaches the cluster and makes learner pods:
+    ``FFDL_KUBE__NAMESPACE``, ``FFDL_KUBE__IMAGE``...; docs/kubernetes.md explains each."""
+
+    api_url: str | None = Field(default=None, description="an API without credentials (kubectl proxy)")
+    kubeconfig: str | None = Field(default=None, description="default: in-cluster, else ~/.kube/config")
+    context: str | None = None
+    namespace: str = "ffdl-jobs"
+    image: str = Field(default="ffdl:latest", description="learner image (python, ffdl and tini)")
+    service_account: str | None = None
+    storage_claim: str | None = Field(default=None, description="ReadWriteMany PVC: checkpoints, results")
+    run_as_user: int = Field(default=1000, gt=0)
+    rendezvous_port: int = Field(default=29500, gt=0, lt=65536)
+    cluster_domain: str = "cluster.local"
+    gpu_type_labels: list[str] = Field(default_factory=lambda: ["ffdl.io/gpu-type", "nvidia.com/gpu.product"])
+    pending_timeout_s: float = Field(default=60.0, gt=0, description="unschedulable this long: lost")
+    orphan_check_s: float = Field(default=60.0, gt=0, description="how often orphaned pods are removed")

@@ -1,0 +1,268 @@
+"""The Kubernetes launcher: every learner is a bare pod, created through the API (DESIGN §6).
+
+``launch`` makes the job's headless Service (rendezvous), its NetworkPolicy and one pod per learner
+(see :mod:`ffdl.adapters.launchers.k8s_manifests`). It is idempotent by name: every object has a
+name fixed by job id, attempt and rank, and ``409 AlreadyExists`` counts as done, so a launch that is
+repeated, raced by a second launch, or resumed by a restarted platform after it crashed halfway
+completes the one set of pods instead of making a second. The API server is the launcher's whole
+memory: ``running`` and ``stop`` work from what it lists, whoever made the pods.
+
+``stop`` deletes the job's pods (every attempt) with the grace period: the kubelet sends SIGTERM, and
+SIGKILL once the grace is over. It waits until the pods are gone, then removes the NetworkPolicy and
+the Service. A pod that outlives its grace by ``stop_slack_s`` (its node no longer answers) is
+force-deleted, so a stop always ends. Owner references make the Service the owner of everything
+else, so deleting it by hand (or a stop cut short) still removes the whole job.
+
+:meth:`KubernetesLauncher.remove_orphans` is the reconciler FfDL lacked: it removes the objects of
+jobs that should have no learners (ended, halted, or unknown).
+
+:class:`KubernetesCluster` is what the platform runs when learners are pods: this launcher, the pod
+watcher and the node inventory of :mod:`ffdl.adapters.launchers.k8s_watch`, and the periodic orphan
+removal, all over one API client.
+
+Concurrency: one asyncio lock per job serialises ``launch``, ``stop`` and orphan removal of that
+job within this process (a stop waiting out its grace holds up no other job); across processes the
+API server's create-if-absent is the arbiter. ``close`` leaves the pods running, for a restarted
+platform to adopt; the :class:`~ffdl.adapters.launchers.k8s_client.KubeClient` belongs to whoever
+opened it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+import weakref
+from collections.abc import Callable
+
+import structlog
+
+from ffdl.adapters.launchers.environment import local_ranks
+from ffdl.adapters.launchers.k8s_client import (
+    NETWORK_POLICIES,
+    PODS,
+    SERVICES,
+    KubeApiError,
+    KubeClient,
+    KubeObject,
+    KubeUnreachableError,
+)
+from ffdl.adapters.launchers.k8s_manifests import (
+    ANY_JOB_SELECTOR,
+    PodSettings,
+    job_id_of,
+    job_selector,
+    learner_of,
+    network_policy_manifest,
+    pod_manifest,
+    service_manifest,
+    service_name,
+)
+from ffdl.adapters.launchers.k8s_watch import NodeInventory, PodWatcher
+from ffdl.adapters.launchers.kube_config import KubeConfig
+from ffdl.handlers.messaging import CommandSender
+from ffdl.handlers.ports import LaunchRequest, LearnerHandle
+
+log = structlog.get_logger(__name__)
+
+FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
+STOP_SLACK_S = 30.0
+STOP_POLL_INTERVAL_S = 0.2
+
+
+def pod_finished(pod: KubeObject) -> bool:
+    return pod.get("status", {}).get("phase") in FINISHED_PHASES
+
+
+class KubernetesLauncher:
+    """A :class:`~ffdl.handlers.ports.Launcher` that runs learners as pods; see the module docstring."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        settings: PodSettings,
+        *,
+        stop_slack_s: float = STOP_SLACK_S,
+        poll_interval_s: float = STOP_POLL_INTERVAL_S,
+    ) -> None:
+        self._client = client
+        self.settings = settings
+        self._namespace = settings.namespace
+        self._stop_slack_s = stop_slack_s
+        self._poll_interval_s = poll_interval_s
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+
+    # -- the port -------------------------------------------------------------------------------
+
+    async def launch(self, request: LaunchRequest) -> None:
+        async with self._job_lock(request.job_id):
+            settings = self.settings
+            service, _ = await self._client.create(
+                SERVICES, self._namespace, service_manifest(request.job_id, request.tenant, settings)
+            )
+            await self._client.create(
+                NETWORK_POLICIES,
+                self._namespace,
+                network_policy_manifest(request.job_id, request.tenant, service, settings),
+            )
+            created = 0
+            for learner, local_rank in local_ranks(request.placement.learners):
+                pod = pod_manifest(request, learner, local_rank, service, settings)
+                _, made = await self._client.create(PODS, self._namespace, pod)
+                created += made
+            log.info(
+                "learner pods launched",
+                job_id=request.job_id,
+                attempt=request.attempt,
+                created=created,
+                existing=len(request.placement.learners) - created,
+            )
+
+    async def stop(self, job_id: str, grace_s: float) -> None:
+        async with self._job_lock(job_id):
+            await self._stop(job_id, grace_s)
+
+    async def running(self) -> list[LearnerHandle]:
+        pods, _ = await self._client.list(PODS, self._namespace, ANY_JOB_SELECTOR)
+        alive = [handle for pod in pods if not pod_finished(pod) and (handle := learner_of(pod)) is not None]
+        return sorted(alive, key=lambda handle: (handle.job_id, handle.attempt, handle.rank))
+
+    async def close(self) -> None:
+        """Nothing to release: the pods run on, for a restarted platform to adopt."""
+
+    # -- reconciling ----------------------------------------------------------------------------
+
+    async def remove_orphans(self, is_live: Callable[[str], bool], grace_s: float) -> list[str]:
+        """Stop and remove the objects of every job that ``is_live`` disowns; returns those job ids.
+
+        ``is_live`` answers True for a job that may have learners now, and for a job this process
+        does not judge (another platform instance owns it); it is asked again under the job's lock,
+        so a job that went live meanwhile keeps its learners.
+        """
+        found: set[str] = set()
+        for resource in (PODS, SERVICES):
+            objects, _ = await self._client.list(resource, self._namespace, ANY_JOB_SELECTOR)
+            found.update(job_id for obj in objects if (job_id := job_id_of(obj)) is not None)
+        orphans = sorted(job_id for job_id in found if not is_live(job_id))
+
+        async def remove(job_id: str) -> bool:
+            async with self._job_lock(job_id):
+                if is_live(job_id):
+                    return False
+                log.warning("removing the learners of a job that should have none", job_id=job_id)
+                await self._stop(job_id, grace_s)
+                return True
+
+        removed = await asyncio.gather(*(remove(job_id) for job_id in orphans))
+        return [job_id for job_id, done in zip(orphans, removed, strict=True) if done]
+
+    # -- steps ----------------------------------------------------------------------------------
+
+    async def _stop(self, job_id: str, grace_s: float) -> None:
+        pods, _ = await self._client.list(PODS, self._namespace, job_selector(job_id))
+        grace = math.ceil(max(grace_s, 0.0))
+        for pod in pods:
+            # A finished pod has nothing left to stop: it goes at once.
+            await self._client.delete(
+                PODS, self._namespace, pod["metadata"]["name"], 0 if pod_finished(pod) else grace
+            )
+        remaining = await self._wait_until_gone(job_id, grace + self._stop_slack_s)
+        if remaining:
+            log.warning(
+                "learner pods outlived their grace: force-deleting them (their node does not answer)",
+                job_id=job_id,
+                pods=remaining,
+            )
+            for name in remaining:
+                await self._client.delete(PODS, self._namespace, name, 0)
+        name = service_name(job_id)
+        await self._client.delete(NETWORK_POLICIES, self._namespace, name)
+        await self._client.delete(SERVICES, self._namespace, name)
+        log.info("learner pods stopped", job_id=job_id, pods=len(pods), grace_s=grace_s)
+
+    async def _wait_until_gone(self, job_id: str, timeout_s: float) -> list[str]:
+        """Wait until the job has no pod left; returns the names of those still there at the deadline."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            pods, _ = await self._client.list(PODS, self._namespace, job_selector(job_id))
+            if not pods or time.monotonic() >= deadline:
+                return sorted(pod["metadata"]["name"] for pod in pods)
+            await asyncio.sleep(self._poll_interval_s)
+
+    def _job_lock(self, job_id: str) -> asyncio.Lock:
+        """The lock that serialises launching and stopping one job (held locks stay in the map)."""
+        lock = self._locks.get(job_id)
+        if lock is None:
+            lock = self._locks[job_id] = asyncio.Lock()
+        return lock
+
+
+class KubernetesCluster:
+    """The launcher, the pod watcher, the node inventory and the orphan removal over one API client."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        kube: KubeConfig,
+        *,
+        heartbeats_url: str,
+        heartbeat_ttl_s: float,
+        stop_grace_s: float,
+    ) -> None:
+        if not heartbeats_url.startswith("etcd://"):
+            raise ValueError(
+                "learner pods report to the heartbeat store over the network: the kubernetes launcher "
+                f"needs FFDL_HEARTBEATS=etcd://HOST:PORT that the pods reach, not {heartbeats_url}"
+            )
+        self.client = client
+        self._kube = kube
+        self._stop_grace_s = stop_grace_s
+        self.pod_settings = PodSettings(
+            namespace=kube.namespace,
+            image=kube.image,
+            heartbeats_url=heartbeats_url,
+            heartbeat_ttl_s=heartbeat_ttl_s,
+            rendezvous_port=kube.rendezvous_port,
+            cluster_domain=kube.cluster_domain,
+            service_account=kube.service_account,
+            storage_claim=kube.storage_claim,
+            run_as_user=kube.run_as_user,
+            termination_grace_s=math.ceil(stop_grace_s),
+            gpu_type_labels=tuple(kube.gpu_type_labels),
+        )
+        self.launcher = KubernetesLauncher(client, self.pod_settings)
+        self.nodes = NodeInventory(client, gpu_type_labels=kube.gpu_type_labels)
+
+    @staticmethod
+    async def client_for(kube: KubeConfig) -> KubeClient:
+        """A client of the API server ``kube`` names (a proxy URL, a kubeconfig, or in-cluster)."""
+        if kube.api_url:
+            return KubeClient.at(kube.api_url)
+        return await KubeClient.connect(kube.kubeconfig, kube.context)
+
+    def pod_watcher(self, sender: CommandSender, owns: Callable[[str], bool]) -> PodWatcher:
+        """The watcher of the learner pods of the jobs ``owns`` picks; it also hears of lost nodes."""
+        watcher = PodWatcher(
+            self.client,
+            self.pod_settings.namespace,
+            sender,
+            owns=owns,
+            pending_timeout_s=self._kube.pending_timeout_s,
+        )
+        self.nodes.on_node_lost = watcher.node_lost
+        return watcher
+
+    async def remove_orphans_forever(self, is_live: Callable[[str], bool], stop: asyncio.Event) -> None:
+        """Every ``orphan_check_s``, remove the learners of jobs that should have none."""
+        every_s = self._kube.orphan_check_s
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), every_s)
+            except TimeoutError:
+                try:
+                    await self.launcher.remove_orphans(is_live, self._stop_grace_s)
+                except (KubeUnreachableError, KubeApiError) as error:
+                    log.warning("orphan check failed: trying again later", error=str(error))
+
+    async def close(self) -> None:
+        await self.client.close()

@@ -1,0 +1,412 @@
+"""The local launcher: every learner is a process on this machine, under a learner agent (DESIGN §6).
+
+Each learner runs as ``python -m ffdl.learner.agent -- <command>`` in a new session, so the agent
+and every process of the learner form one process group whose id is the agent's pid; stopping a
+learner signals that group. A job's files live under ``work_dir/<job_id>/``, which is also the
+learners' working directory::
+
+    checkpoints/                          FFDL_CHECKPOINT_DIR, shared by the job's attempts
+    results/                              RESULT_DIR unless the spec names one
+    logs/attempt-<n>/learner-<r>.log      the learner's output (FFDL_LOG_FILE)
+    logs/attempt-<n>/learner-<r>.reports.jsonl   what ffdl.learner reported (FFDL_REPORT_FILE)
+    logs/attempt-<n>/agent-<r>.log        the agent's own log
+    run/attempt-<n>.launch                the attempt's launch claim: created once, never removed
+    run/attempt-<n>-rank-<r>.pid          the agent's pid (its process group) and its start time
+
+The files are the launcher's whole memory, so a restarted platform adopts the learners that kept
+running: ``running`` and ``stop`` work from the pidfiles, whoever started the agents. A pidfile
+holds the agent's start time (from ``/proc``) beside its pid, so a pid that was reused by an
+unrelated process is never mistaken for a learner nor signalled.
+
+Idempotency: an attempt is launched at most once. ``launch`` creates the attempt's claim file with
+``O_EXCL`` before it starts anything; when the claim exists already (launched before, by this or
+another platform process, even if its learners have exited or were stopped since) it starts
+nothing. Attempt numbers are never reused by the platform, so a re-delivered launch request never
+starts a second set of learners. A launch that fails halfway kills what it started and withdraws
+the claim, so it can be retried.
+
+Concurrency: ``launch`` and ``stop`` of one job are serialised by an asyncio lock per job (a stop
+waiting out its grace holds up no other job). Every agent this object starts gets a reaper task
+that waits on a pidfd (no polling) and collects the exit status, so no zombie is left behind.
+``close`` cancels the reapers and leaves the learners running. Linux only: pidfds and ``/proc``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import weakref
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from ffdl.adapters.processes import wait_for_exit
+from ffdl.adapters.launchers.environment import LearnerSite, learner_environment, local_ranks
+from ffdl.events.model import LearnerPlacement
+from ffdl.handlers.ports import LaunchRequest, LearnerHandle
+
+log = structlog.get_logger(__name__)
+
+MASTER_ADDR = "127.0.0.1"
+STOP_POLL_INTERVAL_S = 0.05
+KILL_WAIT_S = 5.0
+
+_PIDFILE = re.compile(r"^attempt-(\d+)-rank-(\d+)\.pid$")
+
+
+@dataclass(frozen=True, slots=True)
+class _ProcessStat:
+    """The parts of ``/proc/<pid>/stat`` the launcher needs."""
+
+    state: str
+    process_group: int
+    start_ticks: int
+
+    @property
+    def alive(self) -> bool:
+        return self.state not in ("Z", "X")  # a zombie has exited; it only waits to be reaped
+
+
+@dataclass(frozen=True, slots=True)
+class _RecordedLearner:
+    """One pidfile: a learner agent that was started, and how to recognise it."""
+
+    pidfile: Path
+    handle: LearnerHandle
+    pid: int
+    start_ticks: int
+
+    def is_alive(self) -> bool:
+        stat = _process_stat(self.pid)
+        return stat is not None and stat.start_ticks == self.start_ticks and stat.alive
+
+    def process_group(self) -> int | None:
+        """The learner's process group, unless its pid now belongs to an unrelated process.
+
+        While any process of the group lives, its id (the agent's pid) cannot be reused, so a pid
+        with no process at all still names the group of the learner's leftover processes.
+        """
+        stat = _process_stat(self.pid)
+        if stat is not None and stat.start_ticks != self.start_ticks:
+            return None
+        return self.pid
+
+
+class LocalLauncher:
+    """A :class:`~ffdl.handlers.ports.Launcher` that runs learners as local processes."""
+
+    def __init__(
+        self,
+        work_dir: Path,
+        heartbeats_url: str,
+        *,
+        heartbeat_ttl_s: float = 5.0,
+        python: str = sys.executable,
+    ) -> None:
+        self._work_dir = work_dir.resolve()
+        self._heartbeats_url = heartbeats_url
+        self._heartbeat_ttl_s = heartbeat_ttl_s
+        self._python = python
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        self._reapers: set[asyncio.Task[None]] = set()
+
+    # -- where things are -----------------------------------------------------------------------
+
+    def job_dir(self, job_id: str) -> Path:
+        """The job's directory (and its learners' working directory)."""
+        if not job_id or job_id in (".", "..") or "/" in job_id or "\0" in job_id:
+            raise ValueError(f"job id {job_id!r} cannot name a directory")
+        return self._work_dir / job_id
+
+    def log_path(self, job_id: str, attempt: int, rank: int) -> Path:
+        """The output (stdout and stderr) of one learner of one attempt."""
+        return self._attempt_logs(job_id, attempt) / f"learner-{rank}.log"
+
+    def _attempt_logs(self, job_id: str, attempt: int) -> Path:
+        return self.job_dir(job_id) / "logs" / f"attempt-{attempt}"
+
+    def _checkpoint_dir(self, job_id: str) -> Path:
+        return self.job_dir(job_id) / "checkpoints"
+
+    def _default_result_dir(self, job_id: str) -> Path:
+        return self.job_dir(job_id) / "results"
+
+    def _run_dir(self, job_id: str) -> Path:
+        return self.job_dir(job_id) / "run"
+
+    def _pidfile(self, job_id: str, attempt: int, rank: int) -> Path:
+        return self._run_dir(job_id) / f"attempt-{attempt}-rank-{rank}.pid"
+
+    # -- the port -------------------------------------------------------------------------------
+
+    async def launch(self, request: LaunchRequest) -> None:
+        async with self._job_lock(request.job_id):
+            bound = log.bind(job_id=request.job_id, attempt=request.attempt)
+            master_port = _free_port()
+            if not self._claim(request, master_port):
+                bound.info("attempt launched before: nothing to start")
+                return
+            started: list[tuple[LearnerHandle, subprocess.Popen[bytes]]] = []
+            try:
+                self._make_directories(request)
+                for learner, local_rank in local_ranks(request.placement.learners):
+                    handle = LearnerHandle(request.job_id, request.attempt, learner.rank)
+                    process = self._start_agent(request, learner, local_rank, master_port)
+                    started.append((handle, process))
+                    self._write_pidfile(handle, process.pid)
+            except BaseException:
+                bound.exception("launch failed: killing the learners it started")
+                self._abort(started)
+                self._claim_path(request.job_id, request.attempt).unlink(missing_ok=True)
+                raise
+            for handle, process in started:
+                self._reap_when_done(handle, process)
+            bound.info("learners launched", learners=len(started), master_port=master_port)
+
+    async def stop(self, job_id: str, grace_s: float) -> None:
+        async with self._job_lock(job_id):
+            recorded = self._recorded(self._run_dir(job_id))
+            groups = {
+                learner: group for learner in recorded if (group := learner.process_group()) is not None
+            }
+            for group in set(groups.values()):
+                _signal_group(group, signal.SIGTERM)
+            remaining = await _wait_until_gone(set(groups.values()), grace_s)
+            if remaining:
+                log.warning(
+                    "learners outlived the grace: killing them",
+                    job_id=job_id,
+                    process_groups=sorted(remaining),
+                )
+                for group in remaining:
+                    _signal_group(group, signal.SIGKILL)
+                remaining = await _wait_until_gone(remaining, KILL_WAIT_S)
+            for learner in recorded:
+                if groups.get(learner) in remaining:
+                    log.error(
+                        "learner survived SIGKILL",
+                        job_id=job_id,
+                        pid=learner.pid,
+                        pidfile=str(learner.pidfile),
+                    )
+                else:
+                    learner.pidfile.unlink(missing_ok=True)
+            log.info("learners stopped", job_id=job_id, learners=len(recorded), grace_s=grace_s)
+
+    async def running(self) -> list[LearnerHandle]:
+        run_dirs = sorted(self._work_dir.glob("*/run")) if self._work_dir.is_dir() else []
+        alive = [
+            learner.handle
+            for run_dir in run_dirs
+            for learner in self._recorded(run_dir)
+            if learner.is_alive()
+        ]
+        return sorted(alive, key=lambda handle: (handle.job_id, handle.attempt, handle.rank))
+
+    async def close(self) -> None:
+        """Stop reaping; the learners run on, for a restarted platform to adopt."""
+        for reaper in self._reapers:
+            reaper.cancel()
+        await asyncio.gather(*self._reapers, return_exceptions=True)
+        self._reapers.clear()
+
+    def _job_lock(self, job_id: str) -> asyncio.Lock:
+        """The lock that serialises launching and stopping one job (held locks stay in the map)."""
+        lock = self._locks.get(job_id)
+        if lock is None:
+            lock = self._locks[job_id] = asyncio.Lock()
+        return lock
+
+    # -- launching ------------------------------------------------------------------------------
+
+    def _claim_path(self, job_id: str, attempt: int) -> Path:
+        return self._run_dir(job_id) / f"attempt-{attempt}.launch"
+
+    def _claim(self, request: LaunchRequest, master_port: int) -> bool:
+        """Claim the attempt for this launch; False when it was claimed before."""
+        claim = self._claim_path(request.job_id, request.attempt)
+        claim.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            descriptor = os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        except FileExistsError:
+            return False
+        record = {
+            "master_port": master_port,
+            "learners": len(request.placement.learners),
+            "launched_at": time.time(),
+        }
+        with os.fdopen(descriptor, "w") as stream:
+            json.dump(record, stream)
+        return True
+
+    def _start_agent(
+        self, request: LaunchRequest, learner: LearnerPlacement, local_rank: int, master_port: int
+    ) -> subprocess.Popen[bytes]:
+        environment = self._learner_environment(request, learner, local_rank, master_port)
+        agent_log = self._attempt_logs(request.job_id, request.attempt) / f"agent-{learner.rank}.log"
+        with agent_log.open("ab") as agent_output:
+            return subprocess.Popen(
+                [self._python, "-m", "ffdl.learner.agent", "--", request.spec.command],
+                cwd=self.job_dir(request.job_id),
+                env=environment,
+                stdin=subprocess.DEVNULL,
+                stdout=agent_output,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def _learner_environment(
+        self, request: LaunchRequest, learner: LearnerPlacement, local_rank: int, master_port: int
+    ) -> dict[str, str]:
+        """The learner environment contract over this process's environment; the learner's GPUs by index."""
+        log_file = self.log_path(request.job_id, request.attempt, learner.rank)
+        site = LearnerSite(
+            master_addr=MASTER_ADDR,
+            master_port=master_port,
+            checkpoint_dir=str(self._checkpoint_dir(request.job_id)),
+            default_result_dir=str(self._default_result_dir(request.job_id)),
+            heartbeats_url=self._heartbeats_url,
+            heartbeat_ttl_s=self._heartbeat_ttl_s,
+            files={
+                "FFDL_LOG_FILE": str(log_file),
+                "FFDL_REPORT_FILE": str(log_file.with_suffix(".reports.jsonl")),
+            },
+            base=os.environ,
+        )
+        return learner_environment(request, learner, local_rank, learner.gpus, site)
+
+    def _make_directories(self, request: LaunchRequest) -> None:
+        directories = [
+            self._checkpoint_dir(request.job_id),
+            self._attempt_logs(request.job_id, request.attempt),
+        ]
+        if request.spec.result_dir is None:
+            directories.append(self._default_result_dir(request.job_id))
+        for directory in directories:
+            directory.mkdir(parents=True, exist_ok=True)
+
+    def _write_pidfile(self, handle: LearnerHandle, pid: int) -> None:
+        """Record the agent atomically: a pidfile is either absent or complete."""
+        stat = _process_stat(pid)
+        if stat is None:
+            raise RuntimeError(f"learner agent {pid} vanished before it could be recorded")
+        pidfile = self._pidfile(handle.job_id, handle.attempt, handle.rank)
+        partial = pidfile.with_suffix(".pid.tmp")
+        partial.write_text(f"{pid}\n{stat.start_ticks}\n")
+        partial.replace(pidfile)
+
+    def _abort(self, started: Iterable[tuple[LearnerHandle, subprocess.Popen[bytes]]]) -> None:
+        for handle, process in started:
+            _signal_group(process.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=KILL_WAIT_S)
+            self._pidfile(handle.job_id, handle.attempt, handle.rank).unlink(missing_ok=True)
+
+    def _reap_when_done(self, handle: LearnerHandle, process: subprocess.Popen[bytes]) -> None:
+        reaper = asyncio.create_task(_reap(handle, process))
+        self._reapers.add(reaper)
+        reaper.add_done_callback(self._reapers.discard)
+
+    # -- what the pidfiles say ------------------------------------------------------------------
+
+    def _recorded(self, run_dir: Path) -> list[_RecordedLearner]:
+        if not run_dir.is_dir():
+            return []
+        recorded = []
+        for pidfile in sorted(run_dir.iterdir()):
+            match = _PIDFILE.match(pidfile.name)
+            if match is None:
+                continue
+            try:
+                pid_text, start_text = pidfile.read_text().split()
+                pid, start_ticks = int(pid_text), int(start_text)
+            except FileNotFoundError:
+                continue  # stopped meanwhile
+            except ValueError:
+                log.warning("unreadable pidfile ignored", pidfile=str(pidfile))
+                continue
+            handle = LearnerHandle(run_dir.parent.name, int(match[1]), int(match[2]))
+            recorded.append(_RecordedLearner(pidfile, handle, pid, start_ticks))
+        return recorded
+
+
+def _free_port() -> int:
+    """A TCP port on the loopback interface that nothing listens on now: the attempt's rendezvous."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((MASTER_ADDR, 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _process_stat(pid: int) -> _ProcessStat | None:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    # The command name (field 2) is in parentheses and may contain anything; the fields after it
+    # are: state (3), ppid (4), process group (5), ... start time in clock ticks (22).
+    fields = raw[raw.rindex(")") + 2 :].split()
+    return _ProcessStat(state=fields[0], process_group=int(fields[2]), start_ticks=int(fields[19]))
+
+
+def _live_groups(groups: set[int]) -> set[int]:
+    """The ``groups`` that still have a process that has not exited.
+
+    ``killpg(group, 0)`` answers cheaply for a group that is gone, but succeeds for a group of
+    zombies too, so only the groups it finds are looked for in ``/proc``.
+    """
+    existing = {group for group in groups if _group_exists(group)}
+    if not existing:
+        return set()
+    live = set()
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit() and (stat := _process_stat(int(entry.name))) is not None and stat.alive:
+            live.add(stat.process_group)
+    return existing & live
+
+
+def _group_exists(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists, but belongs to another user
+    return True
+
+
+async def _wait_until_gone(groups: set[int], timeout_s: float) -> set[int]:
+    """Wait until no live process is left in ``groups``; returns the groups that still have one."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        remaining = _live_groups(groups)
+        if not remaining or time.monotonic() >= deadline:
+            return remaining
+        await asyncio.sleep(STOP_POLL_INTERVAL_S)
+
+
+def _signal_group(group: int, signum: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(group, signum)
+
+
+async def _reap(handle: LearnerHandle, process: subprocess.Popen[bytes]) -> None:
+    """Wait for an agent this launcher started to exit, and collect its status (no zombie stays)."""
+    returncode = await wait_for_exit(process)
+    log.info(
+        "learner agent ended",
+        job_id=handle.job_id,
+        attempt=handle.attempt,
+        rank=handle.rank,
+        returncode=returncode,
+    )

@@ -1,0 +1,142 @@
+"""``ffdl demo``: the whole platform in one process carrying a real 2-learner training job to COMPLETED.
+
+It starts the platform on embedded backends in a fresh directory, serves the API on a free port,
+submits the digits example (data-parallel softmax regression on scikit-learn's digits), shows a
+progress bar per learner, kills one learner with SIGKILL partway (unless ``--no-chaos``), and
+waits while the platform notices, restarts the gang from the last checkpoint and completes the
+job. Then it prints the accuracy, the timeline and the invariant check of the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from ffdl.cli.render import console, styled, timeline_table
+from ffdl.cli.serve import api_server
+from ffdl.tools.sre import verify_log
+from ffdl.wiring.config import Settings
+from ffdl.wiring.logging import configure_logging
+from ffdl.wiring.platform import Platform
+
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED"}
+DEMO_TIMEOUT_S = 110.0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def demo_manifest(steps: int) -> str:
+    command = f"{sys.executable} -m ffdl.examples.digits.train --steps {steps} --step-delay 0.05"
+    return (
+        "name: digits-demo\nlearners: 2\ngpus: 1\ncpus: 1\nmemory_mb: 512\n"
+        f"command: {command}\nmax_restarts: 3\nprogress_timeout_s: 30\nlabels: {{demo: 'true'}}\n"
+    )
+
+
+async def run_demo(*, chaos: bool, steps: int, keep: bool) -> int:
+    data_dir = Path(tempfile.mkdtemp(prefix="ffdl-demo-"))
+    log_file = data_dir / "platform.log"
+    with log_file.open("w") as log_stream:
+        configure_logging("json", "info", log_stream)
+        port = _free_port()
+        settings = Settings(
+            data_dir=data_dir,
+            api=f"http://127.0.0.1:{port}",
+            heartbeat_ttl_s=2.0,
+            monitor_grace_s=6.0,
+            stop_grace_s=5.0,
+            restart_backoff_base_s=0.5,
+        )
+        console.print(f"ffdl demo: platform data in {data_dir} (log: {log_file})")
+        started = time.monotonic()
+        async with Platform(settings) as platform:
+            server = api_server(platform, settings.api)
+            serving = asyncio.create_task(server.serve())
+            try:
+                job = await asyncio.wait_for(_drive(settings.api, steps, chaos), DEMO_TIMEOUT_S)
+            finally:
+                server.should_exit = True
+                await serving
+        elapsed = time.monotonic() - started
+        report = await verify_log(settings)
+    console.print(timeline_table(job))
+    accuracy = job["result"]["metrics"].get("accuracy") if job.get("result") else None
+    console.print(
+        f"job {job['job_id']} ended {styled(job['state'])} after {job['restarts']} restart(s) "
+        f"in {elapsed:.1f}s; final test accuracy: {accuracy if accuracy is None else f'{accuracy:.3f}'}"
+    )
+    console.print(f"ffdl verify: {report['events']} events, {len(report['violations'])} violation(s)")
+    if not keep:
+        shutil.rmtree(data_dir, ignore_errors=True)
+    return 0 if job["state"] == "COMPLETED" and not report["violations"] else 1
+
+
+async def _wait_ready(client: httpx.AsyncClient) -> None:
+    for _ in range(200):
+        try:
+            if (await client.get("/healthz")).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        await asyncio.sleep(0.05)
+    raise RuntimeError("the API did not come up")
+
+
+async def _drive(api: str, steps: int, chaos: bool) -> dict[str, Any]:
+    async with httpx.AsyncClient(base_url=api, timeout=30) as client:
+        await _wait_ready(client)
+        response = await client.post(
+            "/v1/jobs", content=demo_manifest(steps), headers={"Content-Type": "application/yaml"}
+        )
+        response.raise_for_status()
+        job_id = response.json()["job_id"]
+        console.print(f"submitted {job_id}: 2 learners x 1 GPU, {steps} steps")
+        killed = not chaos
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(),
+            console=console,
+        ) as progress:
+            bars = [progress.add_task(f"learner {rank}", total=steps, info="") for rank in range(2)]
+            state = progress.add_task("job", total=None, info="")
+            while True:
+                job = (await client.get(f"/v1/jobs/{job_id}")).json()
+                progress.update(state, info=f"{job['state']} attempt {job['attempt']}")
+                for rank, learner in enumerate(job["learners"]):
+                    loss = learner["metrics"].get("loss")
+                    info = f"{learner['status']} loss {loss:.3f}" if loss is not None else learner["status"]
+                    progress.update(bars[rank], completed=learner["step"], info=info)
+                if job["state"] in TERMINAL and job["placement"] is None:
+                    return dict(job)
+                victim = job["learners"][1]
+                if (
+                    not killed
+                    and job["state"] == "RUNNING"
+                    and victim["step"] >= steps // 3
+                    and victim["pid"]
+                ):
+                    os.kill(victim["pid"], signal.SIGKILL)
+                    killed = True
+                    progress.console.print(
+                        f"[magenta]chaos:[/] killed learner 1 (pid {victim['pid']}) "
+                        f"at step {victim['step']} with SIGKILL"
+                    )
+                await asyncio.sleep(0.3)

@@ -1,0 +1,298 @@
+"""The job decider: ``decide(job, command, now) -> events``, pure and deterministic (DESIGN §2, §5).
+
+The job's owner calls it for every command on the job's partition. The events it returns are
+numbered from the job's current ``seq`` and get ids derived from the command id, so deciding the
+same command twice yields the same events: a reader can tell a duplicate from a conflict.
+Observations that no longer matter (a stale attempt, a learner of a finished job) decide nothing;
+requests that are illegal in the job's state become a ``CommandRejected`` event.
+
+A halt with ``requeue`` (the scheduler preempting the job) ends like any halt, with the learners'
+checkpoint recorded in ``JobHalted``, and then queues the job again at once, so it resumes from
+that checkpoint when the scheduler next gives it GPUs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from ffdl.core.job import Job, LearnerStatus, WaitRecord, evolve, start
+from ffdl.core.restart import RestartPolicy
+from ffdl.core.states import JobState
+from ffdl.events import job_commands as cmd
+from ffdl.events import job_events as ev
+from ffdl.events.envelope import Command, CommandData, Event, EventData, derived_id
+from ffdl.events.model import ErrorCode, LossReason, Placement
+
+S = JobState
+DECIDER = "decider"
+
+
+class UnknownJob(LookupError):
+    """A command for a job that does not exist (and is not a submission): it goes to dead letters."""
+
+
+@dataclass(slots=True)
+class _Decision:
+    """Events decided so far for one command, with the job as they leave it."""
+
+    command: Command
+    now: datetime
+    producer: str
+    job: Job | None
+    events: list[Event] = field(default_factory=list)
+
+    def emit(self, data: EventData, *, fenced: bool = True) -> Job:
+        """Append ``data``; a refusal is not fenced (it must not carry a deposed sender's token)."""
+        seq = (self.job.seq if self.job else 0) + 1
+        event = Event(
+            event_id=derived_id(self.command.command_id, self.producer, len(self.events)),
+            job_id=self.command.job_id,
+            tenant=self.job.tenant if self.job else self.command.tenant,
+            seq=seq,
+            occurred_at=self.now,
+            causation_id=self.command.command_id,
+            correlation_id=self.command.correlation_id or self.command.command_id,
+            producer=self.producer,
+            fencing_token=self.command.fencing_token if fenced else None,
+            data=data,
+        )
+        self.job = evolve(self.job, event) if self.job else start(event)
+        self.events.append(event)
+        return self.job
+
+    def reject(self, reason: str) -> None:
+        rejected = ev.CommandRejected(
+            command_id=str(self.command.command_id), command_type=self.command.type, reason=reason
+        )
+        self.emit(rejected, fenced=False)
+
+
+def decide(
+    job: Job | None,
+    command: Command,
+    now: datetime,
+    *,
+    policy: RestartPolicy | None = None,
+    producer: str = DECIDER,
+    leader_token: int | None = None,
+) -> list[Event]:
+    """The events that ``command`` causes on ``job`` (``None``: the job does not exist yet).
+
+    ``leader_token`` is the fencing token of the scheduler's current leader: a fenced command
+    carrying another token comes from a deposed leader and is rejected.
+    """
+    decision = _Decision(command, now, producer, job)
+    data = command.data
+    if job is None:
+        if not isinstance(data, cmd.SubmitJob):
+            raise UnknownJob(f"no job {command.job_id} for {command.type}")
+        decision.emit(ev.JobSubmitted(spec=data.spec, submitted_by=command.producer))
+        return decision.events
+    if job.seen_command(command.command_id):
+        return []
+    if command.tenant != job.tenant:
+        decision.reject(f"job belongs to another tenant than {command.tenant!r}")
+    elif is_deposed(command.fencing_token, job.fencing_token, leader_token):
+        decision.reject(f"fencing token {command.fencing_token} is not the leader's: sender was deposed")
+    else:
+        _decide(decision, job, data, policy or RestartPolicy())
+    return decision.events
+
+
+def _decide(d: _Decision, job: Job, data: CommandData, policy: RestartPolicy) -> None:  # noqa: PLR0915
+    state = job.state
+    match data:
+        case cmd.SubmitJob():
+            d.reject("a job with this id exists already")
+        case cmd.AdmitJob() if state is S.SUBMITTED:
+            d.emit(ev.JobAccepted())
+            d.emit(ev.JobQueued(reason="waiting for GPUs"))
+        case cmd.RejectJob(code=code, reason=reason) if state is S.SUBMITTED:
+            d.emit(ev.JobRejected(code=code, reason=reason))
+        case cmd.AllocateGpus(placement=placement, reason=reason) if (
+            state is S.QUEUED and job.placement is None
+        ):
+            problem = _placement_problem(job, placement)
+            if problem:
+                d.reject(problem)
+            else:
+                d.emit(ev.GpusAllocated(placement=placement, reason=reason))
+        case cmd.RecordWaitReason(code=code, detail=detail, waiting_for=waiting_for, reserved_nodes=nodes):
+            record = WaitRecord(code, detail, waiting_for, nodes)
+            if state is S.QUEUED and job.placement is None and not record.same_as(job.waiting):
+                d.emit(ev.JobWaiting(code=code, detail=detail, waiting_for=waiting_for, reserved_nodes=nodes))
+        case cmd.BeginLaunch(attempt=attempt):
+            _begin_launch(d, job, attempt)
+        case cmd.ReportLearnerStarted(rank=rank, attempt=attempt, pid=pid, host=host):
+            if _observes_current(d, job, rank, attempt) and not job.learners[rank].has_started:
+                d.emit(ev.LearnerStarted(rank=rank, attempt=attempt, pid=pid, host=host))
+                _consequences(d, policy)
+        case cmd.ReportProgress(rank=rank, attempt=attempt, step=step, metrics=metrics):
+            if _observes_current(d, job, rank, attempt):
+                learner = job.learners[rank]
+                if learner.active and (
+                    step != learner.step or tuple(sorted(metrics.items())) != learner.metrics
+                ):
+                    if not learner.has_started:
+                        d.emit(ev.LearnerStarted(rank=rank, attempt=attempt))
+                    d.emit(ev.LearnerProgressed(rank=rank, attempt=attempt, step=step, metrics=metrics))
+                    _consequences(d, policy)
+        case cmd.ReportCheckpoint(checkpoint=checkpoint):
+            known = any(c.uri == checkpoint.uri and c.step == checkpoint.step for c in job.checkpoints)
+            usable = state in (S.LAUNCHING, S.RUNNING, S.HALTING, S.RESTARTING, S.STORING)
+            if (
+                usable
+                and not known
+                and checkpoint.attempt <= job.attempt
+                and checkpoint.rank < job.spec.learners
+            ):
+                d.emit(ev.CheckpointRecorded(checkpoint=checkpoint))
+        case cmd.ReportLearnerExited(rank=rank, attempt=attempt, exit_code=code):
+            if _observes_current(d, job, rank, attempt) and job.learners[rank].active:
+                d.emit(ev.LearnerExited(rank=rank, attempt=attempt, exit_code=code))
+                _consequences(d, policy)
+        case cmd.ReportLearnerLost(rank=rank, attempt=attempt, reason=reason, detail=detail):
+            if _observes_current(d, job, rank, attempt) and job.learners[rank].active:
+                d.emit(ev.LearnerLost(rank=rank, attempt=attempt, reason=reason, detail=detail))
+                _consequences(d, policy)
+        case cmd.HaltJob(reason=reason, requeue=requeue):
+            _halt(d, job, reason, requeue)
+        case cmd.ResumeJob():
+            if state is S.HALTED:
+                d.emit(ev.ResumeRequested(requested_by=d.command.producer))
+                d.emit(ev.JobQueued(reason="resumed"))
+            else:
+                d.reject(f"only a HALTED job can be resumed; this one is {state}")
+        case cmd.CancelJob(reason=reason):
+            if not state.terminal:
+                d.emit(ev.CancelRequested(reason=reason, requested_by=d.command.producer))
+                d.emit(ev.JobCancelled(reason=reason or "cancelled on request"))
+            elif state is not S.CANCELLED:
+                d.reject(f"job has ended already ({state})")
+        case cmd.FinishStoring(result=result) if state is S.STORING:
+            d.emit(ev.JobCompleted(result=result))
+        case cmd.ReleaseGpus():
+            if job.placement is not None and (state.terminal or state in (S.HALTED, S.QUEUED)):
+                d.emit(ev.GpusReleased(placement=job.placement))
+        case cmd.DeleteJob():
+            if not state.terminal:
+                d.reject(f"only an ended job can be deleted; this one is {state} (cancel it first)")
+            elif not job.deleted:
+                d.emit(ev.JobDeleted(requested_by=d.command.producer))
+        case _:
+            d.reject(f"{d.command.type} is not allowed in state {state}")
+
+
+def is_deposed(token: int | None, job_token: int | None, leader_token: int | None) -> bool:
+    if token is None:
+        return False
+    return (job_token is not None and token < job_token) or (
+        leader_token is not None and token != leader_token
+    )
+
+
+def _placement_problem(job: Job, placement: Placement) -> str:
+    ranks = [learner.rank for learner in placement.learners]
+    if ranks != list(range(job.spec.learners)):
+        return f"placement must list ranks 0..{job.spec.learners - 1} in order, got {ranks}"
+    for learner in placement.learners:
+        if len(learner.gpus) != job.spec.gpus or len(set(learner.gpus)) != len(learner.gpus):
+            return f"learner {learner.rank} needs {job.spec.gpus} distinct GPUs, got {list(learner.gpus)}"
+    return ""
+
+
+def next_attempt(job: Job) -> int | None:
+    """The attempt a launch would start now, or ``None`` when no launch is due."""
+    if job.state is S.SCHEDULED:
+        return job.attempt + 1
+    if job.state is S.RESTARTING:
+        return job.attempt
+    return None
+
+
+def _begin_launch(d: _Decision, job: Job, attempt: int) -> None:
+    due = next_attempt(job)
+    if due == attempt:
+        resume_from = job.latest_checkpoint if job.state is S.SCHEDULED else job.resume_from
+        d.emit(ev.JobLaunching(attempt=attempt, resume_from=resume_from))
+    elif not (attempt <= job.attempt and job.state.holds_learners):
+        d.reject(f"launch of attempt {attempt} is not due in state {job.state} (attempt {job.attempt})")
+
+
+def _observes_current(d: _Decision, job: Job, rank: int, attempt: int) -> bool:
+    """Whether a learner observation is about the running attempt; stale ones decide nothing."""
+    if rank >= job.spec.learners:
+        d.reject(f"rank {rank} does not exist: the job has {job.spec.learners} learners")
+        return False
+    return attempt == job.attempt and job.state in (S.LAUNCHING, S.RUNNING, S.HALTING)
+
+
+def _halt(d: _Decision, job: Job, reason: str, requeue: bool) -> None:
+    state = job.state
+    if state is S.HALTING and job.requeue_on_halt and not requeue:
+        d.emit(ev.HaltRequested(reason=reason or "halt requested", requested_by=d.command.producer))
+        return
+    if state in (S.HALTING, S.HALTED):
+        return
+    if state not in (S.QUEUED, S.SCHEDULED, S.LAUNCHING, S.RUNNING, S.RESTARTING):
+        d.reject(f"a job in state {state} cannot be halted")
+        return
+    requester = d.command.producer
+    job = d.emit(ev.HaltRequested(reason=reason or "halt requested", requested_by=requester, requeue=requeue))
+    nothing_runs = state is S.RESTARTING or not any(learner.active for learner in job.learners)
+    if job.state is not S.HALTING or nothing_runs:
+        _halted(d, job)
+
+
+def _halted(d: _Decision, job: Job) -> None:
+    """Every learner has stopped: the job is HALTED, and queues again at once if it was preempted."""
+    checkpoint = job.latest_checkpoint
+    job = d.emit(ev.JobHalted(checkpoint=checkpoint))
+    if job.requeue_on_halt:
+        d.emit(ev.ResumeRequested(requested_by=d.producer))
+        where = f"its checkpoint at step {checkpoint.step}" if checkpoint else "the start (no checkpoint)"
+        d.emit(ev.JobQueued(reason=f"requeued after preemption: resumes from {where}"))
+
+
+def _failure(job: Job) -> tuple[ErrorCode, str] | None:
+    """The first learner failure of the current attempt, as an error code and a reason."""
+    for learner in job.learners:
+        if learner.status is LearnerStatus.EXITED and learner.exit_code != 0:
+            return ErrorCode.LEARNER_FAILED, f"learner {learner.rank} exited with code {learner.exit_code}"
+        if learner.status is LearnerStatus.LOST:
+            code = (
+                ErrorCode.LEARNER_HUNG if learner.lost_reason == LossReason.HUNG else ErrorCode.LEARNER_LOST
+            )
+            detail = f": {learner.lost_detail}" if learner.lost_detail else ""
+            return code, f"learner {learner.rank} lost ({learner.lost_reason}){detail}"
+    return None
+
+
+def _consequences(d: _Decision, policy: RestartPolicy) -> None:
+    """What follows from the learners' state once an observation has been applied."""
+    job = d.job
+    assert job is not None  # an observation always follows at least one event
+    if job.state is S.HALTING:
+        if not any(learner.active for learner in job.learners):
+            _halted(d, job)
+        return
+    failure = _failure(job)
+    if failure is not None:
+        code, reason = failure
+        if job.restarts < job.spec.max_restarts:
+            d.emit(
+                ev.JobRestarting(
+                    attempt=job.attempt + 1,
+                    reason=reason,
+                    backoff_s=policy.backoff(job.restarts),
+                    resume_from=job.latest_checkpoint,
+                )
+            )
+        else:
+            d.emit(ev.JobFailed(code=code, reason=f"{reason}; gave up after {job.restarts} restarts"))
+        return
+    if job.state is S.LAUNCHING and all(learner.has_started for learner in job.learners):
+        job = d.emit(ev.JobRunning(attempt=job.attempt))
+    if job.state is S.RUNNING and all(learner.status is LearnerStatus.EXITED for learner in job.learners):
+        d.emit(ev.JobStoring(attempt=job.attempt))

@@ -1,0 +1,50 @@
+"""Launching: begin an attempt once GPUs are reserved, start its learners, relaunch after a failure."""
+
+from __future__ import annotations
+
+import asyncio
+
+import structlog
+
+from ffdl.core.job import Job
+from ffdl.core.reconcile import Action
+from ffdl.events import job_commands as cmd
+from ffdl.events.model import LossReason
+from ffdl.handlers.context import ReactionContext
+from ffdl.handlers.ports import LaunchRequest
+
+log = structlog.get_logger(__name__)
+
+
+async def begin_launch(job: Job, action: Action, ctx: ReactionContext) -> None:
+    await ctx.send(job, action, cmd.BeginLaunch(attempt=action.attempt))
+
+
+async def launch(job: Job, action: Action, ctx: ReactionContext) -> None:
+    assert job.placement is not None  # LAUNCHING always holds a placement
+    request = LaunchRequest(
+        job_id=job.job_id,
+        tenant=job.tenant,
+        attempt=job.attempt,
+        spec=job.spec,
+        placement=job.placement,
+        resume_from=job.resume_from,
+        env=ctx.learner_env,
+    )
+    try:
+        await ctx.launcher.launch(request)
+    except Exception as exc:
+        log.exception("launch failed", job_id=job.job_id, attempt=job.attempt)
+        lost = cmd.ReportLearnerLost(
+            rank=0, attempt=job.attempt, reason=LossReason.VANISHED, detail=f"launch failed: {exc}"
+        )
+        await ctx.send(job, action, lost)
+        return
+    log.info("learners launched", job_id=job.job_id, attempt=job.attempt, learners=job.spec.learners)
+
+
+async def relaunch(job: Job, action: Action, ctx: ReactionContext) -> None:
+    await ctx.launcher.stop(job.job_id, ctx.stop_grace_s)
+    log.info("relaunching after backoff", job_id=job.job_id, attempt=action.attempt, backoff_s=action.delay_s)
+    await asyncio.sleep(action.delay_s)
+    await ctx.send(job, action, cmd.BeginLaunch(attempt=action.attempt))

@@ -1,0 +1,132 @@
+"""How handlers talk to the log: topic names, sending commands, appending events, dead letters.
+
+Commands that a handler derives from an event get ids derived from that event's id, so a
+redelivered event makes the same command again and the job's owner drops the repeat.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import structlog
+
+from ffdl.events.codec import (
+    AnyCommand,
+    AnyEvent,
+    cloudevent_headers,
+    command_headers,
+    command_to_json,
+    event_to_json,
+)
+from ffdl.events.envelope import Command, CommandData, NodeCommand, NodeCommandData, derived_id
+from ffdl.handlers.ports import Bus, OutgoingRecord, Position, Record
+
+log = structlog.get_logger(__name__)
+#: The header that names why a record was dead-lettered (the tally classifies it for the metrics).
+DEAD_LETTER_REASON_HEADER = "ffdl_dlq_reason"
+
+
+@dataclass(frozen=True, slots=True)
+class Topics:
+    """The three topics of DESIGN §3, with a configurable prefix (``ffdl`` by default)."""
+
+    commands: str = "ffdl.commands"
+    events: str = "ffdl.events"
+    deadletter: str = "ffdl.deadletter"
+
+    @classmethod
+    def with_prefix(cls, prefix: str) -> Topics:
+        return cls(f"{prefix}.commands", f"{prefix}.events", f"{prefix}.deadletter")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class CommandSender:
+    """Puts commands on the commands topic, keyed by job id or node key (so they reach the owner in order)."""
+
+    def __init__(self, bus: Bus, topics: Topics, producer: str) -> None:
+        self._bus = bus
+        self._topics = topics
+        self.producer = producer
+
+    def make(
+        self,
+        job_id: str,
+        tenant: str,
+        data: CommandData,
+        *,
+        cause: uuid.UUID | None = None,
+        index: int = 0,
+        correlation_id: uuid.UUID | None = None,
+        fencing_token: int | None = None,
+        command_id: uuid.UUID | None = None,
+    ) -> Command:
+        if command_id is None:
+            command_id = derived_id(cause, self.producer, index) if cause else uuid.uuid4()
+        return Command(
+            command_id=command_id,
+            job_id=job_id,
+            tenant=tenant,
+            issued_at=utcnow(),
+            producer=self.producer,
+            correlation_id=correlation_id,
+            fencing_token=fencing_token,
+            data=data,
+        )
+
+    def make_for_node(
+        self,
+        node: str,
+        data: NodeCommandData,
+        *,
+        fencing_token: int | None = None,
+        command_id: uuid.UUID | None = None,
+    ) -> NodeCommand:
+        return NodeCommand(
+            command_id=command_id or uuid.uuid4(),
+            node=node,
+            issued_at=utcnow(),
+            producer=self.producer,
+            fencing_token=fencing_token,
+            data=data,
+        )
+
+    async def send(self, *commands: AnyCommand) -> list[Position]:
+        records = [
+            OutgoingRecord(c.key, command_to_json(c), tuple(command_headers(c, self.producer)))
+            for c in commands
+        ]
+        positions = await self._bus.publish(self._topics.commands, records)
+        for command, position in zip(commands, positions, strict=True):
+            log.debug(
+                "command sent",
+                key=command.key,
+                command=command.type,
+                command_id=str(command.command_id),
+                position=position.token,
+            )
+        return positions
+
+
+def event_records(events: Sequence[AnyEvent], source: str) -> list[OutgoingRecord]:
+    return [OutgoingRecord(e.key, event_to_json(e), tuple(cloudevent_headers(e, source))) for e in events]
+
+
+async def dead_letter(bus: Bus, topics: Topics, record: Record, reason: str) -> None:
+    """Park an undecodable or inapplicable record with its reason and origin; processing moves on."""
+    headers = (
+        *record.headers,
+        (DEAD_LETTER_REASON_HEADER, reason.encode()),
+        ("ffdl_dlq_topic", record.topic.encode()),
+        ("ffdl_dlq_partition", str(record.partition).encode()),
+        ("ffdl_dlq_offset", str(record.offset).encode()),
+    )
+    await bus.publish(topics.deadletter, [OutgoingRecord(record.key, record.value, headers)])
+    log.warning(
+        "dead-lettered", topic=record.topic, partition=record.partition, offset=record.offset, reason=reason
+    )

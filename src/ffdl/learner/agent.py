@@ -1,0 +1,460 @@
+"""The learner agent: runs one learner's command and keeps its heartbeat (DESIGN §6).
+
+A launcher starts one agent per learner as ``python -m ffdl.learner.agent -- <shell command>``, in a
+new session, with the learner environment (``FFDL_JOB_ID``, ``FFDL_TENANT``, ``FFDL_ATTEMPT``,
+``RANK``, ``FFDL_HEARTBEATS``, ``FFDL_HEARTBEAT_TTL``, ``FFDL_LOG_FILE``, ``FFDL_REPORT_FILE``...).
+The agent runs the command with ``/bin/sh -c`` in its own process group, passing the environment
+through, and for as long as the command runs it keeps the learner's key
+``/ffdl/jobs/<job>/learners/<rank>`` in the heartbeat store, bound to a lease, holding a
+:class:`~ffdl.handlers.heartbeat_keys.LearnerBeat`. When the command ends it writes the exit record
+``/ffdl/jobs/<job>/exits/<attempt>/<rank>`` (no lease, so it outlives the agent), then revokes the
+lease, and exits with the command's status.
+
+Concurrency: one asyncio loop, one child process. Beside the coroutine that waits for the child
+(on a pidfd, so a daemon the command leaves behind holding its output pipe cannot delay the exit
+report), four tasks share the in-memory beat, which only this loop touches:
+
+* the output pump copies the child's stdout and stderr (one pipe) into ``FFDL_LOG_FILE`` as it comes;
+  any new output counts as progress (``last_progress``, not ``step``), so a program that uses no
+  helper is still watched for hangs;
+* the report tail polls ``FFDL_REPORT_FILE`` for the JSON lines :mod:`ffdl.learner` appends
+  (``progress``: step and metrics, each metric keeping its latest value; ``checkpoint``);
+* the lease keeper renews the lease every TTL/3. A store outage is not a learner death: while the
+  store is unreachable it keeps trying and the learner runs on; when a renewal (or a write of the
+  key) finds the lease expired (the outage outlasted the TTL, and etcd expires leases it could not
+  renew even when it was the one frozen), it grants a new lease at once and has the key written
+  again, which is how the learner re-registers within the monitor's grace period;
+* the publisher writes the key whenever the beat changed, at most every
+  :data:`MIN_PUBLISH_INTERVAL_S`, so a chatty program costs the store at most four writes a second.
+
+Every store call is bounded by a timeout, so a frozen store looks like an unreachable one.
+
+Signals: a launcher stops a learner by signalling its process group, so SIGTERM (or SIGINT) reaches
+the agent and the command alike. The agent does not die of it: it waits for the command to finish
+(a learner typically checkpoints and exits) and reports that exit as usual. ``/bin/sh`` would die
+of SIGTERM at once and orphan the command it waits for, so the agent prefixes the command with a
+trap that makes the shell wait for its foreground command and then exit with that command's status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, BinaryIO, TypeVar
+
+import structlog
+
+from ffdl.adapters.heartbeats import exit_key, learner_key, open_store
+from ffdl.adapters.processes import exit_code_of, wait_for_exit
+from ffdl.events.job_commands import ReportProgress
+from ffdl.events.model import Checkpoint
+from ffdl.handlers.heartbeat_keys import LearnerBeat, encode_exit
+from ffdl.handlers.ports import HeartbeatStore, StoreUnavailable
+from ffdl.wiring.logging import configure_logging
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_HEARTBEAT_TTL_S = 5.0
+MIN_PUBLISH_INTERVAL_S = 0.25
+REPORT_POLL_INTERVAL_S = 0.1
+OUTPUT_CHUNK_BYTES = 64 * 1024
+OUTPUT_DRAIN_TIMEOUT_S = 2.0
+EXIT_REPORT_TIMEOUT_S = 30.0
+RETRY_INTERVAL_S = 0.5
+MIN_CALL_TIMEOUT_S = 2.0
+
+SHELL = "/bin/sh"
+# On SIGTERM/SIGINT the shell runs the trap only after its foreground command finished, and then
+# exits with that command's status instead of dying at once and leaving the command orphaned.
+SHELL_PRELUDE = "trap 'exit $?' TERM INT\n"
+
+_REQUIRED = ("FFDL_JOB_ID", "FFDL_ATTEMPT", "RANK", "FFDL_HEARTBEATS")
+
+_Value = TypeVar("_Value")
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    """What the agent reads from its environment."""
+
+    job_id: str
+    attempt: int
+    rank: int
+    heartbeats_url: str
+    tenant: str = ""
+    heartbeat_ttl_s: float = DEFAULT_HEARTBEAT_TTL_S
+    log_file: Path | None = None
+    report_file: Path | None = None
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> AgentConfig:
+        missing = [name for name in _REQUIRED if not environ.get(name)]
+        if missing:
+            raise ValueError(f"the learner agent needs {', '.join(missing)} in its environment")
+        attempt = _parse(environ, "FFDL_ATTEMPT", int)
+        rank = _parse(environ, "RANK", int)
+        ttl_s = _parse(environ, "FFDL_HEARTBEAT_TTL", float, DEFAULT_HEARTBEAT_TTL_S)
+        if attempt < 1 or rank < 0 or not ttl_s > 0:
+            raise ValueError(
+                f"need FFDL_ATTEMPT >= 1, RANK >= 0, FFDL_HEARTBEAT_TTL > 0; got {attempt}, {rank}, {ttl_s}"
+            )
+        return cls(
+            job_id=environ["FFDL_JOB_ID"],
+            attempt=attempt,
+            rank=rank,
+            heartbeats_url=environ["FFDL_HEARTBEATS"],
+            tenant=environ.get("FFDL_TENANT", ""),
+            heartbeat_ttl_s=ttl_s,
+            log_file=Path(environ["FFDL_LOG_FILE"]) if environ.get("FFDL_LOG_FILE") else None,
+            report_file=Path(environ["FFDL_REPORT_FILE"]) if environ.get("FFDL_REPORT_FILE") else None,
+        )
+
+
+def _parse(
+    environ: Mapping[str, str], name: str, kind: Callable[[str], _Value], default: _Value | None = None
+) -> _Value:
+    raw = environ.get(name, "")
+    if not raw and default is not None:
+        return default
+    try:
+        return kind(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a valid {getattr(kind, '__name__', kind)}") from None
+
+
+class ReportTail:
+    """The JSON lines :mod:`ffdl.learner` appended to the report file since the last read."""
+
+    def __init__(self, path: Path | None) -> None:
+        self._path = path
+        self._stream: BinaryIO | None = None
+        self._partial = b""
+
+    def read_new(self) -> list[Any]:
+        if self._path is None:
+            return []
+        if self._stream is None:
+            try:
+                self._stream = self._path.open("rb")
+            except FileNotFoundError:
+                return []
+        data = self._stream.read()
+        if not data:
+            return []
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        reports: list[Any] = []
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                reports.append(json.loads(line))
+            except ValueError:
+                log.warning("unreadable learner report ignored", report_file=str(self._path), line=line[:200])
+        return reports
+
+    def close(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+
+
+class LearnerAgent:
+    """Runs one learner's command to its end and keeps its heartbeat; see the module docstring."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        store: HeartbeatStore,
+        command: str,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._config = config
+        self._store = store
+        self._command = command
+        self._clock = clock
+        self._log = log.bind(
+            job_id=config.job_id, tenant=config.tenant, rank=config.rank, attempt=config.attempt
+        )
+        self._key = learner_key(config.job_id, config.rank)
+        self._ttl_s = config.heartbeat_ttl_s
+        self._call_timeout_s = max(config.heartbeat_ttl_s, MIN_CALL_TIMEOUT_S)
+        now = clock()
+        self._beat = LearnerBeat(
+            attempt=config.attempt,
+            agent_pid=os.getpid(),
+            host=socket.gethostname(),
+            started_at=now,
+            last_progress=now,
+        )
+        self._lease: int | None = None
+        self._expired_lease: int | None = None
+        self._changed = asyncio.Event()
+        self._lease_doubted = asyncio.Event()
+        self._store_reachable = True
+        self._stop_signal: int | None = None
+        self._reports = ReportTail(config.report_file)
+
+    @property
+    def beat(self) -> LearnerBeat:
+        return self._beat
+
+    def on_stop_signal(self, signum: int) -> None:
+        """SIGTERM or SIGINT: the learner got it too (one process group); wait for it to exit."""
+        self._log.info(
+            "stop signal received: waiting for the learner to exit", signal=signal.Signals(signum).name
+        )
+        if self._stop_signal is None:
+            self._stop_signal = signum
+
+    async def run(self) -> int:
+        """Run the command to its end; returns its exit code (negative: killed by that signal)."""
+        if self._stop_signal is not None:
+            self._log.info("stopped before the learner started")
+            return await self._finish(-self._stop_signal)
+        with self._output_sink() as sink:
+            child = self._start_command()
+            self._beat = replace(self._beat, pid=child.pid)
+            self._log.info("learner started", pid=child.pid, command=self._command)
+            assert child.stdout is not None  # asked for a pipe
+            output = asyncio.StreamReader()
+            loop = asyncio.get_running_loop()
+            pipe, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(output), child.stdout)
+            pump = asyncio.create_task(self._pump_output(output, sink))
+            helpers = [
+                asyncio.create_task(self._keep_lease()),
+                asyncio.create_task(self._publish()),
+                asyncio.create_task(self._tail_reports()),
+            ]
+            try:
+                returncode = await wait_for_exit(child)
+                # Output still in the pipe belongs to the log; a daemon the command left behind may
+                # hold the pipe open for ever, so the wait for the end of output is bounded.
+                await asyncio.wait({pump}, timeout=OUTPUT_DRAIN_TIMEOUT_S)
+            finally:
+                if child.returncode is None:
+                    child.kill()
+                    child.wait()
+                for task in (pump, *helpers):
+                    task.cancel()
+                await asyncio.gather(pump, *helpers, return_exceptions=True)
+                pipe.close()
+        self._read_reports()
+        self._reports.close()
+        return await self._finish(exit_code_of(returncode))
+
+    def _start_command(self) -> subprocess.Popen[bytes]:
+        """The learner's command under ``/bin/sh``, in the agent's process group, output on one pipe."""
+        return subprocess.Popen(
+            [SHELL, "-c", SHELL_PRELUDE + self._command],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+
+    # -- the tasks ------------------------------------------------------------------------------
+
+    async def _pump_output(self, output: asyncio.StreamReader, sink: BinaryIO) -> None:
+        sink_broken = False
+        while chunk := await output.read(OUTPUT_CHUNK_BYTES):
+            if not sink_broken:
+                try:
+                    sink.write(chunk)
+                    sink.flush()
+                except OSError as error:
+                    # Keep draining the pipe: a learner blocked on a full pipe would look hung.
+                    sink_broken = True
+                    self._log.error("learner log cannot be written: dropping its output", error=str(error))
+            self._beat = replace(self._beat, last_progress=self._clock())
+            self._changed.set()
+
+    async def _tail_reports(self) -> None:
+        while True:
+            self._read_reports()
+            await asyncio.sleep(REPORT_POLL_INTERVAL_S)
+
+    async def _keep_lease(self) -> None:
+        while True:
+            await self._renew_lease()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._ttl_s / 3):
+                    await self._lease_doubted.wait()
+            self._lease_doubted.clear()
+
+    async def _publish(self) -> None:
+        while True:
+            await self._changed.wait()
+            self._changed.clear()
+            lease = self._lease
+            if lease is None:
+                continue  # the lease keeper marks the beat changed once it holds a lease
+            try:
+                async with asyncio.timeout(self._call_timeout_s):
+                    await self._store.put(self._key, self._beat.to_json(), lease)
+                self._note_store_reachable()
+            except LookupError:
+                if self._lease == lease:
+                    self._lease, self._expired_lease = None, lease
+                self._lease_doubted.set()
+                self._changed.set()
+            except (StoreUnavailable, TimeoutError) as error:
+                self._note_store_unreachable(error)
+                self._changed.set()
+            await asyncio.sleep(MIN_PUBLISH_INTERVAL_S)
+
+    # -- steps ----------------------------------------------------------------------------------
+
+    async def _renew_lease(self) -> None:
+        """Keep the lease alive; grant a new one when there is none or it expired."""
+        lease = self._lease
+        try:
+            async with asyncio.timeout(self._call_timeout_s):
+                if lease is not None and await self._store.keepalive(lease):
+                    self._note_store_reachable()
+                    return
+                if lease is not None:
+                    self._lease, self._expired_lease = None, lease
+                self._lease = await self._store.grant(self._ttl_s)
+        except (StoreUnavailable, TimeoutError) as error:
+            self._note_store_unreachable(error)
+            return
+        self._note_store_reachable()
+        if self._expired_lease is None:
+            self._log.info("heartbeat lease granted", lease=self._lease)
+        else:
+            self._log.warning(
+                "heartbeat lease had expired: re-established", expired=self._expired_lease, lease=self._lease
+            )
+            self._expired_lease = None
+        self._changed.set()
+
+    def _read_reports(self) -> None:
+        for report in self._reports.read_new():
+            try:
+                self._apply(report)
+            except (KeyError, TypeError, ValueError) as error:  # ValidationError is a ValueError
+                self._log.warning("invalid learner report ignored", report=report, error=str(error))
+
+    def _apply(self, report: Any) -> None:
+        kind = report["type"]
+        now = self._clock()
+        if kind == "progress":
+            progress = ReportProgress(
+                rank=self._config.rank,
+                attempt=self._config.attempt,
+                step=report["step"],
+                metrics=report.get("metrics", {}),
+            )
+            metrics = {**self._beat.metrics, **progress.metrics}
+            self._beat = replace(self._beat, step=progress.step, metrics=metrics, last_progress=now)
+        elif kind == "checkpoint":
+            checkpoint = Checkpoint(
+                rank=self._config.rank,
+                attempt=self._config.attempt,
+                step=report["step"],
+                uri=report["uri"],
+                size_bytes=report.get("size_bytes", 0),
+                checksum=report.get("checksum", ""),
+            )
+            self._beat = replace(self._beat, checkpoint=checkpoint.model_dump(mode="json"), last_progress=now)
+            self._log.info("checkpoint reported", step=checkpoint.step, uri=checkpoint.uri)
+        else:
+            raise ValueError(f"unknown report type {kind!r}")
+        self._changed.set()
+
+    async def _finish(self, exit_code: int) -> int:
+        """Publish the final beat and the exit record, then revoke the lease; bounded by a deadline."""
+        deadline = asyncio.get_running_loop().time() + EXIT_REPORT_TIMEOUT_S
+        while True:
+            try:
+                async with asyncio.timeout(self._call_timeout_s):
+                    lease = self._lease
+                    if lease is None:
+                        lease = self._lease = await self._store.grant(self._ttl_s)
+                    await self._store.put(self._key, self._beat.to_json(), lease)
+                    key = exit_key(self._config.job_id, self._config.attempt, self._config.rank)
+                    await self._store.put(key, encode_exit(exit_code))
+                break
+            except (LookupError, StoreUnavailable, TimeoutError) as error:
+                if isinstance(error, LookupError):
+                    self._lease = None
+                if asyncio.get_running_loop().time() >= deadline:
+                    self._log.error(
+                        "learner exit could not be reported", exit_code=exit_code, error=str(error)
+                    )
+                    return exit_code
+                await asyncio.sleep(RETRY_INTERVAL_S)
+        self._log.info("learner exited", exit_code=exit_code, step=self._beat.step)
+        with contextlib.suppress(LookupError, StoreUnavailable, TimeoutError):
+            async with asyncio.timeout(self._call_timeout_s):
+                await self._store.revoke(lease)
+        return exit_code
+
+    @contextlib.contextmanager
+    def _output_sink(self) -> Iterator[BinaryIO]:
+        if self._config.log_file is None:
+            yield sys.stdout.buffer
+            return
+        self._config.log_file.parent.mkdir(parents=True, exist_ok=True)
+        with self._config.log_file.open("ab") as sink:
+            yield sink
+
+    def _note_store_reachable(self) -> None:
+        if not self._store_reachable:
+            self._store_reachable = True
+            self._log.info("heartbeat store reachable again")
+
+    def _note_store_unreachable(self, error: BaseException) -> None:
+        if self._store_reachable:
+            self._store_reachable = False
+            self._log.warning(
+                "heartbeat store unreachable: the learner runs on", error=str(error) or type(error).__name__
+            )
+
+
+async def run_agent(config: AgentConfig, store: HeartbeatStore, command: str) -> int:
+    """Run a learner under an agent in this process, with SIGTERM and SIGINT handled as stops."""
+    agent = LearnerAgent(config, store, command)
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, agent.on_stop_signal, signum)
+    try:
+        return await agent.run()
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+        await store.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m ffdl.learner.agent -- COMMAND...``: the words after ``--`` form one shell command."""
+    configure_logging(os.environ.get("FFDL_LOG_FORMAT", "console"), os.environ.get("FFDL_LOG_LEVEL", "info"))
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] == ["--"]:
+        words = words[1:]
+    command = " ".join(words)
+    if not command.strip():
+        print("usage: python -m ffdl.learner.agent -- <shell command>", file=sys.stderr)
+        return os.EX_USAGE
+    try:
+        config = AgentConfig.from_environ(os.environ)
+        store = open_store(config.heartbeats_url)
+    except ValueError as error:
+        log.error("learner agent misconfigured", error=str(error))
+        return os.EX_CONFIG
+    exit_code = asyncio.run(run_agent(config, store, command))
+    return exit_code if exit_code >= 0 else 128 - exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

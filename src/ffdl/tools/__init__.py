@@ -1,0 +1,1 @@
+"""Operator tools over the log: export, import, replay, verify, traces and the scheduling simulator."""

@@ -1,0 +1,156 @@
+"""Configuration: one optional YAML file (``FFDL_CONFIG``) plus ``FFDL_*`` environment overrides.
+
+The default is fully embedded: the log, the heartbeats and the projections live in files under
+``data_dir``, learners are local processes, and the inventory is one node with 8 simulated GPUs
+(or the real NVIDIA GPUs of this machine, when there are any).
+
+Scheduling: ``tenant_quotas`` gives each named tenant its guaranteed GPUs, borrowing limit and
+fair share weight (tenants not named, like the API's ``default``, are unlimited with weight 1);
+``scheduler`` sets preemption, the minimum runtime before a job may be preempted, and how many
+waiting jobs get nodes reserved. A node with ``schedulable: false`` is cordoned: its jobs run on,
+nothing new is placed there.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+from ffdl.adapters.bus.kafka_config import KafkaConfig
+from ffdl.adapters.launchers.kube_config import KubeConfig
+from ffdl.core.allocator import Node
+from ffdl.core.scheduling import SchedulerPolicy
+from ffdl.core.tenancy import TenancyPolicy, TenantQuota
+
+
+class NodeConfig(BaseModel):
+    name: str
+    gpus: int = Field(default=8, ge=0)
+    gpu_type: str = "simulated"
+    cpus: float = Field(default=64.0, gt=0)
+    memory_mb: int = Field(default=262_144, gt=0)
+    schedulable: bool = Field(default=True, description="false: cordoned, nothing new is placed here")
+
+    def node(self) -> Node:
+        return Node(self.name, self.gpus, self.gpu_type, self.cpus, self.memory_mb, self.schedulable)
+
+
+class TenantQuotaConfig(BaseModel):
+    guaranteed_gpus: int = Field(default=0, ge=0)
+    borrowing_limit_gpus: int | None = Field(default=None, ge=0, description="null: may borrow any idle GPU")
+    weight: float = Field(default=1.0, gt=0, description="fair share weight")
+
+    def quota(self) -> TenantQuota:
+        return TenantQuota(self.guaranteed_gpus, self.borrowing_limit_gpus, self.weight)
+
+
+class SchedulerConfig(BaseModel):
+    preemption: bool = True
+    min_runtime_s: float = Field(default=60.0, ge=0, description="seconds a job runs before preemption")
+    max_reservations: int = Field(default=2, ge=0, description="waiting jobs that get nodes kept for them")
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="FFDL_", env_nested_delimiter="__", extra="ignore")
+
+    data_dir: Path = Path(".ffdl")
+    bus: str | None = Field(default=None, description="embedded:///DIR or kafka://HOST:PORT[,HOST:PORT]")
+    heartbeats: str | None = Field(default=None, description="embedded:///FILE or etcd://HOST:PORT")
+    election: str | None = Field(
+        default=None,
+        description="file:///DIR or etcd://HOST:PORT; default: the heartbeats' etcd, else data_dir",
+    )
+    launcher: Literal["local", "instant", "kubernetes"] = Field(
+        default="local",
+        description="instant: learners complete at once (benchmarks, scale tests); kubernetes: pods (kube)",
+    )
+    api: str = "http://127.0.0.1:8080"
+    token: str | None = None
+    partitions: int = Field(default=8, ge=1, le=1024)
+    topic_prefix: str = "ffdl"
+    kafka: KafkaConfig = Field(default_factory=KafkaConfig)
+    kube: KubeConfig = Field(default_factory=KubeConfig)
+    nodes: list[NodeConfig] | None = None
+    tenant_quotas: dict[str, TenantQuotaConfig] = Field(default_factory=dict)
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    heartbeat_ttl_s: float = Field(default=5.0, gt=0)
+    leader_ttl_s: float = Field(default=10.0, gt=0)
+    monitor_grace_s: float = Field(default=15.0, ge=0)
+    launch_timeout_s: float = Field(default=120.0, gt=0)
+    stop_grace_s: float = Field(default=10.0, ge=0)
+    restart_backoff_base_s: float = Field(default=1.0, ge=0)
+    restart_backoff_max_s: float = Field(default=60.0, ge=0)
+    log_format: Literal["console", "json"] = "console"
+    log_level: str = "info"
+    tenants_file: Path | None = Field(
+        default=None, description="tenants and token hashes (default DATA_DIR/tenants.json)"
+    )
+    mqtt: str | None = Field(
+        default=None, description="mqtt://HOST:PORT: retained job status out, telemetry in"
+    )
+    max_request_bytes: int = Field(default=256 * 1024, gt=0)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        config_file = os.environ.get("FFDL_CONFIG")
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        if config_file:
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=config_file))
+        return tuple(sources)
+
+    @property
+    def bus_url(self) -> str:
+        return self.bus or f"embedded://{self.data_dir.resolve()}"
+
+    @property
+    def heartbeats_url(self) -> str:
+        return self.heartbeats or f"embedded://{(self.data_dir / 'heartbeats.sqlite').resolve()}"
+
+    @property
+    def tenants_path(self) -> Path:
+        return (self.tenants_file or self.data_dir / "tenants.json").resolve()
+
+    @property
+    def election_url(self) -> str:
+        """Where singleton roles elect their leader: etcd when the heartbeats live there, else a lock file."""
+        if self.election:
+            return self.election
+        if self.heartbeats_url.startswith("etcd://"):
+            return self.heartbeats_url
+        return f"file://{self.data_dir.resolve()}"
+
+    @property
+    def work_dir(self) -> Path:
+        return (self.data_dir / "jobs").resolve()
+
+    @property
+    def projection_path(self) -> Path:
+        return (self.data_dir / "projections.sqlite").resolve()
+
+    def scheduler_policy(self) -> SchedulerPolicy:
+        tenancy = TenancyPolicy({name: tenant.quota() for name, tenant in self.tenant_quotas.items()})
+        s = self.scheduler
+        return SchedulerPolicy(tenancy, s.preemption, s.min_runtime_s, s.max_reservations)
+
+    def inventory(self) -> list[Node]:
+        from ffdl.adapters.gpus import detect_local_node  # noqa: PLC0415 - only when no nodes are configured
+
+        if self.nodes:
+            return [n.node() for n in self.nodes]
+        return [detect_local_node()]

@@ -1,0 +1,314 @@
+"""Wiring: builds the adapters the settings name and runs the platform's roles in one process.
+
+Roles (``ffdl up --roles``): ``workers`` (the job owners on the commands topic and the reactor
+host with the monitor on the events topic), ``scheduler`` (under leader election), ``projector``
+(the read models), ``notifier`` (MQTT status out and telemetry in, when ``FFDL_MQTT`` is set) and
+``api`` (served by the CLI's ``up``; its process also counts the dead-letter topic for the
+metrics). Consumer groups are named after the topic prefix, so platforms sharing a Kafka cluster
+never share one. Each role runs under a supervisor that restarts it after a crash with backoff; a
+restarted role refolds its partitions first. ``FFDL_LAUNCHER=instant`` learners complete at once
+(benchmarks and scale tests).
+Singleton roles are elected through etcd when ``FFDL_ELECTION`` (or, by default, the heartbeat
+store) names an etcd, else through lock files in the data dir.
+
+The scheduler leader records the inventory on the log (node events) from its source: the
+configured nodes by default; with ``FFDL_LAUNCHER=kubernetes``, where learners are pods, the
+cluster's nodes, kept current by a node watch. The workers then also watch their jobs' learner
+pods (observations the agents cannot send) and remove the pods of jobs that should have none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import structlog
+
+from ffdl.adapters.bus import open_bus
+from ffdl.adapters.election import open_election
+from ffdl.adapters.heartbeats import open_store
+from ffdl.adapters.inventory import ConfiguredInventory
+from ffdl.core.restart import RestartPolicy
+from ffdl.handlers.context import ReactionContext
+from ffdl.handlers.deadletters import DeadLetterTally
+from ffdl.handlers.driver import Driver
+from ffdl.handlers.messaging import CommandSender, Topics
+from ffdl.handlers.monitoring import Monitor
+from ffdl.handlers.owner import SCHEDULER_ROLE, JobOwner
+from ffdl.handlers.ports import Bus, Election, HeartbeatStore, InventorySource, Launcher
+from ffdl.handlers.projector import Projector
+from ffdl.handlers.reactor import ReactorHost
+from ffdl.handlers.runtime import consume
+from ffdl.handlers.scheduler import Scheduler
+from ffdl.projections.store import Projection
+from ffdl.wiring.config import Settings
+
+if TYPE_CHECKING:
+    from ffdl.adapters.launchers.kubernetes import KubernetesCluster
+
+log = structlog.get_logger(__name__)
+
+ALL_ROLES = frozenset({"api", "workers", "scheduler", "projector", "notifier"})
+#: How often a leading scheduler checks that it still leads.
+LEADERSHIP_CHECK_S = 0.25
+
+
+def open_launcher(settings: Settings, heartbeats: HeartbeatStore) -> Launcher:
+    """The launcher ``settings.launcher`` names; the instant one reports through ``heartbeats``."""
+    if settings.launcher == "instant":
+        from ffdl.adapters.launchers.instant import InstantLauncher  # noqa: PLC0415 - load only the chosen adapter
+
+        return InstantLauncher(heartbeats, heartbeat_ttl_s=settings.heartbeat_ttl_s)
+    from ffdl.adapters.launchers.local import LocalLauncher  # noqa: PLC0415
+
+    return LocalLauncher(settings.work_dir, settings.heartbeats_url, heartbeat_ttl_s=settings.heartbeat_ttl_s)
+
+
+@dataclass
+class Platform:
+    """Everything one ``ffdl up`` process runs; use ``async with Platform(settings) as p``."""
+
+    settings: Settings
+    roles: frozenset[str] = ALL_ROLES
+    launcher: Launcher | None = None
+    instance: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+
+    def __post_init__(self) -> None:
+        s = self.settings
+        self.topics = Topics.with_prefix(s.topic_prefix)
+        self.bus: Bus = open_bus(
+            s.bus_url,
+            s.partitions,
+            kafka=s.kafka,
+            topics=(self.topics.commands, self.topics.events, self.topics.deadletter),
+        )
+        self.heartbeats: HeartbeatStore = open_store(s.heartbeats_url)
+        self.election: Election = open_election(s.election_url, s.leader_ttl_s)
+        self.projection = Projection(s.projection_path)
+        self.projector = Projector(self.bus, self.topics, self.projection)
+        self.sender = CommandSender(self.bus, self.topics, f"api@{self.instance}")
+        self.inventory: InventorySource | None = None
+        self.policy = RestartPolicy(base_s=s.restart_backoff_base_s, max_backoff_s=s.restart_backoff_max_s)
+        self.reactor: ReactorHost | None = None
+        self.owner: JobOwner | None = None
+        self.kubernetes: KubernetesCluster | None = None
+        self.dead_letters = DeadLetterTally()
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def __aenter__(self) -> Platform:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        s = self.settings
+        s.data_dir.mkdir(parents=True, exist_ok=True)
+        await self._start_bus()
+        if s.launcher == "kubernetes" and self.roles & {"workers", "scheduler"}:
+            await self._start_kubernetes()
+        if "workers" in self.roles:
+            kubernetes_launcher = self.kubernetes.launcher if self.kubernetes is not None else None
+            self.launcher = self.launcher or kubernetes_launcher or open_launcher(s, self.heartbeats)
+            ctx = ReactionContext(
+                sender=CommandSender(self.bus, self.topics, f"reactor@{self.instance}"),
+                launcher=self.launcher,
+                learner_env={
+                    "FFDL_HEARTBEATS": s.heartbeats_url,
+                    "FFDL_HEARTBEAT_TTL": str(s.heartbeat_ttl_s),
+                },
+                stop_grace_s=s.stop_grace_s,
+                result_dir=lambda job_id: s.work_dir / job_id / "results",
+            )
+            monitor = Monitor(
+                self.heartbeats,
+                CommandSender(self.bus, self.topics, f"monitor@{self.instance}"),
+                heartbeat_ttl_s=s.heartbeat_ttl_s,
+                grace_s=s.monitor_grace_s,
+                launch_timeout_s=s.launch_timeout_s,
+            )
+            self.reactor = ReactorHost(self.bus, self.topics.events, Driver(ctx), [monitor])
+            self.owner = JobOwner(
+                self.bus, self.topics, self.election, producer=f"owner@{self.instance}", policy=self.policy
+            )
+            owner, reactor = self.owner, self.reactor
+            owners, reactors = self._group("owners"), self._group("reactors")
+            self._supervise(
+                "owner", lambda: consume(self.bus, owners, [self.topics.commands], owner, self._stop)
+            )
+            self._supervise(
+                "reactor", lambda: consume(self.bus, reactors, [self.topics.events], reactor, self._stop)
+            )
+            self._supervise("reconciler", lambda: reactor.reconcile_forever(self._stop))
+            self._supervise("monitor", lambda: monitor.run(self._stop))
+            if self.kubernetes is not None:
+                kubernetes = self.kubernetes
+                pod_sender = CommandSender(self.bus, self.topics, f"pods@{self.instance}")
+                pods = kubernetes.pod_watcher(pod_sender, reactor.owns)
+                self._supervise("pods", lambda: pods.run(self._stop))
+                keeps = self._keeps_learners
+                self._supervise("orphans", lambda: kubernetes.remove_orphans_forever(keeps, self._stop))
+        if "scheduler" in self.roles:
+            inventory = self.inventory = self.inventory or ConfiguredInventory(s.inventory())
+            self._supervise("scheduler", lambda: self._lead_scheduler(inventory))
+        if "notifier" in self.roles and s.mqtt:
+            from ffdl.adapters.mqtt import MqttBridge  # noqa: PLC0415 - only with an MQTT broker configured
+
+            mqtt_sender = CommandSender(self.bus, self.topics, f"mqtt@{self.instance}")
+            bridge = MqttBridge(s.mqtt, self.bus, self.topics, mqtt_sender, self._group("notifier"))
+            self._supervise("notifier", lambda: bridge.run(self._stop))
+        if "projector" in self.roles:
+            projectors = self._group("projector")
+            self._supervise(
+                "projector",
+                lambda: consume(
+                    self.bus, projectors, [self.topics.events], self.projector, self._stop, max_records=2000
+                ),
+            )
+        if "api" in self.roles:
+            self._supervise(
+                "dead-letters", lambda: self.dead_letters.follow(self.bus, self.topics.deadletter, self._stop)
+            )
+        log.info(
+            "platform started",
+            roles=sorted(self.roles),
+            bus=s.bus_url,
+            heartbeats=s.heartbeats_url,
+            data_dir=str(s.data_dir.resolve()),
+        )
+
+    async def _start_kubernetes(self) -> None:
+        """Learners are pods: the cluster's nodes are the inventory, kept current by a node watch."""
+        from ffdl.adapters.launchers.kubernetes import KubernetesCluster  # noqa: PLC0415 - only for pods
+
+        s = self.settings
+        client = await KubernetesCluster.client_for(s.kube)
+        self.kubernetes = kubernetes = KubernetesCluster(
+            client,
+            s.kube,
+            heartbeats_url=s.heartbeats_url,
+            heartbeat_ttl_s=s.heartbeat_ttl_s,
+            stop_grace_s=s.stop_grace_s,
+        )
+        self.inventory = kubernetes.nodes
+        self._supervise("nodes", lambda: kubernetes.nodes.run(self._stop))
+
+    def _keeps_learners(self, job_id: str) -> bool:
+        """Whether a job may have learners now, or is another instance's to judge (orphan removal)."""
+        reactor = self.reactor
+        if reactor is None or self.bus.partition_for(job_id) not in reactor.partitions:
+            return True
+        job = reactor.book.jobs.get(job_id)
+        return job is not None and job.state.holds_learners
+
+    def _group(self, role: str) -> str:
+        """The consumer group of a role, named after the topic prefix: platforms sharing a Kafka cluster
+        (each with its own prefix) never share a group."""
+        return f"{self.settings.topic_prefix}.{role}"
+
+    async def _start_bus(self) -> None:
+        backoff = 0.5
+        while True:
+            try:
+                await self.bus.start()
+                return
+            except ConnectionError as exc:
+                log.warning(
+                    "event log unreachable; retrying",
+                    bus=self.settings.bus_url,
+                    error=str(exc),
+                    retry_in_s=backoff,
+                )
+                await asyncio.sleep(backoff)
+                backoff = min(10.0, backoff * 2)
+
+    async def _lead_scheduler(self, inventory: InventorySource) -> None:
+        """One term: campaign, then schedule until deposed or stopped; the supervisor campaigns again.
+
+        Each term consumes in a consumer group of its own (named by its fencing token): a leader
+        that died without leaving its group still holds its claims there until its session
+        expires, and the scheduler must see every partition from the start. Leadership is checked
+        every :data:`LEADERSHIP_CHECK_S`; once lost, the term's consumer is cancelled at once, so a
+        deposed leader stops sending commands (those already sent carry its old token, which the
+        jobs' owners refuse).
+        """
+        token = await self._campaign(SCHEDULER_ROLE)
+        if token is None:
+            return
+        log.info("leading the scheduler", fencing_token=token)
+        scheduler = Scheduler(
+            self.bus,
+            self.topics.events,
+            CommandSender(self.bus, self.topics, f"scheduler@{self.instance}"),
+            inventory,
+            token,
+            policy=self.settings.scheduler_policy(),
+        )
+        group = self._group(f"scheduler.{token}")
+
+        async def serve_term() -> None:
+            async with asyncio.TaskGroup() as tasks:  # either failing ends the term
+                tasks.create_task(consume(self.bus, group, [self.topics.events], scheduler, self._stop))
+                tasks.create_task(scheduler.plan_forever(self._stop))
+
+        term = asyncio.create_task(serve_term(), name=f"scheduler-term-{token}")
+        try:
+            while not term.done():
+                await asyncio.wait({term}, timeout=LEADERSHIP_CHECK_S)
+                if not term.done() and not await self.election.is_leader(SCHEDULER_ROLE, token):
+                    log.warning("scheduler deposed: it stops scheduling", fencing_token=token)
+                    break
+        finally:
+            term.cancel()
+            await asyncio.gather(term, return_exceptions=True)
+            await self.election.resign(SCHEDULER_ROLE)
+        if not term.cancelled() and (error := term.exception()) is not None:
+            raise error
+
+    async def _campaign(self, role: str) -> int | None:
+        """Campaign for ``role`` until elected (its token) or until the platform stops (None)."""
+        campaign = asyncio.ensure_future(self.election.campaign(role))
+        stopping = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({campaign, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+            if not campaign.done():
+                campaign.cancel()
+            await asyncio.gather(campaign, stopping, return_exceptions=True)
+        return campaign.result() if not campaign.cancelled() else None
+
+    def _supervise(self, name: str, run: Callable[[], Awaitable[None]]) -> None:
+        async def supervised() -> None:
+            backoff = 0.5
+            while not self._stop.is_set():
+                try:
+                    await run()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("role crashed; restarting", role=name, retry_in_s=backoff)
+                    await asyncio.sleep(backoff)
+                    backoff = min(10.0, backoff * 2)
+
+        self._tasks.append(asyncio.create_task(supervised(), name=name))
+
+    async def stop(self) -> None:
+        self._stop.set()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.reactor is not None:
+            await self.reactor.driver.close()
+        if self.launcher is not None:
+            await self.launcher.close()
+        if self.kubernetes is not None:
+            await self.kubernetes.close()
+        await self.election.close()
+        await self.heartbeats.close()
+        await self.bus.close()
+        self.projection.close()
