@@ -34,6 +34,7 @@ from ffdl.adapters.tenants import OPEN, Principal, TenantRegistry
 from ffdl.api.manifest import ManifestError, parse_manifest
 from ffdl.api.metrics import PlatformCollector, registry_for
 from ffdl.core.nodes import NodeStatus, decide_node
+from ffdl.core.states import JobState
 from ffdl.events import job_commands as cmd
 from ffdl.events import nodes as nd
 from ffdl.events.codec import AnyCommand
@@ -45,7 +46,6 @@ from ffdl.wiring.platform import Platform
 
 WRITE_WAIT_S = 10.0
 READ_WAIT_MAX_S = 30.0
-TERMINAL = {"COMPLETED", "FAILED", "CANCELLED"}
 #: The events by which an owner refuses a command (a job's, a node's); both carry the reason.
 REJECTIONS = frozenset({"CommandRejected", "NodeCommandRejected"})
 
@@ -257,7 +257,7 @@ def create_app(platform: Platform) -> FastAPI:  # noqa: PLR0915 - one closure pe
         """The job with learners (placement, heartbeat), attempts, checkpoints, state times and reasons."""
         await wait_position(after)
         document = await visible_job(job_id, caller)
-        alive = await beats.of(job_id) if document["state"] not in TERMINAL else {}
+        alive = await beats.of(job_id) if not JobState(document["state"]).terminal else {}
         for learner in document["learners"]:
             learner["heartbeat"] = alive.get(learner["rank"], {"alive": False})
         return JSONResponse(document)
@@ -274,7 +274,7 @@ def create_app(platform: Platform) -> FastAPI:  # noqa: PLR0915 - one closure pe
     async def cancel_or_delete(job_id: str, caller: Caller) -> dict[str, Any]:
         """Cancel a live job; delete an ended one from the listings (its events stay on the log)."""
         document = await visible_job(job_id, caller)
-        if document["state"] in TERMINAL:
+        if JobState(document["state"]).terminal:
             return await write_job(job_id, document["tenant"], cmd.DeleteJob())
         return await write_job(job_id, document["tenant"], cmd.CancelJob(reason="cancelled through the API"))
 
@@ -322,7 +322,9 @@ def create_app(platform: Platform) -> FastAPI:  # noqa: PLR0915 - one closure pe
                 if batch:
                     continue
                 document = await read(projection.get, job_id)
-                if document is None or (document["state"] in TERMINAL and document["placement"] is None):
+                if document is None or (
+                    JobState(document["state"]).terminal and document["placement"] is None
+                ):
                     return
                 yield b": keep-alive\n\n"
                 await platform.projector.wait_for_change(1.0)
@@ -359,7 +361,7 @@ def create_app(platform: Platform) -> FastAPI:  # noqa: PLR0915 - one closure pe
                 yield chunk
                 continue
             document = await read(projection.get, job_id)
-            if document is None or document["state"] in TERMINAL:
+            if document is None or JobState(document["state"]).terminal:
                 return
             await asyncio.sleep(0.25)
 

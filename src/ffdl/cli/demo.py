@@ -25,12 +25,12 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ffdl.cli.render import console, styled, timeline_table
 from ffdl.cli.serve import api_server
+from ffdl.core.states import JobState
 from ffdl.tools.sre import verify_log
 from ffdl.wiring.config import Settings
 from ffdl.wiring.logging import configure_logging
 from ffdl.wiring.platform import Platform
 
-TERMINAL = {"COMPLETED", "FAILED", "CANCELLED"}
 DEMO_TIMEOUT_S = 110.0
 
 
@@ -124,7 +124,7 @@ async def _drive(api: str, steps: int, chaos: bool) -> dict[str, Any]:
                     loss = learner["metrics"].get("loss")
                     info = f"{learner['status']} loss {loss:.3f}" if loss is not None else learner["status"]
                     progress.update(bars[rank], completed=learner["step"], info=info)
-                if job["state"] in TERMINAL and job["placement"] is None:
+                if JobState(job["state"]).terminal and job["placement"] is None:
                     return dict(job)
                 victim = job["learners"][1]
                 if (

@@ -36,6 +36,7 @@ from ffdl.cli.render import (
     violations_table,
     when,
 )
+from ffdl.core.states import JobState
 from ffdl.wiring.config import Settings
 from ffdl.wiring.logging import configure_logging
 
@@ -44,7 +45,6 @@ app = typer.Typer(
 )
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
-TERMINAL = {"COMPLETED", "FAILED", "CANCELLED"}
 
 
 def _client() -> ApiClient:
@@ -180,7 +180,7 @@ def events(
                         f"{event['seq']:>4} {event['occurred_at']} [bold]{event['type']}[/] "
                         f"{_summary(event['data'])}"
                     )
-            if not follow or client.get(job_id)["state"] in TERMINAL:
+            if not follow or JobState(client.get(job_id)["state"]).terminal:
                 return
             time.sleep(0.5)
     except ApiError as exc:

@@ -9,6 +9,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from ffdl.core.states import JobState
+
 STATE_STYLE = {
     "SUBMITTED": "white",
     "QUEUED": "yellow",
@@ -51,7 +53,7 @@ def timeline_table(job: dict[str, Any]) -> Table:
     history = job["history"]
     for index, entry in enumerate(history):
         end = history[index + 1]["at"] if index + 1 < len(history) else None
-        if end is None and entry["state"] in ("COMPLETED", "FAILED", "CANCELLED"):
+        if end is None and JobState(entry["state"]).terminal:
             end = entry["at"]
         at = datetime.fromisoformat(entry["at"]).strftime("%H:%M:%S.%f")[:-3]
         duration = _duration(entry["at"], end)

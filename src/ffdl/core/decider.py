@@ -140,7 +140,7 @@ def _decide(d: _Decision, job: Job, data: CommandData, policy: RestartPolicy) ->
                     _consequences(d, policy)
         case cmd.ReportCheckpoint(checkpoint=checkpoint):
             known = any(c.uri == checkpoint.uri and c.step == checkpoint.step for c in job.checkpoints)
-            usable = state in (S.LAUNCHING, S.RUNNING, S.HALTING, S.RESTARTING, S.STORING)
+            usable = state.holds_learners
             if (
                 usable
                 and not known
@@ -173,7 +173,7 @@ def _decide(d: _Decision, job: Job, data: CommandData, policy: RestartPolicy) ->
         case cmd.FinishStoring(result=result) if state is S.STORING:
             d.emit(ev.JobCompleted(result=result))
         case cmd.ReleaseGpus():
-            if job.placement is not None and (state.terminal or state in (S.HALTED, S.QUEUED)):
+            if job.placement is not None and state.releasable:
                 d.emit(ev.GpusReleased(placement=job.placement))
         case cmd.DeleteJob():
             if not state.terminal:
@@ -225,7 +225,7 @@ def _observes_current(d: _Decision, job: Job, rank: int, attempt: int) -> bool:
     if rank >= job.spec.learners:
         d.reject(f"rank {rank} does not exist: the job has {job.spec.learners} learners")
         return False
-    return attempt == job.attempt and job.state in (S.LAUNCHING, S.RUNNING, S.HALTING)
+    return attempt == job.attempt and job.state.observes_learners
 
 
 def _halt(d: _Decision, job: Job, reason: str, requeue: bool) -> None:
@@ -235,7 +235,7 @@ def _halt(d: _Decision, job: Job, reason: str, requeue: bool) -> None:
         return
     if state in (S.HALTING, S.HALTED):
         return
-    if state not in (S.QUEUED, S.SCHEDULED, S.LAUNCHING, S.RUNNING, S.RESTARTING):
+    if not state.haltable:
         d.reject(f"a job in state {state} cannot be halted")
         return
     requester = d.command.producer

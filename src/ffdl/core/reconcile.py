@@ -54,6 +54,6 @@ def next_action(job: Job, now: datetime) -> Action | None:
         return Action(ActionKind.STOP, job.attempt, entered.seq)
     if state is S.STORING:
         return Action(ActionKind.STORE, job.attempt, entered.seq)
-    if job.placement is not None and (state.terminal or state in (S.HALTED, S.QUEUED)):
+    if job.placement is not None and state.releasable:
         return Action(ActionKind.RELEASE, job.attempt, entered.seq)
     return None

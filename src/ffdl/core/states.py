@@ -31,14 +31,38 @@ class JobState(StrEnum):
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
 
+    # The classes of states every role asks about. Each is read off the transition table or the
+    # sets beside it, so no role keeps a copy of its own that could drift from the table.
+
     @property
     def terminal(self) -> bool:
+        """An end: the state absorbs every event but bookkeeping."""
         return self in TERMINAL
 
     @property
     def holds_learners(self) -> bool:
-        """Whether learner processes of this job may be alive in this state."""
+        """Learner processes of this job may be alive (and record checkpoints) in this state."""
         return self in _WITH_LEARNERS
+
+    @property
+    def observes_learners(self) -> bool:
+        """The current attempt's learners run, so their starts, progress, exits and losses apply."""
+        return self in _ACTIVE
+
+    @property
+    def releasable(self) -> bool:
+        """GPUs the job still holds are given back in this state (an end, a halt, a requeue)."""
+        return self in TRANSITIONS[ev.GpusReleased]
+
+    @property
+    def haltable(self) -> bool:
+        """A halt request starts a halt here (HALTING and HALTED are halts already)."""
+        return self in TRANSITIONS[ev.HaltRequested] and self not in (JobState.HALTING, JobState.HALTED)
+
+    @property
+    def preemptible(self) -> bool:
+        """The scheduler may halt the job to make room: it holds GPUs and is not stopping already."""
+        return self in _PREEMPTIBLE
 
 
 S = JobState
@@ -46,6 +70,7 @@ TERMINAL = frozenset({S.COMPLETED, S.FAILED, S.CANCELLED})
 _WITH_LEARNERS = frozenset({S.LAUNCHING, S.RUNNING, S.RESTARTING, S.HALTING, S.STORING})
 _LIVE = frozenset(S) - TERMINAL
 _ACTIVE = frozenset({S.LAUNCHING, S.RUNNING, S.HALTING})
+_PREEMPTIBLE = frozenset({S.SCHEDULED, S.LAUNCHING, S.RUNNING, S.RESTARTING})
 
 
 def _same(states: frozenset[JobState]) -> dict[JobState | None, JobState]:
@@ -64,7 +89,7 @@ TRANSITIONS: Mapping[type[EventData], Mapping[JobState | None, JobState]] = {
     ev.LearnerStarted: _same(_ACTIVE),
     ev.JobRunning: {S.LAUNCHING: S.RUNNING},
     ev.LearnerProgressed: _same(_ACTIVE),
-    ev.CheckpointRecorded: _same(_ACTIVE | {S.RESTARTING, S.STORING}),
+    ev.CheckpointRecorded: _same(_WITH_LEARNERS),
     ev.LearnerExited: _same(_ACTIVE),
     ev.LearnerLost: _same(_ACTIVE),
     ev.JobRestarting: {S.LAUNCHING: S.RESTARTING, S.RUNNING: S.RESTARTING},

@@ -77,7 +77,6 @@ from ffdl.handlers.ports import HeartbeatStore, StoreUnavailable, WatchEvent, Wa
 
 log = structlog.get_logger(__name__)
 
-_WATCHED = (JobState.LAUNCHING, JobState.RUNNING, JobState.HALTING)
 #: What the prober reads: a key nobody writes, so the read is as cheap as the store can answer.
 PROBE_KEY = "/ffdl/monitor/probe"
 #: The most commands sent in one append to the log.
@@ -155,7 +154,7 @@ class Monitor:
 
     def observe(self, event: Event | None, job: Job) -> None:
         """Track ``job``; ``event`` None means the job was loaded from the log, not followed live."""
-        if job.state not in _WATCHED:
+        if not job.state.observes_learners:
             self._watched.pop(job.job_id, None)
             # A restarting job already carries the number of the attempt it is about to launch.
             past = job.attempt - 1 if job.state is JobState.RESTARTING else job.attempt

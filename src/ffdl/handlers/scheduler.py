@@ -68,7 +68,6 @@ MIN_PLAN_INTERVAL_S = 0.02
 #: repeat costs nothing.
 NODE_CHANGE_RESEND_S = 5.0
 #: States in which a job holding GPUs may be preempted; in any other it is already on its way out.
-_PREEMPTIBLE = frozenset({S.SCHEDULED, S.LAUNCHING, S.RUNNING, S.RESTARTING})
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,7 +203,7 @@ class Scheduler:
             self._admissions.pop(job.job_id, None)
         if job.state is not S.QUEUED or job.placement is not None:
             self._allocations.pop(job.job_id, None)
-        if job.state not in _PREEMPTIBLE:
+        if not job.state.preemptible:
             self._halts.pop(job.job_id, None)
         if job.state is S.QUEUED:
             entered = job.history[-1]
@@ -225,7 +224,7 @@ class Scheduler:
             if placement is None:
                 continue
             allocated_at = job.allocated_at if job.placement is not None else None
-            stopping = (job.placement is not None and job.state not in _PREEMPTIBLE) or job_id in self._halts
+            stopping = (job.placement is not None and not job.state.preemptible) or job_id in self._halts
             state.hold(
                 HeldJob(
                     job_id=job_id,
