@@ -10,9 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ffdl.api.dependencies import Admin, Backend, Caller, PlatformBackend, problem, read
 from ffdl.api.routes.cluster import gpu_holders
-from ffdl.core.nodes import NodeStatus, decide_node
+from ffdl.core.nodes import NodeStatus
 from ffdl.events import nodes as nd
-from ffdl.handlers.messaging import utcnow
 
 router = APIRouter()
 
@@ -77,15 +76,16 @@ async def get_node(
 async def write_node(
     backend: PlatformBackend, name: str, data: nd.CordonNode | nd.UncordonNode, response: Response
 ) -> dict[str, Any]:
-    """Send an operator's node command; answer with the node after it and the position of the
-    event it caused, or (202) with the node as it was and the command's id if that event is not
-    projected within the wait. A command the node decider says changes nothing (cordoning a
-    node cordoned so already, uncordoning an open one) is not sent: the node as it is, no position."""
-    document = await known_node(backend, name)
+    """Send an operator's node command and answer with the node after it and the position of the
+    event it caused; the node's owner decides it, and its refusal answers 409 with the reason.
+
+    A command that changes nothing (cordoning a node cordoned so already, uncordoning an open one)
+    causes no event, so, like one whose event is not projected within the wait, it answers 202 with
+    the node as it is and the command's id once the wait has run out."""
+    await known_node(
+        backend, name
+    )  # the owner answers nothing for an unknown node: it dead-letters the command
     command = backend.platform.sender.make_for_node(name, data)
-    record = await read(backend.projection.node_record, name)
-    if record is not None and not decide_node(record, command, utcnow()):
-        return {**document, "position": None}
     position = await backend.send_and_wait(command)
     document = await known_node(backend, name)
     if position is None:
@@ -100,7 +100,7 @@ async def cordon(
 ) -> dict[str, Any]:
     """Admins: place nothing new on the node; with ``drain`` also halt its jobs with a checkpoint
     and requeue them to resume elsewhere. An operator's cordon replaces the inventory's; cordoning
-    an operator-cordoned node again only ever adds ``drain``."""
+    an operator-cordoned node again only ever adds ``drain`` (else it changes nothing: 202, no position)."""
     return await write_node(backend, name, nd.CordonNode(reason=body.reason, drain=body.drain), response)
 
 
@@ -113,6 +113,6 @@ async def uncordon(
     body: Annotated[UncordonRequest | None, Body()] = None,
 ) -> dict[str, Any]:
     """Admins: lift an operator's cordon or drain (one the inventory put there is lifted at its
-    source: 409). A node that is not cordoned is answered as it is, with no position."""
+    source: 409). Uncordoning a node that is not cordoned changes nothing: 202, no position."""
     reason = body.reason if body is not None else ""
     return await write_node(backend, name, nd.UncordonNode(reason=reason), response)
