@@ -29,12 +29,13 @@ from ffdl.wiring.platform import Platform
 
 
 def create_app(platform: Platform) -> FastAPI:
+    """The API of ``platform``: its routers, the problem format for invalid requests and the body limit."""
     app = FastAPI(
         title="ffdl", version="1", summary="Event-sourced multi-tenant deep-learning training platform"
     )
     app.state.backend = PlatformBackend(platform)
     app.state.sse_followers = 0
-    app.add_exception_handler(RequestValidationError, invalid_request)  # type: ignore[arg-type]
+    app.exception_handler(RequestValidationError)(invalid_request)
     app.middleware("http")(limit_body)
     for routes in (jobs, cluster, events, logs, nodes, health):
         app.include_router(routes.router)
