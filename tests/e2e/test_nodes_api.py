@@ -101,8 +101,10 @@ async def test_a_job_that_only_fits_a_cordoned_node_waits_until_an_admin_uncordo
     cordoned = response.json()
     assert cordoned["status"] == "CORDONED" and cordoned["position"] is not None
     assert cordoned["cordon"] == {"reason": "fan replacement", "source": "operator", "drain": False}
+    # the owner decides the repeat, which adds nothing: no event, so the write's wait runs out
     again = await api.http.post("/v1/nodes/node-a:cordon", json={"reason": "still the fan"})
-    assert again.status_code == 200 and again.json()["position"] is None  # nothing to add
+    assert again.status_code == 202 and again.json()["position"] is None and again.json()["command_id"]
+    assert again.json()["cordon"]["reason"] == "fan replacement"
 
     job_id = await api.submit(manifest("big", learners=1, gpus=4, args=QUICK))
     waiting = await api.wait_for(job_id, lambda j: j["waiting"] is not None, "the scheduler records why")

@@ -1,0 +1,1 @@
+"""The HTTP API's routes, one router per resource; :func:`ffdl.api.app.create_app` includes them."""

@@ -1,0 +1,127 @@
+"""Jobs: submit, list, show, cancel or delete, halt and resume.
+
+A write answers with the log position of the event it caused once the projection has applied it,
+or (still 201/202) with the command's id if the wait ran out; an illegal one answers 409 with the
+owner's reason.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Response
+from fastapi.responses import JSONResponse
+
+from ffdl.api.dependencies import Backend, Caller, Manifest, PlatformBackend, problem, read
+from ffdl.core.states import JobState
+from ffdl.events import job_commands as cmd
+from ffdl.events.envelope import CommandData
+
+router = APIRouter()
+
+
+async def write_job(backend: PlatformBackend, job_id: str, tenant: str, data: CommandData) -> dict[str, Any]:
+    command = backend.platform.sender.make(job_id, tenant, data)
+    position = await backend.send_and_wait(command)
+    if position is None:
+        return {"job_id": job_id, "state": None, "position": None, "command_id": str(command.command_id)}
+    document = await read(backend.projection.get, job_id)
+    return {"job_id": job_id, "state": document["state"] if document else None, "position": position}
+
+
+@router.post("/v1/jobs", status_code=201)
+async def submit(caller: Caller, spec: Manifest, backend: Backend) -> dict[str, Any]:
+    """Submit a job: JSON or YAML, our manifest or FfDL's. Answers once the job is on the log."""
+    job_id = f"{spec.name}-{uuid.uuid4().hex[:8]}"
+    return await write_job(backend, job_id, caller.tenant, cmd.SubmitJob(spec=spec))
+
+
+@router.get("/v1/jobs", response_model=None)
+async def list_jobs(
+    caller: Caller,
+    backend: Backend,
+    state: Annotated[list[str] | None, Query(description="repeatable")] = None,
+    tenant: Annotated[str | None, Query(description="admins only: another tenant's jobs")] = None,
+    label: Annotated[str | None, Query(description="KEY=VALUE")] = None,
+    submitted_since: Annotated[str | None, Query(description="ISO 8601 time")] = None,
+    submitted_until: Annotated[str | None, Query(description="ISO 8601 time")] = None,
+    cursor: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    order: Annotated[str, Query(pattern="^(newest|oldest)$")] = "newest",
+    after: Annotated[str | None, Query(description="PARTITION:OFFSET to wait for")] = None,
+) -> Response:
+    await backend.wait_for(after)
+    label_filter = None
+    if label is not None:
+        key, sep, value = label.partition("=")
+        if not sep or not key:
+            raise problem(422, "a label filter is KEY=VALUE", "label")
+        label_filter = (key, value)
+    after_key = None
+    if cursor:
+        submitted_at, sep, last_id = cursor.partition("|")
+        if not sep:
+            raise problem(422, "malformed cursor: pass next_cursor back unchanged", "cursor")
+        after_key = (submitted_at, last_id)
+    if caller.admin:
+        scope = tenant
+    elif tenant is None or tenant == caller.tenant:
+        scope = caller.tenant
+    else:
+        return JSONResponse({"jobs": [], "next_cursor": None})
+    documents = await read(
+        backend.projection.list_documents,
+        tenant=scope,
+        states=[s.upper() for s in state or []],
+        label=label_filter,
+        submitted_since=submitted_since,
+        submitted_until=submitted_until,
+        after=after_key,
+        limit=limit,
+        newest_first=order == "newest",
+    )
+    next_cursor = None
+    if len(documents) == limit:
+        last = json.loads(documents[-1])
+        next_cursor = f"{last['submitted_at']}|{last['job_id']}"
+    # the stored documents are JSON already: pass them on without parsing and re-encoding each
+    body = f'{{"jobs":[{",".join(documents)}],"next_cursor":{json.dumps(next_cursor)}}}'
+    return Response(body, media_type="application/json")
+
+
+@router.get("/v1/jobs/{job_id}", response_model=None)
+async def get_job(job_id: str, caller: Caller, backend: Backend, after: str | None = None) -> JSONResponse:
+    """The job with learners (placement, heartbeat), attempts, checkpoints, state times and reasons."""
+    await backend.wait_for(after)
+    document = await backend.visible_job(job_id, caller)
+    alive = await backend.heartbeats.of(job_id) if not JobState(document["state"]).terminal else {}
+    for learner in document["learners"]:
+        learner["heartbeat"] = alive.get(learner["rank"], {"alive": False})
+    return JSONResponse(document)
+
+
+@router.delete("/v1/jobs/{job_id}", status_code=202)
+async def cancel_or_delete(job_id: str, caller: Caller, backend: Backend) -> dict[str, Any]:
+    """Cancel a live job; delete an ended one from the listings (its events stay on the log)."""
+    document = await backend.visible_job(job_id, caller)
+    if JobState(document["state"]).terminal:
+        return await write_job(backend, job_id, document["tenant"], cmd.DeleteJob())
+    return await write_job(
+        backend, job_id, document["tenant"], cmd.CancelJob(reason="cancelled through the API")
+    )
+
+
+@router.post("/v1/jobs/{job_id}:halt", status_code=202)
+async def halt(job_id: str, caller: Caller, backend: Backend) -> dict[str, Any]:
+    document = await backend.visible_job(job_id, caller)
+    if document["state"] in ("HALTING", "HALTED"):
+        return {"job_id": job_id, "state": document["state"], "position": None}
+    return await write_job(backend, job_id, document["tenant"], cmd.HaltJob(reason="halted through the API"))
+
+
+@router.post("/v1/jobs/{job_id}:resume", status_code=202)
+async def resume(job_id: str, caller: Caller, backend: Backend) -> dict[str, Any]:
+    document = await backend.visible_job(job_id, caller)
+    return await write_job(backend, job_id, document["tenant"], cmd.ResumeJob())

@@ -1,0 +1,1 @@
+"""The ``ffdl`` commands by group; :mod:`ffdl.cli.main` composes them into one typer app."""

@@ -1,0 +1,92 @@
+"""Run the platform: ``up`` (its roles and API until interrupted), ``demo`` and ``simulate`` (the
+scheduler in virtual time over a workload trace)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ffdl.cli.commands.common import JsonFlag, fail
+from ffdl.cli.render import console, print_json
+from ffdl.wiring.config import Settings
+from ffdl.wiring.logging import configure_logging
+
+app = typer.Typer()
+
+
+@app.command()
+def up(
+    roles: Annotated[str, typer.Option(help="Comma-separated roles: api,workers,scheduler,projector")] = "",
+) -> None:
+    """Run the platform (all roles by default) until interrupted."""
+    from ffdl.cli.serve import serve  # noqa: PLC0415 - heavy imports only for this command
+
+    settings = Settings()
+    configure_logging(settings.log_format, settings.log_level)
+    chosen = frozenset(r.strip() for r in roles.split(",") if r.strip()) or None
+    asyncio.run(serve(settings, chosen))
+
+
+@app.command()
+def demo(
+    chaos: Annotated[bool, typer.Option("--chaos/--no-chaos", help="Kill one learner partway.")] = True,
+    steps: Annotated[int, typer.Option(help="Training steps of the demo job.")] = 240,
+    keep: Annotated[bool, typer.Option(help="Keep the demo's data directory.")] = False,
+) -> None:
+    """Start the platform, run a 2-learner training job through a learner failure to COMPLETED."""
+    from ffdl.cli.demo import run_demo  # noqa: PLC0415
+
+    raise typer.Exit(asyncio.run(run_demo(chaos=chaos, steps=steps, keep=keep)))
+
+
+@app.command()
+def simulate(
+    trace: Annotated[Path | None, typer.Argument(help="Trace file, JSON Lines (docs/scheduling.md).")] = None,
+    *,
+    nodes: Annotated[int, typer.Option(min=1, help="Nodes of the simulated cluster.")] = 16,
+    gpus_per_node: Annotated[int, typer.Option(min=1, help="GPUs per node.")] = 8,
+    policy: Annotated[str | None, typer.Option(help="pack or spread, for every job (default: pack).")] = None,
+    generate: Annotated[int | None, typer.Option(min=1, help="First write N Philly-like jobs.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Where --generate writes its trace.")] = None,
+    load: Annotated[float, typer.Option(min=0.01, help="--generate: offered load, x cluster GPUs.")] = 0.9,
+    tenants: Annotated[int, typer.Option(min=1, help="--generate: how many tenants submit.")] = 6,
+    seed: Annotated[int, typer.Option(help="--generate: random seed (same seed, same trace).")] = 0,
+    json_output: JsonFlag = False,
+) -> None:
+    """Run a workload trace through the scheduler in virtual time and report how it went.
+
+    Tenant quotas and scheduler settings come from the configuration, as for `ffdl up`.
+    """
+    from ffdl.tools.simulate import PLACEMENTS, homogeneous_cluster, report_tables, run_simulation  # noqa: PLC0415
+    from ffdl.tools.traces import TraceError, generate_trace, read_trace, write_trace  # noqa: PLC0415
+
+    if policy is not None and policy not in PLACEMENTS:
+        raise fail(ValueError(f"--policy is pack or spread, not {policy!r}"))
+    if generate is not None:
+        if out is None or trace is not None:
+            raise fail(ValueError("--generate N writes to --out FILE (and simulates it); give no TRACE"))
+        jobs = generate_trace(
+            generate, nodes=nodes, gpus_per_node=gpus_per_node, load=load, tenants=tenants, seed=seed
+        )
+        write_trace(jobs, out)
+        if not json_output:
+            console.print(f"wrote {len(jobs)} jobs to {out}")
+    elif trace is None:
+        raise fail(ValueError("give a TRACE file, or --generate N --out FILE"))
+    else:
+        try:
+            jobs = read_trace(trace)
+        except (OSError, TraceError) as exc:
+            raise fail(exc) from exc
+    cluster = homogeneous_cluster(nodes, gpus_per_node)
+    report = run_simulation(jobs, cluster, Settings().scheduler_policy(), PLACEMENTS.get(policy or ""))
+    if json_output:
+        print_json(report)
+        return
+    for table in report_tables(report):
+        console.print(table)
+    for job in report["never_run"][:10]:
+        console.print(f"[yellow]never runs[/] {job['job_id']}: {job['reason']}")
