@@ -53,8 +53,8 @@ from enum import StrEnum
 
 from ffdl.core.job import EvolveError, Job, evolve
 from ffdl.core.nodes import NodeRecord, evolve_node
-from ffdl.events import nodes as nd
 from ffdl.events import job_events as ev
+from ffdl.events import nodes as nd
 from ffdl.events.codec import AnyEvent
 from ffdl.events.envelope import Event, NodeEvent
 

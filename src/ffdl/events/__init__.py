@@ -15,7 +15,6 @@ from ffdl.events.codec import (
     event_from_json,
     event_to_json,
 )
-from ffdl.events.job_commands import COMMAND_TYPES
 from ffdl.events.envelope import (
     Command,
     CommandData,
@@ -28,6 +27,8 @@ from ffdl.events.envelope import (
     derived_id,
     node_key,
 )
+from ffdl.events.job_commands import COMMAND_TYPES
+from ffdl.events.job_events import EVENT_TYPES
 from ffdl.events.model import (
     Checkpoint,
     ErrorCode,
@@ -39,7 +40,6 @@ from ffdl.events.model import (
     ResultSummary,
 )
 from ffdl.events.nodes import NODE_COMMAND_TYPES, NODE_EVENT_TYPES, NodeSpec
-from ffdl.events.job_events import EVENT_TYPES
 
 __all__ = [
     "COMMAND_TYPES",

@@ -13,10 +13,10 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from ffdl.events.job_commands import COMMAND_TYPES
 from ffdl.events.envelope import Command, Event, NodeCommand, NodeEvent, Payload
-from ffdl.events.nodes import NODE_COMMAND_TYPES, NODE_EVENT_TYPES
+from ffdl.events.job_commands import COMMAND_TYPES
 from ffdl.events.job_events import EVENT_TYPES
+from ffdl.events.nodes import NODE_COMMAND_TYPES, NODE_EVENT_TYPES
 
 JsonObject = dict[str, Any]
 #: Anything on the events topic: a job's event or a node's.

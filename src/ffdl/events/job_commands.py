@@ -11,8 +11,8 @@ from typing import Annotated
 from pydantic import Field
 
 from ffdl.events.envelope import CommandData
-from ffdl.events.model import Checkpoint, ErrorCode, JobSpec, LossReason, Placement, ResultSummary, WaitReason
 from ffdl.events.job_events import Attempt, JobIds, NodeNames, Rank, Reason
+from ffdl.events.model import Checkpoint, ErrorCode, JobSpec, LossReason, Placement, ResultSummary, WaitReason
 
 
 class SubmitJob(CommandData):

@@ -17,8 +17,8 @@ from typing import Annotated
 from pydantic import Field
 
 from ffdl.events.envelope import NodeCommandData, NodeEventData
-from ffdl.events.model import Frozen
 from ffdl.events.job_events import Reason
+from ffdl.events.model import Frozen
 
 
 class NodeSpec(Frozen):

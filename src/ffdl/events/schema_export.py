@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ffdl.events.job_commands import COMMAND_TYPES
 from ffdl.events.envelope import Payload
-from ffdl.events.nodes import NODE_COMMAND_TYPES, NODE_EVENT_TYPES
+from ffdl.events.job_commands import COMMAND_TYPES
 from ffdl.events.job_events import EVENT_TYPES
+from ffdl.events.nodes import NODE_COMMAND_TYPES, NODE_EVENT_TYPES
 
 SCHEMA_DIR = Path(__file__).resolve().with_name("schemas")
 

@@ -69,5 +69,3 @@ class DeadLetterTally:
                 await asyncio.wait_for(stop.wait(), every_s)
             except TimeoutError:
                 continue
-
-

@@ -74,8 +74,8 @@ from aiokafka.errors import (
 from aiokafka.helpers import create_ssl_context
 from aiokafka.protocol.commit import OffsetCommitRequest
 
-from ffdl.adapters.bus.partitioning import partition_for
 from ffdl.adapters.bus.kafka_config import KafkaConfig
+from ffdl.adapters.bus.partitioning import partition_for
 from ffdl.handlers.ports import (
     BusUnavailable,
     CommitFailed,

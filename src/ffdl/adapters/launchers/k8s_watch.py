@@ -38,7 +38,6 @@ from typing import Any, Literal
 
 import structlog
 
-from ffdl.adapters.processes import exit_code_of
 from ffdl.adapters.launchers.k8s_client import (
     NODES,
     PODS,
@@ -56,6 +55,7 @@ from ffdl.adapters.launchers.k8s_manifests import (
     GPU_RESOURCE,
     learner_of,
 )
+from ffdl.adapters.processes import exit_code_of
 from ffdl.core.allocator import Node
 from ffdl.core.nodes import InventoryObservation
 from ffdl.events import job_commands as cmd

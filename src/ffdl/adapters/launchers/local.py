@@ -50,8 +50,8 @@ from pathlib import Path
 
 import structlog
 
-from ffdl.adapters.processes import wait_for_exit
 from ffdl.adapters.launchers.environment import LearnerSite, learner_environment, local_ranks
+from ffdl.adapters.processes import wait_for_exit
 from ffdl.events.model import LearnerPlacement
 from ffdl.handlers.ports import LaunchRequest, LearnerHandle
 
