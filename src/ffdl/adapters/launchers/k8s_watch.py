@@ -61,6 +61,7 @@ from ffdl.core.nodes import InventoryObservation
 from ffdl.events import job_commands as cmd
 from ffdl.events.envelope import CommandData
 from ffdl.events.model import LossReason
+from ffdl.handlers.aio import Backoff, sleep_or_stop, until_stopped
 from ffdl.handlers.messaging import CommandSender
 
 log = structlog.get_logger(__name__)
@@ -114,22 +115,22 @@ class Informer:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Follow the objects until ``stop``; relist after every break."""
-        backoff = 0.2
+        backoff = Backoff(0.2, RETRY_MAX_S)
         while not stop.is_set():
             try:
-                await _until_stopped(self._follow(), stop)
-                backoff = 0.2
+                await until_stopped(self._follow(backoff), stop)
             except ResourceExpiredError:
                 log.info("watch resource version expired: relisting", resource=self._resource.plural)
             except (KubeUnreachableError, KubeApiError) as error:
                 log.warning(
                     "kubernetes watch broke: relisting", resource=self._resource.plural, error=str(error)
                 )
-                await _sleep_or_stop(stop, backoff)
-                backoff = min(RETRY_MAX_S, backoff * 2)
+                await sleep_or_stop(stop, backoff.next_delay())
 
-    async def _follow(self) -> None:
+    async def _follow(self, backoff: Backoff) -> None:
+        """List, then watch from the list's version; a list that came back is health: ``backoff`` resets."""
         items, version = await self._client.list(self._resource, self._namespace, self._selector)
+        backoff.reset()
         await self._resync(items)
         self.synced.set()
         while True:
@@ -167,30 +168,6 @@ class Informer:
 
 def _version(obj: Mapping[str, Any]) -> str:
     return str(obj.get("metadata", {}).get("resourceVersion", ""))
-
-
-async def _until_stopped(work: Awaitable[None], stop: asyncio.Event) -> None:
-    """Run ``work`` until it ends or ``stop`` is set (then cancel it)."""
-    task = asyncio.ensure_future(work)
-    stopping = asyncio.create_task(stop.wait())
-    try:
-        await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stopping.cancel()
-        if not task.done():
-            task.cancel()
-        await asyncio.gather(stopping, return_exceptions=True)
-    if not task.cancelled():
-        task.result()
-    else:
-        await asyncio.gather(task, return_exceptions=True)
-
-
-async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
-    try:
-        await asyncio.wait_for(stop.wait(), seconds)
-    except TimeoutError:
-        return
 
 
 # --------------------------------------------------------------------------- pods
@@ -330,7 +307,7 @@ class PodWatcher:
 
     async def _check_forever(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            await _sleep_or_stop(stop, self._check_interval_s)
+            await sleep_or_stop(stop, self._check_interval_s)
             try:
                 await self._check_pending()
             except Exception:
