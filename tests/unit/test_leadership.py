@@ -46,10 +46,11 @@ class ScriptedElection:
 async def test_a_deposed_term_is_cancelled_at_once_and_resigned() -> None:
     election = ScriptedElection()
     served: list[int] = []
-    cancelled = asyncio.Event()
+    serving, cancelled = asyncio.Event(), asyncio.Event()
 
     async def serve(token: int) -> None:
         served.append(token)
+        serving.set()
         try:
             await asyncio.Event().wait()
         finally:
@@ -58,8 +59,7 @@ async def test_a_deposed_term_is_cancelled_at_once_and_resigned() -> None:
     term = asyncio.create_task(lead(election, ROLE, serve, asyncio.Event(), check_every_s=0.01))
     election.elect(7)
     async with asyncio.timeout(5):
-        while not served:
-            await asyncio.sleep(0.01)
+        await serving.wait()
     assert not term.done(), "the term is served while it leads"
     election.depose()
     async with asyncio.timeout(5):
