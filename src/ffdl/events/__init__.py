@@ -25,9 +25,9 @@ from ffdl.events.envelope import (
     NodeCommandData,
     NodeEvent,
     NodeEventData,
-    derived_id,
     node_key,
 )
+from ffdl.events.ids import derived_id
 from ffdl.events.model import (
     Checkpoint,
     ErrorCode,

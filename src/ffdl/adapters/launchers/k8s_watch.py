@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
@@ -60,6 +59,7 @@ from ffdl.core.allocator import Node
 from ffdl.core.nodes import InventoryObservation
 from ffdl.events import job_commands as cmd
 from ffdl.events.envelope import CommandData
+from ffdl.events.ids import pod_ended_command_id
 from ffdl.events.model import LossReason
 from ffdl.handlers.aio import Backoff, sleep_or_stop, until_stopped
 from ffdl.handlers.messaging import CommandSender
@@ -85,7 +85,6 @@ FATAL_WAITING_REASONS = frozenset(
     }
 )
 UNKNOWN_GPU_TYPE = "unknown"
-_OBSERVATIONS = uuid.UUID("5d0c7c8e-2f0b-4a57-9d4e-6b1f3c2a8e71")
 
 
 # --------------------------------------------------------------------------- informer
@@ -344,7 +343,7 @@ class PodWatcher:
                 detail=observation.detail,
             )
         tenant = (pod["metadata"].get("annotations") or {}).get(ANNOTATION_TENANT, "")
-        command_id = uuid.uuid5(_OBSERVATIONS, f"{uid}:ended")
+        command_id = pod_ended_command_id(uid)
         await self._sender.send(self._sender.make(handle.job_id, tenant, data, command_id=command_id))
         self._ended.add(uid)
         log.info(
