@@ -30,8 +30,9 @@ from ffdl.events import job_commands as cmd
 from ffdl.events.codec import any_event_from_json, command_to_json
 from ffdl.events.envelope import Command, Event
 from ffdl.events.model import JobSpec
+from ffdl.events.position import Position
 from ffdl.handlers.owner import JobOwner
-from ffdl.handlers.ports import OutgoingRecord, Position, Record
+from ffdl.handlers.ports import OutgoingRecord, Record
 from ffdl.tools.sre import rebuild_projections, verify_log
 from ffdl.wiring.config import KafkaConfig, Settings
 from ffdl.wiring.platform import Platform
@@ -273,7 +274,8 @@ async def test_the_platform_waits_for_an_unreachable_broker_and_starts_when_it_c
 
             await wait_until_async(lambda: len(retries()) >= 3, 30, what="three retries")
             assert not starting.done()
-            assert [entry["retry_in_s"] for entry in retries()[:3]] == [0.5, 1.0, 2.0]
+            for entry, step_s in zip(retries()[:3], [0.5, 1.0, 2.0], strict=True):
+                assert step_s / 2 <= entry["retry_in_s"] <= step_s, "doubling delays, jittered"
             assert f"cannot reach the Kafka brokers at {late.bootstrap}" in retries()[0]["error"]
             late.start()
             await asyncio.wait_for(starting, 30)

@@ -54,8 +54,8 @@ from ffdl.events.envelope import (
     NodeEvent,
     NodeEventData,
     Payload,
-    derived_id,
 )
+from ffdl.events.ids import derived_id
 from ffdl.events.job_commands import COMMAND_TYPES
 from ffdl.events.job_events import EVENT_TYPES
 from ffdl.events.model import (

@@ -37,6 +37,11 @@ BREACHES = {
         "import aiokafka",
         "ffdl.handlers.reactor -> aiokafka",
     ),
+    "the monitor's heartbeat state machine is pure: no I/O, no clock, no logging": (
+        "handlers/heartbeat_tracker.py",
+        "import time",
+        "ffdl.handlers.heartbeat_tracker -> time",
+    ),
     "adapters of different ports are independent": (
         "adapters/heartbeats/keys.py",
         "import ffdl.adapters.bus.partitioning",

@@ -42,6 +42,8 @@ import structlog
 from aetcd import rpc
 from aetcd.rtypes import EventKind
 
+from ffdl.handlers.aio import Backoff
+
 log = structlog.get_logger(__name__)
 
 LEADERS_PREFIX = "/ffdl/leaders/"
@@ -112,20 +114,20 @@ class EtcdElection:
             return term.token
         if term is not None:
             await self.resign(role)
-        backoff = 0.1
+        backoff = Backoff(0.1, _RETRY_MAX_S)
         while True:
             try:
                 held_at = await self._try_to_lead(role)
                 if role in self._terms:
                     return self._terms[role].token
                 await self._await_vacancy(role, held_at)
-                backoff = 0.1
+                backoff.reset()
             except ElectionUnavailableError as error:
+                delay = backoff.next_delay()
                 log.warning(
-                    "etcd unreachable while campaigning", role=role, error=str(error), retry_in_s=backoff
+                    "etcd unreachable while campaigning", role=role, error=str(error), retry_in_s=delay
                 )
-                await asyncio.sleep(backoff)
-                backoff = min(_RETRY_MAX_S, backoff * 2)
+                await asyncio.sleep(delay)
 
     async def current_token(self, role: str) -> int | None:
         found = await self._call("get leader", self._client.get(leader_key(role).encode()))

@@ -29,7 +29,7 @@ from ffdl.api.metrics import PlatformCollector, registry_for
 from ffdl.events.codec import AnyCommand
 from ffdl.events.envelope import NodeCommand
 from ffdl.events.model import JobSpec
-from ffdl.handlers.ports import Position
+from ffdl.events.position import Position
 from ffdl.wiring.platform import Platform
 
 WRITE_WAIT_S = 10.0

@@ -21,7 +21,8 @@ from ffdl.core.restart import RestartPolicy
 from ffdl.core.states import JobState
 from ffdl.events import job_commands as cmd
 from ffdl.events import job_events as ev
-from ffdl.events.envelope import Command, CommandData, Event, EventData, derived_id
+from ffdl.events.envelope import Command, CommandData, Event, EventData
+from ffdl.events.ids import derived_id
 from ffdl.events.model import ErrorCode, LossReason, Placement
 
 S = JobState

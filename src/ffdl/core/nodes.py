@@ -24,7 +24,8 @@ from ffdl.core.allocator import Node
 from ffdl.core.decider import is_deposed
 from ffdl.core.job import COMMAND_WINDOW, EvolveError
 from ffdl.events import nodes as nd
-from ffdl.events.envelope import NodeCommand, NodeCommandData, NodeEvent, NodeEventData, derived_id
+from ffdl.events.envelope import NodeCommand, NodeCommandData, NodeEvent, NodeEventData
+from ffdl.events.ids import derived_id
 
 
 class UnknownNode(LookupError):

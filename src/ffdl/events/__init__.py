@@ -24,9 +24,9 @@ from ffdl.events.envelope import (
     NodeCommandData,
     NodeEvent,
     NodeEventData,
-    derived_id,
     node_key,
 )
+from ffdl.events.ids import derived_id
 from ffdl.events.job_commands import COMMAND_TYPES
 from ffdl.events.job_events import EVENT_TYPES
 from ffdl.events.model import (

@@ -2,8 +2,8 @@
 
 Payloads are typed pydantic models; the envelope names their type and schema version, so the
 decoder picks the payload class by ``type`` (a discriminated union) and upcasts old versions.
-Event ids of derived events are deterministic, so a replayed or redelivered reaction yields the
-same ids and a reader can tell a duplicate from a conflict.
+Event ids of derived events are deterministic (``events/ids.py``), so a replayed or redelivered
+reaction yields the same ids and a reader can tell a duplicate from a conflict.
 """
 
 from __future__ import annotations
@@ -17,12 +17,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from ffdl.events.model import Frozen
 
 NODE_KEY_PREFIX = "node:"
-_DERIVED_NAMESPACE = uuid.UUID("5f0c2a5e-6d1b-4c31-9a8e-0f5d0e7a1b2c")
-
-
-def derived_id(cause: uuid.UUID, producer: str, index: int) -> uuid.UUID:
-    """The id of the ``index``-th event that ``producer`` derived from ``cause``: a name-based UUID."""
-    return uuid.uuid5(_DERIVED_NAMESPACE, f"{cause}:{producer}:{index}")
 
 
 class Payload(Frozen):

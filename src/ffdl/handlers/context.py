@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,10 +9,9 @@ from pathlib import Path
 from ffdl.core.job import Job
 from ffdl.core.reconcile import Action
 from ffdl.events.envelope import CommandData
+from ffdl.events.ids import reaction_command_id
 from ffdl.handlers.messaging import CommandSender
 from ffdl.handlers.ports import Launcher
-
-_ACTION_NAMESPACE = uuid.UUID("a3d2f1e0-58b4-4f0e-9c1d-7b6a5e4d3c2b")
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,8 +25,6 @@ class ReactionContext:
     async def send(self, job: Job, action: Action, data: CommandData) -> None:
         """Send the command an action calls for, with an id fixed by the job, action and state entry,
         so re-running the action after a crash or redelivery sends the very same command."""
-        command_id = uuid.uuid5(
-            _ACTION_NAMESPACE, f"{job.job_id}:{action.kind}:{action.attempt}:{action.since_seq}"
-        )
+        command_id = reaction_command_id(job.job_id, action.kind, action.attempt, action.since_seq)
         command = self.sender.make(job.job_id, job.tenant, data, command_id=command_id)
         await self.sender.send(command)

@@ -13,6 +13,7 @@ from collections import Counter
 
 import structlog
 
+from ffdl.handlers.aio import sleep_or_stop
 from ffdl.handlers.messaging import DEAD_LETTER_REASON_HEADER
 from ffdl.handlers.ports import Bus, BusUnavailable
 
@@ -65,7 +66,4 @@ class DeadLetterTally:
                 await self.catch_up(bus, topic)
             except BusUnavailable as exc:
                 log.warning("cannot count dead letters now", topic=topic, error=str(exc))
-            try:
-                await asyncio.wait_for(stop.wait(), every_s)
-            except TimeoutError:
-                continue
+            await sleep_or_stop(stop, every_s)

@@ -1,7 +1,8 @@
 """How handlers talk to the log: topic names, sending commands, appending events, dead letters.
 
-Commands that a handler derives from an event get ids derived from that event's id, so a
-redelivered event makes the same command again and the job's owner drops the repeat.
+A command gets a fresh random id unless its sender passes one derived from what caused it
+(``events/ids.py``: a reaction's command, a pod's report), so that sending it again after a crash or
+a redelivery makes the same command and the job's owner drops the repeat.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from ffdl.events.codec import (
     command_to_json,
     event_to_json,
 )
-from ffdl.events.envelope import Command, CommandData, NodeCommand, NodeCommandData, derived_id
-from ffdl.handlers.ports import Bus, OutgoingRecord, Position, Record
+from ffdl.events.envelope import Command, CommandData, NodeCommand, NodeCommandData
+from ffdl.events.position import Position
+from ffdl.handlers.ports import Bus, OutgoingRecord, Record
 
 log = structlog.get_logger(__name__)
 #: The header that names why a record was dead-lettered (the tally classifies it for the metrics).
@@ -60,16 +62,12 @@ class CommandSender:
         tenant: str,
         data: CommandData,
         *,
-        cause: uuid.UUID | None = None,
-        index: int = 0,
         correlation_id: uuid.UUID | None = None,
         fencing_token: int | None = None,
         command_id: uuid.UUID | None = None,
     ) -> Command:
-        if command_id is None:
-            command_id = derived_id(cause, self.producer, index) if cause else uuid.uuid4()
         return Command(
-            command_id=command_id,
+            command_id=command_id or uuid.uuid4(),
             job_id=job_id,
             tenant=tenant,
             issued_at=utcnow(),

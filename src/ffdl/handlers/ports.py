@@ -20,6 +20,7 @@ from typing import Protocol
 
 from ffdl.core.nodes import InventoryObservation
 from ffdl.events.model import Checkpoint, JobSpec, Placement
+from ffdl.events.position import Position  # where the Bus says an appended record landed
 
 # --------------------------------------------------------------------------- bus
 
@@ -52,26 +53,6 @@ class OutgoingRecord:
     key: str
     value: bytes
     headers: tuple[tuple[str, bytes], ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class Position:
-    """Where an appended record landed; its ``token`` is what a write returns for read-your-writes."""
-
-    topic: str
-    partition: int
-    offset: int
-
-    @property
-    def token(self) -> str:
-        return f"{self.partition}:{self.offset}"
-
-    @classmethod
-    def parse(cls, topic: str, token: str) -> Position:
-        partition, _, offset = token.partition(":")
-        if not partition.isdigit() or not offset.isdigit():
-            raise ValueError(f"position must look like PARTITION:OFFSET, got {token!r}")
-        return cls(topic, int(partition), int(offset))
 
 
 class BusUnavailable(ConnectionError):

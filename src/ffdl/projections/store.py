@@ -25,6 +25,7 @@ from ffdl.core.job import EvolveError, Job, evolve
 from ffdl.core.nodes import NodeRecord, evolve_node
 from ffdl.events.codec import AnyEvent, any_event_from_json, event_from_json, event_to_json
 from ffdl.events.envelope import NodeEvent
+from ffdl.events.position import Position
 from ffdl.projections.documents import JsonObject, dumps, job_document, node_document, why_summary
 
 SCHEMA = """
@@ -97,7 +98,7 @@ class LoggedEvent:
 
     @property
     def position(self) -> str:
-        return f"{self.partition}:{self.offset}"
+        return Position.format_token(self.partition, self.offset)
 
 
 class Projection:

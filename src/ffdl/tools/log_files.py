@@ -28,6 +28,7 @@ from typing import TextIO
 
 from ffdl.events.codec import AnyEvent, DecodeError, JsonObject, any_event_from_dict, event_to_dict
 from ffdl.events.envelope import NodeEvent
+from ffdl.events.position import Position
 from ffdl.projections.documents import dumps
 from ffdl.projections.store import LoggedEvent
 
@@ -93,15 +94,6 @@ def parse_time(text: str) -> datetime:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
-def parse_position(text: object) -> tuple[int, int]:
-    """``"PARTITION:OFFSET"`` as two integers."""
-    if isinstance(text, str):
-        partition, _, offset = text.partition(":")
-        if partition.isdigit() and offset.isdigit():
-            return int(partition), int(offset)
-    raise ValueError(f"position must look like PARTITION:OFFSET, got {text!r}")
-
-
 def line_object(logged: LoggedEvent, topic: str) -> JsonObject:
     """The JSON object of one exported line."""
     return {**event_to_dict(logged.event), "position": logged.position, "topic": topic}
@@ -122,7 +114,7 @@ def split_line(text: str, number: int) -> tuple[JsonObject, tuple[int, int]]:
         raise LogFileError(number, "not a JSON object")
     raw.pop("topic", None)
     try:
-        position = parse_position(raw.pop("position", None))
+        position = Position.parse_token(raw.pop("position", None))
     except ValueError as exc:
         raise LogFileError(number, str(exc)) from exc
     return raw, position

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import structlog
 
 from ffdl.events.codec import DecodeError, any_event_from_json
+from ffdl.events.position import Position
 from ffdl.handlers.ports import Bus
 from ffdl.projections.documents import JsonObject
 from ffdl.projections.store import LoggedEvent
@@ -39,7 +40,7 @@ class UndecodableRecord:
 
     @property
     def position(self) -> str:
-        return f"{self.partition}:{self.offset}"
+        return Position.format_token(self.partition, self.offset)
 
     def as_json(self) -> JsonObject:
         return {"position": self.position, "key": self.key, "reason": self.reason}

@@ -5,11 +5,12 @@ host with the monitor on the events topic), ``scheduler`` (under leader election
 (the read models), ``notifier`` (MQTT status out and telemetry in, when ``FFDL_MQTT`` is set) and
 ``api`` (served by the CLI's ``up``; its process also counts the dead-letter topic for the
 metrics). Consumer groups are named after the topic prefix, so platforms sharing a Kafka cluster
-never share one. Each role runs under a supervisor that restarts it after a crash with backoff; a
-restarted role refolds its partitions first. ``FFDL_LAUNCHER=instant`` learners complete at once
-(benchmarks and scale tests).
+never share one. Each role runs under a supervisor that restarts it after a crash with backoff (the
+shortest delay again once a role ran for :data:`HEALTHY_RUN_S`); a restarted role refolds its
+partitions first. ``FFDL_LAUNCHER=instant`` learners complete at once (benchmarks and scale tests).
 Singleton roles are elected through etcd when ``FFDL_ELECTION`` (or, by default, the heartbeat
-store) names an etcd, else through lock files in the data dir.
+store) names an etcd, else through lock files in the data dir; the scheduler serves terms of
+leadership (``handlers/leadership.py``).
 
 The scheduler leader records the inventory on the log (node events) from its source: the
 configured nodes by default; with ``FFDL_LAUNCHER=kubernetes``, where learners are pods, the
@@ -24,6 +25,7 @@ import os
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING
 
 import structlog
@@ -33,9 +35,11 @@ from ffdl.adapters.election import open_election
 from ffdl.adapters.heartbeats import open_store
 from ffdl.adapters.inventory import ConfiguredInventory
 from ffdl.core.restart import RestartPolicy
+from ffdl.handlers.aio import Backoff, supervise
 from ffdl.handlers.context import ReactionContext
 from ffdl.handlers.deadletters import DeadLetterTally
 from ffdl.handlers.driver import Driver
+from ffdl.handlers.leadership import lead
 from ffdl.handlers.messaging import CommandSender, Topics
 from ffdl.handlers.monitoring import Monitor
 from ffdl.handlers.owner import SCHEDULER_ROLE, JobOwner
@@ -53,8 +57,10 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 ALL_ROLES = frozenset({"api", "workers", "scheduler", "projector", "notifier"})
-#: How often a leading scheduler checks that it still leads.
-LEADERSHIP_CHECK_S = 0.25
+#: The longest pause before retrying the event log or restarting a crashed role.
+RETRY_MAX_S = 10.0
+#: A role that ran this long before it crashed was healthy: it is restarted after the shortest pause.
+HEALTHY_RUN_S = 60.0
 
 
 def open_launcher(settings: Settings, heartbeats: HeartbeatStore) -> Launcher:
@@ -156,7 +162,10 @@ class Platform:
                 self._supervise("orphans", lambda: kubernetes.remove_orphans_forever(keeps, self._stop))
         if "scheduler" in self.roles:
             inventory = self.inventory = self.inventory or ConfiguredInventory(s.inventory())
-            self._supervise("scheduler", lambda: self._lead_scheduler(inventory))
+            self._supervise(
+                "scheduler",
+                lambda: lead(self.election, SCHEDULER_ROLE, partial(self._schedule, inventory), self._stop),
+            )
         if "notifier" in self.roles and s.mqtt:
             from ffdl.adapters.mqtt import MqttBridge  # noqa: PLC0415 - only with an MQTT broker configured
 
@@ -213,35 +222,28 @@ class Platform:
         return f"{self.settings.topic_prefix}.{role}"
 
     async def _start_bus(self) -> None:
-        backoff = 0.5
+        backoff = Backoff(0.5, RETRY_MAX_S)
         while True:
             try:
                 await self.bus.start()
                 return
             except ConnectionError as exc:
+                delay = backoff.next_delay()
                 log.warning(
                     "event log unreachable; retrying",
                     bus=self.settings.bus_url,
                     error=str(exc),
-                    retry_in_s=backoff,
+                    retry_in_s=delay,
                 )
-                await asyncio.sleep(backoff)
-                backoff = min(10.0, backoff * 2)
+                await asyncio.sleep(delay)
 
-    async def _lead_scheduler(self, inventory: InventorySource) -> None:
-        """One term: campaign, then schedule until deposed or stopped; the supervisor campaigns again.
+    async def _schedule(self, inventory: InventorySource, token: int) -> None:
+        """The scheduler's work for the term ``token``: follow the events and plan; either failing ends it.
 
-        Each term consumes in a consumer group of its own (named by its fencing token): a leader
-        that died without leaving its group still holds its claims there until its session
-        expires, and the scheduler must see every partition from the start. Leadership is checked
-        every :data:`LEADERSHIP_CHECK_S`; once lost, the term's consumer is cancelled at once, so a
-        deposed leader stops sending commands (those already sent carry its old token, which the
-        jobs' owners refuse).
+        Each term consumes in a consumer group of its own (named by its token): a leader that died
+        without leaving its group still holds its claims there until its session expires, and the
+        scheduler must see every partition from the start.
         """
-        token = await self._campaign(SCHEDULER_ROLE)
-        if token is None:
-            return
-        log.info("leading the scheduler", fencing_token=token)
         scheduler = Scheduler(
             self.bus,
             self.topics.events,
@@ -251,53 +253,15 @@ class Platform:
             policy=self.settings.scheduler_policy(),
         )
         group = self._group(f"scheduler.{token}")
-
-        async def serve_term() -> None:
-            async with asyncio.TaskGroup() as tasks:  # either failing ends the term
-                tasks.create_task(consume(self.bus, group, [self.topics.events], scheduler, self._stop))
-                tasks.create_task(scheduler.plan_forever(self._stop))
-
-        term = asyncio.create_task(serve_term(), name=f"scheduler-term-{token}")
-        try:
-            while not term.done():
-                await asyncio.wait({term}, timeout=LEADERSHIP_CHECK_S)
-                if not term.done() and not await self.election.is_leader(SCHEDULER_ROLE, token):
-                    log.warning("scheduler deposed: it stops scheduling", fencing_token=token)
-                    break
-        finally:
-            term.cancel()
-            await asyncio.gather(term, return_exceptions=True)
-            await self.election.resign(SCHEDULER_ROLE)
-        if not term.cancelled() and (error := term.exception()) is not None:
-            raise error
-
-    async def _campaign(self, role: str) -> int | None:
-        """Campaign for ``role`` until elected (its token) or until the platform stops (None)."""
-        campaign = asyncio.ensure_future(self.election.campaign(role))
-        stopping = asyncio.ensure_future(self._stop.wait())
-        try:
-            await asyncio.wait({campaign, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stopping.cancel()
-            if not campaign.done():
-                campaign.cancel()
-            await asyncio.gather(campaign, stopping, return_exceptions=True)
-        return campaign.result() if not campaign.cancelled() else None
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(consume(self.bus, group, [self.topics.events], scheduler, self._stop))
+            tasks.create_task(scheduler.plan_forever(self._stop))
 
     def _supervise(self, name: str, run: Callable[[], Awaitable[None]]) -> None:
-        async def supervised() -> None:
-            backoff = 0.5
-            while not self._stop.is_set():
-                try:
-                    await run()
-                except asyncio.CancelledError:
-                    raise
-                except Exception:
-                    log.exception("role crashed; restarting", role=name, retry_in_s=backoff)
-                    await asyncio.sleep(backoff)
-                    backoff = min(10.0, backoff * 2)
-
-        self._tasks.append(asyncio.create_task(supervised(), name=name))
+        """Run a role until the platform stops, restarted after a crash (see :func:`supervise`)."""
+        backoff = Backoff(0.5, RETRY_MAX_S)
+        supervised = supervise(name, run, self._stop, backoff=backoff, healthy_after_s=HEALTHY_RUN_S)
+        self._tasks.append(asyncio.create_task(supervised, name=name))
 
     async def stop(self) -> None:
         self._stop.set()

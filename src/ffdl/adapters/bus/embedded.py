@@ -83,11 +83,11 @@ from typing import Literal, TypeVar
 import structlog
 
 from ffdl.adapters.bus.partitioning import partition_for
+from ffdl.events.position import Position
 from ffdl.handlers.ports import (
     BusUnavailable,
     CommitFailed,
     OutgoingRecord,
-    Position,
     RebalanceListener,
     Record,
     TopicPartition,

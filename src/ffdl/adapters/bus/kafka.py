@@ -76,11 +76,11 @@ from aiokafka.protocol.commit import OffsetCommitRequest
 
 from ffdl.adapters.bus.kafka_config import KafkaConfig
 from ffdl.adapters.bus.partitioning import partition_for
+from ffdl.events.position import Position
 from ffdl.handlers.ports import (
     BusUnavailable,
     CommitFailed,
     OutgoingRecord,
-    Position,
     RebalanceListener,
     Record,
     TopicPartition,

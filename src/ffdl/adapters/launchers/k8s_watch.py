@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
@@ -60,7 +59,9 @@ from ffdl.core.allocator import Node
 from ffdl.core.nodes import InventoryObservation
 from ffdl.events import job_commands as cmd
 from ffdl.events.envelope import CommandData
+from ffdl.events.ids import pod_ended_command_id
 from ffdl.events.model import LossReason
+from ffdl.handlers.aio import Backoff, sleep_or_stop, until_stopped
 from ffdl.handlers.messaging import CommandSender
 
 log = structlog.get_logger(__name__)
@@ -84,7 +85,6 @@ FATAL_WAITING_REASONS = frozenset(
     }
 )
 UNKNOWN_GPU_TYPE = "unknown"
-_OBSERVATIONS = uuid.UUID("5d0c7c8e-2f0b-4a57-9d4e-6b1f3c2a8e71")
 
 
 # --------------------------------------------------------------------------- informer
@@ -114,22 +114,22 @@ class Informer:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Follow the objects until ``stop``; relist after every break."""
-        backoff = 0.2
+        backoff = Backoff(0.2, RETRY_MAX_S)
         while not stop.is_set():
             try:
-                await _until_stopped(self._follow(), stop)
-                backoff = 0.2
+                await until_stopped(self._follow(backoff), stop)
             except ResourceExpiredError:
                 log.info("watch resource version expired: relisting", resource=self._resource.plural)
             except (KubeUnreachableError, KubeApiError) as error:
                 log.warning(
                     "kubernetes watch broke: relisting", resource=self._resource.plural, error=str(error)
                 )
-                await _sleep_or_stop(stop, backoff)
-                backoff = min(RETRY_MAX_S, backoff * 2)
+                await sleep_or_stop(stop, backoff.next_delay())
 
-    async def _follow(self) -> None:
+    async def _follow(self, backoff: Backoff) -> None:
+        """List, then watch from the list's version; a list that came back is health: ``backoff`` resets."""
         items, version = await self._client.list(self._resource, self._namespace, self._selector)
+        backoff.reset()
         await self._resync(items)
         self.synced.set()
         while True:
@@ -167,30 +167,6 @@ class Informer:
 
 def _version(obj: Mapping[str, Any]) -> str:
     return str(obj.get("metadata", {}).get("resourceVersion", ""))
-
-
-async def _until_stopped(work: Awaitable[None], stop: asyncio.Event) -> None:
-    """Run ``work`` until it ends or ``stop`` is set (then cancel it)."""
-    task = asyncio.ensure_future(work)
-    stopping = asyncio.create_task(stop.wait())
-    try:
-        await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stopping.cancel()
-        if not task.done():
-            task.cancel()
-        await asyncio.gather(stopping, return_exceptions=True)
-    if not task.cancelled():
-        task.result()
-    else:
-        await asyncio.gather(task, return_exceptions=True)
-
-
-async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
-    try:
-        await asyncio.wait_for(stop.wait(), seconds)
-    except TimeoutError:
-        return
 
 
 # --------------------------------------------------------------------------- pods
@@ -330,7 +306,7 @@ class PodWatcher:
 
     async def _check_forever(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            await _sleep_or_stop(stop, self._check_interval_s)
+            await sleep_or_stop(stop, self._check_interval_s)
             try:
                 await self._check_pending()
             except Exception:
@@ -367,7 +343,7 @@ class PodWatcher:
                 detail=observation.detail,
             )
         tenant = (pod["metadata"].get("annotations") or {}).get(ANNOTATION_TENANT, "")
-        command_id = uuid.uuid5(_OBSERVATIONS, f"{uid}:ended")
+        command_id = pod_ended_command_id(uid)
         await self._sender.send(self._sender.make(handle.job_id, tenant, data, command_id=command_id))
         self._ended.add(uid)
         log.info(

@@ -60,6 +60,7 @@ from ffdl.adapters.launchers.k8s_manifests import (
 )
 from ffdl.adapters.launchers.k8s_watch import NodeInventory, PodWatcher
 from ffdl.adapters.launchers.kube_config import KubeConfig
+from ffdl.handlers.aio import sleep_or_stop
 from ffdl.handlers.messaging import CommandSender
 from ffdl.handlers.ports import LaunchRequest, LearnerHandle
 
@@ -255,14 +256,11 @@ class KubernetesCluster:
     async def remove_orphans_forever(self, is_live: Callable[[str], bool], stop: asyncio.Event) -> None:
         """Every ``orphan_check_s``, remove the learners of jobs that should have none."""
         every_s = self._kube.orphan_check_s
-        while not stop.is_set():
+        while not await sleep_or_stop(stop, every_s):
             try:
-                await asyncio.wait_for(stop.wait(), every_s)
-            except TimeoutError:
-                try:
-                    await self.launcher.remove_orphans(is_live, self._stop_grace_s)
-                except (KubeUnreachableError, KubeApiError) as error:
-                    log.warning("orphan check failed: trying again later", error=str(error))
+                await self.launcher.remove_orphans(is_live, self._stop_grace_s)
+            except (KubeUnreachableError, KubeApiError) as error:
+                log.warning("orphan check failed: trying again later", error=str(error))
 
     async def close(self) -> None:
         await self.client.close()

@@ -1,0 +1,418 @@
+"""The monitor's state machine: what each heartbeat, exit record, deletion, probe and tick means.
+
+It knows the learners of the jobs it watches and everything it has read from the heartbeat store,
+and turns what happens into reports for the jobs' owners:
+
+* a learner's first heartbeat of an attempt -> ``ReportLearnerStarted``;
+* a change of step or metrics -> ``ReportProgress`` (at most every ``progress_interval_s`` per
+  learner, flushed before an exit so final metrics are never lost);
+* a new checkpoint in the heartbeat -> ``ReportCheckpoint``;
+* an exit record -> ``ReportLearnerExited`` with the code (also when the record was read before
+  the job was observed: a monitor that starts reads the store before its jobs are folded from the log);
+* a learner key deleted without an exit record (its lease expired) -> ``ReportLearnerLost(expired)``;
+* no progress for the job's ``progress_timeout_s`` -> ``ReportLearnerLost(hung)``; process liveness
+  is not progress.
+
+Exit records have no lease (they must outlive the agent), so they are marked *spent* once they
+matter no more, for the shell to delete: when the job leaves the attempt they belong to (its owner
+has decided on them by then), and for a job adopted from the log that is past them.
+
+A store outage is not a learner death. Losses are decided only while the store is *healthy*: the
+shell follows it (a snapshot and a watch from the snapshot's revision) and its last probe of the
+store came back in time. Whenever the store becomes healthy (first followed, followed again, a
+probe answered after trouble), learners get ``grace_s`` to re-register before anything is reaped:
+etcd itself expires the leases that could not be renewed while it was unreachable, so the
+deletions that follow an outage are of learners that are alive and about to write their key again
+with a new lease. A deletion seen while unhealthy or within the grace marks the learner *gone*;
+when the grace ends, a learner still gone (no new heartbeat of its attempt) is lost. A job adopted
+from the log (a partition taken over from another monitor, or loaded at start) gets the same
+grace. Hang detection waits the same way.
+
+Nothing here reads a clock or touches the world: every input carries the time, on the monotonic
+clock (``now``, seconds) and, for the tick, on the wall clock the events' times are written in
+(``wall``). Every input returns its *effects*, the reports to send and the notes to log, in order;
+the async shell (``handlers/monitoring.py``) does the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Literal
+
+from ffdl.core.job import Job
+from ffdl.core.states import JobState
+from ffdl.events import job_commands as cmd
+from ffdl.events.envelope import CommandData
+from ffdl.events.model import Checkpoint, LossReason
+from ffdl.handlers.heartbeat_keys import LearnerBeat, exit_key, learner_key, parse_exit, parse_key
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """A command for the owner of ``job_id``: what the monitor concluded about one of its learners."""
+
+    job_id: str
+    tenant: str
+    data: CommandData
+
+
+@dataclass(frozen=True, slots=True)
+class Note:
+    """Something worth a log line; the shell writes it, since the state machine does no I/O."""
+
+    level: Literal["info", "warning"]
+    message: str
+    details: Mapping[str, object] = field(default_factory=dict)
+
+
+Effect = Report | Note
+
+
+@dataclass(slots=True)
+class _Learner:
+    """What the tracker knows of one learner of the job's current attempt."""
+
+    attempt: int
+    beat: LearnerBeat | None = None
+    progress_at: float = 0.0
+    sent_progress: tuple[int, tuple[tuple[str, float], ...]] | None = None
+    sent_progress_at: float = 0.0
+    sent_checkpoint: tuple[str, int] | None = None
+    exited: bool = False
+    lost: bool = False
+    gone: bool = False
+    started_sent: bool = False
+
+
+@dataclass(slots=True)
+class _Watched:
+    job: Job
+    reap_after: float = 0.0
+    learners: dict[int, _Learner] = field(default_factory=dict)
+
+    def learner(self, rank: int) -> _Learner:
+        entry = self.learners.get(rank)
+        if entry is None or entry.attempt != self.job.attempt:
+            entry = self.learners[rank] = _Learner(attempt=self.job.attempt)
+        return entry
+
+
+class HeartbeatTracker:
+    def __init__(self, *, grace_s: float, launch_timeout_s: float, progress_interval_s: float) -> None:
+        self._grace_s = grace_s
+        self._launch_timeout_s = launch_timeout_s
+        self._progress_interval_s = progress_interval_s
+        self._watched: dict[str, _Watched] = {}
+        self._beats_by_key: dict[str, LearnerBeat] = {}
+        self._exits: dict[str, dict[tuple[int, int], int]] = {}
+        self._spent_exits: set[str] = set()
+        self._past_attempt: dict[str, int] = {}  # job -> the last attempt it has moved past
+        self._reap_after = 0.0
+        self._effects: list[Effect] = []
+        self.store_up = False
+        self.probe_ok = True
+
+    @property
+    def healthy(self) -> bool:
+        """Whether the store is followed and answering: losses may be decided (after the grace)."""
+        return self.store_up and self.probe_ok
+
+    @property
+    def spent_exits(self) -> list[str]:
+        """The keys of exit records that matter no more, for the shell to delete from the store."""
+        return sorted(self._spent_exits)
+
+    def exit_deleted(self, key: str) -> None:
+        self._spent_exits.discard(key)
+
+    # -- the jobs, as the reactor host folds them ---------------------------------------------------
+
+    def observe(self, job: Job, *, adopted: bool, now: float) -> None:
+        """Track ``job``; ``adopted``: loaded from the log rather than followed live, so it gets a grace."""
+        if not job.state.observes_learners:
+            self._watched.pop(job.job_id, None)
+            # A restarting job already carries the number of the attempt it is about to launch.
+            past = job.attempt - 1 if job.state is JobState.RESTARTING else job.attempt
+            self._past_attempt[job.job_id] = past
+            self._forget_exits(job.job_id, up_to_attempt=past)
+            return
+        watched = self._watched.get(job.job_id)
+        if watched is None:
+            watched = self._watched[job.job_id] = _Watched(job)
+            if adopted:
+                watched.reap_after = now + self._grace_s
+        watched.job = job
+
+    def forget(self, job_ids: Iterable[str]) -> None:
+        for job_id in job_ids:
+            self._watched.pop(job_id, None)
+            self._past_attempt.pop(job_id, None)
+
+    # -- the store --------------------------------------------------------------------------------
+
+    def resync(self, values: Mapping[str, bytes], now: float, *, revision: int) -> list[Effect]:
+        """A snapshot of every learner key at ``revision``: the store is followed (again)."""
+        if not self.store_up:
+            self.store_up = True
+            self._start_grace(
+                now, "heartbeat store reachable: following learners", revision=revision, keys=len(values)
+            )
+        exits = {key: value for key, value in values.items() if _is_exit(key)}
+        for key, value in sorted(exits.items()):
+            self._on_put(key, value, now)
+        for key in [key for key in self._beats_by_key if key not in values]:
+            self._on_delete(key, now)
+        for key, value in sorted(values.items()):
+            if key not in exits:
+                self._on_put(key, value, now)
+        return self._take_effects()
+
+    def put(self, key: str, value: bytes, now: float) -> list[Effect]:
+        """The watch saw ``key`` written."""
+        self._on_put(key, value, now)
+        return self._take_effects()
+
+    def delete(self, key: str, now: float) -> list[Effect]:
+        """The watch saw ``key`` deleted (revoked, or its lease expired)."""
+        self._on_delete(key, now)
+        return self._take_effects()
+
+    def store_lost(self, reason: str) -> list[Effect]:
+        """The shell follows the store no more (it broke, or the monitor restarts): reaping pauses."""
+        if self.store_up:
+            self._note("warning", "heartbeat store not followed: reaping paused", reason=reason)
+        self.store_up = False
+        return self._take_effects()
+
+    def probe_failed(self, reason: str) -> list[Effect]:
+        """A probe of the store failed or took too long: the store may be frozen, reaping pauses."""
+        if self.probe_ok:
+            self._note("warning", "heartbeat store slow or unreachable: reaping paused", reason=reason)
+        self.probe_ok = False
+        return self._take_effects()
+
+    def probe_answered(self, now: float) -> list[Effect]:
+        """A probe of the store came back in time."""
+        if not self.probe_ok:
+            self.probe_ok = True
+            self._start_grace(now, "heartbeat store answers again")
+        return self._take_effects()
+
+    # -- time -------------------------------------------------------------------------------------
+
+    def tick(self, now: float, wall: datetime) -> list[Effect]:
+        """What time alone decides: exits not reported yet, the end of a grace, hangs, late starts."""
+        for watched in list(self._watched.values()):
+            self._check(watched, now, wall)
+        return self._take_effects()
+
+    def _check(self, watched: _Watched, now: float, wall: datetime) -> None:
+        job = watched.job
+        exits = self._exits.get(job.job_id, {})
+        for state in job.learners:
+            if not state.active:
+                continue
+            learner = watched.learner(state.rank)
+            if learner.lost or learner.exited:
+                continue
+            code = exits.get((job.attempt, state.rank))
+            if code is not None:
+                self._report_exit(watched, state.rank, code, now)
+                continue
+            if learner.beat is None:
+                known = self._beats_by_key.get(learner_key(job.job_id, state.rank))
+                if known is not None and known.attempt == job.attempt:
+                    self._take_beat(watched, state.rank, known, now, new=True)
+            self._maybe_progress(job, state.rank, learner, now, force=False)
+            if not self._may_reap(watched, now):
+                continue
+            if learner.gone:
+                detail = f"heartbeat lease expired; not re-registered within {self._grace_s:.0f}s"
+                self._lose(watched, state.rank, LossReason.EXPIRED, detail)
+            elif learner.beat is None:
+                waited = (wall - job.history[-1].at).total_seconds()
+                limit = self._launch_timeout_s if job.state is JobState.LAUNCHING else self._grace_s
+                if waited > limit:
+                    self._lose(watched, state.rank, LossReason.EXPIRED, f"no heartbeat within {limit:.0f}s")
+            elif job.state is JobState.RUNNING and now - learner.progress_at > job.spec.progress_timeout_s:
+                detail = f"no progress for {job.spec.progress_timeout_s:.0f}s (step {learner.beat.step})"
+                self._lose(watched, state.rank, LossReason.HUNG, detail)
+
+    # -- reactions --------------------------------------------------------------------------------
+
+    def _start_grace(self, now: float, message: str, **details: object) -> None:
+        self._reap_after = max(self._reap_after, now + self._grace_s)
+        self._note("info", message, grace_s=self._grace_s, **details)
+
+    def _may_reap(self, watched: _Watched, now: float) -> bool:
+        return self.healthy and now >= self._reap_after and now >= watched.reap_after
+
+    def _on_put(self, key: str, value: bytes, now: float) -> None:
+        parsed = parse_key(key)
+        if parsed is None:
+            return
+        if parsed.kind == "exit":
+            self._on_exit_record(parsed.job_id, parsed.attempt or 0, parsed.rank, value, now)
+            return
+        try:
+            beat = LearnerBeat.from_json(value)
+        except (ValueError, KeyError, TypeError) as exc:
+            self._note("warning", "unreadable heartbeat ignored", key=key, error=str(exc))
+            return
+        previous = self._beats_by_key.get(key)
+        self._beats_by_key[key] = beat
+        watched = self._watched.get(parsed.job_id)
+        if watched is None or beat.attempt != watched.job.attempt:
+            return
+        new = previous is None or previous.attempt != beat.attempt
+        self._take_beat(watched, parsed.rank, beat, now, new=new)
+
+    def _take_beat(self, watched: _Watched, rank: int, beat: LearnerBeat, now: float, *, new: bool) -> None:
+        """A heartbeat of the job's current attempt: the learner is there (again)."""
+        learner = watched.learner(rank)
+        job = watched.job
+        if learner.gone:
+            learner.gone = False
+            self._note("info", "learner re-registered", job_id=job.job_id, rank=rank, attempt=beat.attempt)
+        previous = learner.beat
+        if (
+            new
+            or previous is None
+            or (beat.step, beat.last_progress) != (previous.step, previous.last_progress)
+        ):
+            learner.progress_at = now
+        learner.beat = beat
+        if not learner.started_sent and rank < len(job.learners) and not job.learners[rank].has_started:
+            learner.started_sent = True
+            started = cmd.ReportLearnerStarted(rank=rank, attempt=beat.attempt, pid=beat.pid, host=beat.host)
+            self._report(job, started)
+        self._maybe_progress(job, rank, learner, now, force=False)
+        self._maybe_checkpoint(job, rank, learner)
+
+    def _on_exit_record(self, job_id: str, attempt: int, rank: int, value: bytes, now: float) -> None:
+        try:
+            code = parse_exit(value)
+        except ValueError as exc:
+            self._note(
+                "warning", "unreadable exit record", job_id=job_id, rank=rank, attempt=attempt, error=str(exc)
+            )
+            return
+        self._exits.setdefault(job_id, {})[(attempt, rank)] = code
+        past = self._past_attempt.get(job_id, 0)
+        if attempt <= past:  # written after its job moved on (a learner stopped by a halt or cancel)
+            self._forget_exits(job_id, up_to_attempt=past)
+            return
+        watched = self._watched.get(job_id)
+        if watched is not None and watched.job.attempt == attempt:
+            self._report_exit(watched, rank, code, now)
+
+    def _report_exit(self, watched: _Watched, rank: int, code: int, now: float) -> None:
+        learner = watched.learner(rank)
+        if learner.exited:
+            return
+        self._maybe_progress(watched.job, rank, learner, now, force=True)
+        self._maybe_checkpoint(watched.job, rank, learner)
+        learner.exited = True
+        self._report(
+            watched.job, cmd.ReportLearnerExited(rank=rank, attempt=watched.job.attempt, exit_code=code)
+        )
+
+    def _on_delete(self, key: str, now: float) -> None:
+        parsed = parse_key(key)
+        beat = self._beats_by_key.pop(key, None)
+        if parsed is None or parsed.kind != "learner" or beat is None:
+            return
+        watched = self._watched.get(parsed.job_id)
+        if watched is None or watched.job.attempt != beat.attempt:
+            return
+        if (beat.attempt, parsed.rank) in self._exits.get(parsed.job_id, {}):
+            return  # a clean exit: the agent wrote its exit record before it revoked the lease
+        learner = watched.learner(parsed.rank)
+        if learner.lost or learner.exited:
+            return
+        if self._may_reap(watched, now):
+            self._lose(watched, parsed.rank, LossReason.EXPIRED, "heartbeat lease expired")
+            return
+        learner.gone = True
+        self._note(
+            "info",
+            "heartbeat deleted during a grace period: waiting for the learner to re-register",
+            job_id=parsed.job_id,
+            rank=parsed.rank,
+            attempt=beat.attempt,
+        )
+
+    def _forget_exits(self, job_id: str, up_to_attempt: int) -> None:
+        """Exit records of attempts that are over matter no more; later attempts have higher numbers."""
+        exits = self._exits.get(job_id)
+        if exits is None:
+            return
+        for attempt, rank in [k for k in exits if k[0] <= up_to_attempt]:
+            del exits[(attempt, rank)]
+            self._spent_exits.add(exit_key(job_id, attempt, rank))
+        if not exits:
+            del self._exits[job_id]
+
+    # -- effects ----------------------------------------------------------------------------------
+
+    def _maybe_progress(self, job: Job, rank: int, learner: _Learner, now: float, *, force: bool) -> None:
+        beat = learner.beat
+        if beat is None:
+            return
+        current = (beat.step, tuple(sorted(beat.metrics.items())))
+        if current == learner.sent_progress:
+            return
+        if not force and now - learner.sent_progress_at < self._progress_interval_s:
+            return
+        learner.sent_progress, learner.sent_progress_at = current, now
+        self._report(
+            job, cmd.ReportProgress(rank=rank, attempt=beat.attempt, step=beat.step, metrics=beat.metrics)
+        )
+
+    def _maybe_checkpoint(self, job: Job, rank: int, learner: _Learner) -> None:
+        beat = learner.beat
+        if beat is None or not beat.checkpoint:
+            return
+        try:
+            checkpoint = Checkpoint.model_validate({**beat.checkpoint, "rank": rank, "attempt": beat.attempt})
+        except ValueError as exc:
+            self._note(
+                "warning", "unreadable checkpoint in heartbeat", job_id=job.job_id, rank=rank, error=str(exc)
+            )
+            return
+        marker = (checkpoint.uri, checkpoint.step)
+        if marker == learner.sent_checkpoint:
+            return
+        learner.sent_checkpoint = marker
+        self._report(job, cmd.ReportCheckpoint(checkpoint=checkpoint))
+
+    def _lose(self, watched: _Watched, rank: int, reason: LossReason, detail: str) -> None:
+        job = watched.job
+        watched.learner(rank).lost = True
+        self._note(
+            "warning",
+            "learner lost",
+            job_id=job.job_id,
+            rank=rank,
+            attempt=job.attempt,
+            reason=str(reason),
+            detail=detail,
+        )
+        self._report(job, cmd.ReportLearnerLost(rank=rank, attempt=job.attempt, reason=reason, detail=detail))
+
+    def _report(self, job: Job, data: CommandData) -> None:
+        self._effects.append(Report(job.job_id, job.tenant, data))
+
+    def _note(self, level: Literal["info", "warning"], message: str, **details: object) -> None:
+        self._effects.append(Note(level, message, details))
+
+    def _take_effects(self) -> list[Effect]:
+        effects, self._effects = self._effects, []
+        return effects
+
+
+def _is_exit(key: str) -> bool:
+    parsed = parse_key(key)
+    return parsed is not None and parsed.kind == "exit"
