@@ -16,7 +16,8 @@ from typing import Protocol, TypeVar
 
 import structlog
 
-from ffdl.core.job import EvolveError, Job, evolve
+from ffdl.core.aggregate import EvolveError
+from ffdl.core.job import Job, evolve
 from ffdl.core.nodes import NodeRecord, evolve_node
 from ffdl.events.codec import AnyEvent, DecodeError, any_event_from_json
 from ffdl.events.envelope import Event, NodeEvent

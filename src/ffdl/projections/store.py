@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ffdl.core.job import EvolveError, Job, evolve
+from ffdl.core.aggregate import EvolveError
+from ffdl.core.job import Job, evolve
 from ffdl.core.nodes import NodeRecord, evolve_node
 from ffdl.events.codec import AnyEvent, any_event_from_json, event_from_json, event_to_json
 from ffdl.events.envelope import NodeEvent

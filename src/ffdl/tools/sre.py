@@ -37,8 +37,9 @@ from typing import Any, Generic, TextIO, TypeVar
 import structlog
 
 from ffdl.adapters.bus import open_bus
+from ffdl.core.aggregate import EvolveError
 from ffdl.core.invariants import InvariantChecker, Violation, ViolationKind
-from ffdl.core.job import EvolveError, Job, evolve
+from ffdl.core.job import Job, evolve
 from ffdl.core.nodes import NodeRecord, evolve_node
 from ffdl.events import nodes as nd
 from ffdl.events.codec import AnyEvent, cloudevent_headers
