@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ffdl.adapters.tenants import OPEN, Principal, TenantRegistry
 from ffdl.api.manifest import ManifestError, parse_manifest
 from ffdl.api.metrics import PlatformCollector, registry_for
+from ffdl.core.kinds import JOBS, NODES
 from ffdl.core.nodes import NodeStatus, decide_node
 from ffdl.core.states import JobState
 from ffdl.events import job_commands as cmd
@@ -181,7 +182,7 @@ def create_app(platform: Platform) -> FastAPI:  # noqa: PLR0915 - one closure pe
         return None
 
     async def write_job(job_id: str, tenant: str, data: CommandData) -> dict[str, Any]:
-        command = platform.sender.make(job_id, tenant, data)
+        command = platform.sender.make(JOBS.address(job_id, tenant), data)
         position = await send_and_wait(command)
         if position is None:
             return {"job_id": job_id, "state": None, "position": None, "command_id": str(command.command_id)}
@@ -447,7 +448,7 @@ def create_app(platform: Platform) -> FastAPI:  # noqa: PLR0915 - one closure pe
         projected within the wait. A command the node decider says changes nothing (cordoning a
         node cordoned so already, uncordoning an open one) is not sent: the node as it is, no position."""
         document = await known_node(name)
-        command = platform.sender.make_for_node(name, data)
+        command = platform.sender.make(NODES.address(name), data)
         record = await read(projection.node_record, name)
         if record is not None and not decide_node(record, command, utcnow()):
             return {**document, "position": None}

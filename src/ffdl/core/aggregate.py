@@ -121,7 +121,6 @@ class CommandHead(TypedDict):
     command_id: uuid.UUID
     issued_at: datetime
     producer: str
-    correlation_id: uuid.UUID | None
     fencing_token: int | None
 
 
@@ -337,9 +336,9 @@ class Aggregates:
         book[identity] = after
         return Applied(kind, event, before, after)
 
-    def forget(self, kinds_and_ids: Iterable[tuple[AnyKind, str]]) -> Aggregates:
-        """Drop the given aggregates; returns them, in a book of their own."""
+    def forget(self, which: Iterable[tuple[str, str]]) -> Aggregates:
+        """Drop the aggregates named (kind name, id); returns them, in a book of their own."""
         dropped = Aggregates(self.kinds)
-        for kind, identity in kinds_and_ids:
-            dropped._books[kind.name][identity] = self._books[kind.name].pop(identity)
+        for kind_name, identity in which:
+            dropped._books[kind_name][identity] = self._books[kind_name].pop(identity)
         return dropped

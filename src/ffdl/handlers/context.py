@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ffdl.core.job import Job
+from ffdl.core.kinds import JOBS
 from ffdl.core.reconcile import Action
 from ffdl.events.envelope import CommandData
 from ffdl.handlers.messaging import CommandSender
@@ -30,5 +31,5 @@ class ReactionContext:
         command_id = uuid.uuid5(
             _ACTION_NAMESPACE, f"{job.job_id}:{action.kind}:{action.attempt}:{action.since_seq}"
         )
-        command = self.sender.make(job.job_id, job.tenant, data, command_id=command_id)
+        command = self.sender.make(JOBS.address(job.job_id, job.tenant), data, command_id=command_id)
         await self.sender.send(command)

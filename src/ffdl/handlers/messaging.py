@@ -1,7 +1,8 @@
 """How handlers talk to the log: topic names, sending commands, appending events, dead letters.
 
-Commands that a handler derives from an event get ids derived from that event's id, so a
-redelivered event makes the same command again and the job's owner drops the repeat.
+A command that a handler may send again for the same reason (a reaction re-run after a crash, an
+observation seen twice) carries an id the handler derives from that reason, so the owner drops
+the repeat; other commands get a fresh id.
 """
 
 from __future__ import annotations
@@ -10,9 +11,11 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import TypeVar
 
 import structlog
 
+from ffdl.core.aggregate import Address, CommandEnvelope, CommandHead
 from ffdl.events.codec import (
     AnyCommand,
     AnyEvent,
@@ -21,10 +24,11 @@ from ffdl.events.codec import (
     command_to_json,
     event_to_json,
 )
-from ffdl.events.envelope import Command, CommandData, NodeCommand, NodeCommandData, derived_id
+from ffdl.events.envelope import Payload
 from ffdl.handlers.ports import Bus, OutgoingRecord, Position, Record
 
 log = structlog.get_logger(__name__)
+C = TypeVar("C", bound=CommandEnvelope)
 #: The header that names why a record was dead-lettered (the tally classifies it for the metrics).
 DEAD_LETTER_REASON_HEADER = "ffdl_dlq_reason"
 
@@ -56,45 +60,24 @@ class CommandSender:
 
     def make(
         self,
-        job_id: str,
-        tenant: str,
-        data: CommandData,
+        to: Address[C],
+        data: Payload,
         *,
-        cause: uuid.UUID | None = None,
-        index: int = 0,
-        correlation_id: uuid.UUID | None = None,
         fencing_token: int | None = None,
         command_id: uuid.UUID | None = None,
-    ) -> Command:
-        if command_id is None:
-            command_id = derived_id(cause, self.producer, index) if cause else uuid.uuid4()
-        return Command(
-            command_id=command_id,
-            job_id=job_id,
-            tenant=tenant,
-            issued_at=utcnow(),
-            producer=self.producer,
-            correlation_id=correlation_id,
-            fencing_token=fencing_token,
-            data=data,
-        )
+    ) -> C:
+        """A command to the aggregate at ``to`` (``JOBS.address(...)``, ``NODES.address(...)``).
 
-    def make_for_node(
-        self,
-        node: str,
-        data: NodeCommandData,
-        *,
-        fencing_token: int | None = None,
-        command_id: uuid.UUID | None = None,
-    ) -> NodeCommand:
-        return NodeCommand(
-            command_id=command_id or uuid.uuid4(),
-            node=node,
-            issued_at=utcnow(),
-            producer=self.producer,
-            fencing_token=fencing_token,
-            data=data,
-        )
+        ``command_id``: where a repeat must be recognised as one, an id the caller derives from
+        what the command is about; else a fresh one.
+        """
+        head: CommandHead = {
+            "command_id": command_id or uuid.uuid4(),
+            "issued_at": utcnow(),
+            "producer": self.producer,
+            "fencing_token": fencing_token,
+        }
+        return to.command(head, data)
 
     async def send(self, *commands: AnyCommand) -> list[Position]:
         records = [

@@ -60,6 +60,7 @@ from datetime import UTC, datetime
 import structlog
 
 from ffdl.core.job import Job
+from ffdl.core.kinds import JOBS
 from ffdl.core.states import JobState
 from ffdl.events import job_commands as cmd
 from ffdl.events.envelope import Command, CommandData, Event
@@ -496,7 +497,7 @@ class Monitor:
         )
 
     def _send(self, job: Job, data: CommandData) -> None:
-        self._outbox.append(self._sender.make(job.job_id, job.tenant, data))
+        self._outbox.append(self._sender.make(JOBS.address(job.job_id, job.tenant), data))
         self._outbox_filled.set()
 
     async def _flush_forever(self, stop: asyncio.Event) -> None:

@@ -57,6 +57,7 @@ from ffdl.adapters.launchers.k8s_manifests import (
     learner_of,
 )
 from ffdl.core.allocator import Node
+from ffdl.core.kinds import JOBS
 from ffdl.core.nodes import InventoryObservation
 from ffdl.events import job_commands as cmd
 from ffdl.events.envelope import CommandData
@@ -368,7 +369,8 @@ class PodWatcher:
             )
         tenant = (pod["metadata"].get("annotations") or {}).get(ANNOTATION_TENANT, "")
         command_id = uuid.uuid5(_OBSERVATIONS, f"{uid}:ended")
-        await self._sender.send(self._sender.make(handle.job_id, tenant, data, command_id=command_id))
+        command = self._sender.make(JOBS.address(handle.job_id, tenant), data, command_id=command_id)
+        await self._sender.send(command)
         self._ended.add(uid)
         log.info(
             "learner pod observed",
