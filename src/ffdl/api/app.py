@@ -33,13 +33,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from ffdl.adapters.tenants import OPEN, Principal, TenantRegistry
 from ffdl.api.manifest import ManifestError, parse_manifest
 from ffdl.api.metrics import PlatformCollector, registry_for
-from ffdl.core.kinds import JOBS, NODES
+from ffdl.core.kinds import JOBS, KINDS, NODES
 from ffdl.core.nodes import NodeStatus, decide_node
 from ffdl.core.states import JobState
 from ffdl.events import job_commands as cmd
 from ffdl.events import nodes as nd
 from ffdl.events.codec import AnyCommand
-from ffdl.events.envelope import CommandData, NodeCommand
+from ffdl.events.envelope import CommandData
 from ffdl.handlers.heartbeat_keys import JOBS_PREFIX, LearnerBeat, parse_key
 from ffdl.handlers.messaging import utcnow
 from ffdl.handlers.ports import Position, StoreUnavailable
@@ -157,10 +157,8 @@ def create_app(platform: Platform) -> FastAPI:  # noqa: PLR0915 - one closure pe
     def caused_by(command: AnyCommand) -> list[dict[str, Any]]:
         """The events of the command's job or node that the command caused, as projected."""
         cause = str(command.command_id)
-        if isinstance(command, NodeCommand):
-            events = projection.node_history(command.node, 0, 100_000)
-        else:
-            events = projection.history(command.job_id, 0, 100_000)
+        kind = KINDS.of(command)
+        events = projection.history(kind, kind.identity(command), 0, 100_000)
         return [e for e in events if e.get("causation_id") == cause]
 
     async def send_and_wait(command: AnyCommand) -> str | None:
@@ -302,7 +300,7 @@ def create_app(platform: Platform) -> FastAPI:  # noqa: PLR0915 - one closure pe
         """The job's history; with ``follow=true`` a resumable Server-Sent Events stream."""
         await visible_job(job_id, caller)
         if not follow:
-            return {"events": await read(projection.history, job_id, after_seq, 100_000)}
+            return {"events": await read(projection.history, JOBS, job_id, after_seq, 100_000)}
         last = request.headers.get("last-event-id", "")
         start = int(last) if last.isdigit() else after_seq
         return StreamingResponse(
@@ -316,7 +314,7 @@ def create_app(platform: Platform) -> FastAPI:  # noqa: PLR0915 - one closure pe
         seq = after_seq
         try:
             while not await request.is_disconnected():
-                batch = await read(projection.history, job_id, seq, 200)
+                batch = await read(projection.history, JOBS, job_id, seq, 200)
                 for event in batch:
                     seq = event["seq"]
                     yield f"id: {seq}\nevent: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
@@ -437,7 +435,7 @@ def create_app(platform: Platform) -> FastAPI:  # noqa: PLR0915 - one closure pe
         document = await known_node(name)
         document["allocated"] = (await gpu_holders(caller)).get(name, {})
         if history:
-            document["history"] = await read(projection.node_history, name, 0, 100_000)
+            document["history"] = await read(projection.history, NODES, name, 0, 100_000)
         return document
 
     async def write_node(
@@ -449,7 +447,7 @@ def create_app(platform: Platform) -> FastAPI:  # noqa: PLR0915 - one closure pe
         node cordoned so already, uncordoning an open one) is not sent: the node as it is, no position."""
         document = await known_node(name)
         command = platform.sender.make(NODES.address(name), data)
-        record = await read(projection.node_record, name)
+        record = await read(projection.state, NODES, name)
         if record is not None and not decide_node(record, command, utcnow()):
             return {**document, "position": None}
         position = await send_and_wait(command)
