@@ -543,6 +543,7 @@ def replay(
 
     --rebuild without LOG rebuilds the configured bus and compares with the live projections.
     """
+    from ffdl.core.kinds import JOBS  # noqa: PLC0415
     from ffdl.tools import sre  # noqa: PLC0415
 
     settings = _sre_settings(partitions)
@@ -578,7 +579,7 @@ def replay(
             console.print(replay_timeline_table(job, report["transitions"]))
         return
     point = _sre(lambda: sre.Point.parse(until) if until else None)
-    report = _sre(lambda: sre.replay_job(_log_events(log, bus, settings), job, point))
+    report = _sre(lambda: sre.replay(_log_events(log, bus, settings), JOBS, job, point))
     if json_output:
         print_json(report)
         return
@@ -597,10 +598,11 @@ def _replay_node(
     log: str | None, bus: str | None, name: str, until: str | None, settings: Settings, as_json: bool
 ) -> None:
     """``replay --node``: the node's state at the point, what was skipped, and its timeline."""
+    from ffdl.core.kinds import NODES  # noqa: PLC0415
     from ffdl.tools import sre  # noqa: PLC0415
 
     point = _sre(lambda: sre.Point.parse(until) if until else None)
-    report = _sre(lambda: sre.replay_node(_log_events(log, bus, settings), name, point))
+    report = _sre(lambda: sre.replay(_log_events(log, bus, settings), NODES, name, point))
     if as_json:
         print_json(report)
         return
