@@ -28,7 +28,8 @@ from ffdl.core.nodes import NodeRecord
 from ffdl.events.codec import AnyEvent, any_event_from_json, event_to_json
 from ffdl.projections.documents import JsonObject, dumps, job_document, node_document, why_summary
 
-SCHEMA = """
+#: The current states: jobs, nodes; and how far the projection has read each partition.
+_STATE_SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     job_id TEXT PRIMARY KEY,
     tenant TEXT NOT NULL,
@@ -43,35 +44,11 @@ CREATE TABLE IF NOT EXISTS jobs (
 );
 CREATE INDEX IF NOT EXISTS jobs_by_tenant ON jobs (tenant, submitted_at, job_id);
 CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, submitted_at, job_id);
-CREATE TABLE IF NOT EXISTS history (
-    job_id TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    event_id TEXT NOT NULL,
-    type TEXT NOT NULL,
-    occurred_at TEXT NOT NULL,
-    position TEXT NOT NULL,
-    causation_id TEXT,
-    body TEXT NOT NULL,
-    PRIMARY KEY (job_id, seq)
-);
-CREATE INDEX IF NOT EXISTS history_by_cause ON history (causation_id);
 CREATE TABLE IF NOT EXISTS nodes (
     name TEXT PRIMARY KEY,
     status TEXT NOT NULL,
     document TEXT NOT NULL
 );
-CREATE TABLE IF NOT EXISTS node_history (
-    node TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    event_id TEXT NOT NULL,
-    type TEXT NOT NULL,
-    occurred_at TEXT NOT NULL,
-    position TEXT NOT NULL,
-    causation_id TEXT,
-    body TEXT NOT NULL,
-    PRIMARY KEY (node, seq)
-);
-CREATE INDEX IF NOT EXISTS node_history_by_cause ON node_history (causation_id);
 CREATE TABLE IF NOT EXISTS positions (
     partition INTEGER PRIMARY KEY,
     next_offset INTEGER NOT NULL
@@ -139,6 +116,27 @@ _TABLES = {
         _Tables(NODES, "node_history", "node", _write_nodes),
     )
 }
+
+
+def _history_schema(tables: _Tables) -> str:
+    """The history table of one kind: each event's columns and body, by aggregate and seq."""
+    return f"""
+CREATE TABLE IF NOT EXISTS {tables.history} (
+    {tables.id_column} TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    event_id TEXT NOT NULL,
+    type TEXT NOT NULL,
+    occurred_at TEXT NOT NULL,
+    position TEXT NOT NULL,
+    causation_id TEXT,
+    body TEXT NOT NULL,
+    PRIMARY KEY ({tables.id_column}, seq)
+);
+CREATE INDEX IF NOT EXISTS {tables.history}_by_cause ON {tables.history} (causation_id);
+"""
+
+
+SCHEMA = _STATE_SCHEMA + "".join(_history_schema(tables) for tables in _TABLES.values())
 
 
 class Projection:
