@@ -99,6 +99,7 @@ S = TypeVar("S", bound=AggregateState)
 E = TypeVar("E", bound=EventEnvelope)
 C = TypeVar("C", bound=CommandEnvelope)
 D = TypeVar("D")  # a kind's event payload
+P = TypeVar("P")  # a kind's command payload
 S2 = TypeVar("S2", bound=AggregateState)
 E2 = TypeVar("E2", bound=EventEnvelope)
 
@@ -197,13 +198,14 @@ class AggregateKind(ABC, Generic[S, E, C, D]):
 
 
 @dataclass(frozen=True, slots=True)
-class Address(Generic[C]):
-    """The aggregate a command is for: its command envelope, and the fields that name it there."""
+class Address(Generic[C, P]):
+    """The aggregate a command is for: its command envelope (with payloads ``P``), and the fields
+    that name the aggregate there."""
 
     envelope: Callable[..., C]
     fields: Mapping[str, str]
 
-    def command(self, head: CommandHead, data: object) -> C:
+    def command(self, head: CommandHead, data: P) -> C:
         return self.envelope(**head, **self.fields, data=data)
 
 

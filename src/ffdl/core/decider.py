@@ -301,7 +301,7 @@ class JobKind(AggregateKind[Job, Event, Command, EventData]):
         command_id = str(command.command_id)
         return ev.CommandRejected(command_id=command_id, command_type=command.type, reason=reason)
 
-    def address(self, job_id: str, tenant: str) -> Address[Command]:
+    def address(self, job_id: str, tenant: str) -> Address[Command, CommandData]:
         """Where a command for the job goes."""
         return Address(Command, {"job_id": job_id, "tenant": tenant})
 

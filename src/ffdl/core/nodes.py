@@ -281,7 +281,7 @@ class NodeKind(AggregateKind[NodeRecord, NodeEvent, NodeCommand, NodeEventData])
             command_id=str(command.command_id), command_type=command.type, reason=reason
         )
 
-    def address(self, node: str) -> Address[NodeCommand]:
+    def address(self, node: str) -> Address[NodeCommand, NodeCommandData]:
         """Where a command for the node goes."""
         return Address(NodeCommand, {"node": node})
 

@@ -24,11 +24,11 @@ from ffdl.events.codec import (
     command_to_json,
     event_to_json,
 )
-from ffdl.events.envelope import Payload
 from ffdl.handlers.ports import Bus, OutgoingRecord, Position, Record
 
 log = structlog.get_logger(__name__)
 C = TypeVar("C", bound=CommandEnvelope)
+P = TypeVar("P")
 #: The header that names why a record was dead-lettered (the tally classifies it for the metrics).
 DEAD_LETTER_REASON_HEADER = "ffdl_dlq_reason"
 
@@ -60,8 +60,8 @@ class CommandSender:
 
     def make(
         self,
-        to: Address[C],
-        data: Payload,
+        to: Address[C, P],
+        data: P,
         *,
         fencing_token: int | None = None,
         command_id: uuid.UUID | None = None,
