@@ -337,11 +337,3 @@ def _payload_changes(job: Job, event: Event) -> dict[str, object]:
             return {"reason": reason or job.reason}
         case _:
             return {}
-
-
-def fold(events: list[Event]) -> Job | None:
-    """A job's state after all of ``events`` (in seq order)."""
-    job: Job | None = None
-    for event in events:
-        job = evolve(job, event)
-    return job

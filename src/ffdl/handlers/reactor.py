@@ -44,7 +44,7 @@ class ReactorHost(EventFollower):
         return job_id in self.book.jobs
 
     async def loaded(self, partitions: list[int]) -> None:
-        for job in self.book.on(JOBS, partitions).values():
+        for job in self.book.on_partitions(JOBS, partitions).values():
             self._notify(None, job)
             self.driver.update(job)
         log.info("reacting for partitions", partitions=partitions, jobs=len(self.book.jobs))

@@ -154,7 +154,7 @@ class AggregateBook(Aggregates):
         """Whether ``load`` already folded this record (a redelivery the caller must skip)."""
         return record.offset < self._folded_until.get(record.partition, 0)
 
-    def on(self, kind: AggregateKind[S, Any, Any, Any], partitions: Iterable[int]) -> dict[str, S]:
+    def on_partitions(self, kind: AggregateKind[S, Any, Any, Any], partitions: Iterable[int]) -> dict[str, S]:
         """The aggregates of ``kind`` on ``partitions``."""
         wanted = set(partitions)
         return {
@@ -179,10 +179,11 @@ class AggregateBook(Aggregates):
         if isinstance(folded, Skipped):
             self.ignored += 1
             ids = self.kinds.of(event).ids(event)
+            where = {"event_id": str(event.event_id), "seq": event.seq, **ids}
             if folded.why is Skip.TAKEN:
-                log.info("duplicate or conflicting event ignored", event_id=str(event.event_id), **ids)
+                log.info("duplicate or conflicting event ignored", detail=folded.detail, **where)
             else:
-                log.error("event does not apply", event_id=str(event.event_id), error=folded.detail, **ids)
+                log.error("event does not apply", error=folded.detail, **where)
             return None
         if folded is not None:
             self._partition_of[(folded.kind.name, folded.kind.identity(event))] = partition
