@@ -10,7 +10,7 @@ kind, so it is written here once:
   tell a duplicate from a conflict;
 * the recent-command window: an aggregate remembers the last :data:`COMMAND_WINDOW` ids of the
   commands that caused its events (:func:`remember`), so a redelivered command decides nothing
-  (:func:`seen`);
+  again (:func:`seen`); one that decided nothing is not remembered, and is decided afresh;
 * fencing: a command carrying a token that is not the current leader's comes from a deposed
   leader (:func:`is_deposed`);
 * the one fold step every reader takes per event (:func:`fold_step`): an event whose seq is taken
@@ -20,7 +20,9 @@ kind, so it is written here once:
   the registry instead of testing envelope classes, and :class:`Aggregates` keeps one keyed book
   per kind.
 
-Adding a kind means writing its state, its two functions and its envelopes, and registering it.
+Adding a kind means writing its state, its envelopes and payloads, and its :class:`AggregateKind`
+(``evolve``, ``decide`` and how its envelopes name an aggregate); nothing of the above is copied
+(``tests/unit/test_aggregate_toy.py`` adds one, tenant quotas, this way).
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """The aggregate kinds of the platform, jobs and nodes, and the registry that dispatches to them.
 
 Code that handles several kinds (the owner, the readers of the events topic, the projections, the
-SRE tools) looks an envelope's kind up here, in :data:`KINDS`, and goes through the kind.
+SRE tools) looks an envelope's kind up here, in :data:`KINDS`, and goes through the kind. A kind
+registered here also needs its place in what is written per kind outside the domain: its envelopes
+in the codec (the wire), its tables in the projections and its view in the SRE replay.
 """
 
 from __future__ import annotations
