@@ -57,6 +57,7 @@ from aiokafka import TopicPartition as KafkaTopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from ffdl.adapters.bus.kafka import KafkaBus
+from ffdl.core.kinds import JOBS
 from ffdl.events import job_commands as cmd
 from ffdl.events.envelope import Command
 from ffdl.events.model import JobSpec
@@ -181,7 +182,7 @@ async def run_jobs(
 ) -> tuple[float, EventWatch]:
     """Submit ``count`` jobs (all at once, or ``rate`` per second); wait for the end of their lifecycles."""
     commands: list[Command] = [
-        sender.make(f"bench-{uuid.uuid4().hex[:12]}", "default", cmd.SubmitJob(spec=SPEC))
+        sender.make(JOBS.address(f"bench-{uuid.uuid4().hex[:12]}", "default"), cmd.SubmitJob(spec=SPEC))
         for _ in range(count)
     ]
     watch = EventWatch({c.job_id for c in commands})

@@ -390,7 +390,7 @@ def example_event(data: EventData, seq: int) -> Event:
 
 
 def example_node_command(data: NodeCommandData) -> NodeCommand:
-    """As :meth:`CommandSender.make_for_node` makes them: no tenant, no correlation id."""
+    """As :meth:`CommandSender.make` makes them for a node: no tenant, no correlation id."""
     return NodeCommand(
         command_id=derived_id(_IDS, data.type_name(), 0),
         node=NODE,

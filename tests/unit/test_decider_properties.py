@@ -19,9 +19,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
+from ffdl.core.aggregate import COMMAND_WINDOW
 from ffdl.core.decider import UnknownJob, decide, next_attempt
 from ffdl.core.invariants import InvariantChecker, check
-from ffdl.core.job import COMMAND_WINDOW, Job, evolve
+from ffdl.core.job import Job, evolve
 from ffdl.core.states import TERMINAL, JobState, is_legal
 from ffdl.events import job_commands as cmd
 from ffdl.events import job_events as ev

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from ffdl.core.aggregate import seen
 from ffdl.core.job import Job, _copy_job, _field_copier, evolve
 from ffdl.events.envelope import Event
 from ffdl.tools.log_files import read_log
@@ -104,5 +105,5 @@ def test_the_copier_refuses_a_class_whose_constructor_does_more_than_set_slots()
 def test_a_redelivered_command_is_seen_by_value_not_identity() -> None:
     job = _folded("happy_path")[-1]
     remembered = job.recent_commands[0]
-    assert job.seen_command(uuid.UUID(str(remembered)))
-    assert not job.seen_command(uuid.uuid4())
+    assert seen(job, uuid.UUID(str(remembered)))
+    assert not seen(job, uuid.uuid4())

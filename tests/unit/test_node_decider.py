@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
-from ffdl.core.job import COMMAND_WINDOW, EvolveError
+from ffdl.core.aggregate import COMMAND_WINDOW, EvolveError
 from ffdl.core.nodes import (
     Cordon,
     NodePresence,

@@ -7,9 +7,10 @@ from datetime import timedelta
 
 import pytest
 
+from ffdl.core.kinds import JOBS
 from ffdl.projections.store import LoggedEvent
 from ffdl.tools.log_files import read_log
-from ffdl.tools.sre import JobNotInLogError, Point, diff_job, replay_job
+from ffdl.tools.sre import NotInLogError, Point, diff_job, replay
 from tests.golden.record import GOLDEN_DIR
 
 
@@ -34,7 +35,7 @@ def test_replay_to_a_seq_gives_the_state_learners_placement_and_checkpoint_then(
     events = golden("restart_after_kill")
     running_again = seq_of(events, "JobRunning", 1)
 
-    report = replay_job(events, "resnet-2c91", Point(seq=running_again))
+    report = replay(events, JOBS, "resnet-2c91", Point(seq=running_again))
 
     state = report["state"]
     assert report["point"]["seq"] == running_again and report["point"]["state"] == "RUNNING"
@@ -49,7 +50,7 @@ def test_the_timeline_gives_each_state_its_event_reason_and_duration() -> None:
     events = golden("restart_after_kill")
     restarting = seq_of(events, "JobRestarting")
 
-    timeline = replay_job(events, "resnet-2c91")["timeline"]
+    timeline = replay(events, JOBS, "resnet-2c91")["timeline"]
 
     assert [row["state"] for row in timeline] == [
         "SUBMITTED", "QUEUED", "SCHEDULED", "LAUNCHING", "RUNNING", "RESTARTING", "LAUNCHING", "RUNNING",
@@ -72,7 +73,7 @@ def test_replay_to_a_time_stops_before_later_events_and_the_last_state_lasts_unt
     halted = next(logged.event for logged in events if logged.event.type == "JobHalted")
     later = halted.occurred_at + timedelta(minutes=5)  # before the resume, ten minutes later
 
-    report = replay_job(events, "bert-5d10", Point(at=later))
+    report = replay(events, JOBS, "bert-5d10", Point(at=later))
 
     assert report["state"]["state"] == "HALTED"
     last = report["timeline"][-1]
@@ -83,10 +84,10 @@ def test_replay_to_a_time_stops_before_later_events_and_the_last_state_lasts_unt
 def test_a_job_not_in_the_log_or_not_yet_submitted_is_an_error() -> None:
     events = golden("cancel")
 
-    with pytest.raises(JobNotInLogError, match="no event of job 'nope'"):
-        replay_job(events, "nope")
-    with pytest.raises(JobNotInLogError, match="did not exist yet at seq 0"):
-        replay_job(events, "gpt-small-9e4b", Point(seq=0))
+    with pytest.raises(NotInLogError, match="no event of job 'nope'"):
+        replay(events, JOBS, "nope")
+    with pytest.raises(NotInLogError, match="did not exist yet at seq 0"):
+        replay(events, JOBS, "gpt-small-9e4b", Point(seq=0))
 
 
 def test_duplicates_and_conflicts_are_skipped_and_listed_as_readers_skip_them() -> None:
@@ -97,8 +98,8 @@ def test_duplicates_and_conflicts_are_skipped_and_listed_as_readers_skip_them() 
         third.event.model_copy(update={"event_id": uuid.uuid4()}), third.partition, len(events) + 1
     )
 
-    clean = replay_job(events, "gpt-small-9e4b")
-    messy = replay_job([*events, duplicate, conflict], "gpt-small-9e4b")
+    clean = replay(events, JOBS, "gpt-small-9e4b")
+    messy = replay([*events, duplicate, conflict], JOBS, "gpt-small-9e4b")
 
     assert messy["state"] == clean["state"]
     assert [(s["seq"], s["reason"]) for s in messy["skipped"]] == [

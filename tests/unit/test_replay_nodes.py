@@ -15,9 +15,10 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from ffdl.cli.main import app
+from ffdl.core.kinds import JOBS, NODES
 from ffdl.projections.store import LoggedEvent, Projection
 from ffdl.tools.log_files import read_log, write_log
-from ffdl.tools.sre import NodeNotInLogError, Point, rebuild_file, replay_job, replay_node, verify_events
+from ffdl.tools.sre import NotInLogError, Point, rebuild_file, replay, verify_events
 from tests.golden.record import EVENTS_TOPIC
 from tests.node_history import JOB, NODE, write_node_history
 
@@ -40,7 +41,7 @@ def node_seq(events: list[LoggedEvent], event_type: str, nth: int = 0) -> int:
 def test_replaying_a_node_gives_its_status_spec_cordon_and_reason_at_the_end(history: Path) -> None:
     events = list(read_log(history))
 
-    report = replay_node(events, NODE)
+    report = replay(events, NODES, NODE)
 
     state = report["state"]
     assert (state["status"], state["gpus"], state["cordon"]) == ("READY", 8, None)
@@ -54,24 +55,24 @@ def test_replaying_a_node_to_a_seq_or_a_time_gives_its_state_then(history: Path)
     drained = node_seq(events, "NodeCordoned")
     lost = next(e.event for e in events if e.event.type == "NodeLost")
 
-    at_drain = replay_node(events, NODE, Point(seq=drained))
-    while_lost = replay_node(events, NODE, Point(at=lost.occurred_at + timedelta(milliseconds=500)))
+    at_drain = replay(events, NODES, NODE, Point(seq=drained))
+    while_lost = replay(events, NODES, NODE, Point(at=lost.occurred_at + timedelta(milliseconds=500)))
 
     assert at_drain["state"]["status"] == "DRAINING"
     assert at_drain["state"]["cordon"] == {"reason": "disk failing", "source": "operator", "drain": True}
     assert while_lost["state"]["status"] == "LOST"
     assert while_lost["state"]["cordon"]["source"] == "inventory"  # a lost node keeps its cordon
     assert while_lost["timeline"][-1]["duration_s"] == pytest.approx(0.5)
-    with pytest.raises(NodeNotInLogError, match="had not joined yet"):
-        replay_node(events, NODE, Point(at=events[0].event.occurred_at - timedelta(seconds=1)))
-    with pytest.raises(NodeNotInLogError, match=f"no event of node {JOB!r}"):
-        replay_node(events, JOB)
+    with pytest.raises(NotInLogError, match="had not joined yet"):
+        replay(events, NODES, NODE, Point(at=events[0].event.occurred_at - timedelta(seconds=1)))
+    with pytest.raises(NotInLogError, match=f"no event of node {JOB!r}"):
+        replay(events, NODES, JOB)
 
 
 def test_a_nodes_timeline_gives_each_change_its_event_reason_and_duration(history: Path) -> None:
     events = list(read_log(history))
 
-    timeline = replay_node(events, NODE)["timeline"]
+    timeline = replay(events, NODES, NODE)["timeline"]
 
     assert [(row["status"], row["event"]) for row in timeline] == [
         ("READY", "NodeJoined"),
@@ -97,7 +98,7 @@ def test_a_redelivered_node_event_is_skipped_and_listed(history: Path) -> None:
     joined = next(logged for logged in events if logged.event.type == "NodeJoined")
     again = LoggedEvent(joined.event, joined.partition, 999)
 
-    report = replay_node([*events, again], NODE)
+    report = replay([*events, again], NODES, NODE)
 
     assert report["skipped"] == [
         {"seq": 1, "type": "NodeJoined", "position": again.position, "reason": "duplicate: seq 1 is taken"}
@@ -108,7 +109,7 @@ def test_a_redelivered_node_event_is_skipped_and_listed(history: Path) -> None:
 def test_replaying_a_job_ignores_the_nodes_events(history: Path) -> None:
     events = list(read_log(history))
 
-    report = replay_job(events, JOB)
+    report = replay(events, JOBS, JOB)
 
     assert report["state"]["state"] == "COMPLETED" and report["skipped"] == []
     assert report["events"]["in_log"] == sum(e.event.key == JOB for e in events) < len(events)
@@ -169,7 +170,7 @@ def test_replay_node_json_is_the_report(history: Path) -> None:
     result = ffdl("replay", str(history), "--node", NODE, "--json")
 
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout) == json.loads(json.dumps(replay_node(read_log(history), NODE)))
+    assert json.loads(result.stdout) == json.loads(json.dumps(replay(read_log(history), NODES, NODE)))
 
 
 def test_verify_as_typed_counts_the_nodes(history: Path) -> None:

@@ -19,6 +19,7 @@ from ffdl.core.allocator import Node
 from ffdl.core.decider import decide
 from ffdl.core.invariants import check
 from ffdl.core.job import Job, evolve
+from ffdl.core.kinds import JOBS
 from ffdl.core.nodes import NodeRecord, decide_node, evolve_node
 from ffdl.core.states import JobState
 from ffdl.events import job_commands as cmd
@@ -49,7 +50,7 @@ class Cluster:
     user: CommandSender
 
     async def send(self, job_id: str, data: CommandData) -> None:
-        await self.user.send(self.user.make(job_id, TENANT, data))
+        await self.user.send(self.user.make(JOBS.address(job_id, TENANT), data))
 
     def job(self, job_id: str) -> Job | None:
         return self.owner.book.jobs.get(job_id)

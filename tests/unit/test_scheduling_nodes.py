@@ -18,6 +18,7 @@ import pytest
 from ffdl.adapters.bus import open_bus
 from ffdl.core.allocator import Node
 from ffdl.core.job import Job
+from ffdl.core.kinds import JOBS, NODES
 from ffdl.core.nodes import InventoryObservation, NodeRecord, NodeStatus
 from ffdl.core.states import JobState
 from ffdl.events import job_commands as cmd
@@ -60,10 +61,10 @@ class Cluster:
     token: int
 
     async def send(self, job_id: str, data: CommandData) -> None:
-        await self.user.send(self.user.make(job_id, TENANT, data))
+        await self.user.send(self.user.make(JOBS.address(job_id, TENANT), data))
 
     async def operate(self, node: str, data: NodeCommandData) -> None:
-        await self.user.send(self.user.make_for_node(node, data))
+        await self.user.send(self.user.make(NODES.address(node), data))
 
     async def tick(self) -> None:
         """What the platform's periodic planning does when no event arrives (a source change)."""

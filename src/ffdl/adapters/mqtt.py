@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlparse
 
@@ -23,13 +22,15 @@ import aiomqtt
 import structlog
 from pydantic import BaseModel, Field, ValidationError
 
+from ffdl.core.aggregate import Applied, Kinds
 from ffdl.core.job import Job
+from ffdl.core.kinds import JOBS
 from ffdl.events import job_commands as cmd
 from ffdl.events import job_events as ev
 from ffdl.events.envelope import Event
 from ffdl.handlers.messaging import CommandSender, Topics
-from ffdl.handlers.ports import Bus, Record, TopicPartition
-from ffdl.handlers.runtime import AggregateBook, consume, decode_event
+from ffdl.handlers.ports import Bus
+from ffdl.handlers.runtime import EventFollower, consume
 
 log = structlog.get_logger(__name__)
 
@@ -69,34 +70,17 @@ def parse_url(url: str) -> tuple[str, int]:
     return address.hostname, address.port or 1883
 
 
-class StatusPublisher:
+class StatusPublisher(EventFollower):
     """The consumer-group processor that turns transitions into retained status messages."""
 
     def __init__(self, bus: Bus, topics: Topics, client: aiomqtt.Client) -> None:
+        super().__init__(bus, topics.events, Kinds(JOBS))  # a node's event changes no job's status
         self._client = client
-        self._topic = topics.events
-        self._bus = bus
-        self.book = AggregateBook(bus, topics.events)
 
-    async def on_assigned(self, partitions: frozenset[TopicPartition]) -> None:
-        mine = sorted(tp.partition for tp in partitions if tp.topic == self._topic)
-        await self.book.load(mine)
-
-    async def on_revoked(self, partitions: frozenset[TopicPartition]) -> None:
-        self.book.drop(tp.partition for tp in partitions if tp.topic == self._topic)
-
-    async def process(self, records: Sequence[Record]) -> None:
-        for record in records:
-            if self.book.folded(record):
-                continue
-            event = decode_event(record)
-            if not isinstance(event, Event):
-                continue  # undecodable (logged), or a node's event: no job status changes
-            applied = self.book.apply(event, record.partition)
-            if applied is None:
-                continue
-            before, job = applied
-            await self._publish(event, before, job)
+    async def policy(self, applied: Applied[Any, Any]) -> None:
+        folded = applied.of(JOBS)
+        if folded is not None:
+            await self._publish(folded.event, folded.before, folded.after)
 
     async def _publish(self, event: Event, before: Job | None, job: Job) -> None:
         topic = status_topic(job.tenant, job.job_id)
@@ -165,4 +149,4 @@ class MqttBridge:
         progress = cmd.ReportProgress(
             rank=rank, attempt=telemetry.attempt, step=telemetry.step, metrics=telemetry.metrics
         )
-        await self._sender.send(self._sender.make(job_id, tenant, progress))
+        await self._sender.send(self._sender.make(JOBS.address(job_id, tenant), progress))

@@ -26,8 +26,8 @@ from ffdl.adapters.tenants import OPEN, Principal, TenantRegistry
 from ffdl.api.heartbeats import HeartbeatView
 from ffdl.api.manifest import ManifestError, parse_manifest
 from ffdl.api.metrics import PlatformCollector, registry_for
+from ffdl.core.kinds import KINDS
 from ffdl.events.codec import AnyCommand
-from ffdl.events.envelope import NodeCommand
 from ffdl.events.model import JobSpec
 from ffdl.events.position import Position
 from ffdl.wiring.platform import Platform
@@ -104,10 +104,8 @@ class PlatformBackend:
     def _caused_by(self, command: AnyCommand) -> list[dict[str, Any]]:
         """The events of the command's job or node that the command caused, as projected."""
         cause = str(command.command_id)
-        if isinstance(command, NodeCommand):
-            events = self.projection.node_history(command.node, 0, 100_000)
-        else:
-            events = self.projection.history(command.job_id, 0, 100_000)
+        kind = KINDS.of(command)
+        events = self.projection.history(kind, kind.identity(command), 0, 100_000)
         return [e for e in events if e.get("causation_id") == cause]
 
 

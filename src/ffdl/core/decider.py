@@ -13,60 +13,35 @@ that checkpoint when the scheduler next gives it GPUs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from datetime import datetime
 
-from ffdl.core.job import Job, LearnerStatus, WaitRecord, evolve, start
+from ffdl.core.aggregate import (
+    Address,
+    AggregateKind,
+    Decision,
+    EventHead,
+    UnknownAggregate,
+    is_deposed,
+    seen,
+)
+from ffdl.core.job import Job, LearnerStatus, WaitRecord, evolve
 from ffdl.core.restart import RestartPolicy
 from ffdl.core.states import JobState
 from ffdl.events import job_commands as cmd
 from ffdl.events import job_events as ev
 from ffdl.events.envelope import Command, CommandData, Event, EventData
-from ffdl.events.ids import derived_id
 from ffdl.events.model import ErrorCode, LossReason, Placement
 
 S = JobState
 DECIDER = "decider"
 
 
-class UnknownJob(LookupError):
+class UnknownJob(UnknownAggregate):
     """A command for a job that does not exist (and is not a submission): it goes to dead letters."""
 
 
-@dataclass(slots=True)
-class _Decision:
-    """Events decided so far for one command, with the job as they leave it."""
-
-    command: Command
-    now: datetime
-    producer: str
-    job: Job | None
-    events: list[Event] = field(default_factory=list)
-
-    def emit(self, data: EventData, *, fenced: bool = True) -> Job:
-        """Append ``data``; a refusal is not fenced (it must not carry a deposed sender's token)."""
-        seq = (self.job.seq if self.job else 0) + 1
-        event = Event(
-            event_id=derived_id(self.command.command_id, self.producer, len(self.events)),
-            job_id=self.command.job_id,
-            tenant=self.job.tenant if self.job else self.command.tenant,
-            seq=seq,
-            occurred_at=self.now,
-            causation_id=self.command.command_id,
-            correlation_id=self.command.correlation_id or self.command.command_id,
-            producer=self.producer,
-            fencing_token=self.command.fencing_token if fenced else None,
-            data=data,
-        )
-        self.job = evolve(self.job, event) if self.job else start(event)
-        self.events.append(event)
-        return self.job
-
-    def reject(self, reason: str) -> None:
-        rejected = ev.CommandRejected(
-            command_id=str(self.command.command_id), command_type=self.command.type, reason=reason
-        )
-        self.emit(rejected, fenced=False)
+#: The events decided so far for one command on a job, with the job as they leave it.
+_Decision = Decision[Job, Event, Command, EventData]
 
 
 def decide(
@@ -83,14 +58,14 @@ def decide(
     ``leader_token`` is the fencing token of the scheduler's current leader: a fenced command
     carrying another token comes from a deposed leader and is rejected.
     """
-    decision = _Decision(command, now, producer, job)
+    decision = _Decision(JOBS, command, now, producer, job)
     data = command.data
     if job is None:
         if not isinstance(data, cmd.SubmitJob):
             raise UnknownJob(f"no job {command.job_id} for {command.type}")
         decision.emit(ev.JobSubmitted(spec=data.spec, submitted_by=command.producer))
         return decision.events
-    if job.seen_command(command.command_id):
+    if seen(job, command.command_id):
         return []
     if command.tenant != job.tenant:
         decision.reject(f"job belongs to another tenant than {command.tenant!r}")
@@ -185,14 +160,6 @@ def _decide(d: _Decision, job: Job, data: CommandData, policy: RestartPolicy) ->
             d.reject(f"{d.command.type} is not allowed in state {state}")
 
 
-def is_deposed(token: int | None, job_token: int | None, leader_token: int | None) -> bool:
-    if token is None:
-        return False
-    return (job_token is not None and token < job_token) or (
-        leader_token is not None and token != leader_token
-    )
-
-
 def _placement_problem(job: Job, placement: Placement) -> str:
     ranks = [learner.rank for learner in placement.learners]
     if ranks != list(range(job.spec.learners)):
@@ -272,7 +239,7 @@ def _failure(job: Job) -> tuple[ErrorCode, str] | None:
 
 def _consequences(d: _Decision, policy: RestartPolicy) -> None:
     """What follows from the learners' state once an observation has been applied."""
-    job = d.job
+    job = d.state
     assert job is not None  # an observation always follows at least one event
     if job.state is S.HALTING:
         if not any(learner.active for learner in job.learners):
@@ -297,3 +264,47 @@ def _consequences(d: _Decision, policy: RestartPolicy) -> None:
         job = d.emit(ev.JobRunning(attempt=job.attempt))
     if job.state is S.RUNNING and all(learner.status is LearnerStatus.EXITED for learner in job.learners):
         d.emit(ev.JobStoring(attempt=job.attempt))
+
+
+class JobKind(AggregateKind[Job, Event, Command, EventData]):
+    """Jobs as an aggregate kind: keyed by job id, each belonging to a tenant, decided with ``policy``."""
+
+    name = "job"
+    id_field = "job_id"
+    envelopes = (Event, Command)
+
+    def __init__(self, policy: RestartPolicy | None = None) -> None:
+        self.policy = policy or RestartPolicy()
+
+    def identity(self, item: Event | Command) -> str:
+        return item.job_id
+
+    def key(self, identity: str) -> str:
+        return identity
+
+    def tenant_of(self, item: Event | Command) -> str:
+        return item.tenant
+
+    def evolve(self, state: Job | None, event: Event) -> Job:
+        return evolve(state, event)
+
+    def decide(
+        self, state: Job | None, command: Command, now: datetime, *, producer: str, leader_token: int | None
+    ) -> list[Event]:
+        return decide(state, command, now, policy=self.policy, producer=producer, leader_token=leader_token)
+
+    def event(self, command: Command, state: Job | None, head: EventHead, data: EventData) -> Event:
+        tenant = state.tenant if state is not None else command.tenant
+        return Event(**head, job_id=command.job_id, tenant=tenant, data=data)
+
+    def rejection(self, command: Command, reason: str) -> EventData:
+        command_id = str(command.command_id)
+        return ev.CommandRejected(command_id=command_id, command_type=command.type, reason=reason)
+
+    def address(self, job_id: str, tenant: str) -> Address[Command, CommandData]:
+        """Where a command for the job goes."""
+        return Address(Command, {"job_id": job_id, "tenant": tenant})
+
+
+#: Jobs, decided with the default restart policy.
+JOBS = JobKind()

@@ -50,13 +50,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
-from ffdl.core.job import EvolveError, Job, evolve
-from ffdl.core.nodes import NodeRecord, evolve_node
+from ffdl.core.aggregate import Aggregates, Applied, Skip, Skipped
+from ffdl.core.job import Job
+from ffdl.core.kinds import JOBS, KINDS, NODES
+from ffdl.core.nodes import NodeRecord
 from ffdl.events import job_events as ev
 from ffdl.events import nodes as nd
 from ffdl.events.codec import AnyEvent
-from ffdl.events.envelope import Event, NodeEvent
+from ffdl.events.envelope import Event
 
 
 class ViolationKind(StrEnum):
@@ -103,8 +106,7 @@ class _Use:
 class InvariantChecker:
     """Feed events in log order with their position; read ``violations`` at any time."""
 
-    jobs: dict[str, Job] = field(default_factory=dict)
-    nodes: dict[str, NodeRecord] = field(default_factory=dict)
+    aggregates: Aggregates = field(default_factory=lambda: Aggregates(KINDS))
     event_ids: dict[tuple[str, int], str] = field(default_factory=dict)  # (log key, seq) -> event id
     tokens: dict[str, int] = field(default_factory=dict)  # log key -> newest fencing token applied
     gpu_holders: dict[tuple[str, int], str] = field(default_factory=dict)
@@ -116,25 +118,31 @@ class InvariantChecker:
     duplicates: int = 0
     events: int = 0
 
+    @property
+    def jobs(self) -> dict[str, Job]:
+        return self.aggregates.of(JOBS)
+
+    @property
+    def nodes(self) -> dict[str, NodeRecord]:
+        return self.aggregates.of(NODES)
+
     def _report(self, kind: ViolationKind, event: AnyEvent, position: str, detail: str) -> None:
-        if isinstance(event, NodeEvent):
-            self.violations.append(Violation(kind, None, position, detail, node=event.node))
-        else:
-            self.violations.append(Violation(kind, event.job_id, position, detail))
+        ids = KINDS.of(event).ids(event)  # the job's id or the node's name
+        self.violations.append(Violation(kind, ids.get("job_id"), position, detail, node=ids.get("node")))
 
     def feed(self, event: AnyEvent, position: str, *, partition: int | None = None) -> None:
         """Check one event; ``partition`` (when given) enables the fencing check across aggregates."""
         self.events += 1
-        if not self._in_sequence(event, position):
+        folded = self.aggregates.fold(event)
+        if isinstance(folded, Skipped) and folded.why is not Skip.ILLEGAL:
+            self._out_of_sequence(event, position, folded)
             return
         self._check_fencing(event, position, partition)
-        applied = (
-            self._fold_node(event, position)
-            if isinstance(event, NodeEvent)
-            else self._fold_job(event, position)
-        )
-        if not applied:
+        if isinstance(folded, Skipped):
+            self._report(ViolationKind.ILLEGAL_TRANSITION, event, position, folded.detail)
             return
+        assert folded is not None  # every kind is registered
+        self._track(folded, position)
         self.event_ids[(event.key, event.seq)] = str(event.event_id)
         token = event.fencing_token
         if token is not None:
@@ -142,22 +150,17 @@ class InvariantChecker:
             if partition is not None:
                 self.partition_tokens[partition] = max(self.partition_tokens.get(partition, token), token)
 
-    def _in_sequence(self, event: AnyEvent, position: str) -> bool:
-        """Whether ``event`` is its aggregate's next (a duplicate, a conflict or a gap is not)."""
-        seen = self.event_ids.get((event.key, event.seq))
-        if seen is not None:
-            if seen == str(event.event_id):
-                self.duplicates += 1
-            else:
-                detail = f"seq {event.seq} taken by event {seen}"
-                self._report(ViolationKind.SEQ_CONFLICT, event, position, detail)
-            return False
-        folded = self.nodes.get(event.node) if isinstance(event, NodeEvent) else self.jobs.get(event.job_id)
-        expected = folded.seq + 1 if folded else 1
-        if event.seq != expected:
-            self._report(ViolationKind.SEQ_GAP, event, position, f"expected seq {expected}, got {event.seq}")
-            return False
-        return True
+    def _out_of_sequence(self, event: AnyEvent, position: str, skipped: Skipped) -> None:
+        """A seq already taken (by this very event: a redelivered duplicate; else a conflict), or a gap."""
+        if skipped.why is Skip.GAP:
+            self._report(ViolationKind.SEQ_GAP, event, position, skipped.detail)
+            return
+        seen = self.event_ids[(event.key, event.seq)]
+        if seen == str(event.event_id):
+            self.duplicates += 1
+        else:
+            detail = f"seq {event.seq} taken by event {seen}"
+            self._report(ViolationKind.SEQ_CONFLICT, event, position, detail)
 
     def _check_fencing(self, event: AnyEvent, position: str, partition: int | None) -> None:
         token = event.fencing_token
@@ -174,31 +177,22 @@ class InvariantChecker:
             detail = f"fencing token {token} after token {in_partition} was applied in partition {partition}"
             self._report(ViolationKind.STALE_FENCING_TOKEN, event, position, detail)
 
-    def _fold_job(self, event: Event, position: str) -> bool:
-        before = self.jobs.get(event.job_id)
-        try:
-            self.jobs[event.job_id] = evolve(before, event)
-        except EvolveError as exc:
-            self._report(ViolationKind.ILLEGAL_TRANSITION, event, position, str(exc))
-            return False
-        self._track_gpus(before, event, position)
-        return True
-
-    def _fold_node(self, event: NodeEvent, position: str) -> bool:
-        try:
-            self.nodes[event.node] = evolve_node(self.nodes.get(event.node), event)
-        except EvolveError as exc:
-            self._report(ViolationKind.ILLEGAL_TRANSITION, event, position, str(exc))
-            return False
-        match event.data:
-            case nd.NodeJoined(spec=spec) | nd.NodeResized(spec=spec):
-                offer = self.offers.get(event.node, _Offer(0, frozenset()))
-                self.offers[event.node] = _Offer(
-                    max(offer.gpus, spec.gpus), offer.gpu_types | {spec.gpu_type}
-                )
-            case _:
-                pass
-        return True
+    def _track(self, applied: Applied[Any, Any], position: str) -> None:
+        """What the GPUs' accounting needs from an applied event: a job's allocations and releases,
+        a node's offers."""
+        job = applied.of(JOBS)
+        if job is not None:
+            self._track_gpus(job.before, job.event, position)
+        node = applied.of(NODES)
+        if node is not None:
+            match node.event.data:
+                case nd.NodeJoined(spec=spec) | nd.NodeResized(spec=spec):
+                    offer = self.offers.get(node.event.node, _Offer(0, frozenset()))
+                    self.offers[node.event.node] = _Offer(
+                        max(offer.gpus, spec.gpus), offer.gpu_types | {spec.gpu_type}
+                    )
+                case _:
+                    pass
 
     def _track_gpus(self, before: Job | None, event: Event, position: str) -> None:
         match event.data:

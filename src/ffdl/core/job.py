@@ -19,13 +19,11 @@ from enum import StrEnum
 from types import MemberDescriptorType
 from typing import NoReturn, Protocol, TypeVar
 
+from ffdl.core.aggregate import EvolveError, remember
 from ffdl.core.states import JobState, next_state
 from ffdl.events import job_events as ev
 from ffdl.events.envelope import Event, EventData
 from ffdl.events.model import Checkpoint, ErrorCode, JobSpec, Placement, ResultSummary, WaitReason
-
-#: How many recent command ids a job remembers to drop redelivered commands.
-COMMAND_WINDOW = 64
 
 
 class LearnerStatus(StrEnum):
@@ -129,10 +127,6 @@ class Job:
     def learner(self, rank: int) -> Learner | None:
         return self.learners[rank] if 0 <= rank < len(self.learners) else None
 
-    def seen_command(self, command_id: uuid.UUID) -> bool:
-        # Comparing the ints skips UUID.__eq__, a Python call per remembered id, on every event folded.
-        return command_id.int in [seen.int for seen in self.recent_commands]
-
 
 _Record = TypeVar("_Record")
 
@@ -180,10 +174,6 @@ def _field_copier(cls: type[_Record]) -> _Copy[_Record]:
 
 _copy_job = _field_copier(Job)
 _copy_learner = _field_copier(Learner)
-
-
-class EvolveError(ValueError):
-    """An event that cannot be applied to the job: wrong seq, wrong job, or an illegal transition."""
 
 
 def _reason_of(data: EventData) -> str:
@@ -242,7 +232,7 @@ def start(event: Event) -> Job:
         updated_at=event.occurred_at,
         learners=_fresh_learners(None, event.data.spec.learners),
         history=(StateEntry(state, event.occurred_at, "submitted", 1),),
-        recent_commands=(event.causation_id,) if event.causation_id else (),
+        recent_commands=remember((), event.causation_id),
     )
 
 
@@ -259,9 +249,7 @@ def evolve(job: Job | None, event: Event) -> Job:
     except ValueError as exc:
         raise EvolveError(f"job {job.job_id} seq {event.seq}: {exc}") from exc
     changes = _payload_changes(job, event)
-    recent = job.recent_commands
-    if event.causation_id is not None and not job.seen_command(event.causation_id):
-        recent = (*recent[-(COMMAND_WINDOW - 1) :], event.causation_id)
+    recent = remember(job.recent_commands, event.causation_id)
     history = job.history
     if state is not job.state:
         history = (*history, StateEntry(state, event.occurred_at, _reason_of(event.data), event.seq))
@@ -349,11 +337,3 @@ def _payload_changes(job: Job, event: Event) -> dict[str, object]:
             return {"reason": reason or job.reason}
         case _:
             return {}
-
-
-def fold(events: list[Event]) -> Job | None:
-    """A job's state after all of ``events`` (in seq order)."""
-    job: Job | None = None
-    for event in events:
-        job = evolve(job, event)
-    return job

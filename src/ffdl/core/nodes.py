@@ -20,15 +20,23 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
 
+from ffdl.core.aggregate import (
+    Address,
+    AggregateKind,
+    Decision,
+    EventHead,
+    EvolveError,
+    UnknownAggregate,
+    is_deposed,
+    remember,
+    seen,
+)
 from ffdl.core.allocator import Node
-from ffdl.core.decider import is_deposed
-from ffdl.core.job import COMMAND_WINDOW, EvolveError
 from ffdl.events import nodes as nd
-from ffdl.events.envelope import NodeCommand, NodeCommandData, NodeEvent, NodeEventData
-from ffdl.events.ids import derived_id
+from ffdl.events.envelope import NodeCommand, NodeCommandData, NodeEvent, NodeEventData, node_key
 
 
-class UnknownNode(LookupError):
+class UnknownNode(UnknownAggregate):
     """A command for a node the inventory never had (other than an observation): a dead letter."""
 
 
@@ -119,9 +127,9 @@ def evolve_node(record: NodeRecord | None, event: NodeEvent) -> NodeRecord:
             raise EvolveError(f"node {event.node} must begin with NodeJoined, not {event.type}")
         return NodeRecord(
             event.node, event.seq, data.spec, NodePresence.PRESENT, event.occurred_at, data.reason,
-            recent_commands=_remembered((), event.causation_id),
+            recent_commands=remember((), event.causation_id),
         )  # fmt: skip
-    recent = _remembered(record.recent_commands, event.causation_id)
+    recent = remember(record.recent_commands, event.causation_id)
     changed = _changed(record, data, event.node)
     if changed is None:
         return replace(record, seq=event.seq, recent_commands=recent)
@@ -151,44 +159,11 @@ def _changed(record: NodeRecord, data: NodeEventData, node: str) -> NodeRecord |
     raise EvolveError(f"node {node}: {data.type_name()} cannot follow {record.status}")
 
 
-def _remembered(recent: tuple[uuid.UUID, ...], command_id: uuid.UUID | None) -> tuple[uuid.UUID, ...]:
-    if command_id is None or command_id in recent:
-        return recent
-    return (*recent[-(COMMAND_WINDOW - 1) :], command_id)
-
-
 # -- decide ---------------------------------------------------------------------------------------
 
 
-@dataclass(slots=True)
-class _NodeDecision:
-    command: NodeCommand
-    now: datetime
-    producer: str
-    record: NodeRecord | None
-    events: list[NodeEvent] = field(default_factory=list)
-
-    def emit(self, data: NodeEventData, *, fenced: bool = True) -> None:
-        event = NodeEvent(
-            event_id=derived_id(self.command.command_id, self.producer, len(self.events)),
-            node=self.command.node,
-            seq=(self.record.seq if self.record else 0) + 1,
-            occurred_at=self.now,
-            causation_id=self.command.command_id,
-            correlation_id=self.command.correlation_id or self.command.command_id,
-            producer=self.producer,
-            fencing_token=self.command.fencing_token if fenced else None,
-            data=data,
-        )
-        self.record = evolve_node(self.record, event)
-        self.events.append(event)
-
-    def reject(self, reason: str) -> None:
-        command = self.command
-        rejected = nd.NodeCommandRejected(
-            command_id=str(command.command_id), command_type=command.type, reason=reason
-        )
-        self.emit(rejected, fenced=False)
+#: The events decided so far for one command on a node, with the node as they leave it.
+_NodeDecision = Decision[NodeRecord, NodeEvent, NodeCommand, NodeEventData]
 
 
 def decide_node(
@@ -204,7 +179,7 @@ def decide_node(
     Observations that change nothing decide nothing, so a source may repeat itself freely;
     ``leader_token`` refuses fenced commands of a deposed scheduler, as for jobs.
     """
-    decision = _NodeDecision(command, now, producer, record)
+    decision = _NodeDecision(NODES, command, now, producer, record)
     data = command.data
     deposed = is_deposed(command.fencing_token, None, leader_token)
     if record is None:
@@ -213,7 +188,7 @@ def decide_node(
         if not deposed:  # a node's first event is its join: a deposed leader's is dropped unrecorded
             _observe(decision, data)
         return decision.events
-    if command.command_id in record.recent_commands:
+    if seen(record, command.command_id):
         return []
     if deposed:
         decision.reject(f"fencing token {command.fencing_token} is not the leader's: sender was deposed")
@@ -257,16 +232,61 @@ def _decide(d: _NodeDecision, record: NodeRecord, data: NodeCommandData) -> None
 
 
 def _observe(d: _NodeDecision, data: nd.ObserveNode) -> None:
-    record = d.record
+    record = d.state
     if record is None or record.presence is not NodePresence.PRESENT:
         d.emit(nd.NodeJoined(spec=data.spec, reason=data.reason))
     elif record.spec != data.spec:
         d.emit(nd.NodeResized(spec=data.spec, reason=data.reason))
-    cordon = d.record.cordon if d.record else None
+    cordon = d.state.cordon if d.state else None
     if data.cordoned and cordon is None:
         d.emit(nd.NodeCordoned(reason=data.cordon_reason, source=nd.CordonSource.INVENTORY))
     elif not data.cordoned and cordon is not None and cordon.source is nd.CordonSource.INVENTORY:
         d.emit(nd.NodeUncordoned(reason="the inventory no longer cordons it"))
+
+
+class NodeKind(AggregateKind[NodeRecord, NodeEvent, NodeCommand, NodeEventData]):
+    """Nodes as an aggregate kind: keyed by ``node:<name>``, belonging to no tenant."""
+
+    name = "node"
+    id_field = "node"
+    envelopes = (NodeEvent, NodeCommand)
+
+    def identity(self, item: NodeEvent | NodeCommand) -> str:
+        return item.node
+
+    def key(self, identity: str) -> str:
+        return node_key(identity)
+
+    def evolve(self, state: NodeRecord | None, event: NodeEvent) -> NodeRecord:
+        return evolve_node(state, event)
+
+    def decide(
+        self,
+        state: NodeRecord | None,
+        command: NodeCommand,
+        now: datetime,
+        *,
+        producer: str,
+        leader_token: int | None,
+    ) -> list[NodeEvent]:
+        return decide_node(state, command, now, producer=producer, leader_token=leader_token)
+
+    def event(
+        self, command: NodeCommand, state: NodeRecord | None, head: EventHead, data: NodeEventData
+    ) -> NodeEvent:
+        return NodeEvent(**head, node=command.node, data=data)
+
+    def rejection(self, command: NodeCommand, reason: str) -> NodeEventData:
+        return nd.NodeCommandRejected(
+            command_id=str(command.command_id), command_type=command.type, reason=reason
+        )
+
+    def address(self, node: str) -> Address[NodeCommand, NodeCommandData]:
+        """Where a command for the node goes."""
+        return Address(NodeCommand, {"node": node})
+
+
+NODES = NodeKind()
 
 
 # -- what an inventory source sees ----------------------------------------------------------------

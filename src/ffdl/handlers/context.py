@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ffdl.core.job import Job
+from ffdl.core.kinds import JOBS
 from ffdl.core.reconcile import Action
 from ffdl.events.envelope import CommandData
 from ffdl.events.ids import reaction_command_id
@@ -26,5 +27,5 @@ class ReactionContext:
         """Send the command an action calls for, with an id fixed by the job, action and state entry,
         so re-running the action after a crash or redelivery sends the very same command."""
         command_id = reaction_command_id(job.job_id, action.kind, action.attempt, action.since_seq)
-        command = self.sender.make(job.job_id, job.tenant, data, command_id=command_id)
+        command = self.sender.make(JOBS.address(job.job_id, job.tenant), data, command_id=command_id)
         await self.sender.send(command)

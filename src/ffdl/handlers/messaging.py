@@ -11,9 +11,11 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import TypeVar
 
 import structlog
 
+from ffdl.core.aggregate import Address, CommandEnvelope, CommandHead
 from ffdl.events.codec import (
     AnyCommand,
     AnyEvent,
@@ -22,11 +24,12 @@ from ffdl.events.codec import (
     command_to_json,
     event_to_json,
 )
-from ffdl.events.envelope import Command, CommandData, NodeCommand, NodeCommandData
 from ffdl.events.position import Position
 from ffdl.handlers.ports import Bus, OutgoingRecord, Record
 
 log = structlog.get_logger(__name__)
+C = TypeVar("C", bound=CommandEnvelope)
+P = TypeVar("P")
 #: The header that names why a record was dead-lettered (the tally classifies it for the metrics).
 DEAD_LETTER_REASON_HEADER = "ffdl_dlq_reason"
 
@@ -58,41 +61,24 @@ class CommandSender:
 
     def make(
         self,
-        job_id: str,
-        tenant: str,
-        data: CommandData,
+        to: Address[C, P],
+        data: P,
         *,
-        correlation_id: uuid.UUID | None = None,
         fencing_token: int | None = None,
         command_id: uuid.UUID | None = None,
-    ) -> Command:
-        return Command(
-            command_id=command_id or uuid.uuid4(),
-            job_id=job_id,
-            tenant=tenant,
-            issued_at=utcnow(),
-            producer=self.producer,
-            correlation_id=correlation_id,
-            fencing_token=fencing_token,
-            data=data,
-        )
+    ) -> C:
+        """A command to the aggregate at ``to`` (``JOBS.address(...)``, ``NODES.address(...)``).
 
-    def make_for_node(
-        self,
-        node: str,
-        data: NodeCommandData,
-        *,
-        fencing_token: int | None = None,
-        command_id: uuid.UUID | None = None,
-    ) -> NodeCommand:
-        return NodeCommand(
-            command_id=command_id or uuid.uuid4(),
-            node=node,
-            issued_at=utcnow(),
-            producer=self.producer,
-            fencing_token=fencing_token,
-            data=data,
-        )
+        ``command_id``: where a repeat must be recognised as one, an id the caller derives from
+        what the command is about; else a fresh one.
+        """
+        head: CommandHead = {
+            "command_id": command_id or uuid.uuid4(),
+            "issued_at": utcnow(),
+            "producer": self.producer,
+            "fencing_token": fencing_token,
+        }
+        return to.command(head, data)
 
     async def send(self, *commands: AnyCommand) -> list[Position]:
         records = [

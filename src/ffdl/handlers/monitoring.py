@@ -40,6 +40,7 @@ from datetime import datetime
 import structlog
 
 from ffdl.core.job import Job
+from ffdl.core.kinds import JOBS
 from ffdl.events.envelope import Command, Event
 from ffdl.handlers.aio import Backoff, sleep_or_stop, until_stopped
 from ffdl.handlers.heartbeat_keys import JOBS_PREFIX
@@ -189,7 +190,9 @@ class Monitor:
         """Queue the reports for the flusher and log the notes, in the order the tracker decided them."""
         for effect in effects:
             if isinstance(effect, Report):
-                self._outbox.append(self._sender.make(effect.job_id, effect.tenant, effect.data))
+                self._outbox.append(
+                    self._sender.make(JOBS.address(effect.job_id, effect.tenant), effect.data)
+                )
                 self._outbox_filled.set()
             else:
                 getattr(log, effect.level)(effect.message, **effect.details)

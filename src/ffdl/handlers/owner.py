@@ -8,31 +8,32 @@ committed only after the log acknowledged them. Bad input never stops the partit
 commands, commands for unknown jobs or nodes, commands on another partition than their key's (whose job
 another owner serves) and internal errors go to the dead-letter topic with their reason; illegal
 commands become ``CommandRejected`` (``NodeCommandRejected``) events. Nodes are keyed like jobs
-(``node:<name>``), so the owner of that key's partition decides them with the node decider.
+(``node:<name>``), so the owner of that key's partition decides them: every command is decided by
+its aggregate kind's decider, looked up in the owner's registry of kinds (jobs, decided with the
+platform's restart policy, and nodes).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import datetime
+from typing import Any
 
 import structlog
 
-from ffdl.core.decider import UnknownJob, decide
-from ffdl.core.nodes import UnknownNode, decide_node
-from ffdl.core.restart import RestartPolicy
+from ffdl.core.aggregate import CommandEnvelope, Kinds, UnknownAggregate
+from ffdl.core.kinds import KINDS
 from ffdl.events.codec import AnyCommand, AnyEvent, DecodeError, any_command_from_json
-from ffdl.events.envelope import Command, NodeEvent
 from ffdl.handlers.messaging import Topics, dead_letter, event_records, utcnow
-from ffdl.handlers.ports import Bus, Election, Record, TopicPartition
-from ffdl.handlers.runtime import AggregateBook
+from ffdl.handlers.ports import Bus, Election, Record
+from ffdl.handlers.runtime import Follower
 
 log = structlog.get_logger(__name__)
 
 SCHEDULER_ROLE = "scheduler"
 
 
-class JobOwner:
+class JobOwner(Follower):
     def __init__(
         self,
         bus: Bus,
@@ -40,25 +41,19 @@ class JobOwner:
         election: Election,
         *,
         producer: str = "owner",
-        policy: RestartPolicy | None = None,
+        kinds: Kinds = KINDS,
         clock: Callable[[], datetime] = utcnow,
     ) -> None:
+        super().__init__(bus, topics.commands, topics.events, kinds)
         self._bus = bus
         self._topics = topics
         self._election = election
         self._producer = producer
-        self._policy = policy or RestartPolicy()
         self._clock = clock
-        self.book = AggregateBook(bus, topics.events)
         self.dead_letters = 0
 
-    async def on_assigned(self, partitions: frozenset[TopicPartition]) -> None:
-        mine = sorted(tp.partition for tp in partitions if tp.topic == self._topics.commands)
-        await self.book.load(mine)
-        log.info("owning partitions", partitions=mine, jobs=len(self.book.jobs))
-
-    async def on_revoked(self, partitions: frozenset[TopicPartition]) -> None:
-        self.book.drop(tp.partition for tp in partitions if tp.topic == self._topics.commands)
+    async def loaded(self, partitions: list[int]) -> None:
+        log.info("owning partitions", partitions=partitions, jobs=len(self.book.jobs))
 
     async def process(self, records: Sequence[Record]) -> None:
         decided: list[AnyEvent] = []
@@ -69,7 +64,7 @@ class JobOwner:
             for event in decided:
                 log.info(
                     "event appended",
-                    **({"node": event.node} if isinstance(event, NodeEvent) else {"job_id": event.job_id}),
+                    **self.book.kinds.of(event).ids(event),
                     type=event.type,
                     seq=event.seq,
                     event_id=str(event.event_id),
@@ -93,28 +88,24 @@ class JobOwner:
             return await self._dead_letter(record, wrong)
         leader = await self._leader_token(command)
         try:
-            events = self._decide_command(command, leader)
-        except (UnknownJob, UnknownNode) as exc:
+            return self.decide(command, record.partition, leader)
+        except UnknownAggregate as exc:
             return await self._dead_letter(record, str(exc))
         except Exception as exc:  # a decider bug must not stall the partition
             log.exception("decider failed", key=command.key, command_id=str(command.command_id))
             return await self._dead_letter(record, f"internal error: {exc!r}")
-        for event in events:
-            if isinstance(event, NodeEvent):
-                self.book.apply_node(event, record.partition)
-            else:
-                self.book.apply(event, record.partition)
-        return events
 
-    def _decide_command(self, command: AnyCommand, leader: int | None) -> list[AnyEvent]:
+    def decide(self, command: CommandEnvelope, partition: int, leader_token: int | None) -> list[Any]:
+        """Decide ``command`` with its kind's decider against its aggregate as folded, and fold the
+        events decided into the book; raises :class:`UnknownAggregate` for a command that names no
+        aggregate it can decide."""
+        kind = self.book.kinds.of(command)
+        state = self.book.of(kind).get(kind.identity(command))
         now = self._clock()
-        if isinstance(command, Command):
-            job = self.book.jobs.get(command.job_id)
-            return [
-                *decide(job, command, now, policy=self._policy, producer=self._producer, leader_token=leader)
-            ]
-        node = self.book.nodes.get(command.node)
-        return [*decide_node(node, command, now, producer=self._producer, leader_token=leader)]
+        events = kind.decide(state, command, now, producer=self._producer, leader_token=leader_token)
+        for event in events:
+            self.book.apply(event, partition)
+        return events
 
     async def _leader_token(self, command: AnyCommand) -> int | None:
         """The scheduler leader's token when ``command`` is fenced (only the scheduler's are), else None."""

@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import structlog
 
+from ffdl.core.aggregate import Aggregates, Applied, Kinds
 from ffdl.core.job import Job
+from ffdl.core.kinds import JOBS
 from ffdl.events.envelope import Event
 from ffdl.handlers.driver import Driver
-from ffdl.handlers.ports import Bus, Record, TopicPartition
-from ffdl.handlers.runtime import AggregateBook, decode_event
+from ffdl.handlers.ports import Bus
+from ffdl.handlers.runtime import EventFollower
 
 log = structlog.get_logger(__name__)
 
@@ -30,52 +32,34 @@ class JobObserver(Protocol):
     def forget(self, job_ids: set[str]) -> None: ...
 
 
-class ReactorHost:
+class ReactorHost(EventFollower):
     def __init__(
         self, bus: Bus, events_topic: str, driver: Driver, observers: Sequence[JobObserver] = ()
     ) -> None:
-        self._bus = bus
-        self._topic = events_topic
+        super().__init__(bus, events_topic, Kinds(JOBS))  # nodes are the scheduler's concern
         self.driver = driver
         self._observers = list(observers)
-        self.book = AggregateBook(bus, events_topic)
-        self.partitions: frozenset[int] = frozenset()
 
     def owns(self, job_id: str) -> bool:
         return job_id in self.book.jobs
 
-    async def on_assigned(self, partitions: frozenset[TopicPartition]) -> None:
-        mine = sorted(tp.partition for tp in partitions if tp.topic == self._topic)
-        await self.book.load(mine)
-        self.partitions = self.partitions | frozenset(mine)
-        for job_id, job in self.book.jobs.items():
-            if self.book.partition_of[job_id] in mine:
-                self._notify(None, job)
-                self.driver.update(job)
-        log.info("reacting for partitions", partitions=mine, jobs=len(self.book.jobs))
+    async def loaded(self, partitions: list[int]) -> None:
+        for job in self.book.on_partitions(JOBS, partitions).values():
+            self._notify(None, job)
+            self.driver.update(job)
+        log.info("reacting for partitions", partitions=partitions, jobs=len(self.book.jobs))
 
-    async def on_revoked(self, partitions: frozenset[TopicPartition]) -> None:
-        gone = {tp.partition for tp in partitions if tp.topic == self._topic}
-        job_ids = {j for j, p in self.book.partition_of.items() if p in gone}
-        self.book.drop(gone)
-        self.partitions = self.partitions - frozenset(gone)
+    def revoked(self, dropped: Aggregates) -> None:
+        job_ids = set(dropped.of(JOBS))
         self.driver.forget(job_ids)
         for observer in self._observers:
             observer.forget(job_ids)
 
-    async def process(self, records: Sequence[Record]) -> None:
-        for record in records:
-            if self.book.folded(record):
-                continue
-            event = decode_event(record)
-            if not isinstance(event, Event):
-                continue  # undecodable (logged), or a node's event: nodes are the scheduler's concern
-            applied = self.book.apply(event, record.partition)
-            if applied is None:
-                continue
-            _, job = applied
-            self._notify(event, job)
-            self.driver.update(job)
+    async def policy(self, applied: Applied[Any, Any]) -> None:
+        folded = applied.of(JOBS)
+        if folded is not None:
+            self._notify(folded.event, folded.after)
+            self.driver.update(folded.after)
 
     def _notify(self, event: Event | None, job: Job) -> None:
         for observer in self._observers:

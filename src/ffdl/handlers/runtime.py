@@ -1,31 +1,39 @@
-"""The consume loop every role runs, and the book of jobs and nodes each role folds from the log.
+"""The consume loop every role runs, the book of aggregates each role folds, and the processor runtime.
 
 A role is a member of a consumer group. The loop fetches records of the partitions assigned to
 it, hands each partition's records, in offset order, to the role's processor, and commits the
 next offsets only after the processor returned, i.e. after every effect it awaited (events
 appended, commands sent) was acknowledged by the log: at-least-once, never at-most-once.
 A processor error never stops a partition: the processor dead-letters what it cannot handle.
+
+The roles that keep aggregates (the owner, the reactors, the scheduler, the notifier) share one
+runtime, as the followers of the ``eventsourcing`` library share ``pull_and_process``: on gaining
+partitions a :class:`Follower` folds them to their end, on losing them it forgets them; an
+:class:`EventFollower` then skips each record already folded, decodes and folds the others, and
+hands each applied event to the role's ``policy``. The owner follows the commands topic instead and
+decides each command against the aggregates of its partitions.
 """
 
 from __future__ import annotations
 
 import asyncio
+from abc import ABC, abstractmethod
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
-from typing import Protocol, TypeVar
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol, TypeVar
 
 import structlog
 
-from ffdl.core.job import EvolveError, Job, evolve
-from ffdl.core.nodes import NodeRecord, evolve_node
+from ffdl.core.aggregate import AggregateKind, Aggregates, AggregateState, Applied, Kinds, Skip, Skipped
+from ffdl.core.job import Job
+from ffdl.core.kinds import JOBS, KINDS, NODES
+from ffdl.core.nodes import NodeRecord
 from ffdl.events.codec import AnyEvent, DecodeError, any_event_from_json
-from ffdl.events.envelope import Event, NodeEvent
 from ffdl.handlers.ports import Bus, BusUnavailable, CommitFailed, Record, TopicPartition
 
 log = structlog.get_logger(__name__)
 
-_State = TypeVar("_State", Job, NodeRecord)
-_Event = TypeVar("_Event", Event, NodeEvent)
+S = TypeVar("S", bound=AggregateState)
 
 
 class PartitionProcessor(Protocol):
@@ -97,22 +105,34 @@ def decode_event(record: Record) -> AnyEvent | None:
         return None
 
 
-class AggregateBook:
-    """Jobs and nodes folded from the events of the partitions a role owns.
+class AggregateBook(Aggregates):
+    """The aggregates folded from the events of the partitions a role owns: a keyed book per kind.
 
     Events whose seq is already taken are duplicates (redelivery) or conflicts (a stale owner
-    wrote too): either way they are ignored and counted, never applied twice (DESIGN §5).
+    wrote too): either way they are ignored and counted, never applied twice, as is an event that
+    does not apply (DESIGN §5). A book built for some kinds only does not fold the others' events.
     """
 
-    def __init__(self, bus: Bus, events_topic: str) -> None:
+    def __init__(self, bus: Bus, events_topic: str, kinds: Kinds = KINDS) -> None:
+        super().__init__(kinds)
         self._bus = bus
         self._topic = events_topic
-        self.jobs: dict[str, Job] = {}
-        self.partition_of: dict[str, int] = {}
-        self.nodes: dict[str, NodeRecord] = {}
-        self.node_partition: dict[str, int] = {}
+        self._partition_of: dict[tuple[str, str], int] = {}  # (kind, id) -> partition
         self._folded_until: dict[int, int] = {}
         self.ignored = 0
+
+    @property
+    def jobs(self) -> dict[str, Job]:
+        return self.of(JOBS)
+
+    @property
+    def nodes(self) -> dict[str, NodeRecord]:
+        return self.of(NODES)
+
+    @property
+    def partitions(self) -> frozenset[int]:
+        """The partitions folded (since they were loaded)."""
+        return frozenset(self._folded_until)
 
     async def load(self, partitions: Iterable[int]) -> None:
         """Fold every event of ``partitions`` up to the end of the log as it is now (from scratch).
@@ -127,67 +147,98 @@ class AggregateBook:
             async for record in self._bus.read(self._topic, partition):
                 self._folded_until[partition] = record.offset + 1
                 event = decode_event(record)
-                if isinstance(event, NodeEvent):
-                    self.apply_node(event, partition)
-                elif event is not None:
+                if event is not None:
                     self.apply(event, partition)
 
     def folded(self, record: Record) -> bool:
         """Whether ``load`` already folded this record (a redelivery the caller must skip)."""
         return record.offset < self._folded_until.get(record.partition, 0)
 
-    def drop(self, partitions: Iterable[int]) -> None:
+    def on_partitions(self, kind: AggregateKind[S, Any, Any, Any], partitions: Iterable[int]) -> dict[str, S]:
+        """The aggregates of ``kind`` on ``partitions``."""
+        wanted = set(partitions)
+        return {
+            identity: state
+            for identity, state in self.of(kind).items()
+            if self._partition_of[(kind.name, identity)] in wanted
+        }
+
+    def drop(self, partitions: Iterable[int]) -> Aggregates:
+        """Forget ``partitions``; returns the aggregates that were on them."""
         gone = set(partitions)
         for partition in gone:
             self._folded_until.pop(partition, None)
-        for job_id in [j for j, p in self.partition_of.items() if p in gone]:
-            del self.jobs[job_id]
-            del self.partition_of[job_id]
-        for name in [n for n, p in self.node_partition.items() if p in gone]:
-            del self.nodes[name]
-            del self.node_partition[name]
+        dropped = [where for where, partition in self._partition_of.items() if partition in gone]
+        for where in dropped:
+            del self._partition_of[where]
+        return self.forget(dropped)
 
-    def apply(self, event: Event, partition: int) -> tuple[Job | None, Job] | None:
-        """Apply one event; returns (before, after), or None when it was ignored."""
-        before = self.jobs.get(event.job_id)
-        after = self._next(before, event, evolve, job_id=event.job_id)
-        if after is None:
-            return None
-        self.jobs[event.job_id] = after
-        self.partition_of[event.job_id] = partition
-        return before, after
-
-    def apply_node(self, event: NodeEvent, partition: int) -> NodeRecord | None:
-        """Apply one node event; returns the node after it, or None when it was ignored."""
-        after = self._next(self.nodes.get(event.node), event, evolve_node, node=event.node)
-        if after is None:
-            return None
-        self.nodes[event.node] = after
-        self.node_partition[event.node] = partition
-        return after
-
-    def _next(
-        self,
-        before: _State | None,
-        event: _Event,
-        step: Callable[[_State | None, _Event], _State],
-        **ids: str,
-    ) -> _State | None:
-        """``step`` applied to ``before``; None (counted and logged) for a duplicate, a conflict or an
-        event that does not apply."""
-        if before is not None and event.seq <= before.seq:
+    def apply(self, event: AnyEvent, partition: int) -> Applied[Any, Any] | None:
+        """Fold one event of ``partition``; None when it was ignored (or is of a kind not kept here)."""
+        folded = self.fold(event)
+        if isinstance(folded, Skipped):
             self.ignored += 1
-            log.info(
-                "duplicate or conflicting event ignored",
-                seq=event.seq,
-                event_id=str(event.event_id),
-                have_seq=before.seq,
-                **ids,
-            )
+            ids = self.kinds.of(event).ids(event)
+            where = {"event_id": str(event.event_id), "seq": event.seq, **ids}
+            if folded.why is Skip.TAKEN:
+                log.info("duplicate or conflicting event ignored", detail=folded.detail, **where)
+            else:
+                log.error("event does not apply", error=folded.detail, **where)
             return None
-        try:
-            return step(before, event)
-        except EvolveError as exc:
-            self.ignored += 1
-            log.error("event does not apply", event_id=str(event.event_id), error=str(exc), **ids)
-            return None
+        if folded is not None:
+            self._partition_of[(folded.kind.name, folded.kind.identity(event))] = partition
+        return folded
+
+
+class Follower:
+    """What every role that keeps aggregates shares: on gaining partitions of ``topic`` it folds the
+    same partitions of the events topic to their end (:class:`AggregateBook`), and forgets them
+    when they are revoked. Roles plug in through :meth:`loaded` and :meth:`revoked`, and handle
+    the records of ``topic`` in ``process``.
+    """
+
+    def __init__(self, bus: Bus, topic: str, events_topic: str, kinds: Kinds = KINDS) -> None:
+        self._topic = topic
+        self.book = AggregateBook(bus, events_topic, kinds)
+
+    @property
+    def partitions(self) -> frozenset[int]:
+        """The partitions this role holds now."""
+        return self.book.partitions
+
+    async def on_assigned(self, partitions: frozenset[TopicPartition]) -> None:
+        mine = sorted(tp.partition for tp in partitions if tp.topic == self._topic)
+        await self.book.load(mine)
+        await self.loaded(mine)
+
+    async def on_revoked(self, partitions: frozenset[TopicPartition]) -> None:
+        self.revoked(self.book.drop(tp.partition for tp in partitions if tp.topic == self._topic))
+
+    async def loaded(self, partitions: list[int]) -> None:
+        """Called once ``partitions`` are folded to their end, before any of their records is processed."""
+
+    def revoked(self, dropped: Aggregates) -> None:
+        """Called with the aggregates of the partitions just revoked, already forgotten by the book."""
+
+
+class EventFollower(Follower, ABC):
+    """A role that follows the events topic: each record not folded yet is decoded, folded, and, if
+    it applied, handed to the role's :meth:`policy` (a duplicate, a conflict or an event that does
+    not apply is ignored and counted by the book, an undecodable one logged).
+    """
+
+    def __init__(self, bus: Bus, events_topic: str, kinds: Kinds = KINDS) -> None:
+        super().__init__(bus, events_topic, events_topic, kinds)
+
+    async def process(self, records: Sequence[Record]) -> None:
+        for record in records:
+            if self.book.folded(record):
+                continue
+            event = decode_event(record)
+            applied = self.book.apply(event, record.partition) if event is not None else None
+            if applied is not None:
+                await self.policy(applied)
+
+    @abstractmethod
+    async def policy(self, applied: Applied[Any, Any]) -> None:
+        """What the role does about an event applied to one of its aggregates."""

@@ -38,21 +38,24 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import structlog
 
+from ffdl.core.aggregate import Aggregates, Applied
 from ffdl.core.cluster import Admission, ClusterState, Demand, Gang, HeldJob
 from ffdl.core.job import Job, WaitRecord
+from ffdl.core.kinds import JOBS, NODES
 from ffdl.core.nodes import InventoryObservation, inventory_changes, schedulable_inventory
 from ffdl.core.scheduling import Plan, SchedulerPolicy, WaitingJob, plan
 from ffdl.core.states import JobState
 from ffdl.events import job_commands as cmd
 from ffdl.events.codec import AnyCommand, AnyEvent
-from ffdl.events.envelope import Command, CommandData, Event, NodeCommandData, NodeEvent
+from ffdl.events.envelope import Command, CommandData, Event, NodeCommandData
 from ffdl.events.model import ErrorCode, Placement
 from ffdl.handlers.messaging import CommandSender, utcnow
-from ffdl.handlers.ports import Bus, InventorySource, Record, TopicPartition
-from ffdl.handlers.runtime import AggregateBook, decode_event
+from ffdl.handlers.ports import Bus, InventorySource, Record
+from ffdl.handlers.runtime import EventFollower
 
 log = structlog.get_logger(__name__)
 
@@ -81,7 +84,7 @@ class _Sent:
     sent_at: float = 0.0
 
 
-class Scheduler:
+class Scheduler(EventFollower):
     def __init__(
         self,
         bus: Bus,
@@ -93,14 +96,12 @@ class Scheduler:
         policy: SchedulerPolicy | None = None,
         clock: Callable[[], datetime] = utcnow,
     ) -> None:
-        self._bus = bus
-        self._topic = events_topic
+        super().__init__(bus, events_topic)
         self._sender = sender
         self._inventory = inventory
         self._token = fencing_token
         self._policy = policy or SchedulerPolicy()
         self._clock = clock
-        self.book = AggregateBook(bus, events_topic)
         self._allocations: dict[str, _Sent] = {}
         self._halts: dict[str, _Sent] = {}
         self._reasons: dict[str, _Sent] = {}
@@ -118,9 +119,7 @@ class Scheduler:
         self._gangs: dict[str, tuple[Placement, Gang]] = {}  # job -> its placement, as a gang
         self.ready = False  # its partitions are folded: it may plan
 
-    async def on_assigned(self, partitions: frozenset[TopicPartition]) -> None:
-        mine = sorted(tp.partition for tp in partitions if tp.topic == self._topic)
-        await self.book.load(mine)
+    async def loaded(self, partitions: list[int]) -> None:
         for job in self.book.jobs.values():
             self._track(job, None)
         self._node_changes.clear()
@@ -128,9 +127,7 @@ class Scheduler:
         self.ready = True
         self._due.set()
 
-    async def on_revoked(self, partitions: frozenset[TopicPartition]) -> None:
-        gone = {tp.partition for tp in partitions if tp.topic == self._topic}
-        self.book.drop(gone)
+    def revoked(self, dropped: Aggregates) -> None:
         for sent in (self._allocations, self._halts, self._reasons, self._admissions, self._queued_order):
             for job_id in [j for j in sent if j not in self.book.jobs]:
                 del sent[job_id]
@@ -145,13 +142,11 @@ class Scheduler:
 
     async def process(self, records: Sequence[Record]) -> None:
         async with self._lock:
-            for record in records:
-                if self.book.folded(record):
-                    continue
-                event = decode_event(record)
-                if event is not None:
-                    self.fold(event, record.partition)
+            await super().process(records)
         self._due.set()
+
+    async def policy(self, applied: Applied[Any, Any]) -> None:
+        self._folded(applied)
 
     async def plan_forever(self, stop: asyncio.Event, tick_s: float = SCHEDULE_TICK_S) -> None:
         """Plan whenever something was folded, and every ``tick_s`` anyway, until ``stop``."""
@@ -170,18 +165,22 @@ class Scheduler:
 
     def fold(self, event: AnyEvent, partition: int) -> None:
         """Apply one event of ``partition`` to the jobs and nodes the scheduler knows (duplicates are
-        ignored)."""
-        if isinstance(event, NodeEvent):
-            if self.book.apply_node(event, partition) is not None:
-                self._admission = None  # the inventory changed
-                self._nodes_folded += 1
-                entry = self._node_changes.get(event.node)
-                if entry is not None and event.causation_id == entry.command_id:
-                    del self._node_changes[event.node]
-            return
+        ignored), as :meth:`process` does for a record."""
         applied = self.book.apply(event, partition)
         if applied is not None:
-            self._track(applied[1], event)
+            self._folded(applied)
+
+    def _folded(self, applied: Applied[Any, Any]) -> None:
+        node = applied.of(NODES)
+        if node is not None:
+            self._admission = None  # the inventory changed
+            self._nodes_folded += 1
+            entry = self._node_changes.get(node.event.node)
+            if entry is not None and node.event.causation_id == entry.command_id:
+                del self._node_changes[node.event.node]
+        job = applied.of(JOBS)
+        if job is not None:
+            self._track(job.after, job.event)
 
     def _track(self, job: Job, event: Event | None) -> None:
         """Forget what the owner has answered (``event`` caused by it) or what the job's state settles."""
@@ -293,7 +292,7 @@ class Scheduler:
         for name, change in changes.items():
             if name in self._node_changes:
                 continue
-            command = self._sender.make_for_node(name, change, fencing_token=self._token)
+            command = self._sender.make(NODES.address(name), change, fencing_token=self._token)
             self._node_changes[name] = _Sent(command.command_id, node_change=change, sent_at=now)
             commands.append(command)
             log.info(
@@ -377,4 +376,4 @@ class Scheduler:
                 await self._sender.send(*commands)
 
     def _command(self, job: Job, data: CommandData) -> Command:
-        return self._sender.make(job.job_id, job.tenant, data, fencing_token=self._token)
+        return self._sender.make(JOBS.address(job.job_id, job.tenant), data, fencing_token=self._token)

@@ -15,20 +15,22 @@ import gc
 import json
 import sqlite3
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from ffdl.core.job import EvolveError, Job, evolve
-from ffdl.core.nodes import NodeRecord, evolve_node
-from ffdl.events.codec import AnyEvent, any_event_from_json, event_from_json, event_to_json
-from ffdl.events.envelope import NodeEvent
+from ffdl.core.aggregate import AggregateKind, Aggregates, AggregateState, Skipped, fold_step
+from ffdl.core.job import Job
+from ffdl.core.kinds import JOBS, KINDS, NODES
+from ffdl.core.nodes import NodeRecord
+from ffdl.events.codec import AnyEvent, any_event_from_json, event_to_json
 from ffdl.events.position import Position
 from ffdl.projections.documents import JsonObject, dumps, job_document, node_document, why_summary
 
-SCHEMA = """
+#: The current states: jobs, nodes; and how far the projection has read each partition.
+_STATE_SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     job_id TEXT PRIMARY KEY,
     tenant TEXT NOT NULL,
@@ -43,35 +45,11 @@ CREATE TABLE IF NOT EXISTS jobs (
 );
 CREATE INDEX IF NOT EXISTS jobs_by_tenant ON jobs (tenant, submitted_at, job_id);
 CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, submitted_at, job_id);
-CREATE TABLE IF NOT EXISTS history (
-    job_id TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    event_id TEXT NOT NULL,
-    type TEXT NOT NULL,
-    occurred_at TEXT NOT NULL,
-    position TEXT NOT NULL,
-    causation_id TEXT,
-    body TEXT NOT NULL,
-    PRIMARY KEY (job_id, seq)
-);
-CREATE INDEX IF NOT EXISTS history_by_cause ON history (causation_id);
 CREATE TABLE IF NOT EXISTS nodes (
     name TEXT PRIMARY KEY,
     status TEXT NOT NULL,
     document TEXT NOT NULL
 );
-CREATE TABLE IF NOT EXISTS node_history (
-    node TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    event_id TEXT NOT NULL,
-    type TEXT NOT NULL,
-    occurred_at TEXT NOT NULL,
-    position TEXT NOT NULL,
-    causation_id TEXT,
-    body TEXT NOT NULL,
-    PRIMARY KEY (node, seq)
-);
-CREATE INDEX IF NOT EXISTS node_history_by_cause ON node_history (causation_id);
 CREATE TABLE IF NOT EXISTS positions (
     partition INTEGER PRIMARY KEY,
     next_offset INTEGER NOT NULL
@@ -101,13 +79,73 @@ class LoggedEvent:
         return Position.format_token(self.partition, self.offset)
 
 
+S = TypeVar("S", bound=AggregateState)
+
+
+def _write_jobs(db: sqlite3.Connection, jobs: Iterable[Job]) -> None:
+    """Store the jobs' rows; a deleted job has none."""
+    jobs = list(jobs)
+    db.executemany(
+        "INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [_job_row(job) for job in jobs if not job.deleted],
+    )
+    db.executemany("DELETE FROM jobs WHERE job_id = ?", [(job.job_id,) for job in jobs if job.deleted])
+
+
+def _write_nodes(db: sqlite3.Connection, nodes: Iterable[NodeRecord]) -> None:
+    db.executemany(
+        "INSERT OR REPLACE INTO nodes VALUES (?, ?, ?)",
+        [(node.name, str(node.status), dumps(node_document(node))) for node in nodes],
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Tables:
+    """Where the projection keeps one aggregate kind: each aggregate's events in ``history``, keyed
+    by ``id_column`` and seq, and its current state, written by ``write``."""
+
+    kind: AggregateKind[Any, Any, Any, Any]
+    history: str
+    id_column: str
+    write: Callable[[sqlite3.Connection, Iterable[Any]], None]
+
+
+_TABLES = {
+    tables.kind.name: tables
+    for tables in (
+        _Tables(JOBS, "history", "job_id", _write_jobs),
+        _Tables(NODES, "node_history", "node", _write_nodes),
+    )
+}
+
+
+def _history_schema(tables: _Tables) -> str:
+    """The history table of one kind: each event's columns and body, by aggregate and seq."""
+    return f"""
+CREATE TABLE IF NOT EXISTS {tables.history} (
+    {tables.id_column} TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    event_id TEXT NOT NULL,
+    type TEXT NOT NULL,
+    occurred_at TEXT NOT NULL,
+    position TEXT NOT NULL,
+    causation_id TEXT,
+    body TEXT NOT NULL,
+    PRIMARY KEY ({tables.id_column}, seq)
+);
+CREATE INDEX IF NOT EXISTS {tables.history}_by_cause ON {tables.history} (causation_id);
+"""
+
+
+SCHEMA = _STATE_SCHEMA + "".join(_history_schema(tables) for tables in _TABLES.values())
+
+
 class Projection:
     def __init__(self, path: Path) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
-        self._jobs: dict[str, Job] = {}
-        self._nodes: dict[str, NodeRecord] = {}
+        self._folded = Aggregates(KINDS)  # what was folded last, so a batch need not fold it again
         with self._connection() as db:
             db.executescript(SCHEMA)
 
@@ -156,60 +194,36 @@ class Projection:
                 db.execute("COMMIT")
             except BaseException:
                 db.execute("ROLLBACK")
-                self._jobs.clear()  # the caches may hold what the rollback undid
-                self._nodes.clear()
+                self._folded = Aggregates(KINDS)  # it may hold what the rollback undid
                 raise
         return applied
 
     def _apply(self, db: sqlite3.Connection, batch: Sequence[LoggedEvent]) -> int:
         stored = {p: o for p, o in db.execute("SELECT partition, next_offset FROM positions")}
         reached = dict(stored)
-        changed: dict[str, Job] = {}
-        changed_nodes: dict[str, NodeRecord] = {}
-        history = []
-        node_history = []
+        changed = Aggregates(KINDS)
+        history: dict[str, list[tuple[Any, ...]]] = {name: [] for name in _TABLES}
         ignored = 0
         for logged in batch:
             if logged.offset < stored.get(logged.partition, 0):
                 continue
             reached[logged.partition] = max(reached.get(logged.partition, 0), logged.offset + 1)
             event = logged.event
-            if isinstance(event, NodeEvent):
-                node = changed_nodes.get(event.node) or self._load_node(db, event.node)
-                if node is not None and event.seq <= node.seq:
-                    ignored += 1
-                    continue
-                try:
-                    changed_nodes[event.node] = evolve_node(node, event)
-                except EvolveError:
-                    ignored += 1
-                    continue
-                node_history.append((event.node, *_history_columns(logged)))
-                continue
-            job = changed.get(event.job_id) or self._load(db, event.job_id)
-            if job is not None and event.seq <= job.seq:
+            kind = KINDS.of(event)
+            identity = kind.identity(event)
+            states = changed.of(kind)
+            before = states.get(identity)
+            if before is None:
+                before = self._load(db, kind, identity)
+            after = fold_step(kind, before, event)
+            if isinstance(after, Skipped):
                 ignored += 1
                 continue
-            try:
-                job = evolve(job, event)
-            except EvolveError:
-                ignored += 1
-                continue
-            changed[event.job_id] = job
-            history.append((event.job_id, *_history_columns(logged)))
-        db.executemany("INSERT INTO history VALUES (?, ?, ?, ?, ?, ?, ?, ?)", history)
-        db.executemany("INSERT INTO node_history VALUES (?, ?, ?, ?, ?, ?, ?, ?)", node_history)
-        db.executemany(
-            "INSERT OR REPLACE INTO nodes VALUES (?, ?, ?)",
-            [(n.name, str(n.status), dumps(node_document(n))) for n in changed_nodes.values()],
-        )
-        db.executemany(
-            "INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [_job_row(job) for job in changed.values() if not job.deleted],
-        )
-        db.executemany(
-            "DELETE FROM jobs WHERE job_id = ?", [(j.job_id,) for j in changed.values() if j.deleted]
-        )
+            states[identity] = after
+            history[kind.name].append((identity, *_history_columns(logged)))
+        for name, tables in _TABLES.items():
+            db.executemany(f"INSERT INTO {tables.history} VALUES (?, ?, ?, ?, ?, ?, ?, ?)", history[name])
+            tables.write(db, changed.of(tables.kind).values())
         db.executemany("INSERT OR REPLACE INTO positions VALUES (?, ?)", sorted(reached.items()))
         if ignored:
             db.execute(
@@ -217,27 +231,20 @@ class Projection:
                 "ON CONFLICT(name) DO UPDATE SET value = value + excluded.value",
                 (ignored,),
             )
-        self._jobs.update(changed)
-        self._nodes.update(changed_nodes)
-        return len(history) + len(node_history)
+        for kind in KINDS:
+            self._folded.of(kind).update(changed.of(kind))
+        return sum(len(rows) for rows in history.values())
 
-    def _load(self, db: sqlite3.Connection, job_id: str) -> Job | None:
-        job = self._jobs.get(job_id)
-        if job is not None:
-            return job
-        for (body,) in db.execute("SELECT body FROM history WHERE job_id = ? ORDER BY seq", (job_id,)):
-            job = evolve(job, event_from_json(body))
-        return job
-
-    def _load_node(self, db: sqlite3.Connection, name: str) -> NodeRecord | None:
-        node = self._nodes.get(name)
-        if node is not None:
-            return node
-        for (body,) in db.execute("SELECT body FROM node_history WHERE node = ? ORDER BY seq", (name,)):
-            event = any_event_from_json(body)
-            if isinstance(event, NodeEvent):
-                node = evolve_node(node, event)
-        return node
+    def _load(self, db: sqlite3.Connection, kind: AggregateKind[S, Any, Any, Any], identity: str) -> S | None:
+        """The aggregate as its projected events fold."""
+        state = self._folded.of(kind).get(identity)
+        if state is not None:
+            return state
+        tables = _TABLES[kind.name]
+        query = f"SELECT body FROM {tables.history} WHERE {tables.id_column} = ? ORDER BY seq"
+        for (body,) in db.execute(query, (identity,)):
+            state = kind.evolve(state, any_event_from_json(body))
+        return state
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -294,20 +301,30 @@ class Projection:
         with self._connection() as db:
             return [str(doc) for (doc,) in db.execute(sql, (*params, limit))]
 
-    def history(self, job_id: str, after_seq: int = 0, limit: int = 1000) -> list[JsonObject]:
+    def history(
+        self, kind: AggregateKind[Any, Any, Any, Any], identity: str, after_seq: int = 0, limit: int = 1000
+    ) -> list[JsonObject]:
+        """The aggregate's events after ``after_seq``, each with its log position."""
+        tables = _TABLES[kind.name]
         with self._connection() as db:
             rows = db.execute(
-                "SELECT body, position FROM history WHERE job_id = ? AND seq > ? ORDER BY seq LIMIT ?",
-                (job_id, after_seq, limit),
+                f"SELECT body, position FROM {tables.history} WHERE {tables.id_column} = ? AND seq > ? "
+                "ORDER BY seq LIMIT ?",
+                (identity, after_seq, limit),
             ).fetchall()
         return [{**json.loads(body), "position": position} for body, position in rows]
+
+    def state(self, kind: AggregateKind[S, Any, Any, Any], identity: str) -> S | None:
+        """The aggregate as its projected events fold: what a writer asks a decider about."""
+        with self._connection() as db:
+            return self._load(db, kind, identity)
 
     def position_of_cause(self, causation_id: str) -> str | None:
         """The log position of the first event a command caused (read-your-writes for a write)."""
         with self._connection() as db:
-            for table in ("history", "node_history"):
+            for tables in _TABLES.values():
                 row = db.execute(
-                    f"SELECT position FROM {table} WHERE causation_id = ? ORDER BY seq LIMIT 1",
+                    f"SELECT position FROM {tables.history} WHERE causation_id = ? ORDER BY seq LIMIT 1",
                     (causation_id,),
                 ).fetchone()
                 if row:
@@ -324,19 +341,6 @@ class Projection:
         with self._connection() as db:
             row = db.execute("SELECT document FROM nodes WHERE name = ?", (name,)).fetchone()
         return json.loads(row[0]) if row else None
-
-    def node_record(self, name: str) -> NodeRecord | None:
-        """The node as its projected events fold: what a writer asks the node decider about."""
-        with self._connection() as db:
-            return self._load_node(db, name)
-
-    def node_history(self, name: str, after_seq: int = 0, limit: int = 1000) -> list[JsonObject]:
-        with self._connection() as db:
-            rows = db.execute(
-                "SELECT body, position FROM node_history WHERE node = ? AND seq > ? ORDER BY seq LIMIT ?",
-                (name, after_seq, limit),
-            ).fetchall()
-        return [{**json.loads(body), "position": position} for body, position in rows]
 
     def reached(self, partition: int, offset: int) -> bool:
         """Whether the event at ``partition:offset`` has been applied."""

@@ -26,8 +26,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
 
+from ffdl.core.kinds import JOBS, KINDS, NODES
 from ffdl.events.codec import AnyEvent, DecodeError, JsonObject, any_event_from_dict, event_to_dict
-from ffdl.events.envelope import NodeEvent
 from ffdl.events.position import Position
 from ffdl.projections.documents import dumps
 from ffdl.projections.store import LoggedEvent
@@ -75,13 +75,11 @@ class EventFilter:
         )
 
     def _selects(self, event: AnyEvent) -> bool:
-        """Whether the event's aggregate is one the filter asks for."""
-        if isinstance(event, NodeEvent):
-            return self.job_id is None and self.tenant is None and self.node in (None, event.node)
-        return (
-            self.node is None
-            and (self.job_id is None or event.job_id == self.job_id)
-            and (self.tenant is None or event.tenant == self.tenant)
+        """Whether the event's aggregate is one the filter asks for (by its log key, and its tenant)."""
+        if self.node is not None:
+            return event.key == NODES.key(self.node)
+        return (self.job_id is None or event.key == JOBS.key(self.job_id)) and (
+            self.tenant is None or KINDS.of(event).tenant_of(event) == self.tenant
         )
 
 

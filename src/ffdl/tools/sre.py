@@ -10,11 +10,12 @@ and keeps them apart by their envelope (a node's event has no job or tenant). A 
 no event is never dropped unseen: an export counts it, a rebuild counts it, and ``verify`` reports
 it as a finding at its position.
 
-Replaying folds an aggregate's events with the very ``evolve`` (``evolve_node``) the owners use and
-renders the result with the very ``job_document`` (``node_document``) the projections store, so a
-replayed state is what ``ffdl status`` (the nodes view) showed at that point. Events that cannot
-apply (a seq already taken, a gap, an illegal transition) are skipped and listed, as every reader
-does (DESIGN §5); judging them is ``verify``'s job, which runs the one invariant checker of
+Replaying folds an aggregate's events with the fold step every reader takes
+(:func:`~ffdl.core.aggregate.fold_step`, with the kind's ``evolve`` the owners use) and renders the
+result with the very ``job_document`` (``node_document``) the projections store, so a replayed
+state is what ``ffdl status`` (the nodes view) showed at that point. Events that cannot apply (a
+seq already taken, a gap, an illegal transition) are skipped and listed, as every reader does;
+judging them is ``verify``'s job, which runs the one invariant checker of
 :mod:`ffdl.core.invariants`. A rebuild folds a log into a fresh projection file (jobs and nodes);
 projections are a pure function of the log, so a rebuild of the live log must be byte-for-byte the
 live projection.
@@ -32,17 +33,19 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Generic, TextIO, TypeVar
+from typing import Any, Generic, TextIO, TypeVar, cast
 
 import structlog
 
 from ffdl.adapters.bus import open_bus
+from ffdl.core.aggregate import AggregateKind, AggregateState, AnyKind, Skip, Skipped, fold_step
 from ffdl.core.invariants import InvariantChecker, Violation, ViolationKind
-from ffdl.core.job import EvolveError, Job, evolve
-from ffdl.core.nodes import NodeRecord, evolve_node
+from ffdl.core.job import Job
+from ffdl.core.kinds import JOBS, NODES
+from ffdl.core.nodes import NodeRecord
 from ffdl.events import nodes as nd
-from ffdl.events.codec import AnyEvent, cloudevent_headers
-from ffdl.events.envelope import NODE_KEY_PREFIX, Event, NodeEvent
+from ffdl.events.codec import cloudevent_headers
+from ffdl.events.envelope import NODE_KEY_PREFIX, NodeEvent
 from ffdl.handlers.messaging import Topics
 from ffdl.handlers.ports import Bus, OutgoingRecord
 from ffdl.projections.documents import JsonObject, job_document, node_document
@@ -63,14 +66,6 @@ class TargetNotEmptyError(RuntimeError):
 
 class NotInLogError(LookupError):
     """An aggregate the log does not hold (at the point asked for)."""
-
-
-class JobNotInLogError(NotInLogError):
-    """A job with no event in the log."""
-
-
-class NodeNotInLogError(NotInLogError):
-    """A node with no event in the log."""
 
 
 # -- where a log comes from -----------------------------------------------------------------------
@@ -195,7 +190,7 @@ class Point:
 
 
 @dataclass(frozen=True, slots=True)
-class Skipped:
+class SkippedEvent:
     logged: LoggedEvent
     reason: str
 
@@ -205,83 +200,58 @@ class Skipped:
 
 
 #: A folded aggregate: a job or a node.
-State = TypeVar("State", Job, NodeRecord)
+State = TypeVar("State", bound=AggregateState)
 
 
 @dataclass(frozen=True, slots=True)
 class Replayed(Generic[State]):
-    """A job or a node folded up to a point: the events applied, and those skipped as readers skip them."""
+    """An aggregate folded up to a point: the events applied, and those skipped as readers skip them."""
 
     state: State | None
     applied: tuple[LoggedEvent, ...]
-    skipped: tuple[Skipped, ...]
+    skipped: tuple[SkippedEvent, ...]
 
 
-def job_events(events: Iterable[LoggedEvent], job_id: str) -> list[LoggedEvent]:
-    """One job's events in log order (nodes' events are not a job's); :class:`JobNotInLogError` if none."""
-    mine = [logged for logged in events if isinstance(logged.event, Event) and logged.event.job_id == job_id]
+def events_of(events: Iterable[LoggedEvent], kind: AnyKind, identity: str) -> list[LoggedEvent]:
+    """One aggregate's events in log order; :class:`NotInLogError` if none."""
+    key = kind.key(identity)
+    mine = [logged for logged in events if logged.event.key == key]
     if not mine:
-        raise JobNotInLogError(f"no event of job {job_id!r} in the log")
+        raise NotInLogError(f"no event of {kind.name} {identity!r} in the log")
     return mine
 
 
-def node_events(events: Iterable[LoggedEvent], name: str) -> list[LoggedEvent]:
-    """One node's events in log order; :class:`NodeNotInLogError` if none."""
-    mine = [logged for logged in events if isinstance(logged.event, NodeEvent) and logged.event.node == name]
-    if not mine:
-        raise NodeNotInLogError(f"no event of node {name!r} in the log")
-    return mine
-
-
-def _evolve_job(job: Job | None, event: AnyEvent) -> Job:
-    if not isinstance(event, Event):
-        raise EvolveError(f"{event.type} is an event of node {event.node}, not of a job")
-    return evolve(job, event)
-
-
-def _evolve_node(node: NodeRecord | None, event: AnyEvent) -> NodeRecord:
-    if not isinstance(event, NodeEvent):
-        raise EvolveError(f"{event.type} is an event of job {event.job_id}, not of a node")
-    return evolve_node(node, event)
-
-
-def _fold(
-    history: Iterable[LoggedEvent], point: Point | None, evolve_one: Callable[[State | None, AnyEvent], State]
+def fold_until(
+    history: Iterable[LoggedEvent], kind: AggregateKind[State, Any, Any, Any], point: Point | None = None
 ) -> Replayed[State]:
+    """Fold one aggregate's events in log order up to ``point`` (``None``: all of them), skipping
+    what every reader skips."""
     state: State | None = None
     applied: list[LoggedEvent] = []
-    skipped: list[Skipped] = []
+    skipped: list[SkippedEvent] = []
     for logged in history:
         if point is not None and point.passed_by(logged):
             break
         event = logged.event
-        if state is not None and event.seq <= state.seq:
-            kind = "duplicate" if any(a.event.event_id == event.event_id for a in applied) else "conflict"
-            skipped.append(Skipped(logged, f"{kind}: seq {event.seq} is taken"))
+        after = fold_step(kind, state, event)
+        if isinstance(after, Skipped):
+            reason = after.detail
+            if after.why is Skip.TAKEN:
+                again = any(a.event.event_id == event.event_id for a in applied)
+                reason = f"{'duplicate' if again else 'conflict'}: {reason}"
+            skipped.append(SkippedEvent(logged, reason))
             continue
-        try:
-            state = evolve_one(state, event)
-        except EvolveError as exc:
-            skipped.append(Skipped(logged, str(exc)))
-            continue
+        state = after
         applied.append(logged)
     return Replayed(state, tuple(applied), tuple(skipped))
 
 
-def fold_until(history: Iterable[LoggedEvent], point: Point | None = None) -> Replayed[Job]:
-    """Fold a job's events in log order up to ``point`` (``None``: all of them)."""
-    return _fold(history, point, _evolve_job)
-
-
-def fold_node_until(history: Iterable[LoggedEvent], point: Point | None = None) -> Replayed[NodeRecord]:
-    """Fold a node's events in log order up to ``point`` (``None``: all of them)."""
-    return _fold(history, point, _evolve_node)
-
-
-def _at(history: list[LoggedEvent], job_id: str, point: Point | None) -> Replayed[Job]:
-    replayed = fold_until(history, point)
+def _at(
+    history: list[LoggedEvent], kind: AggregateKind[State, Any, Any, Any], identity: str, point: Point | None
+) -> Replayed[State]:
+    replayed = fold_until(history, kind, point)
     if replayed.state is None:
-        raise JobNotInLogError(f"job {job_id!r} did not exist yet at {point}")
+        raise NotInLogError(f"{kind.name} {identity!r} {_VIEWS[kind.name].not_yet} at {point}")
     return replayed
 
 
@@ -318,33 +288,15 @@ def timeline(replayed: Replayed[Job], until: datetime | None = None) -> list[Jso
     return rows
 
 
-def _point_of(replayed: Replayed[Job]) -> JsonObject:
-    job = replayed.state
-    assert job is not None
+def _point_of(replayed: Replayed[Any], view: _View[Any]) -> JsonObject:
+    state = replayed.state
+    assert state is not None
     last = replayed.applied[-1]
     return {
-        "seq": job.seq,
-        "at": job.updated_at.isoformat(),
+        "seq": state.seq,
+        "at": last.event.occurred_at.isoformat(),
         "position": last.position,
-        "state": str(job.state),
-    }
-
-
-def replay_job(events: Iterable[LoggedEvent], job_id: str, until: Point | None = None) -> JsonObject:
-    """A job's state at ``until`` (default: the end of the log), its timeline and what was skipped."""
-    history = job_events(events, job_id)
-    replayed = _at(history, job_id, until)
-    job = replayed.state
-    assert job is not None
-    return {
-        "job_id": job_id,
-        "tenant": job.tenant,
-        "until": str(until) if until else None,
-        "point": _point_of(replayed),
-        "events": {"in_log": len(history), "applied": len(replayed.applied)},
-        "skipped": [skip.as_json() for skip in replayed.skipped],
-        "state": job_document(job),
-        "timeline": timeline(replayed, until.at if until else None),
+        **view.status(state),
     }
 
 
@@ -359,8 +311,8 @@ def node_timeline(replayed: Replayed[NodeRecord], until: datetime | None = None)
     assert replayed.applied
     changes: list[tuple[LoggedEvent, NodeRecord]] = []
     node: NodeRecord | None = None
-    for logged in replayed.applied:
-        node = _evolve_node(node, logged.event)
+    for logged in replayed.applied:  # the node's events (fold_until applied them to the node)
+        node = NODES.evolve(node, cast(NodeEvent, logged.event))
         if not isinstance(logged.event.data, nd.NodeCommandRejected):
             changes.append((logged, node))
     end = until or replayed.applied[-1].event.occurred_at
@@ -389,27 +341,52 @@ def node_timeline(replayed: Replayed[NodeRecord], until: datetime | None = None)
     return rows
 
 
-def replay_node(events: Iterable[LoggedEvent], name: str, until: Point | None = None) -> JsonObject:
-    """A node's state at ``until`` (default: the end of the log), its timeline and what was skipped."""
-    history = node_events(events, name)
-    replayed = fold_node_until(history, until)
-    node = replayed.state
-    if node is None:
-        raise NodeNotInLogError(f"node {name!r} had not joined yet at {until}")
-    last = replayed.applied[-1]
+@dataclass(frozen=True, slots=True)
+class _View(Generic[State]):
+    """How a replay shows one kind: the aggregate's names, its status in a word, its document (as
+    the projections store it) and its timeline, and what to say of it before it existed."""
+
+    names: Callable[[str, State], JsonObject]
+    status: Callable[[State], JsonObject]
+    document: Callable[[State], JsonObject]
+    timeline: Callable[[Replayed[State], datetime | None], list[JsonObject]]
+    not_yet: str
+
+
+_VIEWS: dict[str, _View[Any]] = {
+    JOBS.name: _View(
+        names=lambda job_id, job: {"job_id": job_id, "tenant": job.tenant},
+        status=lambda job: {"state": str(job.state)},
+        document=job_document,
+        timeline=timeline,
+        not_yet="did not exist yet",
+    ),
+    NODES.name: _View(
+        names=lambda name, _: {"node": name},
+        status=lambda node: {"status": str(node.status)},
+        document=node_document,
+        timeline=node_timeline,
+        not_yet="had not joined yet",
+    ),
+}
+
+
+def replay(
+    events: Iterable[LoggedEvent], kind: AnyKind, identity: str, until: Point | None = None
+) -> JsonObject:
+    """A job's or a node's state at ``until`` (default: the end of the log), its timeline and what
+    was skipped."""
+    history = events_of(events, kind, identity)
+    replayed = _at(history, kind, identity, until)
+    view = _VIEWS[kind.name]
     return {
-        "node": name,
+        **view.names(identity, replayed.state),
         "until": str(until) if until else None,
-        "point": {
-            "seq": node.seq,
-            "at": last.event.occurred_at.isoformat(),
-            "position": last.position,
-            "status": str(node.status),
-        },
+        "point": _point_of(replayed, view),
         "events": {"in_log": len(history), "applied": len(replayed.applied)},
         "skipped": [skip.as_json() for skip in replayed.skipped],
-        "state": node_document(node),
-        "timeline": node_timeline(replayed, until.at if until else None),
+        "state": view.document(replayed.state),
+        "timeline": view.timeline(replayed, until.at if until else None),
     }
 
 
@@ -451,8 +428,8 @@ def _changes(before: JsonObject, after: JsonObject) -> list[JsonObject]:
 
 def diff_job(events: Iterable[LoggedEvent], job_id: str, first: Point, second: Point) -> JsonObject:
     """What changed in a job between two points: state, attempt, learners, placement, checkpoints."""
-    history = job_events(events, job_id)
-    a, b = _at(history, job_id, first), _at(history, job_id, second)
+    history = events_of(events, JOBS, job_id)
+    a, b = _at(history, JOBS, job_id, first), _at(history, JOBS, job_id, second)
     assert a.state is not None and b.state is not None
     doc_a, doc_b = job_document(a.state), job_document(b.state)
     uris_a = {c["uri"] for c in doc_a["checkpoints"]}
@@ -462,8 +439,8 @@ def diff_job(events: Iterable[LoggedEvent], job_id: str, first: Point, second: P
     between = [logged.event.type for logged in longer.applied if low < logged.event.seq <= high]
     return {
         "job_id": job_id,
-        "from": {"until": str(first), **_point_of(a)},
-        "to": {"until": str(second), **_point_of(b)},
+        "from": {"until": str(first), **_point_of(a, _VIEWS[JOBS.name])},
+        "to": {"until": str(second), **_point_of(b, _VIEWS[JOBS.name])},
         "changes": _changes(doc_a, doc_b),
         "checkpoints": {
             "added": [c for c in doc_b["checkpoints"] if c["uri"] not in uris_a],

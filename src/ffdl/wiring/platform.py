@@ -34,6 +34,7 @@ from ffdl.adapters.bus import open_bus
 from ffdl.adapters.election import open_election
 from ffdl.adapters.heartbeats import open_store
 from ffdl.adapters.inventory import ConfiguredInventory
+from ffdl.core.kinds import aggregate_kinds
 from ffdl.core.restart import RestartPolicy
 from ffdl.handlers.aio import Backoff, supervise
 from ffdl.handlers.context import ReactionContext
@@ -141,7 +142,11 @@ class Platform:
             )
             self.reactor = ReactorHost(self.bus, self.topics.events, Driver(ctx), [monitor])
             self.owner = JobOwner(
-                self.bus, self.topics, self.election, producer=f"owner@{self.instance}", policy=self.policy
+                self.bus,
+                self.topics,
+                self.election,
+                producer=f"owner@{self.instance}",
+                kinds=aggregate_kinds(self.policy),
             )
             owner, reactor = self.owner, self.reactor
             owners, reactors = self._group("owners"), self._group("reactors")

@@ -56,6 +56,7 @@ from ffdl.adapters.launchers.k8s_manifests import (
 )
 from ffdl.adapters.processes import exit_code_of
 from ffdl.core.allocator import Node
+from ffdl.core.kinds import JOBS
 from ffdl.core.nodes import InventoryObservation
 from ffdl.events import job_commands as cmd
 from ffdl.events.envelope import CommandData
@@ -344,7 +345,8 @@ class PodWatcher:
             )
         tenant = (pod["metadata"].get("annotations") or {}).get(ANNOTATION_TENANT, "")
         command_id = pod_ended_command_id(uid)
-        await self._sender.send(self._sender.make(handle.job_id, tenant, data, command_id=command_id))
+        command = self._sender.make(JOBS.address(handle.job_id, tenant), data, command_id=command_id)
+        await self._sender.send(command)
         self._ended.add(uid)
         log.info(
             "learner pod observed",

@@ -15,6 +15,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
 from ffdl.api.dependencies import Backend, Caller, PlatformBackend, read
+from ffdl.core.kinds import JOBS
 from ffdl.core.states import JobState
 
 router = APIRouter()
@@ -32,7 +33,7 @@ async def events(
     """The job's history; with ``follow=true`` a resumable Server-Sent Events stream."""
     await backend.visible_job(job_id, caller)
     if not follow:
-        return {"events": await read(backend.projection.history, job_id, after_seq, 100_000)}
+        return {"events": await read(backend.projection.history, JOBS, job_id, after_seq, 100_000)}
     last = request.headers.get("last-event-id", "")
     start = int(last) if last.isdigit() else after_seq
     return StreamingResponse(
@@ -52,7 +53,7 @@ async def follow_events(
     seq = after_seq
     try:
         while not await request.is_disconnected():
-            batch = await read(backend.projection.history, job_id, seq, 200)
+            batch = await read(backend.projection.history, JOBS, job_id, seq, 200)
             for event in batch:
                 seq = event["seq"]
                 yield f"id: {seq}\nevent: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()

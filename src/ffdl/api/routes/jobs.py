@@ -15,6 +15,7 @@ from fastapi import APIRouter, Query, Response
 from fastapi.responses import JSONResponse
 
 from ffdl.api.dependencies import Backend, Caller, Manifest, PlatformBackend, problem, read
+from ffdl.core.kinds import JOBS
 from ffdl.core.states import JobState
 from ffdl.events import job_commands as cmd
 from ffdl.events.envelope import CommandData
@@ -23,7 +24,7 @@ router = APIRouter()
 
 
 async def write_job(backend: PlatformBackend, job_id: str, tenant: str, data: CommandData) -> dict[str, Any]:
-    command = backend.platform.sender.make(job_id, tenant, data)
+    command = backend.platform.sender.make(JOBS.address(job_id, tenant), data)
     position = await backend.send_and_wait(command)
     if position is None:
         return {"job_id": job_id, "state": None, "position": None, "command_id": str(command.command_id)}

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ffdl.api.dependencies import Admin, Backend, Caller, PlatformBackend, problem, read
 from ffdl.api.routes.cluster import gpu_holders
+from ffdl.core.kinds import NODES
 from ffdl.core.nodes import NodeStatus
 from ffdl.events import nodes as nd
 
@@ -69,7 +70,7 @@ async def get_node(
     document = await known_node(backend, name)
     document["allocated"] = (await gpu_holders(backend, caller)).get(name, {})
     if history:
-        document["history"] = await read(backend.projection.node_history, name, 0, 100_000)
+        document["history"] = await read(backend.projection.history, NODES, name, 0, 100_000)
     return document
 
 
@@ -85,7 +86,7 @@ async def write_node(
     await known_node(
         backend, name
     )  # the owner answers nothing for an unknown node: it dead-letters the command
-    command = backend.platform.sender.make_for_node(name, data)
+    command = backend.platform.sender.make(NODES.address(name), data)
     position = await backend.send_and_wait(command)
     document = await known_node(backend, name)
     if position is None:

@@ -27,6 +27,7 @@ from ffdl.cli.render import (
     styled,
     violations_table,
 )
+from ffdl.core.kinds import JOBS, NODES
 from ffdl.wiring.config import Settings
 from ffdl.wiring.logging import configure_logging
 
@@ -224,7 +225,7 @@ def replay(
             console.print(replay_timeline_table(job, report["transitions"]))
         return
     point = _sre(lambda: sre.Point.parse(until) if until else None)
-    report = _sre(lambda: sre.replay_job(_log_events(log, bus, settings), job, point))
+    report = _sre(lambda: sre.replay(_log_events(log, bus, settings), JOBS, job, point))
     if json_output:
         print_json(report)
         return
@@ -246,7 +247,7 @@ def _replay_node(
     from ffdl.tools import sre  # noqa: PLC0415
 
     point = _sre(lambda: sre.Point.parse(until) if until else None)
-    report = _sre(lambda: sre.replay_node(_log_events(log, bus, settings), name, point))
+    report = _sre(lambda: sre.replay(_log_events(log, bus, settings), NODES, name, point))
     if as_json:
         print_json(report)
         return
