@@ -32,7 +32,7 @@ Three things are told apart from a divergence:
   an event was decided. A command after it that caused nothing may not have been read yet when the
   log was exported; if today's deciders would decide something for it, it is counted as undecided,
   not as a divergence. (An export reads the commands before the events, so every command it holds
-  had its chance; a stopped platform leaves none.)
+  had its chance by the time the events are read.)
 * **History before the commands.** An event whose cause is not in the commands file (a commands
   topic keeps less than the events topic) is folded as the state the file's commands start from.
 
@@ -49,7 +49,7 @@ import json
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import TextIO
@@ -77,6 +77,7 @@ from ffdl.handlers.messaging import Topics
 from ffdl.projections.documents import dumps
 from ffdl.projections.store import LoggedEvent
 from ffdl.tools.log_files import (
+    EventFilter,
     LogFileError,
     numbered_lines,
     open_for_reading,
@@ -210,6 +211,23 @@ async def export_commands(bus_url: str, partitions: int, topic: str, out: TextIO
         await bus.close()
     log.info("commands exported", bus=bus_url, topic=topic, written=written, dead_lettered=len(skipped))
     return {"topic": topic, "written": written, "dead_lettered": [record.as_json() for record in skipped]}
+
+
+async def export_commands_beside(
+    events_output: str, bus_url: str, settings: Settings, keep: EventFilter
+) -> JsonObject:
+    """``ffdl export --commands``: the commands topic to ``NAME.commands.jsonl`` beside ``events_output``.
+
+    It runs before the events are read, so that every command it writes had its chance to be decided
+    by the time they are (see the module's notes on commands not decided yet). A re-decidable log is
+    the whole log: a filter would leave out the events some commands are decided on, so none is taken.
+    """
+    if keep != EventFilter():
+        raise ValueError("--commands exports the whole log, for 'verify --redecide': leave out the filters")
+    path = commands_beside(events_output)
+    with path.open("w", encoding="utf-8") as out:
+        report = await export_commands(bus_url, settings.partitions, commands_topic(settings), out)
+    return {**report, "path": str(path)}
 
 
 # -- known changes of decision ----------------------------------------------------------------------
@@ -538,7 +556,12 @@ def redecide_files(events_path: Path | str, policy: RestartPolicy) -> JsonObject
     commands_path = commands_beside(events_path)
     found = redecide(read_commands(commands_path), read_log(events_path), policy)
     log.info("log re-decided", events=str(events_path), commands=found.commands, divergences=found.diverged)
-    return {"events_file": str(events_path), "commands_file": str(commands_path), **found.as_json()}
+    return {
+        "events_file": str(events_path),
+        "commands_file": str(commands_path),
+        "restart_policy": asdict(policy),
+        **found.as_json(),
+    }
 
 
 def report_lines(report: JsonObject) -> list[str]:
