@@ -128,6 +128,8 @@ async def test_the_exported_log_of_a_real_run_decides_again_exactly_as_the_platf
     exported = await cli.json("export", "--commands", "-o", str(log))
     assert exported["commands"]["path"] == str(tmp_path / "run.commands.jsonl")
     assert exported["commands"]["written"] > 10 and exported["commands"]["dead_lettered"] == []
+    sent = [json.loads(line)["type"] for line in (tmp_path / "run.commands.jsonl").read_text().splitlines()]
+    assert "AllocateGpus" in sent and "BeginLaunch" not in sent, "the allocation's decision launches the job"
 
     again = await cli("verify", "--redecide", str(log))
     report = await cli.json("verify", "--redecide", str(log))

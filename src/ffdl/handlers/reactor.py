@@ -2,8 +2,10 @@
 
 On gaining a partition it folds the partition to its end, then asks the driver for every job
 in it (this is what re-drives work interrupted by a crash), and skips the records below that end
-when the consumer redelivers them. Every applied event updates the job's driver slot and is shown
-to the observers (the monitor), who need to know which learners to expect.
+when the consumer redelivers them. Every applied event is shown to the observers (the monitor), who
+need to know which learners to expect; the driver is asked once per job per batch, after the batch's
+events are folded. The events of one decision are appended together, so a state the owner passes
+through within a decision (SCHEDULED, on the way to LAUNCHING with the allocation) starts nothing.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ class ReactorHost:
             observer.forget(job_ids)
 
     async def process(self, records: Sequence[Record]) -> None:
+        folded: dict[str, Job] = {}
         for record in records:
             if self.book.folded(record):
                 continue
@@ -75,6 +78,8 @@ class ReactorHost:
                 continue
             _, job = applied
             self._notify(event, job)
+            folded[job.job_id] = job
+        for job in folded.values():
             self.driver.update(job)
 
     def _notify(self, event: Event | None, job: Job) -> None:
