@@ -9,6 +9,7 @@ decision that differs, with the recorded and the re-decided events and their dif
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -16,11 +17,15 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner, Result
 
+from ffdl.adapters.bus import open_bus
 from ffdl.adapters.bus.partitioning import partition_for
 from ffdl.cli.main import app
 from ffdl.core.restart import RestartPolicy
 from ffdl.events import job_commands as cmd
+from ffdl.events.codec import command_to_json
 from ffdl.events.envelope import Command
+from ffdl.events.model import JobSpec
+from ffdl.handlers.ports import OutgoingRecord
 from ffdl.tools.log_files import read_log
 from ffdl.tools.redecide import (
     RecordedCommand,
@@ -253,3 +258,45 @@ def test_export_of_the_commands_refuses_a_filter_and_stdout(tmp_path: Path) -> N
 
     assert filtered.exit_code == 2 and "exports the whole log" in filtered.output
     assert to_stdout.exit_code == 2 and "NAME.events.jsonl" in to_stdout.output
+
+
+def test_an_export_of_the_commands_leaves_out_what_the_owner_dead_letters_and_says_where(
+    tmp_path: Path,
+) -> None:
+    submit = a_command("job-a", cmd.SubmitJob(spec=JobSpec(name="a", command="train")), 1)
+    stray = a_command("job-b", cmd.CancelJob(), 2)
+
+    async def publish() -> None:
+        bus = open_bus(f"embedded://{tmp_path}", PARTITIONS)
+        await bus.start()
+        await bus.publish(
+            "ffdl.commands",
+            [
+                OutgoingRecord("job-a", command_to_json(submit)),
+                OutgoingRecord("job-a", b"{not json"),
+                OutgoingRecord("job-a", command_to_json(stray)),
+            ],
+        )
+        await bus.close()
+
+    asyncio.run(publish())
+    events = tmp_path / "out.events.jsonl"
+    result = CliRunner().invoke(
+        app, ["export", "--commands", "-o", str(events), "--json"], env={"FFDL_DATA_DIR": str(tmp_path)}
+    )
+
+    assert result.exit_code == 0, result.output
+    exported = json.loads(result.stdout)["commands"]
+    where = partition_for("job-a", PARTITIONS)
+    assert (exported["written"], exported["path"]) == (1, str(commands_beside(events)))
+    assert [(d["position"], d["key"]) for d in exported["dead_lettered"]] == [
+        (f"{where}:1", "job-a"),
+        (f"{where}:2", "job-a"),
+    ]
+    assert "is not the command's key 'job-b'" in exported["dead_lettered"][1]["reason"]
+    [line] = commands_beside(events).read_text().splitlines()
+    assert json.loads(line) == {
+        **json.loads(command_to_json(submit)),
+        "position": f"{where}:0",
+        "topic": "ffdl.commands",
+    }

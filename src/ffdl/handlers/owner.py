@@ -23,7 +23,7 @@ from ffdl.core.nodes import UnknownNode, decide_node
 from ffdl.core.restart import RestartPolicy
 from ffdl.events.codec import AnyCommand, AnyEvent, DecodeError, any_command_from_json
 from ffdl.events.envelope import Command, NodeEvent
-from ffdl.handlers.messaging import Topics, dead_letter, event_records, utcnow
+from ffdl.handlers.messaging import Topics, dead_letter, event_records, misrouted, utcnow
 from ffdl.handlers.ports import Bus, Election, Record, TopicPartition
 from ffdl.handlers.runtime import AggregateBook
 
@@ -81,15 +81,8 @@ class JobOwner:
             command = any_command_from_json(record.value)
         except DecodeError as exc:
             return await self._dead_letter(record, exc.reason)
-        if command.key != record.key:
-            return await self._dead_letter(
-                record, f"record key {record.key!r} is not the command's key {command.key!r}"
-            )
-        home = self._bus.partition_for(record.key)
-        if record.partition != home:
-            # Another owner serves the key: deciding here would fork it. A producer that does not use
-            # Kafka's default (murmur2) partitioner puts commands on the wrong partition.
-            wrong = f"wrong partition: key {record.key!r} belongs on partition {home}, not {record.partition}"
+        wrong = misrouted(record, command, self._bus.partition_for(record.key))
+        if wrong:
             return await self._dead_letter(record, wrong)
         leader = await self._leader_token(command)
         try:

@@ -73,7 +73,7 @@ from ffdl.events.codec import (
     event_to_dict,
 )
 from ffdl.events.envelope import Command, Event, NodeCommand, NodeEvent, derived_id
-from ffdl.handlers.messaging import Topics
+from ffdl.handlers.messaging import Topics, misrouted
 from ffdl.projections.documents import dumps
 from ffdl.projections.store import LoggedEvent
 from ffdl.tools.log_files import (
@@ -136,8 +136,13 @@ class RecordedCommand:
     decided: Decided | None = None
 
     @property
+    def position_text(self) -> str | None:
+        """``PARTITION:OFFSET`` on the commands topic, where the file says."""
+        return f"{self.position[0]}:{self.position[1]}" if self.position else None
+
+    @property
     def where(self) -> str:
-        at = f" (position {self.position[0]}:{self.position[1]})" if self.position else ""
+        at = f" (position {self.position_text})" if self.position else ""
         return f"commands line {self.line}{at}"
 
 
@@ -162,15 +167,15 @@ def decode_command_line(text: str, number: int = 0) -> RecordedCommand:
         raise LogFileError(number, "not a JSON object")
     raw.pop("topic", None)
     position = raw.pop("position", None)
-    decided = None
-    if "decided_at" in raw:
-        at = datetime.fromisoformat(raw.pop("decided_at"))
-        decided = Decided(at, raw.pop("decided_by"), raw.pop("leader_token"))
     try:
+        decided = None
+        if "decided_at" in raw:
+            at = datetime.fromisoformat(raw.pop("decided_at"))
+            decided = Decided(at, raw.pop("decided_by"), raw.pop("leader_token"))
         command = any_command_from_json(json.dumps(raw))
         where = parse_position(position) if position is not None else None
-    except (DecodeError, ValueError) as exc:
-        raise LogFileError(number, str(exc)) from exc
+    except (DecodeError, ValueError, KeyError, TypeError) as exc:
+        raise LogFileError(number, f"not a recorded command: {exc}") from exc
     return RecordedCommand(command, number, where, decided)
 
 
@@ -192,16 +197,11 @@ async def export_commands(bus_url: str, partitions: int, topic: str, out: TextIO
     try:
         for partition in sorted(await bus.end_offsets(topic)):
             async for record in bus.read(topic, partition):
-                reason = ""
                 try:
                     command = any_command_from_json(record.value)
+                    reason = misrouted(record, command, bus.partition_for(record.key))
                 except DecodeError as exc:
                     reason = exc.reason
-                else:
-                    if command.key != record.key:
-                        reason = f"record key {record.key!r} is not the command's key {command.key!r}"
-                    elif bus.partition_for(record.key) != partition:
-                        reason = f"wrong partition: key {record.key!r} is not on partition {partition}"
                 if reason:
                     skipped.append(UndecodableRecord(partition, record.offset, record.key, reason))
                     continue
@@ -319,7 +319,7 @@ class Divergence:
             "kind": "decision",
             "summary": self.headline(),
             "line": recorded.line,
-            "position": f"{recorded.position[0]}:{recorded.position[1]}" if recorded.position else None,
+            "position": recorded.position_text,
             "command": json.loads(command_to_json(recorded.command)),
             **self.decided.as_json(),
             "recorded": _dicts(self.recorded),
