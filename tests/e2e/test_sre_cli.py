@@ -116,6 +116,30 @@ async def test_the_sre_commands_answer_every_question_from_the_log_of_a_real_run
     assert refused.exit_code == 2 and "already holds" in refused.output
 
 
+async def test_the_exported_log_of_a_real_run_decides_again_exactly_as_the_platform_decided_it(
+    api: Api, platform: Platform, settings: Settings, tmp_path: Path
+) -> None:
+    """The check before an upgrade: today's deciders against the log a running platform wrote."""
+    job_id = await api.submit(manifest("again", learners=2, args=["--steps", "20", "--delay", "0.02"]))
+    await api.wait(job_id, "COMPLETED", released=True)
+    cli = Cli(settings)
+    log = tmp_path / "run.events.jsonl"
+
+    exported = await cli.json("export", "--commands", "-o", str(log))
+    assert exported["commands"]["path"] == str(tmp_path / "run.commands.jsonl")
+    assert exported["commands"]["written"] > 10 and exported["commands"]["dead_lettered"] == []
+    sent = [json.loads(line)["type"] for line in (tmp_path / "run.commands.jsonl").read_text().splitlines()]
+    assert "AllocateGpus" in sent and "BeginLaunch" not in sent, "the allocation's decision launches the job"
+
+    again = await cli("verify", "--redecide", str(log))
+    report = await cli.json("verify", "--redecide", str(log))
+    assert again.exit_code == 0, again.output
+    assert report["divergences"] == 0 and report["known_changes"] == {}
+    assert report["commands"] == exported["commands"]["written"] and report["events"] == exported["written"]
+    assert report["matched"] + len(report["undecided"]) == report["commands"]
+    assert report["history_without_commands"] == report["skipped"] == 0
+
+
 async def test_an_export_to_stdout_is_only_data_and_verify_exits_1_on_a_damaged_log(
     api: Api, platform: Platform, settings: Settings, tmp_path: Path
 ) -> None:

@@ -11,10 +11,18 @@ This is Temporal's replay testing applied to our deciders. A golden log is three
   state and (where the log has nodes) each node's state must fold to.
 
 ``tests/unit/test_golden_logs.py`` decides every recorded command again on the job or node folded from
-the recorded events before it and demands exactly the recorded events. Once committed, a golden log
-is a history an older platform wrote and is never rewritten; a new scenario gets new files::
+the recorded events before it and demands exactly the recorded events, with the re-decider the product
+ships (``ffdl verify --redecide``, :mod:`ffdl.tools.redecide`). Once committed, a golden log is a
+history an older platform wrote and is never rewritten; a new scenario gets new files::
 
     .venv/bin/python -m tests.golden.record NAME [NAME ...]   # refuses to overwrite
+
+:data:`SCENARIOS` holds the stories as today's platform tells them. A committed log whose name is not
+among them was written by an older platform whose scripts went with it: ``happy_path`` to
+``node_drain`` come from the owner that appended ``GpusAllocated`` alone and launched only on the
+reactor's ``BeginLaunch``. They replay unchanged, each allocation through the known change of
+decision ``launch-in-allocation`` (``ffdl.tools.redecide.DECISION_CHANGES``); the same stories told by
+today's owner, which launches in the allocation's own decision, are the ``NAME_direct_launch`` logs.
 
 The :class:`Owner` here is the partition owner without I/O: the job decider and ``evolve``, the node
 decider and ``evolve_node``, on a virtual clock, the way ``handlers/owner.py`` runs them on the log
@@ -45,7 +53,7 @@ from ffdl.core.nodes import NodeRecord, decide_node, evolve_node
 from ffdl.core.restart import RestartPolicy
 from ffdl.events import job_commands as cmd
 from ffdl.events import nodes as nd
-from ffdl.events.codec import AnyCommand, AnyEvent, any_command_from_json, command_to_json
+from ffdl.events.codec import AnyCommand, AnyEvent
 from ffdl.events.envelope import Command, CommandData, Event, NodeCommand, NodeCommandData, NodeEvent
 from ffdl.events.model import (
     Checkpoint,
@@ -57,9 +65,9 @@ from ffdl.events.model import (
     ResultSummary,
     WaitReason,
 )
-from ffdl.projections.documents import dumps
 from ffdl.projections.store import LoggedEvent
 from ffdl.tools.log_files import encode_line, write_log
+from ffdl.tools.redecide import Decided, RecordedCommand, decided_line
 
 GOLDEN_DIR = Path(__file__).resolve().parent
 EVENTS_TOPIC = "ffdl.events"
@@ -72,32 +80,6 @@ SCHEDULER = "scheduler@ffdl-0"
 SCHEDULER_STANDBY = "scheduler@ffdl-1"
 MONITOR = "monitor@ffdl-0"
 _COMMAND_NAMESPACE = uuid.UUID("0b9e4f52-2f7c-4d8e-a1f6-3c5d7e9a1b24")
-
-
-@dataclass(frozen=True, slots=True)
-class DecidedCommand:
-    """One command, a job's or a node's, as the owner decided it: with its clock, its name and the
-    leader's token."""
-
-    command: AnyCommand
-    decided_at: datetime
-    decided_by: str
-    leader_token: int | None
-
-    def to_line(self) -> str:
-        body = json.loads(command_to_json(self.command))
-        body.update(
-            decided_at=self.decided_at.isoformat(), decided_by=self.decided_by, leader_token=self.leader_token
-        )
-        return dumps(body)
-
-    @classmethod
-    def from_line(cls, text: str) -> DecidedCommand:
-        body = json.loads(text)
-        decided_at = datetime.fromisoformat(body.pop("decided_at"))
-        decided_by = body.pop("decided_by")
-        leader_token = body.pop("leader_token")
-        return cls(any_command_from_json(json.dumps(body)), decided_at, decided_by, leader_token)
 
 
 class Owner:
@@ -118,7 +100,7 @@ class Owner:
         self.leader_token: int | None = None
         self.jobs: dict[str, Job] = {}
         self.nodes: dict[str, NodeRecord] = {}
-        self.decided: list[DecidedCommand] = []
+        self.decided: list[RecordedCommand] = []
         self.events: list[AnyEvent] = []
         self._sent = 0
 
@@ -166,7 +148,7 @@ class Owner:
             if isinstance(command, NodeCommand)
             else self._decide_job(command, leader)
         )
-        self.decided.append(DecidedCommand(command, self.now, OWNER, leader))
+        self.decided.append(RecordedCommand(command, decided=Decided(self.now, OWNER, leader)))
         self.events.extend(events)
         return events
 
@@ -296,7 +278,8 @@ class JobScript:
 
     # -- reactor ----------------------------------------------------------------------------------
 
-    def launch(self, after_s: float = 0.1) -> list[Event]:
+    def relaunch(self, after_s: float) -> list[Event]:
+        """The next attempt after a restart's backoff (the owner launches the first one with the GPUs)."""
         attempt = next_attempt(self.job)
         assert attempt is not None, f"no launch is due for {self.job_id} in {self.job.state}"
         return self.send(cmd.BeginLaunch(attempt=attempt), REACTOR, after_s=after_s)
@@ -380,7 +363,6 @@ class JobScript:
         self.submit()
         self.admit()
         self.allocate(token=token)
-        self.launch()
         self.start_learners()
 
     def complete(self) -> None:
@@ -469,14 +451,15 @@ def spec(name: str, *, learners: int = 2, gpus: int = 1, max_restarts: int = 3, 
 
 
 def happy_path(owner: Owner) -> None:
-    """Two learners train to the end; one progress report is delivered twice (at-least-once)."""
+    """Two learners train to the end; one progress report is delivered twice (at-least-once), and the
+    ``BeginLaunch`` of a reactor of the older platform (during a rolling upgrade) decides nothing."""
     owner.leader_token = 1
     job = JobScript(owner, "mnist-7f3a", "acme", spec("mnist"), nodes=("gpu-node-01",))
     job.submit()
     job.admit()
     job.wait_for(WaitReason.CAPACITY, "needs 2 GPU(s); 0 free", token=1)
     job.allocate(token=1, after_s=40.0)
-    job.launch()
+    job.send(cmd.BeginLaunch(attempt=1), REACTOR, after_s=0.1)  # launched already: decides nothing
     job.start_learners()
     job.train(100)
     owner.deliver(owner.decided[-2].command)  # a redelivered report decides nothing
@@ -494,15 +477,15 @@ def restart_after_kill(owner: Owner) -> None:
     job.train(120)
     job.exit(1, -9, after_s=4.0)
     job.exit(0, -15, attempt=1)  # the rest of the old attempt stopping: a stale observation
-    job.launch(after_s=1.0)
+    job.relaunch(after_s=1.0)
     job.resume_from_checkpoint()
     job.start_learners()
     job.train(80)
     job.complete()
 
 
-def halt_resume_v1(owner: Owner) -> None:
-    """A user halts and later resumes a job; written with v1 of ``HaltJob`` and ``HaltRequested``."""
+def halt_resume(owner: Owner) -> None:
+    """A user halts and later resumes a job, which goes on from its checkpoint."""
     owner.leader_token = 2
     job = JobScript(
         owner, "bert-5d10", "globex", spec("bert-base", learners=1, gpus=4), nodes=("gpu-node-03",)
@@ -514,7 +497,6 @@ def halt_resume_v1(owner: Owner) -> None:
     job.release()
     job.resume(after_s=600.0)
     job.allocate(token=2, after_s=0.5)
-    job.launch()
     job.resume_from_checkpoint()
     job.start_learners()
     job.train(60)
@@ -542,7 +524,7 @@ def max_restarts_failure(owner: Owner) -> None:
     for attempt in range(3):
         job.exit(0, 1, after_s=2.0)
         if attempt < 2:
-            job.launch(after_s=2.0**attempt)
+            job.relaunch(after_s=2.0**attempt)
             job.resume_from_checkpoint()
             job.start_learners()
             job.train(10)
@@ -562,7 +544,6 @@ def rejected_commands(owner: Owner) -> None:
     job.admit()
     job.allocate(token=4)  # a deposed leader's offer
     job.allocate(token=5)
-    job.launch()
     job.resume()  # not HALTED
     job.send(cmd.SubmitJob(spec=job.spec), API)  # the id is taken
     foreign = owner.command(job.job_id, "globex", cmd.CancelJob(reason="not mine"), "api@ffdl-1")
@@ -598,12 +579,10 @@ def preemption(owner: Owner) -> None:
     low.release()
     low.wait_for(WaitReason.PRIORITY, "urgent-45 holds the GPUs", token=7, waiting_for=("urgent-45",))
     high.allocate(token=7)
-    high.launch()
     high.start_learners()
     high.train(50)
     high.complete()
     low.allocate(token=7)
-    low.launch()
     low.resume_from_checkpoint()
     low.start_learners()
     low.train(50)
@@ -628,7 +607,6 @@ def node_drain(owner: Owner) -> None:
     job.submit()
     job.admit(token=8)
     job.allocate(token=8)
-    job.launch()
     job.start_learners()
     job.train(100)
     node_a.cordon("GPU 3 reports uncorrectable ECC errors", drain=True, after_s=30.0)
@@ -637,7 +615,6 @@ def node_drain(owner: Owner) -> None:
     job.release()
     job.nodes = (node_b.name,)
     job.allocate(token=8)
-    job.launch()
     job.resume_from_checkpoint()
     job.start_learners()
     job.train(50)
@@ -657,16 +634,22 @@ def node_drain(owner: Owner) -> None:
     node_a.remove(token=9, by=SCHEDULER_STANDBY, after_s=3600.0)  # retired: deleted from the cluster
 
 
-#: Each scenario, with its owner's restart policy.
+#: Each scenario as today's platform tells it, with its owner's restart policy.
 SCENARIOS: dict[str, tuple[Callable[[Owner], None], RestartPolicy]] = {
-    "happy_path": (happy_path, RestartPolicy()),
-    "restart_after_kill": (restart_after_kill, RestartPolicy(base_s=1.0, factor=2.0, max_backoff_s=60.0)),
-    "halt_resume_v1": (halt_resume_v1, RestartPolicy()),
-    "cancel": (cancel, RestartPolicy()),
-    "max_restarts_failure": (max_restarts_failure, RestartPolicy(base_s=0.5, factor=3.0, max_backoff_s=30.0)),
-    "rejected_commands": (rejected_commands, RestartPolicy()),
-    "preemption": (preemption, RestartPolicy()),
-    "node_drain": (node_drain, RestartPolicy()),
+    "happy_path_direct_launch": (happy_path, RestartPolicy()),
+    "restart_after_kill_direct_launch": (
+        restart_after_kill,
+        RestartPolicy(base_s=1.0, factor=2.0, max_backoff_s=60.0),
+    ),
+    "halt_resume_direct_launch": (halt_resume, RestartPolicy()),
+    "cancel_direct_launch": (cancel, RestartPolicy()),
+    "max_restarts_failure_direct_launch": (
+        max_restarts_failure,
+        RestartPolicy(base_s=0.5, factor=3.0, max_backoff_s=30.0),
+    ),
+    "rejected_commands_direct_launch": (rejected_commands, RestartPolicy()),
+    "preemption_direct_launch": (preemption, RestartPolicy()),
+    "node_drain_direct_launch": (node_drain, RestartPolicy()),
 }
 #: The instant every golden log starts at.
 START = datetime(2024, 5, 1, 9, 0, tzinfo=UTC)
@@ -716,7 +699,7 @@ def node_summary(node: NodeRecord) -> dict[str, Any]:
 LANES = 64
 TENANTS = ("acme", "globex", "initech", "umbrella", "hooli")
 #: Bumped whenever the generated log changes, so a cached file of an older shape is not reused.
-GENERATED_LOG_VERSION = 1
+GENERATED_LOG_VERSION = 2
 
 
 @dataclass
@@ -739,7 +722,7 @@ def _completes(job: JobScript, rng: random.Random) -> None:
 def _restarts_after_kill(job: JobScript, rng: random.Random) -> None:
     job.train(rng.randrange(60, 200, 10))
     job.exit(1, -9, after_s=3.0)
-    job.launch(after_s=2.0)
+    job.relaunch(after_s=2.0)
     job.resume_from_checkpoint()
     job.start_learners()
     _completes(job, rng)
@@ -748,7 +731,7 @@ def _restarts_after_kill(job: JobScript, rng: random.Random) -> None:
 def _restarts_after_hang(job: JobScript, rng: random.Random) -> None:
     job.train(rng.randrange(60, 200, 10))
     job.lose(0, LossReason.HUNG)
-    job.launch(after_s=2.0)
+    job.relaunch(after_s=2.0)
     job.resume_from_checkpoint()
     job.start_learners()
     _completes(job, rng)
@@ -761,7 +744,6 @@ def _halted_and_resumed(job: JobScript, rng: random.Random) -> None:
     job.release()
     job.resume(after_s=rng.uniform(60, 600))
     job.allocate(token=1)
-    job.launch()
     job.resume_from_checkpoint()
     job.start_learners()
     _completes(job, rng)
@@ -778,7 +760,7 @@ def _fails(job: JobScript, rng: random.Random) -> None:
     for _ in range(job.spec.max_restarts):
         job.train(rng.randrange(10, 60, 10))
         job.exit(0, 1, after_s=2.0)
-        job.launch(after_s=2.0)
+        job.relaunch(after_s=2.0)
         job.resume_from_checkpoint()
         job.start_learners()
     job.train(10)
@@ -827,7 +809,6 @@ def lane(index: int, budget: Budget) -> Iterator[AnyEvent]:
         if rng.random() < 0.3:
             job.wait_for(WaitReason.CAPACITY, "needs 2 GPU(s); 0 free on its lane", token=1)
         job.allocate(token=1, after_s=rng.uniform(0.1, 30.0))
-        job.launch()
         job.start_learners()
         rng.choices(lives, weights)[0](job, rng)
         yield from owner.drain(job_id)
@@ -848,16 +829,6 @@ def write_generated_log(path: Path, target: int, lanes: int = LANES) -> int:
         return write_log(positioned(generated_events(target, lanes)), out, EVENTS_TOPIC)
 
 
-def downgrade_to_v1(line: dict[str, Any]) -> dict[str, Any]:
-    """A ``HaltJob`` or ``HaltRequested`` line as the platform wrote it before preemption (schema v1)."""
-    if line.get("type") in ("HaltJob", "HaltRequested"):
-        data = dict(line["data"])
-        if data.pop("requeue"):
-            raise ValueError("a v1 halt cannot requeue")
-        return {**line, "schema_version": 1, "data": data}
-    return line
-
-
 def record(name: str, directory: Path = GOLDEN_DIR) -> list[Path]:
     """Run scenario ``name`` and write its three files; refuses to overwrite a recorded log."""
     script, policy = SCENARIOS[name]
@@ -867,12 +838,8 @@ def record(name: str, directory: Path = GOLDEN_DIR) -> list[Path]:
         raise FileExistsError(f"golden logs are never rewritten: {', '.join(existing)}")
     owner = Owner(name, START, policy)
     script(owner)
-    legacy = name.endswith("_v1")
-    commands = [decided.to_line() for decided in owner.decided]
+    commands = [decided_line(item) for item in owner.decided]
     events = [encode_line(logged, EVENTS_TOPIC) for logged in positioned(owner.events)]
-    if legacy:
-        commands = [dumps(downgrade_to_v1(json.loads(line))) for line in commands]
-        events = [dumps(downgrade_to_v1(json.loads(line))) for line in events]
     case: dict[str, Any] = {
         "description": " ".join((script.__doc__ or "").split()),
         "restart_policy": asdict(policy),

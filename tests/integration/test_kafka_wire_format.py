@@ -129,7 +129,8 @@ COMMAND_EXAMPLES: dict[str, tuple[str, CommandData]] = {
         cmd.RejectJob(code=ErrorCode.UNSCHEDULABLE, reason="2 learner(s) x 16 GPU(s) can never fit"),
     ),
     "AllocateGpus": (
-        "The scheduler reserves the whole gang's GPUs (with its fencing token).",
+        "The scheduler reserves the whole gang's GPUs (with its fencing token); the owner launches the "
+        "job's next attempt in the same decision.",
         cmd.AllocateGpus(placement=PLACEMENT, reason="placed 2 learner(s) x 4 GPU(s) on 1 node(s) (pack)"),
     ),
     "RecordWaitReason": (
@@ -138,7 +139,11 @@ COMMAND_EXAMPLES: dict[str, tuple[str, CommandData]] = {
             code=WaitReason.CAPACITY, detail="8 GPUs needed, 4 free", waiting_for=("bert-large-0c1d2e3f",)
         ),
     ),
-    "BeginLaunch": ("The launcher starts an attempt once GPUs are reserved.", cmd.BeginLaunch(attempt=1)),
+    "BeginLaunch": (
+        "The reactor begins the next attempt once a restart's backoff is over (and launches a job that an "
+        "owner of an older release left SCHEDULED).",
+        cmd.BeginLaunch(attempt=2),
+    ),
     "ReportLearnerStarted": (
         "The monitor saw a learner's first heartbeat.",
         cmd.ReportLearnerStarted(rank=0, attempt=1, pid=4242, host="gpu-node-1"),
@@ -191,10 +196,14 @@ EVENT_EXAMPLES: dict[str, tuple[str, EventData]] = {
         ),
     ),
     "GpusAllocated": (
-        "The gang's GPUs are reserved.",
+        "The gang's GPUs are reserved; a `JobLaunching` follows in the same decision.",
         ev.GpusAllocated(placement=PLACEMENT, reason="placed 2 learner(s) x 4 GPU(s) on 1 node(s) (pack)"),
     ),
-    "JobLaunching": ("An attempt's learners are being started.", ev.JobLaunching(attempt=1)),
+    "JobLaunching": (
+        "An attempt's learners are being started: decided with the allocation (with the scheduler's "
+        "token), or after a restart on the reactor's `BeginLaunch` (as here).",
+        ev.JobLaunching(attempt=2),
+    ),
     "LearnerStarted": ("A learner is up.", ev.LearnerStarted(rank=0, attempt=1, pid=4242, host="gpu-node-1")),
     "JobRunning": ("Every learner of the attempt is up.", ev.JobRunning(attempt=1)),
     "LearnerProgressed": (

@@ -19,9 +19,18 @@ from typing import Any
 import pytest
 
 from ffdl.adapters.bus import open_bus
+from ffdl.core.restart import RestartPolicy
+from ffdl.events.codec import command_to_json
 from ffdl.handlers.ports import OutgoingRecord
 from ffdl.projections.store import LoggedEvent, Projection
 from ffdl.tools.log_files import EventFilter, decode_line, read_log
+from ffdl.tools.redecide import (
+    commands_beside,
+    commands_topic,
+    export_commands_beside,
+    read_commands,
+    redecide,
+)
 from ffdl.tools.sre import (
     TargetNotEmptyError,
     events_topic,
@@ -33,7 +42,7 @@ from ffdl.tools.sre import (
     verify_log,
 )
 from ffdl.wiring.config import Settings
-from tests.golden.record import write_generated_log
+from tests.golden.record import GOLDEN_DIR, write_generated_log
 from tests.node_history import NODE, write_node_history
 from tests.services import TansuBroker
 
@@ -239,3 +248,31 @@ async def test_a_record_that_is_no_event_is_reported_where_it_sits_never_dropped
     assert [record["position"] for record in export["undecodable"]] == [position]
     assert out.getvalue().count("\n") == export["written"] == export["events"]
     assert (rebuilt["undecodable"], rebuilt["nodes"], rebuilt["ignored"]) == (1, 1, 0)
+
+
+async def test_a_log_with_its_commands_exported_from_the_bus_re_decides_as_recorded(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """``ffdl export --commands`` on either bus: the commands topic beside the events, each command
+    with its position; ``verify --redecide`` reads how each was decided off the events it caused."""
+    golden = GOLDEN_DIR / "node_drain_direct_launch"
+    await imported(settings, Path(f"{golden}.events.jsonl"))
+    bus = open_bus(settings.bus_url, settings.partitions, topics=(commands_topic(settings),))
+    await bus.start()
+    try:
+        recorded = list(read_commands(Path(f"{golden}.commands.jsonl")))
+        await bus.publish(
+            commands_topic(settings),
+            [OutgoingRecord(item.command.key, command_to_json(item.command)) for item in recorded],
+        )
+    finally:
+        await bus.close()
+    events = tmp_path / "prod.events.jsonl"
+
+    commands = await export_commands_beside(str(events), settings.bus_url, settings, EventFilter())
+    events.write_text(await exported(settings))
+    found = redecide(read_commands(commands_beside(events)), read_log(events), RestartPolicy())
+
+    assert (commands["written"], commands["dead_lettered"]) == (len(recorded), [])
+    assert not found.diverged, [divergence.headline() for divergence in found.divergences]
+    assert (found.matched, found.undecided, found.history) == (len(recorded), [], 0)

@@ -5,8 +5,10 @@ exist and ranks that do not, valid and broken placements, a scheduler that gets 
 tenant, redelivered commands) through ``decide`` and folds the events with ``evolve``, as the job's
 owner does. After every step: seq is contiguous, every event is legal in its state, terminal states
 absorb, restarts stay within the manifest's limit, placements are held only where they may be,
-deciding is deterministic, a redelivered command decides nothing, and the invariant checker finds
-no violation in the log.
+deciding is deterministic, a redelivered command decides nothing, an accepted allocation launches
+the next attempt in the same decision (no decision leaves a job in SCHEDULED), and the invariant
+checker finds no violation in the log. An older owner's allocation (``GpusAllocated`` alone, as logs
+of the older release hold) is folded in too, so the ``BeginLaunch`` from SCHEDULED keeps being tried.
 """
 
 from __future__ import annotations
@@ -122,6 +124,16 @@ class DeciderMachine(RuleBasedStateMachine):
             after = evolve(after, event)
             self.checker.feed(event, f"{job_id}#{event.seq}")
         assert after is not None
+        if before is not None and after.state is S.SCHEDULED:
+            assert before.state is S.SCHEDULED, (
+                "a decision left the job in SCHEDULED: the launch is due with it"
+            )
+        if isinstance(data, cmd.AllocateGpus) and any(isinstance(e.data, ev.GpusAllocated) for e in events):
+            assert before is not None
+            launch = ev.JobLaunching(attempt=before.attempt + 1, resume_from=before.latest_checkpoint)
+            assert [e.data for e in events][-1] == launch, (
+                "the allocation's decision launches the next attempt"
+            )
         if before is not None and before.state.terminal:
             assert after.state is before.state, f"terminal {before.state} became {after.state}"
         assert self._decide(after, command) == [], f"redelivered {command.type} decided again"
@@ -169,6 +181,27 @@ class DeciderMachine(RuleBasedStateMachine):
     )
     def allocate(self, job_id: str, shape: str) -> None:
         self.send(job_id, cmd.AllocateGpus(placement=self._placement(job_id, shape)), token=self.leader_token)
+
+    @rule(job_id=job_ids)
+    def older_owner_allocates(self, job_id: str) -> None:
+        """A log of the older release: its owner appended ``GpusAllocated`` alone, and launched on
+        ``BeginLaunch``."""
+        job = self.jobs[job_id]
+        if job is None or job.state is not S.QUEUED or job.placement is not None:
+            return
+        self.now += timedelta(seconds=1)
+        allocated = Event(
+            event_id=uuid.uuid5(COMMAND_IDS, f"older-owner/{job_id}/{job.seq + 1}"),
+            job_id=job_id,
+            tenant=TENANT,
+            seq=job.seq + 1,
+            occurred_at=self.now,
+            producer="older-owner",
+            data=ev.GpusAllocated(placement=self._placement(job_id, "valid")),
+        )
+        self.jobs[job_id] = evolve(job, allocated)
+        self.checker.feed(allocated, f"{job_id}#{allocated.seq}")
+        self.log.append(allocated)
 
     @rule(job_id=job_ids, offset=st.sampled_from((-1, 0, 1, 2)))
     def begin_launch(self, job_id: str, offset: int) -> None:

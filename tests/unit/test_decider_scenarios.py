@@ -106,6 +106,22 @@ class Owner:
             learners=tuple(LearnerPlacement(rank=r, node=f"node-{r}", gpus=gpus) for r in range(count))
         )
 
+    def allocated_by_an_older_owner(self) -> None:
+        """``GpusAllocated`` alone, as the owner decided an allocation before it launched in the same
+        decision: the job rests in SCHEDULED until a ``BeginLaunch`` comes (a log of an older release)."""
+        assert self.job is not None
+        allocated = Event(
+            event_id=uuid.uuid4(),
+            job_id=self.job.job_id,
+            tenant=self.job.tenant,
+            seq=self.job.seq + 1,
+            occurred_at=NOW,
+            producer="older-owner",
+            data=ev.GpusAllocated(placement=self.placement()),
+        )
+        self.job = evolve(self.job, allocated)
+        self.log.append(allocated)
+
     def start_all(self) -> list[Event]:
         return [e for rank in range(self.spec.learners) for e in self.send(self._started(rank))]
 
@@ -125,10 +141,10 @@ class Owner:
             self.send(cmd.AdmitJob())
         if target is S.HALTED:
             self.send(cmd.HaltJob())
-        if target not in (S.SUBMITTED, S.QUEUED, S.HALTED):
+        if target is S.SCHEDULED:
+            self.allocated_by_an_older_owner()
+        elif target not in (S.SUBMITTED, S.QUEUED, S.HALTED):
             self.send(cmd.AllocateGpus(placement=self.placement()))
-        if target not in (S.SUBMITTED, S.QUEUED, S.HALTED, S.SCHEDULED):
-            self.send(cmd.BeginLaunch(attempt=1))
         if target in (S.RUNNING, S.RESTARTING, S.HALTING, S.STORING):
             self.start_all()
         if target is S.RESTARTING:
@@ -145,9 +161,9 @@ def test_happy_path_runs_to_completed_and_releases_the_gpus() -> None:
 
     assert _names(owner.send(cmd.SubmitJob(spec=owner.spec))) == ["JobSubmitted"]
     assert _names(owner.send(cmd.AdmitJob())) == ["JobAccepted", "JobQueued"]
-    assert _names(owner.send(cmd.AllocateGpus(placement=owner.placement()))) == ["GpusAllocated"]
-    launching = owner.send(cmd.BeginLaunch(attempt=1))
-    assert launching[0].data == ev.JobLaunching(attempt=1, resume_from=None)
+    allocated = owner.send(cmd.AllocateGpus(placement=owner.placement()))
+    assert _names(allocated) == ["GpusAllocated", "JobLaunching"]
+    assert allocated[1].data == ev.JobLaunching(attempt=1, resume_from=None)
     assert _names(owner.send(owner._started(0))) == ["LearnerStarted"]
     assert owner.state() is S.LAUNCHING
     assert _names(owner.send(owner._started(1))) == ["LearnerStarted", "JobRunning"]
@@ -273,13 +289,56 @@ def test_halt_while_running_stops_with_the_latest_checkpoint_and_resumes_from_it
 
     assert _names(owner.send(cmd.ResumeJob())) == ["ResumeRequested", "JobQueued"]
     assert owner.state() is S.QUEUED
-    owner.send(cmd.AllocateGpus(placement=owner.placement()))
-    launching = owner.send(cmd.BeginLaunch(attempt=2))
+    launching = owner.send(cmd.AllocateGpus(placement=owner.placement()))
 
-    assert launching[0].data == ev.JobLaunching(attempt=2, resume_from=final)
+    assert launching[1].data == ev.JobLaunching(attempt=2, resume_from=final)
     assert owner.job is not None
     assert owner.job.restarts == 0  # a halt is not a restart
     assert check((event, str(event.seq)) for event in owner.log) == []
+
+
+def test_an_allocation_launches_the_next_attempt_from_the_latest_checkpoint_in_the_same_decision() -> None:
+    """Nothing is learnt between the GPUs and the launch, so the owner decides both at once: submitted
+    to running takes no ``BeginLaunch``, and a reactor's late one decides nothing."""
+    owner = Owner()
+    owner.reach(S.RUNNING)
+    kept = _checkpoint(step=300)
+    owner.send(cmd.ReportCheckpoint(checkpoint=kept))
+    owner.send(cmd.HaltJob(requeue=True))
+    owner.exit_all(143)
+    owner.send(cmd.ReleaseGpus())
+    assert owner.state() is S.QUEUED
+
+    allocate = owner.command(cmd.AllocateGpus(placement=owner.placement()), token=3)
+    events = owner.deliver(allocate, leader_token=3)
+
+    assert _names(events) == ["GpusAllocated", "JobLaunching"]
+    assert events[1].data == ev.JobLaunching(attempt=2, resume_from=kept)
+    assert [(e.event_id, e.causation_id, e.fencing_token) for e in events] == [
+        (derived_id(allocate.command_id, "decider", i), allocate.command_id, 3) for i in range(2)
+    ]
+    assert owner.job is not None
+    assert [entry.state for entry in owner.job.history[-2:]] == [S.SCHEDULED, S.LAUNCHING]
+    assert owner.send(cmd.BeginLaunch(attempt=2)) == []
+    assert check((event, str(event.seq)) for event in owner.log) == []
+
+
+def test_a_job_an_older_owner_left_in_scheduled_is_launched_by_begin_launch() -> None:
+    """Logs of the older release hold allocations without their launch; the reactor still begins it."""
+    owner = Owner()
+    owner.reach(S.RUNNING)
+    kept = _checkpoint(step=300)
+    owner.send(cmd.ReportCheckpoint(checkpoint=kept))
+    owner.send(cmd.HaltJob(requeue=True))
+    owner.exit_all(143)
+    owner.send(cmd.ReleaseGpus())
+    owner.allocated_by_an_older_owner()
+    assert owner.state() is S.SCHEDULED
+
+    events = owner.send(cmd.BeginLaunch(attempt=2))
+
+    assert [event.data for event in events] == [ev.JobLaunching(attempt=2, resume_from=kept)]
+    assert owner.state() is S.LAUNCHING
 
 
 @pytest.mark.parametrize("state", [S.QUEUED, S.SCHEDULED])
@@ -464,7 +523,7 @@ def test_a_deposed_scheduler_is_refused_and_its_refusal_keeps_the_log_clean() ->
     assert _names(events) == ["CommandRejected"]
     assert isinstance(events[0].data, ev.CommandRejected)
     assert "deposed" in events[0].data.reason
-    assert owner.state() is S.SCHEDULED
+    assert owner.state() is S.LAUNCHING
     assert check((event, str(event.seq)) for event in owner.log) == []
 
 
@@ -473,6 +532,7 @@ def test_a_scheduler_token_older_than_the_jobs_is_refused_without_knowing_the_le
     owner.reach(S.QUEUED)
     owner.send(cmd.AllocateGpus(placement=owner.placement()), token=5)
     owner.send(cmd.HaltJob())
+    owner.exit_all(143)
     owner.send(cmd.ReleaseGpus())
     owner.send(cmd.ResumeJob())
 

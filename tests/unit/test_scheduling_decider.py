@@ -60,18 +60,17 @@ class Driven:
     def now_in(self, state: JobState) -> bool:
         return self.state.state is state
 
-    def allocate(self) -> None:
+    def allocate(self) -> list[Event]:
         placement = Placement(
             learners=tuple(
                 LearnerPlacement(rank=rank, node="n0", gpus=(rank,)) for rank in range(self.learners)
             )
         )
-        self.send(cmd.AllocateGpus(placement=placement, reason="fits"), producer="scheduler")
+        return self.send(cmd.AllocateGpus(placement=placement, reason="fits"), producer="scheduler")
 
     def run(self) -> None:
-        """Launch the current allocation and see every learner start."""
-        attempt = self.state.attempt + 1
-        self.send(cmd.BeginLaunch(attempt=attempt))
+        """See every learner of the attempt the allocation launched start."""
+        attempt = self.state.attempt
         for rank in range(self.learners):
             self.send(cmd.ReportLearnerStarted(rank=rank, attempt=attempt))
         assert self.state.state is S.RUNNING
@@ -106,19 +105,29 @@ def test_a_preempted_job_resumes_from_its_latest_checkpoint(learners: int, steps
     assert f"resumes from its checkpoint at step {latest}" in job.state.reason
     assert job.now_in(S.QUEUED) and job.state.placement is not None, "its GPUs are still to be released"
     assert types(job.send(cmd.ReleaseGpus())) == ["GpusReleased"]
-    job.allocate()
-    launching = job.send(cmd.BeginLaunch(attempt=2))
-    assert types(launching) == ["JobLaunching"]
-    assert launching[0].data.resume_from is not None  # type: ignore[attr-defined]
-    assert launching[0].data.resume_from.step == latest  # type: ignore[attr-defined]
+    launching = job.allocate()
+    assert types(launching) == ["GpusAllocated", "JobLaunching"]
+    assert launching[1].data.resume_from is not None  # type: ignore[attr-defined]
+    assert launching[1].data.resume_from.step == latest  # type: ignore[attr-defined]
     assert check((event, str(index)) for index, event in enumerate(job.log)) == []
 
 
-def test_a_queued_or_scheduled_job_is_requeued_at_once_when_preempted() -> None:
+def test_a_queued_job_is_requeued_at_once_when_preempted() -> None:
+    job = Driven()
+    events = job.send(cmd.HaltJob(reason="preempted", requeue=True), producer="scheduler")
+    assert types(events) == ["HaltRequested", "JobHalted", "ResumeRequested", "JobQueued"]
+    assert "from the start (no checkpoint)" in job.state.reason
+
+
+def test_a_job_preempted_as_it_launches_requeues_once_its_learners_are_stopped() -> None:
+    """The allocation launches at once, so a preemption finds the attempt's learners due: it waits for
+    them to stop (or be lost), like any halt of a launching job."""
     job = Driven()
     job.allocate()
     events = job.send(cmd.HaltJob(reason="preempted", requeue=True), producer="scheduler")
-    assert types(events) == ["HaltRequested", "JobHalted", "ResumeRequested", "JobQueued"]
+    assert types(events) == ["HaltRequested"] and job.now_in(S.HALTING)
+    job.stop_learners()
+    assert types(job.log[-3:]) == ["JobHalted", "ResumeRequested", "JobQueued"]
     assert "from the start (no checkpoint)" in job.state.reason
 
 

@@ -86,8 +86,7 @@ async def test_a_higher_priority_job_preempts_and_the_victim_resumes_from_its_ch
     cluster: Cluster,
 ) -> None:
     await cluster.queue("low", gpus=4)
-    await cluster.until("low", lambda j: j.state is S.SCHEDULED, "low gets the GPUs")
-    await cluster.send("low", cmd.BeginLaunch(attempt=1))
+    await cluster.until("low", lambda j: j.state is S.LAUNCHING, "low gets the GPUs and launches")
     await cluster.send("low", cmd.ReportLearnerStarted(rank=0, attempt=1))
     await cluster.send(
         "low", cmd.ReportCheckpoint(checkpoint=Checkpoint(rank=0, attempt=1, step=7, uri="ckpt/7"))
@@ -104,15 +103,15 @@ async def test_a_higher_priority_job_preempts_and_the_victim_resumes_from_its_ch
     await cluster.send("low", cmd.ReportLearnerExited(rank=0, attempt=1, exit_code=0))
     await cluster.until("low", lambda j: j.state is S.QUEUED, "low is requeued once halted")
     await cluster.send("low", cmd.ReleaseGpus())
-    await cluster.until("high", lambda j: j.state is S.SCHEDULED, "high gets the freed GPUs")
+    await cluster.until("high", lambda j: j.state is S.LAUNCHING, "high gets the freed GPUs")
     low = await cluster.until("low", lambda j: j.waiting is not None, "low records why it waits now")
     assert low.waiting is not None and low.waiting.code is WaitReason.CAPACITY
 
     await cluster.send("high", cmd.CancelJob(reason="done with it"))
     await cluster.send("high", cmd.ReleaseGpus())
-    await cluster.until("low", lambda j: j.state is S.SCHEDULED, "low gets its GPUs back")
-    await cluster.send("low", cmd.BeginLaunch(attempt=2))
-    resumed = await cluster.until("low", lambda j: j.state is S.LAUNCHING, "low relaunches")
+    resumed = await cluster.until(
+        "low", lambda j: j.state is S.LAUNCHING and j.attempt == 2, "low gets its GPUs back and relaunches"
+    )
     assert resumed.resume_from is not None and resumed.resume_from.step == 7
 
     log = await cluster.log()
@@ -217,7 +216,7 @@ async def test_an_allocation_stays_held_until_the_owner_answers_it_not_just_unti
         await scheduler.on_assigned(frozenset())
         user("y", cmd.SubmitJob(spec=JobSpec(name="y", command="train", gpus=4)))
         await settle()
-        assert nodes["n0"].spec.gpus == 4 and jobs["y"].state is S.SCHEDULED
+        assert nodes["n0"].spec.gpus == 4 and jobs["y"].state is S.LAUNCHING
         user("x", cmd.SubmitJob(spec=JobSpec(name="x", command="train", gpus=4)))
         await scheduler.schedule()
         for admission in await from_scheduler():

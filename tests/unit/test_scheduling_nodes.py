@@ -100,10 +100,8 @@ class Cluster:
         await self.send(job_id, cmd.SubmitJob(spec=spec))
 
     async def run(self, job_id: str, attempt: int, step: int) -> Job:
-        """Play the launcher: the scheduled job's learners start and record a checkpoint."""
-        await self.until(job_id, lambda j: j.state is S.SCHEDULED, f"{job_id} gets GPUs")
-        await self.send(job_id, cmd.BeginLaunch(attempt=attempt))
-        job = await self.until(job_id, lambda j: j.state is S.LAUNCHING, f"{job_id} launches")
+        """Play the launcher: the allocated job's learners start and record a checkpoint."""
+        job = await self.until(job_id, lambda j: j.state is S.LAUNCHING, f"{job_id} gets GPUs and launches")
         for rank in range(job.spec.learners):
             await self.send(job_id, cmd.ReportLearnerStarted(rank=rank, attempt=attempt))
             checkpoint = Checkpoint(rank=rank, attempt=attempt, step=step, uri=f"ckpt/{step}")
@@ -250,7 +248,7 @@ async def test_admission_waits_for_the_source_and_rejects_only_what_can_never_fi
         "an operator's cordon outlives the source's"
     )
     await cluster.operate("b", nd.UncordonNode(reason="maintenance done"))
-    big = await cluster.until("big", lambda j: j.state is S.SCHEDULED, "big runs once b is open")
+    big = await cluster.until("big", lambda j: j.state is S.LAUNCHING, "big runs once b is open")
     assert big.placement is not None and {p.node for p in big.placement.learners} == {"a", "b"}
 
 
@@ -276,11 +274,11 @@ async def test_a_drained_node_is_emptied_and_its_jobs_resume_elsewhere_from_thei
     halting = await cluster.until("job", lambda j: j.state is S.HALTING, "the drain halts the job")
     assert halting.requeue_on_halt and f"node {node} is being drained" in halting.reason
     await cluster.halt_done("job", attempt=1)
-    resumed = await cluster.until("job", lambda j: j.state is S.SCHEDULED, "the job gets GPUs again")
+    resumed = await cluster.until(
+        "job", lambda j: j.state is S.LAUNCHING and j.attempt == 2, "the job gets GPUs again and relaunches"
+    )
     assert resumed.placement is not None and {p.node for p in resumed.placement.learners} == {other}
-    await cluster.send("job", cmd.BeginLaunch(attempt=2))
-    launching = await cluster.until("job", lambda j: j.state is S.LAUNCHING, "relaunch")
-    assert launching.resume_from is not None and launching.resume_from.step == 42
+    assert resumed.resume_from is not None and resumed.resume_from.step == 42
 
 
 async def test_a_lost_node_requeues_its_jobs(cluster: Cluster) -> None:

@@ -93,7 +93,8 @@ def _decide(d: _Decision, job: Job, data: CommandData, policy: RestartPolicy) ->
             if problem:
                 d.reject(problem)
             else:
-                d.emit(ev.GpusAllocated(placement=placement, reason=reason))
+                allocated = d.emit(ev.GpusAllocated(placement=placement, reason=reason))
+                d.emit(launch_on_allocation(allocated))
         case cmd.RecordWaitReason(code=code, detail=detail, waiting_for=waiting_for, reserved_nodes=nodes):
             record = WaitRecord(code, detail, waiting_for, nodes)
             if state is S.QUEUED and job.placement is None and not record.same_as(job.waiting):
@@ -170,8 +171,19 @@ def _placement_problem(job: Job, placement: Placement) -> str:
     return ""
 
 
+def launch_on_allocation(job: Job) -> ev.JobLaunching:
+    """The launch that begins once a job has its GPUs: its next attempt, from its latest checkpoint (a
+    resumed or requeued job goes on where it stopped).
+
+    The owner decides it with the allocation itself, since nothing is learnt in between. A job found
+    in SCHEDULED was allocated by an older owner, which waited for the reactor's ``BeginLaunch``; that
+    command still launches it with this same event.
+    """
+    return ev.JobLaunching(attempt=job.attempt + 1, resume_from=job.latest_checkpoint)
+
+
 def next_attempt(job: Job) -> int | None:
-    """The attempt a launch would start now, or ``None`` when no launch is due."""
+    """The attempt a ``BeginLaunch`` would start now, or ``None`` when no launch is due."""
     if job.state is S.SCHEDULED:
         return job.attempt + 1
     if job.state is S.RESTARTING:
@@ -180,10 +192,13 @@ def next_attempt(job: Job) -> int | None:
 
 
 def _begin_launch(d: _Decision, job: Job, attempt: int) -> None:
+    """A launch after a restart's backoff (or of a job an older owner left in SCHEDULED)."""
     due = next_attempt(job)
     if due == attempt:
-        resume_from = job.latest_checkpoint if job.state is S.SCHEDULED else job.resume_from
-        d.emit(ev.JobLaunching(attempt=attempt, resume_from=resume_from))
+        if job.state is S.SCHEDULED:
+            d.emit(launch_on_allocation(job))
+        else:
+            d.emit(ev.JobLaunching(attempt=attempt, resume_from=job.resume_from))
     elif not (attempt <= job.attempt and job.state.holds_learners):
         d.reject(f"launch of attempt {attempt} is not due in state {job.state} (attempt {job.attempt})")
 

@@ -20,7 +20,7 @@ S = JobState
 
 
 class ActionKind(StrEnum):
-    BEGIN_LAUNCH = "begin-launch"  # GPUs are reserved: start attempt N
+    BEGIN_LAUNCH = "begin-launch"  # GPUs reserved by an older owner, which did not launch: start attempt N
     LAUNCH = "launch"  # start the learners of the attempt (idempotent)
     RELAUNCH = "relaunch"  # stop the failed gang, wait out the backoff, begin the next attempt
     STOP = "stop"  # stop the learners (halt)

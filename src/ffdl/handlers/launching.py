@@ -1,4 +1,9 @@
-"""Launching: begin an attempt once GPUs are reserved, start its learners, relaunch after a failure."""
+"""Launching: start an attempt's learners, relaunch after a failure.
+
+The owner begins an attempt in the same decision that gives the job its GPUs, so a launch needs no
+command of ours; a relaunch asks for the next attempt with ``BeginLaunch`` once the backoff is over,
+and so does a job that an older owner left in SCHEDULED (allocated, not yet launching).
+"""
 
 from __future__ import annotations
 

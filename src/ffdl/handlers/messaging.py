@@ -101,6 +101,20 @@ def event_records(events: Sequence[AnyEvent], source: str) -> list[OutgoingRecor
     return [OutgoingRecord(e.key, event_to_json(e), tuple(cloudevent_headers(e, source))) for e in events]
 
 
+def misrouted(record: Record, command: AnyCommand, home: int) -> str:
+    """Why the owner of ``record``'s partition must not decide ``command`` (empty when it may).
+
+    ``home`` is the partition the record's key belongs on. Another owner serves that key: deciding
+    here would fork it. A producer that does not use Kafka's default (murmur2) partitioner puts
+    commands on the wrong partition.
+    """
+    if command.key != record.key:
+        return f"record key {record.key!r} is not the command's key {command.key!r}"
+    if record.partition != home:
+        return f"wrong partition: key {record.key!r} belongs on partition {home}, not {record.partition}"
+    return ""
+
+
 async def dead_letter(bus: Bus, topics: Topics, record: Record, reason: str) -> None:
     """Park an undecodable or inapplicable record with its reason and origin; processing moves on."""
     headers = (

@@ -24,7 +24,7 @@ import structlog
 from ffdl.core.aggregate import CommandEnvelope, Kinds, UnknownAggregate
 from ffdl.core.kinds import KINDS
 from ffdl.events.codec import AnyCommand, AnyEvent, DecodeError, any_command_from_json
-from ffdl.handlers.messaging import Topics, dead_letter, event_records, utcnow
+from ffdl.handlers.messaging import Topics, dead_letter, event_records, misrouted, utcnow
 from ffdl.handlers.ports import Bus, Election, Record
 from ffdl.handlers.runtime import Follower
 
@@ -76,15 +76,8 @@ class JobOwner(Follower):
             command = any_command_from_json(record.value)
         except DecodeError as exc:
             return await self._dead_letter(record, exc.reason)
-        if command.key != record.key:
-            return await self._dead_letter(
-                record, f"record key {record.key!r} is not the command's key {command.key!r}"
-            )
-        home = self._bus.partition_for(record.key)
-        if record.partition != home:
-            # Another owner serves the key: deciding here would fork it. A producer that does not use
-            # Kafka's default (murmur2) partitioner puts commands on the wrong partition.
-            wrong = f"wrong partition: key {record.key!r} belongs on partition {home}, not {record.partition}"
+        wrong = misrouted(record, command, self._bus.partition_for(record.key))
+        if wrong:
             return await self._dead_letter(record, wrong)
         leader = await self._leader_token(command)
         try:

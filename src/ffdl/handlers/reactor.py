@@ -2,8 +2,10 @@
 
 On gaining a partition it folds the partition to its end, then asks the driver for every job
 in it (this is what re-drives work interrupted by a crash), and skips the records below that end
-when the consumer redelivers them. Every applied event updates the job's driver slot and is shown
-to the observers (the monitor), who need to know which learners to expect.
+when the consumer redelivers them. Every applied event is shown to the observers (the monitor), who
+need to know which learners to expect; the driver is asked once per job per batch, after the batch's
+events are folded. The events of one decision are appended together, so a state the owner passes
+through within a decision (SCHEDULED, on the way to LAUNCHING with the allocation) starts nothing.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class ReactorHost(EventFollower):
         super().__init__(bus, events_topic, Kinds(JOBS))  # nodes are the scheduler's concern
         self.driver = driver
         self._observers = list(observers)
+        self._touched: dict[str, Job] = {}  # the jobs a batch changed, driven once it is folded
 
     def owns(self, job_id: str) -> bool:
         return job_id in self.book.jobs
@@ -59,7 +62,12 @@ class ReactorHost(EventFollower):
         folded = applied.of(JOBS)
         if folded is not None:
             self._notify(folded.event, folded.after)
-            self.driver.update(folded.after)
+            self._touched[folded.after.job_id] = folded.after
+
+    async def processed(self) -> None:
+        touched, self._touched = self._touched, {}
+        for job in touched.values():
+            self.driver.update(job)
 
     def _notify(self, event: Event | None, job: Job) -> None:
         for observer in self._observers:

@@ -238,7 +238,13 @@ class EventFollower(Follower, ABC):
             applied = self.book.apply(event, record.partition) if event is not None else None
             if applied is not None:
                 await self.policy(applied)
+        await self.processed()
 
     @abstractmethod
     async def policy(self, applied: Applied[Any, Any]) -> None:
         """What the role does about an event applied to one of its aggregates."""
+
+    async def processed(self) -> None:
+        """Called once a batch's records are all folded: for what a role does once per batch
+        rather than per event (the states an aggregate passes through within a batch are seen by
+        :meth:`policy`, the state it is left in here)."""

@@ -75,7 +75,7 @@ def events_topic(settings: Settings) -> str:
     return Topics.with_prefix(settings.topic_prefix).events
 
 
-async def _started(bus_url: str, partitions: int, topic: str) -> Bus:
+async def started_bus(bus_url: str, partitions: int, topic: str) -> Bus:
     """The bus at ``bus_url``, started; on Kafka ``topic`` is created (with ``partitions``) if missing."""
     bus = open_bus(bus_url, partitions, kafka=Settings().kafka, topics=(topic,))
     await bus.start()
@@ -84,7 +84,7 @@ async def _started(bus_url: str, partitions: int, topic: str) -> Bus:
 
 async def read_bus(bus_url: str, partitions: int, topic: str) -> TopicLog:
     """Every event of ``topic``, its partitions merged by event time, and every record that is no event."""
-    bus = await _started(bus_url, partitions, topic)
+    bus = await started_bus(bus_url, partitions, topic)
     try:
         return await read_topic(bus, topic)
     finally:
@@ -132,7 +132,7 @@ async def import_log(path: Path | str, bus_url: str, partitions: int, topic: str
     job and per node. With the same partition count as the exported log, every event lands at the
     position the file gives it.
     """
-    bus = await _started(bus_url, partitions, topic)
+    bus = await started_bus(bus_url, partitions, topic)
     imported = moved = 0
     try:
         held = sum((await bus.end_offsets(topic)).values())

@@ -28,6 +28,7 @@ from pydantic_settings import (
 from ffdl.adapters.bus.kafka_config import KafkaConfig
 from ffdl.adapters.launchers.kube_config import KubeConfig
 from ffdl.core.allocator import Node
+from ffdl.core.restart import RestartPolicy
 from ffdl.core.scheduling import SchedulerPolicy
 from ffdl.core.tenancy import TenancyPolicy, TenantQuota
 
@@ -113,6 +114,11 @@ class Settings(BaseSettings):
         if config_file:
             sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=config_file))
         return tuple(sources)
+
+    @property
+    def restart_policy(self) -> RestartPolicy:
+        """The owner's backoff between restarts; ``ffdl verify --redecide`` re-decides with it too."""
+        return RestartPolicy(base_s=self.restart_backoff_base_s, max_backoff_s=self.restart_backoff_max_s)
 
     @property
     def bus_url(self) -> str:

@@ -35,7 +35,6 @@ from ffdl.adapters.election import open_election
 from ffdl.adapters.heartbeats import open_store
 from ffdl.adapters.inventory import ConfiguredInventory
 from ffdl.core.kinds import aggregate_kinds
-from ffdl.core.restart import RestartPolicy
 from ffdl.handlers.aio import Backoff, supervise
 from ffdl.handlers.context import ReactionContext
 from ffdl.handlers.deadletters import DeadLetterTally
@@ -99,7 +98,7 @@ class Platform:
         self.projector = Projector(self.bus, self.topics, self.projection)
         self.sender = CommandSender(self.bus, self.topics, f"api@{self.instance}")
         self.inventory: InventorySource | None = None
-        self.policy = RestartPolicy(base_s=s.restart_backoff_base_s, max_backoff_s=s.restart_backoff_max_s)
+        self.policy = s.restart_policy
         self.reactor: ReactorHost | None = None
         self.owner: JobOwner | None = None
         self.kubernetes: KubernetesCluster | None = None

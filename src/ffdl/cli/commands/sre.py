@@ -95,14 +95,20 @@ def export(
         None
     ),
     output: Annotated[str, typer.Option("--output", "-o", help="File to write; '-' for stdout.")] = "-",
+    commands: Annotated[
+        bool,
+        typer.Option("--commands", help="Also the commands, for 'verify --redecide' (-o NAME.events.jsonl)."),
+    ] = False,
     json_output: JsonFlag = False,
 ) -> None:
     """Export the event log to JSON Lines, one event per line, partitions merged in time order.
 
     Jobs' and nodes' events alike; --job and --tenant keep jobs' events only, --node one node's.
+    --commands writes the whole commands topic to NAME.commands.jsonl beside NAME.events.jsonl first.
     """
     from ffdl.events import EVENT_TYPES, NODE_EVENT_TYPES  # noqa: PLC0415
     from ffdl.tools.log_files import STDIO, EventFilter, open_for_writing, parse_time  # noqa: PLC0415
+    from ffdl.tools.redecide import export_commands_beside  # noqa: PLC0415
     from ffdl.tools.sre import events_topic, export_log  # noqa: PLC0415
 
     settings = _sre_settings(partitions)
@@ -114,11 +120,15 @@ def export(
             raise ValueError(f"unknown event type(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
         start, end = (parse_time(since) if since else None), (parse_time(until) if until else None)
         keep = EventFilter(job, tenant, start, end, frozenset(types or ()), node)
+        url = bus or settings.bus_url
+        exported_commands = (
+            asyncio.run(export_commands_beside(output, url, settings, keep)) if commands else None
+        )
         with open_for_writing(output) as out:
             report: dict[str, Any] = asyncio.run(
-                export_log(bus or settings.bus_url, settings.partitions, events_topic(settings), keep, out)
+                export_log(url, settings.partitions, events_topic(settings), keep, out)
             )
-        return report
+        return {**report, "commands": exported_commands} if commands else report
 
     report = _sre(run)
     report["output"] = output
@@ -130,6 +140,8 @@ def export(
             f"exported {report['written']} of {report['events']} events of {report['topic']} "
             f"from {report['source']} to {'stdout' if output == STDIO else output}"
         )
+        if commands:
+            where.print(f"and {report['commands']['written']} commands to {report['commands']['path']}")
     if report["undecodable"]:
         positions = ", ".join(record["position"] for record in report["undecodable"])
         err_console.print(
@@ -303,15 +315,30 @@ def verify(
     *,
     bus: BusOption = None,
     partitions: PartitionsOption = None,
+    redecide: Annotated[
+        bool, typer.Option("--redecide", help="Decide LOG's commands again (NAME.commands.jsonl beside it).")
+    ] = False,
     json_output: JsonFlag = False,
 ) -> None:
     """Check every invariant of the log (DESIGN §5), jobs and nodes; exit 1 on any violation.
 
     A record of the bus that is no event is a violation too (kind 'undecodable', at its position).
+    With --redecide, LOG (NAME.events.jsonl) is decided again with today's deciders, command by command
+    from NAME.commands.jsonl ('ffdl export --commands'); exit 1 on a decision that differs.
     """
     from ffdl.tools import sre  # noqa: PLC0415
+    from ffdl.tools.redecide import redecide_files, report_lines  # noqa: PLC0415
 
     settings = _sre_settings(partitions)
+    if redecide:
+        if log is None or bus is not None:
+            raise _sre_usage("--redecide reads a LOG file (NAME.events.jsonl), not a bus")
+        report = _sre(lambda: redecide_files(log, settings.restart_policy))
+        if json_output:
+            print_json(report)
+        else:
+            console.print("\n".join(report_lines(report)), markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(1 if report["divergences"] else 0)
     if log is not None:
         report = _sre(lambda: sre.verify_events(_log_events(log, bus, settings), log))
     else:
