@@ -580,7 +580,9 @@ class LocalKubelet:
         self._root = root
         self._namespace = namespace
         bin_dir = Path(sys.executable).parent
-        self._image_env = {"PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin"}
+        # The "image" holds the ffdl under test: the test's interpreter and import path.
+        python_path = {"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {}
+        self._image_env = {"PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin", **python_path}
         self._containers: dict[str, _Container] = {}
         self._handled: set[str] = set()
         self._watcher: asyncio.Task[None] | None = None

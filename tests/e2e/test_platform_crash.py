@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from ffdl.tools.sre import rebuild_projections, verify_log
-from tests.harness import TERMINAL, fast_settings, manifest
+from tests.harness import TERMINAL, fast_settings, learner_variables, manifest
 from tests.services import wait_until_async
 
 pytestmark = pytest.mark.e2e
@@ -46,6 +46,7 @@ async def test_platform_killed_mid_job_adopts_live_learners_and_finishes(tmp_pat
         "FFDL_PARTITIONS": "4",
         "FFDL_NODES": '[{"name": "node-a", "gpus": 4}]',
         "FFDL_LOG_FORMAT": "json",
+        **learner_variables(settings),
     }
     log = tmp_path / "platform.log"
     first = start_platform(env, log)

@@ -32,6 +32,7 @@ from ffdl.adapters.bus import open_bus
 from ffdl.adapters.election import open_election
 from ffdl.adapters.heartbeats import open_store
 from ffdl.adapters.inventory import ConfiguredInventory
+from ffdl.adapters.launchers.isolation import protect_data_dir
 from ffdl.core.restart import RestartPolicy
 from ffdl.handlers.context import ReactionContext
 from ffdl.handlers.deadletters import DeadLetterTally
@@ -65,7 +66,13 @@ def open_launcher(settings: Settings, heartbeats: HeartbeatStore) -> Launcher:
         return InstantLauncher(heartbeats, heartbeat_ttl_s=settings.heartbeat_ttl_s)
     from ffdl.adapters.launchers.local import LocalLauncher  # noqa: PLC0415
 
-    return LocalLauncher(settings.work_dir, settings.heartbeats_url, heartbeat_ttl_s=settings.heartbeat_ttl_s)
+    return LocalLauncher(
+        settings.work_dir,
+        settings.heartbeats_url,
+        heartbeat_ttl_s=settings.heartbeat_ttl_s,
+        user=settings.learner_user,
+        log_format=settings.log_format,
+    )
 
 
 @dataclass
@@ -109,7 +116,7 @@ class Platform:
 
     async def start(self) -> None:
         s = self.settings
-        s.data_dir.mkdir(parents=True, exist_ok=True)
+        protect_data_dir(s.data_dir)
         await self._start_bus()
         if s.launcher == "kubernetes" and self.roles & {"workers", "scheduler"}:
             await self._start_kubernetes()
