@@ -22,7 +22,7 @@ pytestmark = pytest.mark.e2e
 def start_platform(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "ffdl.cli", "up"], env=env, stdout=out, stderr=subprocess.STDOUT
+            [sys.executable, "-m", "ffdl.cli", "up", "--open"], env=env, stdout=out, stderr=subprocess.STDOUT
         )
 
 

@@ -74,7 +74,7 @@ class Processes:
     def up(self, name: str, roles: str) -> subprocess.Popen[bytes]:
         with (self._logs / f"{name}.log").open("ab") as out:
             process = subprocess.Popen(
-                [sys.executable, "-m", "ffdl.cli", "up", "--roles", roles],
+                [sys.executable, "-m", "ffdl.cli", "up", "--open", "--roles", roles],
                 env=self._env,
                 stdout=out,
                 stderr=subprocess.STDOUT,

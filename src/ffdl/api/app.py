@@ -5,7 +5,8 @@
   owner's reason. ``GET`` accepts ``?after=PARTITION:OFFSET`` to wait (bounded) for a position.
 * Tenancy: with tenants configured every request needs ``Authorization: Bearer TOKEN``; a tenant
   sees and touches only its own jobs (another tenant's job is a 404, never a 403 that would leak
-  that it exists); an admin sees all. With no tenant configured the API runs open.
+  that it exists); an admin sees all. With no tenant configured the API lets nobody in, unless it
+  was started open on purpose (``ffdl up --open``), when every caller acts as the default's admin.
 * Nodes: everyone sees the inventory (``/v1/nodes``, ``/v1/cluster``, both folded from the node
   events); only admins cordon, drain and uncordon, which are node commands on the log like a job's.
 * Problems answer 4xx with a body that names the field: ``{"detail": [{"field", "message"}]}``.
@@ -96,10 +97,12 @@ class UncordonRequest(BaseModel):
     reason: Annotated[str, Field(max_length=2000)] = ""
 
 
-def create_app(platform: Platform) -> FastAPI:  # noqa: PLR0915 - one closure per route, on purpose
+def create_app(platform: Platform, *, open_api: bool = False) -> FastAPI:  # noqa: PLR0915 - one closure per route
+    """The API of ``platform``; ``open_api``: with no tenant, every caller is the open default's admin
+    (``ffdl up --open``, the demo); without it, no tenant means nobody gets in."""
     settings = platform.settings
     projection = platform.projection
-    tenants = TenantRegistry(settings.tenants_path)
+    tenants = TenantRegistry(settings.tenants_path, allow_open=open_api)
     collector = PlatformCollector(platform)
     registry = registry_for(collector, platform.projector.latency)
     app = FastAPI(

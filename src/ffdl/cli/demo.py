@@ -72,7 +72,7 @@ async def run_demo(*, chaos: bool, steps: int, keep: bool) -> int:
         )
         started = time.monotonic()
         async with Platform(settings) as platform:
-            server = api_server(platform, settings.api)
+            server = api_server(platform, settings.api, open_api=True)
             serving = asyncio.create_task(server.serve())
             try:
                 job = await asyncio.wait_for(_drive(settings.api, steps, chaos), DEMO_TIMEOUT_S)

@@ -70,14 +70,21 @@ def _call(fn: Any, *args: Any) -> Any:
 @app.command()
 def up(
     roles: Annotated[str, typer.Option(help="Comma-separated roles: api,workers,scheduler,projector")] = "",
+    open_api: Annotated[
+        bool, typer.Option("--open", help="Serve the API with no tenant: every caller is admin (a laptop).")
+    ] = False,
 ) -> None:
     """Run the platform (all roles by default) until interrupted."""
+    from ffdl.adapters.tenants import TenantError  # noqa: PLC0415
     from ffdl.cli.serve import serve  # noqa: PLC0415 - heavy imports only for this command
 
     settings = Settings()
     configure_logging(settings.log_format, settings.log_level)
     chosen = frozenset(r.strip() for r in roles.split(",") if r.strip()) or None
-    asyncio.run(serve(settings, chosen))
+    try:
+        asyncio.run(serve(settings, chosen, open_api=open_api))
+    except TenantError as exc:
+        raise _fail(exc) from exc
 
 
 @app.command()
@@ -232,7 +239,7 @@ def tenants_list(json_output: JsonFlag = False) -> None:
     if json_output:
         print_json(names)
     else:
-        console.print("\n".join(names) or "no tenants: the API runs open")
+        console.print("\n".join(names) or "no tenants: `ffdl up` serves the API only with --open")
 
 
 @app.command()
