@@ -58,8 +58,13 @@ from typing import Any, BinaryIO, TypeVar
 
 import structlog
 
-from ffdl.adapters.heartbeats import exit_key, learner_key, open_store
-from ffdl.adapters.launchers.environment import RUN_AS_VARIABLE, command_environment
+from ffdl.adapters.heartbeats import EtcdCredentials, exit_key, learner_key, open_store
+from ffdl.adapters.launchers.environment import (
+    HEARTBEATS_PASSWORD_VARIABLE,
+    HEARTBEATS_USERNAME_VARIABLE,
+    RUN_AS_VARIABLE,
+    command_environment,
+)
 from ffdl.adapters.processes import exit_code_of, wait_for_exit
 from ffdl.events.job_commands import ReportProgress
 from ffdl.events.model import Checkpoint
@@ -104,6 +109,8 @@ class AgentConfig:
     report_file: Path | None = None
     #: The unprivileged (uid, gid) the command runs as; None: the agent's own user.
     run_as: tuple[int, int] | None = None
+    #: The heartbeat store's login (a per-job etcd user on Kubernetes); never the command's.
+    heartbeats_credentials: EtcdCredentials | None = None
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> AgentConfig:
@@ -128,7 +135,16 @@ class AgentConfig:
             log_file=Path(environ["FFDL_LOG_FILE"]) if environ.get("FFDL_LOG_FILE") else None,
             report_file=Path(environ["FFDL_REPORT_FILE"]) if environ.get("FFDL_REPORT_FILE") else None,
             run_as=_user_and_group(environ.get(RUN_AS_VARIABLE, "")),
+            heartbeats_credentials=_credentials(environ),
         )
+
+
+def _credentials(environ: Mapping[str, str]) -> EtcdCredentials | None:
+    username = environ.get(HEARTBEATS_USERNAME_VARIABLE, "")
+    password = environ.get(HEARTBEATS_PASSWORD_VARIABLE, "")
+    if bool(username) != bool(password):
+        raise ValueError(f"{HEARTBEATS_USERNAME_VARIABLE} and {HEARTBEATS_PASSWORD_VARIABLE} go together")
+    return EtcdCredentials(username, password) if username else None
 
 
 def _user_and_group(run_as: str) -> tuple[int, int] | None:
@@ -474,7 +490,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return os.EX_USAGE
     try:
         config = AgentConfig.from_environ(os.environ)
-        store = open_store(config.heartbeats_url)
+        store = open_store(config.heartbeats_url, config.heartbeats_credentials)
     except ValueError as error:
         log.error("learner agent misconfigured", error=str(error))
         return os.EX_CONFIG

@@ -28,6 +28,7 @@ from pydantic_settings import (
 )
 
 from ffdl.adapters.bus.kafka_config import KafkaConfig
+from ffdl.adapters.heartbeats.etcd_auth import EtcdConfig
 from ffdl.adapters.launchers.kube_config import KubeConfig
 from ffdl.core.allocator import Node
 from ffdl.core.scheduling import SchedulerPolicy
@@ -80,6 +81,7 @@ class Settings(BaseSettings):
     partitions: int = Field(default=8, ge=1, le=1024)
     topic_prefix: str = "ffdl"
     kafka: KafkaConfig = Field(default_factory=KafkaConfig)
+    etcd: EtcdConfig = Field(default_factory=EtcdConfig)
     kube: KubeConfig = Field(default_factory=KubeConfig)
     nodes: list[NodeConfig] | None = None
     tenant_quotas: dict[str, TenantQuotaConfig] = Field(default_factory=dict)

@@ -30,7 +30,7 @@ import structlog
 
 from ffdl.adapters.bus import open_bus
 from ffdl.adapters.election import open_election
-from ffdl.adapters.heartbeats import open_store
+from ffdl.adapters.heartbeats import EtcdJobUsers, open_job_logins, open_store
 from ffdl.adapters.inventory import ConfiguredInventory
 from ffdl.adapters.launchers.isolation import protect_data_dir
 from ffdl.core.restart import RestartPolicy
@@ -58,8 +58,11 @@ ALL_ROLES = frozenset({"api", "workers", "scheduler", "projector", "notifier"})
 LEADERSHIP_CHECK_S = 0.25
 
 
-def open_launcher(settings: Settings, heartbeats: HeartbeatStore) -> Launcher:
-    """The launcher ``settings.launcher`` names; the instant one reports through ``heartbeats``."""
+def open_launcher(
+    settings: Settings, heartbeats: HeartbeatStore, logins: EtcdJobUsers | None = None
+) -> Launcher:
+    """The launcher ``settings.launcher`` names; the instant one reports through ``heartbeats``; the
+    local one gives each job's agents a login of their own where the store authenticates."""
     if settings.launcher == "instant":
         from ffdl.adapters.launchers.instant import InstantLauncher  # noqa: PLC0415 - load only the chosen adapter
 
@@ -72,6 +75,7 @@ def open_launcher(settings: Settings, heartbeats: HeartbeatStore) -> Launcher:
         heartbeat_ttl_s=settings.heartbeat_ttl_s,
         user=settings.learner_user,
         log_format=settings.log_format,
+        logins=logins,
     )
 
 
@@ -93,8 +97,10 @@ class Platform:
             kafka=s.kafka,
             topics=(self.topics.commands, self.topics.events, self.topics.deadletter),
         )
-        self.heartbeats: HeartbeatStore = open_store(s.heartbeats_url)
-        self.election: Election = open_election(s.election_url, s.leader_ttl_s)
+        self.heartbeats: HeartbeatStore = open_store(s.heartbeats_url, s.etcd.credentials())
+        self.election: Election = open_election(s.election_url, s.leader_ttl_s, s.etcd.credentials())
+        #: Learners' own heartbeat logins, where the heartbeat store authenticates (etcd with auth).
+        self.job_logins = open_job_logins(s.heartbeats_url, s.etcd.credentials())
         self.projection = Projection(s.projection_path)
         self.projector = Projector(self.bus, self.topics, self.projection)
         self.sender = CommandSender(self.bus, self.topics, f"api@{self.instance}")
@@ -122,7 +128,9 @@ class Platform:
             await self._start_kubernetes()
         if "workers" in self.roles:
             kubernetes_launcher = self.kubernetes.launcher if self.kubernetes is not None else None
-            self.launcher = self.launcher or kubernetes_launcher or open_launcher(s, self.heartbeats)
+            self.launcher = (
+                self.launcher or kubernetes_launcher or open_launcher(s, self.heartbeats, self.job_logins)
+            )
             ctx = ReactionContext(
                 sender=CommandSender(self.bus, self.topics, f"reactor@{self.instance}"),
                 launcher=self.launcher,
@@ -202,6 +210,7 @@ class Platform:
             heartbeats_url=s.heartbeats_url,
             heartbeat_ttl_s=s.heartbeat_ttl_s,
             stop_grace_s=s.stop_grace_s,
+            logins=self.job_logins,
         )
         self.inventory = kubernetes.nodes
         self._supervise("nodes", lambda: kubernetes.nodes.run(self._stop))
@@ -316,6 +325,8 @@ class Platform:
         if self.kubernetes is not None:
             await self.kubernetes.close()
         await self.election.close()
+        if self.job_logins is not None:
+            await self.job_logins.close()
         await self.heartbeats.close()
         await self.bus.close()
         self.projection.close()

@@ -60,6 +60,8 @@ from pathlib import Path
 import structlog
 
 from ffdl.adapters.launchers.environment import (
+    HEARTBEATS_PASSWORD_VARIABLE,
+    HEARTBEATS_USERNAME_VARIABLE,
     RUN_AS_VARIABLE,
     LearnerSite,
     inherited_environment,
@@ -74,6 +76,7 @@ from ffdl.adapters.launchers.isolation import (
     make_learner_file,
     prepare_learners_root,
 )
+from ffdl.adapters.launchers.logins import HeartbeatLogins, new_password
 from ffdl.adapters.processes import wait_for_exit
 from ffdl.events.model import LearnerPlacement
 from ffdl.handlers.ports import LaunchRequest, LearnerHandle
@@ -137,15 +140,18 @@ class LocalLauncher:
         python: str = sys.executable,
         user: str | None = None,
         log_format: str = "console",
+        logins: HeartbeatLogins | None = None,
     ) -> None:
         """``user``: whom learners' commands run as where the platform runs as root (a name,
-        ``UID`` or ``UID:GID``; None: the platform's user). Creates and checks ``work_dir``."""
+        ``UID`` or ``UID:GID``; None: the platform's user). ``logins``: where the heartbeat store
+        authenticates, each job's agents get a login of their own. Creates and checks ``work_dir``."""
         self._work_dir = work_dir.resolve()
         self._heartbeats_url = heartbeats_url
         self._heartbeat_ttl_s = heartbeat_ttl_s
         self._python = python
         self._user = learner_user(user) if user is not None else None
         self._log_format = log_format
+        self._logins = logins
         prepare_learners_root(self._work_dir, self._user)
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._reapers: set[asyncio.Task[None]] = set()
@@ -192,9 +198,10 @@ class LocalLauncher:
             started: list[tuple[LearnerHandle, subprocess.Popen[bytes]]] = []
             try:
                 self._make_directories(request)
+                login = await self._login(request.job_id)
                 for learner, local_rank in local_ranks(request.placement.learners):
                     handle = LearnerHandle(request.job_id, request.attempt, learner.rank)
-                    process = self._start_agent(request, learner, local_rank, master_port)
+                    process = self._start_agent(request, learner, local_rank, master_port, login)
                     started.append((handle, process))
                     self._write_pidfile(handle, process.pid)
             except BaseException:
@@ -234,6 +241,8 @@ class LocalLauncher:
                     )
                 else:
                     learner.pidfile.unlink(missing_ok=True)
+            if self._logins is not None:
+                await self._logins.revoke(job_id)
             log.info("learners stopped", job_id=job_id, learners=len(recorded), grace_s=grace_s)
 
     async def running(self) -> list[LearnerHandle]:
@@ -283,10 +292,23 @@ class LocalLauncher:
             json.dump(record, stream)
         return True
 
+    async def _login(self, job_id: str) -> dict[str, str]:
+        """The agents' variables of the job's heartbeat login (a fresh password per launch), if any."""
+        if self._logins is None:
+            return {}
+        password = new_password()
+        username = await self._logins.grant(job_id, password)
+        return {HEARTBEATS_USERNAME_VARIABLE: username, HEARTBEATS_PASSWORD_VARIABLE: password}
+
     def _start_agent(
-        self, request: LaunchRequest, learner: LearnerPlacement, local_rank: int, master_port: int
+        self,
+        request: LaunchRequest,
+        learner: LearnerPlacement,
+        local_rank: int,
+        master_port: int,
+        login: dict[str, str],
     ) -> subprocess.Popen[bytes]:
-        environment = self._learner_environment(request, learner, local_rank, master_port)
+        environment = {**self._learner_environment(request, learner, local_rank, master_port), **login}
         agent_log = self._attempt_logs(request.job_id, request.attempt) / f"agent-{learner.rank}.log"
         with agent_log.open("ab") as agent_output:
             return subprocess.Popen(
