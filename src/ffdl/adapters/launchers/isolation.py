@@ -92,12 +92,16 @@ def _resolve(spec: str) -> LearnerUser:
 
 
 def protect_data_dir(data_dir: Path) -> None:
-    """Make the data directory the platform's alone (log, heartbeats, tenants, projections)."""
+    """Make the data directory the platform's alone (log, heartbeats, tenants, projections).
+
+    A directory of another user cannot be made so; that matters only where the platform runs as root
+    (learners then run as another user, whom this mode keeps out), so only then is it logged.
+    """
     data_dir.mkdir(parents=True, exist_ok=True, mode=DATA_DIR_MODE)
     info = data_dir.stat()
     if info.st_uid == os.geteuid():
         data_dir.chmod(DATA_DIR_MODE)
-    elif info.st_mode & 0o077:
+    elif os.geteuid() == 0 and info.st_mode & 0o077:
         log.warning(
             "the data directory belongs to another user and others may enter it: learners on this "
             "machine might reach the platform's files",
