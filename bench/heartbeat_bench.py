@@ -72,7 +72,7 @@ from ffdl.handlers.monitoring import Monitor
 from ffdl.tools.log_reading import merged_events
 from ffdl.wiring.config import NodeConfig, Settings
 from ffdl.wiring.logging import configure_logging
-from tests.harness import fast_settings, manifest
+from tests.harness import fast_settings, learner_variables, manifest
 from tests.services import EtcdServer, free_port
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -154,10 +154,14 @@ class PlatformProcess:
             "FFDL_NODES": json.dumps(nodes),
             "FFDL_LOG_FORMAT": "json",
             "FFDL_LOG_LEVEL": s.log_level,
+            **learner_variables(s),
         }
         with self._log_path.open("ab") as out:
             self._process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "ffdl.cli", "up", env=env, stdout=out, stderr=subprocess.STDOUT
+                *(sys.executable, "-m", "ffdl.cli", "up", "--open"),
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
             )
         deadline = time.monotonic() + 60
         while not await self._healthy():

@@ -115,7 +115,7 @@ def start_platform(
         with (data_dir.parent / f"platform-{index}.log").open("wb") as out:
             processes.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "ffdl.cli", "up", "--roles", roles],
+                    [sys.executable, "-m", "ffdl.cli", "up", "--open", "--roles", roles],
                     env=env,
                     stdout=out,
                     stderr=subprocess.STDOUT,

@@ -32,7 +32,7 @@ async def platform(settings: Settings) -> AsyncIterator[Platform]:
 
 @pytest.fixture
 async def api(platform: Platform) -> AsyncIterator[Api]:
-    server = api_server(platform, platform.settings.api)
+    server = api_server(platform, platform.settings.api, open_api=True)
     serving = asyncio.create_task(server.serve())
     async with httpx.AsyncClient(base_url=platform.settings.api, timeout=30) as client:
         for _ in range(200):

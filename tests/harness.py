@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import pwd
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -17,11 +19,17 @@ from tests.services import free_port
 
 LEARNER = Path(__file__).with_name("learners") / "counting.py"
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED"}
+#: Tests run their Python learners with the test's interpreter, which an unprivileged learner user
+#: may not reach (CI's lives under /root), so they run learners as the platform's own user; the
+#: isolation tests (tests/e2e/test_learner_isolation.py) run them as the default learner user.
+PLATFORM_USER = pwd.getpwuid(os.geteuid()).pw_name
 
 
 def fast_settings(data_dir: Path, **overrides: Any) -> Settings:
     values: dict[str, Any] = {
         "data_dir": data_dir,
+        "learners_dir": data_dir.with_name(f"{data_dir.name}-learners"),
+        "learner_user": PLATFORM_USER,
         "api": f"http://127.0.0.1:{free_port()}",
         "heartbeat_ttl_s": 1.0,
         "monitor_grace_s": 3.0,
@@ -33,6 +41,11 @@ def fast_settings(data_dir: Path, **overrides: Any) -> Settings:
     }
     values.update(overrides)
     return Settings(**values)
+
+
+def learner_variables(settings: Settings) -> dict[str, str]:
+    """The learners' root and user of ``settings``, for a platform started as a process."""
+    return {"FFDL_LEARNERS_DIR": str(settings.work_dir), "FFDL_LEARNER_USER": settings.learner_user}
 
 
 def learner_command(*args: str) -> str:

@@ -32,6 +32,7 @@ mounts do not exist here, so learners under this kubelet must not write there.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import copy
 import functools
@@ -68,10 +69,12 @@ Obj = dict[str, Any]
 PODS = kmock.resource("", "v1", "pods")
 SERVICES = kmock.resource("", "v1", "services")
 NETWORK_POLICIES = kmock.resource("networking.k8s.io", "v1", "networkpolicies")
+SECRETS = kmock.resource("", "v1", "secrets")
 SERVED_KINDS = (
     ("v1/pods", "Pod", True),
     ("v1/services", "Service", True),
     ("networking.k8s.io/v1/networkpolicies", "NetworkPolicy", True),
+    ("v1/secrets", "Secret", True),
     ("v1/nodes", "Node", False),
 )
 NODES = kmock.resource("", "v1", "nodes")
@@ -580,7 +583,9 @@ class LocalKubelet:
         self._root = root
         self._namespace = namespace
         bin_dir = Path(sys.executable).parent
-        self._image_env = {"PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin"}
+        # The "image" holds the ffdl under test: the test's interpreter and import path.
+        python_path = {"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {}
+        self._image_env = {"PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin", **python_path}
         self._containers: dict[str, _Container] = {}
         self._handled: set[str] = set()
         self._watcher: asyncio.Task[None] | None = None
@@ -659,13 +664,25 @@ class LocalKubelet:
 
     async def _run(self, name: str, pod: Obj) -> None:
         (spec,) = pod["spec"]["containers"]
-        environment = {**self._image_env, **{item["name"]: item["value"] for item in spec.get("env", [])}}
+        environment = {**self._image_env, **{item["name"]: self._value(item) for item in spec.get("env", [])}}
         workdir = self._root / "pods" / name
         workdir.mkdir(parents=True, exist_ok=True)
         process = _start_container(spec, environment, workdir, self.log_path(name))
         container = self._containers[name] = _Container(process)
         await patch_pod_status(self._api, name, running_status(pod["spec"]["nodeName"]), self._namespace)
         container.waiter = asyncio.create_task(self._wait(name, container))
+
+    def _value(self, variable: Obj) -> str:
+        """A variable's value: as written, or from a key of a Secret of the namespace (base64 in it)."""
+        if "value" in variable:
+            return str(variable["value"])
+        reference = variable["valueFrom"]["secretKeyRef"]
+        (secret,) = [
+            secret
+            for secret in self._api.live(SECRETS, self._namespace)
+            if secret["metadata"]["name"] == reference["name"]
+        ]
+        return base64.b64decode(secret["data"][reference["key"]]).decode()
 
     async def _wait(self, name: str, container: _Container) -> None:
         returncode = await wait_for_exit(container.process)

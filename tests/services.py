@@ -128,14 +128,16 @@ class EtcdServer(ServiceProcess):
     """A single-member etcd on loopback with its data in a temporary directory.
 
     Raft timing is shortened (50 ms heartbeat, 500 ms election timeout) so that etcd accepts leases
-    of one second: its minimum TTL is 1.5 election timeouts.
+    of one second: its minimum TTL is 1.5 election timeouts. ``auth_token_ttl_s`` shortens how long
+    an unused auth token lives (etcd's default: 300 s), for tests of its expiry.
     """
 
-    def __init__(self, *, start_timeout_s: float = 15.0) -> None:
+    def __init__(self, *, start_timeout_s: float = 15.0, auth_token_ttl_s: int | None = None) -> None:
         super().__init__()
         self.host = "127.0.0.1"
         self.port = 0
         self._start_timeout_s = start_timeout_s
+        self._token_ttl = [f"--auth-token-ttl={auth_token_ttl_s}"] if auth_token_ttl_s else []
 
     @property
     def url(self) -> str:
@@ -166,6 +168,7 @@ class EtcdServer(ServiceProcess):
                     "--election-timeout=500",
                     "--logger=zap",
                     "--log-level=error",
+                    *self._token_ttl,
                 ],
                 stdout=subprocess.DEVNULL,
                 stderr=log,

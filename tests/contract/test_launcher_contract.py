@@ -171,7 +171,7 @@ async def test_learners_run_in_the_job_directory_with_its_files(local: LocalRig)
     output = await local.learner_output(job_id, 1, 0)
     job_dir = local.work_dir.resolve() / job_id
     env = environment_of(output)
-    assert output.splitlines()[0] == str(job_dir)
+    assert output.splitlines()[0] == env["HOME"] == str(job_dir / "work")
     assert env["FFDL_CHECKPOINT_DIR"] == str(job_dir / "checkpoints")
     assert (job_dir / "checkpoints").is_dir()
     assert env["RESULT_DIR"] == str(job_dir / "results")

@@ -196,5 +196,5 @@ async def test_a_node_taken_out_of_the_configuration_is_removed_and_cannot_be_co
 
 
 def _client(platform: Platform) -> httpx.AsyncClient:
-    transport = httpx.ASGITransport(app=create_app(platform))
+    transport = httpx.ASGITransport(app=create_app(platform, open_api=True))
     return httpx.AsyncClient(transport=transport, base_url="http://ffdl", timeout=30)

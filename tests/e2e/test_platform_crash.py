@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from ffdl.tools.sre import rebuild_projections, verify_log
-from tests.harness import TERMINAL, fast_settings, manifest
+from tests.harness import TERMINAL, fast_settings, learner_variables, manifest
 from tests.services import wait_until_async
 
 pytestmark = pytest.mark.e2e
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.e2e
 def start_platform(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "ffdl.cli", "up"], env=env, stdout=out, stderr=subprocess.STDOUT
+            [sys.executable, "-m", "ffdl.cli", "up", "--open"], env=env, stdout=out, stderr=subprocess.STDOUT
         )
 
 
@@ -46,6 +46,7 @@ async def test_platform_killed_mid_job_adopts_live_learners_and_finishes(tmp_pat
         "FFDL_PARTITIONS": "4",
         "FFDL_NODES": '[{"name": "node-a", "gpus": 4}]',
         "FFDL_LOG_FORMAT": "json",
+        **learner_variables(settings),
     }
     log = tmp_path / "platform.log"
     first = start_platform(env, log)

@@ -30,7 +30,7 @@ from ffdl.handlers.owner import SCHEDULER_ROLE
 from ffdl.tools.log_reading import merged_events
 from ffdl.tools.sre import verify_log
 from ffdl.wiring.config import Settings
-from tests.harness import TERMINAL, fast_settings, manifest
+from tests.harness import TERMINAL, fast_settings, learner_variables, manifest
 from tests.services import EtcdServer, TansuBroker, wait_until_async
 
 pytestmark = pytest.mark.integration
@@ -74,7 +74,7 @@ class Processes:
     def up(self, name: str, roles: str) -> subprocess.Popen[bytes]:
         with (self._logs / f"{name}.log").open("ab") as out:
             process = subprocess.Popen(
-                [sys.executable, "-m", "ffdl.cli", "up", "--roles", roles],
+                [sys.executable, "-m", "ffdl.cli", "up", "--open", "--roles", roles],
                 env=self._env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -128,6 +128,7 @@ async def test_killing_the_scheduler_leader_mid_burst_hands_over_within_the_ttl_
         "FFDL_PARTITIONS": str(settings.partitions),
         "FFDL_NODES": json.dumps([{"name": "node-a", "gpus": 4}]),
         "FFDL_LOG_FORMAT": "json",
+        **learner_variables(settings),
         # Short Kafka sessions: tansu holds a group join for about half the session timeout.
         "FFDL_KAFKA__SESSION_TIMEOUT_S": "2",
         "FFDL_KAFKA__HEARTBEAT_INTERVAL_S": "0.2",

@@ -56,7 +56,7 @@ def settings(tmp_path: Path, etcd_server: EtcdServer) -> Settings:
 async def running_platform(settings: Settings) -> AsyncIterator[tuple[Platform, Api]]:
     """The platform and its HTTP API in this process, until the block ends (learners keep running)."""
     async with Platform(settings) as platform:
-        server = api_server(platform, settings.api)
+        server = api_server(platform, settings.api, open_api=True)
         serving = asyncio.create_task(server.serve())
         try:
             async with httpx.AsyncClient(base_url=settings.api, timeout=30) as client:

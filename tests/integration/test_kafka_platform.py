@@ -279,7 +279,7 @@ async def test_the_platform_waits_for_an_unreachable_broker_and_starts_when_it_c
             assert f"cannot reach the Kafka brokers at {late.bootstrap}" in retries()[0]["error"]
             late.start()
             await asyncio.wait_for(starting, 30)
-            server = api_server(platform, settings.api)
+            server = api_server(platform, settings.api, open_api=True)
             serving = asyncio.create_task(server.serve())
             try:
                 async with httpx.AsyncClient(base_url=settings.api, timeout=30) as client:

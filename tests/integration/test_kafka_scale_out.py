@@ -93,7 +93,7 @@ def environment(settings: Settings) -> dict[str, str]:
 def start(roles: str, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "ffdl.cli", "up", "--roles", roles],
+            [sys.executable, "-m", "ffdl.cli", "up", "--open", "--roles", roles],
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,

@@ -2,7 +2,9 @@
 
 Every manifest is validated against the Kubernetes OpenAPI models (kubernetes-asyncio's), then
 against what the platform needs: hardened, resourced pods; probes on the HTTP role; RBAC that grants
-exactly what the launcher and the watches use; disruption budgets that select real pods.
+exactly what the launcher and the watches use; disruption budgets that select real pods; and the
+trust boundary (docs/security.md): the platform's credentials come from Secrets, the API serves
+tenants from a Secret and is out of the learners' reach, learner pods start from "no traffic".
 """
 
 from __future__ import annotations
@@ -22,8 +24,11 @@ USED_VERBS = {
     ("", "pods"): {"create", "get", "list", "watch", "delete"},
     ("", "services"): {"create", "get", "list", "delete"},
     ("networking.k8s.io", "networkpolicies"): {"create", "get", "delete"},
+    ("", "secrets"): {"create", "get", "delete"},
     ("", "nodes"): {"get", "list", "watch"},
 }
+#: Secret -> the keys the platform's pods read from it.
+PLATFORM_SECRETS = {"ffdl-platform": {"password"}, "ffdl-etcd": {"username", "password"}}
 
 
 def kustomization() -> dict[str, Any]:
@@ -148,6 +153,97 @@ def test_the_platform_configuration_chooses_pods_kafka_and_etcd() -> None:
     assert data["FFDL_KUBE__NAMESPACE"] == "ffdl-jobs"
 
 
+def test_kafka_authenticates_the_platform_and_no_password_is_in_the_configuration() -> None:
+    (config,) = of_kind("ConfigMap")
+    data = config["data"]
+    assert data["FFDL_KAFKA__SECURITY_PROTOCOL"].startswith("SASL")
+    assert data["FFDL_KAFKA__SASL_MECHANISM"].startswith("SCRAM")
+    assert not [name for name in data if "PASSWORD" in name or "TOKEN" in name]
+
+
+def secret_refs(container: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    """The container's variables that come from Secrets: name -> (secret, key)."""
+    return {
+        item["name"]: (ref["name"], ref["key"])
+        for item in container.get("env", [])
+        if (ref := item.get("valueFrom", {}).get("secretKeyRef"))
+    }
+
+
+def test_every_role_logs_in_to_kafka_and_etcd_with_the_platforms_secrets() -> None:
+    for deployment in of_kind("Deployment"):
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        assert secret_refs(container) == {
+            "FFDL_KAFKA__SASL_PASSWORD": ("ffdl-platform", "password"),
+            "FFDL_ETCD__USERNAME": ("ffdl-etcd", "username"),
+            "FFDL_ETCD__PASSWORD": ("ffdl-etcd", "password"),
+        }, deployment["metadata"]["name"]
+        assert all(key in PLATFORM_SECRETS[name] for name, key in secret_refs(container).values())
+
+
+def test_the_api_serves_the_tenants_of_a_secret_and_is_never_started_open() -> None:
+    (config,) = of_kind("ConfigMap")
+    tenants_file = Path(config["data"]["FFDL_TENANTS_FILE"])
+    (api,) = [d for d in of_kind("Deployment") if d["metadata"]["name"] == "ffdl-api"]
+    pod = api["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == str(tenants_file.parent)]
+    assert mount["readOnly"] is True
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert volume["secret"]["secretName"] == "ffdl-tenants"
+    for deployment in of_kind("Deployment"):
+        assert "--open" not in deployment["spec"]["template"]["spec"]["containers"][0]["command"]
+
+
+def policies(namespace: str) -> dict[str, dict[str, Any]]:
+    return {
+        doc["metadata"]["name"]: doc["spec"]
+        for doc in of_kind("NetworkPolicy")
+        if doc["metadata"]["namespace"] == namespace
+    }
+
+
+def test_learner_pods_start_from_no_traffic_in_or_out() -> None:
+    """Each job's own policy (made by the launcher) adds its peers, DNS and the heartbeat store."""
+    assert policies("ffdl-jobs") == {
+        "default-deny": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}
+    }
+
+
+def test_the_api_is_reachable_from_every_namespace_but_the_learners() -> None:
+    platform = policies("ffdl")
+    assert platform["default-deny-ingress"] == {"podSelector": {}, "policyTypes": ["Ingress"]}
+    api = platform["ffdl-api"]
+    (api_deployment,) = [d for d in of_kind("Deployment") if d["metadata"]["name"] == "ffdl-api"]
+    assert (
+        api["podSelector"]["matchLabels"].items()
+        <= api_deployment["spec"]["template"]["metadata"]["labels"].items()
+    )
+    (rule,) = api["ingress"]
+    assert rule["from"] == [
+        {
+            "namespaceSelector": {
+                "matchExpressions": [
+                    {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["ffdl-jobs"]}
+                ]
+            }
+        }
+    ]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 8080}]
+
+
+def test_etcd_takes_clients_from_the_platform_and_learners_only_on_its_client_port() -> None:
+    etcd = policies("ffdl")["etcd"]
+    clients, peers = etcd["ingress"]
+    namespaces = {
+        peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] for peer in clients["from"]
+    }
+    assert namespaces == {"ffdl", "ffdl-jobs"}
+    assert clients["ports"] == [{"protocol": "TCP", "port": 2379}]
+    assert peers["from"] == [{"podSelector": etcd["podSelector"]}]
+    assert peers["ports"] == [{"protocol": "TCP", "port": 2380}]
+
+
 def test_the_image_is_multi_stage_unprivileged_and_starts_under_tini() -> None:
     lines = [
         line.strip()
@@ -161,12 +257,27 @@ def test_the_image_is_multi_stage_unprivileged_and_starts_under_tini() -> None:
     assert any("apt-get install" in line and "tini" in line for line in lines)
 
 
-def test_the_compose_stack_runs_the_platform_on_kafka_etcd_and_mosquitto() -> None:
+def test_the_compose_stack_runs_the_platform_on_kafka_and_mosquitto_with_learners_shut_out() -> None:
     compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
     services = compose["services"]
-    assert set(services) == {"kafka", "etcd", "mosquitto", "ffdl"}
-    environment = services["ffdl"]["environment"]
+    assert set(services) == {"kafka", "mosquitto", "ffdl"}
+    platform = services["ffdl"]
+    environment = platform["environment"]
     assert environment["FFDL_BUS"] == "kafka://kafka:9092"
-    assert environment["FFDL_HEARTBEATS"] == "etcd://etcd:2379"
     assert environment["FFDL_MQTT"] == "mqtt://mosquitto:1883"
-    assert set(services["ffdl"]["depends_on"]) == {"kafka", "etcd", "mosquitto"}
+    assert set(platform["depends_on"]) == {"kafka", "mosquitto"}
+    # learners share the container's network: Kafka authenticates, the heartbeats are embedded
+    assert environment["FFDL_KAFKA__SECURITY_PROTOCOL"] == "SASL_PLAINTEXT"
+    assert "FFDL_HEARTBEATS" not in environment
+    kafka = services["kafka"]["environment"]
+    protocols = dict(entry.split(":") for entry in kafka["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
+    reachable = [
+        listener.split("://")[0]
+        for listener in kafka["KAFKA_LISTENERS"].split(",")
+        if "://localhost:" not in listener
+    ]
+    assert [protocols[name] for name in reachable] == ["SASL_PLAINTEXT"]  # the rest only on loopback
+    # learners run as nobody under a root platform, outside its data dir; the API is never open
+    assert (platform["user"], environment["FFDL_LEARNER_USER"]) == ("0:0", "nobody")
+    assert not Path(environment["FFDL_LEARNERS_DIR"]).is_relative_to(environment["FFDL_DATA_DIR"])
+    assert "--open" not in platform["command"]

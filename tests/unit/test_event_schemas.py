@@ -28,7 +28,15 @@ from ffdl.events.codec import (
     event_to_json,
 )
 from ffdl.events.envelope import Command, Event, EventData, Payload
-from ffdl.events.model import Checkpoint, ErrorCode, JobSpec, LearnerPlacement, LossReason, Placement
+from ffdl.events.model import (
+    Checkpoint,
+    ErrorCode,
+    JobSpec,
+    LearnerPlacement,
+    LossReason,
+    Placement,
+    env_problems,
+)
 from ffdl.events.schema_export import (
     SCHEMA_DIR,
     all_payload_types,
@@ -98,6 +106,10 @@ def test_export_writes_exactly_the_rendered_schemas(tmp_path: Path) -> None:
 
 texts = st.text(st.characters(codec="utf-8"), max_size=24)
 names = st.from_regex(r"[a-z0-9]([a-z0-9-]{0,10}[a-z0-9])?", fullmatch=True)
+# A job's env names only variables it may set (JobSpec.submission_problems): no FFDL_ or LD_ names.
+variables = st.from_regex(r"[A-EG-KM-Z_][A-Z0-9_]{0,10}", fullmatch=True).filter(
+    lambda name: not env_problems({name: ""})
+)
 finite = st.floats(-1e9, 1e9, allow_nan=False)
 metrics = st.dictionaries(st.text(max_size=8), finite, max_size=3)
 ranks = st.integers(0, 64)
@@ -110,7 +122,7 @@ job_specs = st.builds(
     gpus=st.integers(0, 8),
     gpu_type=st.none() | names,
     cpus=st.floats(0.1, 64, allow_nan=False),
-    env=st.dictionaries(names, texts, max_size=3),
+    env=st.dictionaries(variables, texts.filter(lambda text: "\0" not in text), max_size=3),
     placement=st.sampled_from(("pack", "spread")),
 )
 checkpoints = st.builds(

@@ -9,13 +9,19 @@ from typing import Any
 import pytest
 
 from ffdl.adapters.launchers.k8s_manifests import (
+    CLUSTER_DNS,
     GPU_RESOURCE,
+    HEARTBEAT_STORE,
     LABEL_JOB,
+    PodLogin,
     PodSettings,
     dns_label,
     job_selector,
     label_value,
     learner_of,
+    login_password,
+    login_secret_manifest,
+    login_secret_name,
     network_policy_manifest,
     pod_manifest,
     pod_name,
@@ -46,12 +52,19 @@ def request(job_id: str = "mnist-1a2b", *, gpus: int = 2, learners: int = 2, **s
     return LaunchRequest(job_id, "Team A", 2, job, placement, resume_from=checkpoint)
 
 
-def pod(launch: LaunchRequest, rank: int = 0, settings: PodSettings = SETTINGS) -> dict[str, Any]:
-    return pod_manifest(launch, launch.placement.learners[rank], 0, SERVICE, settings)
+LOGIN = PodLogin("ffdl-job-mnist-1a2b", login_secret_name("mnist-1a2b"))
+
+
+def pod(
+    launch: LaunchRequest, rank: int = 0, settings: PodSettings = SETTINGS, login: PodLogin | None = None
+) -> dict[str, Any]:
+    return pod_manifest(launch, launch.placement.learners[rank], 0, SERVICE, settings, login)
 
 
 def env_of(manifest: dict[str, Any]) -> dict[str, str]:
-    return {item["name"]: item["value"] for item in manifest["spec"]["containers"][0]["env"]}
+    return {
+        item["name"]: item["value"] for item in manifest["spec"]["containers"][0]["env"] if "value" in item
+    }
 
 
 @pytest.mark.parametrize(
@@ -90,8 +103,10 @@ def test_every_manifest_is_valid_against_the_kubernetes_openapi_models() -> None
                 storage_claim="ffdl-storage",
             ),
         ),
+        pod(launch, login=LOGIN),
         service_manifest(launch.job_id, launch.tenant, SETTINGS),
         network_policy_manifest(launch.job_id, launch.tenant, SERVICE, SETTINGS),
+        login_secret_manifest(launch.job_id, launch.tenant, SERVICE, SETTINGS, "pw"),
     ]
     assert [problem for manifest in manifests for problem in openapi_problems(manifest)] == []
 
@@ -195,14 +210,62 @@ def test_checkpoints_and_results_live_in_the_jobs_own_directories_of_the_storage
     assert {"name": "storage", "persistentVolumeClaim": {"claimName": "ffdl-storage"}} in spec["volumes"]
 
 
-def test_the_network_policy_admits_only_the_jobs_own_pods() -> None:
+def test_the_network_policy_admits_only_the_jobs_pods_and_lets_them_reach_only_peers_dns_heartbeats() -> None:
     policy = network_policy_manifest("mnist-1a2b", "Team A", SERVICE, SETTINGS)
-    job = {"matchLabels": {LABEL_JOB: "mnist-1a2b"}}
+    job = {"podSelector": {"matchLabels": {LABEL_JOB: "mnist-1a2b"}}}
     assert policy["spec"] == {
-        "podSelector": job,
-        "policyTypes": ["Ingress"],
-        "ingress": [{"from": [{"podSelector": job}]}],
+        **job,
+        "policyTypes": ["Ingress", "Egress"],
+        "ingress": [{"from": [job]}],
+        "egress": [
+            {"to": [job]},
+            {
+                "to": [CLUSTER_DNS],
+                "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
+            },
+            {"to": [HEARTBEAT_STORE], "ports": [{"protocol": "TCP", "port": 2379}]},
+        ],
     }
+    object_storage = {
+        "to": [{"ipBlock": {"cidr": "10.9.0.0/16"}}],
+        "ports": [{"protocol": "TCP", "port": 443}],
+    }
+    opened = PodSettings(
+        namespace="jobs", image="i", heartbeats_url="etcd://e:2380", extra_egress=(object_storage,)
+    )
+    egress = network_policy_manifest("j", "t", SERVICE, opened)["spec"]["egress"]
+    assert egress[2]["ports"] == [{"protocol": "TCP", "port": 2380}]
+    assert egress[3:] == [object_storage]
+
+
+def test_a_learner_pod_holds_no_credential_but_its_jobs_heartbeat_login() -> None:
+    without = pod(request())
+    assert all("valueFrom" not in item for item in without["spec"]["containers"][0]["env"])
+    assert "FFDL_HEARTBEATS_USERNAME" not in env_of(without)
+    with_login = pod(request(), login=LOGIN)
+    spec = with_login["spec"]
+    assert spec["automountServiceAccountToken"] is False
+    assert all("secret" not in volume and "projected" not in volume for volume in spec["volumes"])
+    (container,) = spec["containers"]
+    assert "envFrom" not in container
+    assert env_of(with_login)["FFDL_HEARTBEATS_USERNAME"] == "ffdl-job-mnist-1a2b"
+    from_secrets = [item for item in container["env"] if "valueFrom" in item]
+    assert from_secrets == [
+        {
+            "name": "FFDL_HEARTBEATS_PASSWORD",
+            "valueFrom": {"secretKeyRef": {"name": "ffdl-mnist-1a2b-heartbeats", "key": "password"}},
+        }
+    ]
+
+
+def test_the_login_secret_holds_the_password_and_belongs_to_the_jobs_service() -> None:
+    secret = login_secret_manifest("mnist-1a2b", "Team A", SERVICE, SETTINGS, "s3cret/+=")
+    assert secret["metadata"]["name"] == login_secret_name("mnist-1a2b") == "ffdl-mnist-1a2b-heartbeats"
+    assert secret["metadata"]["ownerReferences"] == [
+        {"apiVersion": "v1", "kind": "Service", "name": "ffdl-job", "uid": "0c8a-uid"}
+    ]
+    assert login_password(secret) == "s3cret/+="
+    assert "s3cret" not in str(secret)  # base64, as the API keeps it
 
 
 def test_the_service_is_headless_and_selects_the_jobs_pods() -> None:

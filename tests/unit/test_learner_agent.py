@@ -96,6 +96,7 @@ def config(tmp_path: Path, ttl_s: float = 0.3) -> AgentConfig:
         attempt=1,
         rank=0,
         heartbeats_url="memory://",
+        command_environment=dict(os.environ),  # the command runs with the test process's environment
         heartbeat_ttl_s=ttl_s,
         log_file=tmp_path / "learner.log",
         report_file=tmp_path / "learner.reports.jsonl",

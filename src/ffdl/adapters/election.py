@@ -17,13 +17,15 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from ffdl.adapters.election_etcd import EtcdElection
+from ffdl.adapters.heartbeats.etcd_auth import EtcdCredentials
 from ffdl.handlers.ports import Election
 
 _ACCEPTED = "file:///ABSOLUTE/DIR or etcd://HOST:PORT"
 
 
-def open_election(url: str, ttl_s: float) -> Election:
-    """The election that ``url`` names; ``ttl_s`` is the leader lease of an etcd election."""
+def open_election(url: str, ttl_s: float, credentials: EtcdCredentials | None = None) -> Election:
+    """The election that ``url`` names; ``ttl_s`` is the leader lease of an etcd election, which logs
+    in with ``credentials`` when etcd's auth is on."""
     parts = urlsplit(url)
     if parts.query or parts.fragment:
         raise ValueError(f"election URL {url!r} takes no query or fragment; use {_ACCEPTED}")
@@ -35,7 +37,7 @@ def open_election(url: str, ttl_s: float) -> Election:
         except ValueError as error:
             raise ValueError(f"election URL {url!r} has a bad port; use {_ACCEPTED}") from error
         if host and port:
-            return EtcdElection(host, port, ttl_s)
+            return EtcdElection(host, port, ttl_s, credentials=credentials)
     raise ValueError(f"unsupported election URL {url!r}; use {_ACCEPTED}")
 
 

@@ -42,14 +42,12 @@ import structlog
 from aetcd import rpc
 from aetcd.rtypes import EventKind
 
+from ffdl.adapters.heartbeats.etcd_auth import EtcdCredentials, etcd_client, forget_expired_token
 from ffdl.handlers.aio import Backoff
 
 log = structlog.get_logger(__name__)
 
 LEADERS_PREFIX = "/ffdl/leaders/"
-# gRPC backs off reconnecting up to two minutes by default; an etcd that is back should be used
-# again within a second.
-_MAX_RECONNECT_BACKOFF_MS = 1000
 _RETRY_MAX_S = 2.0
 
 _Value = TypeVar("_Value")
@@ -91,6 +89,7 @@ class EtcdElection:
         *,
         timeout_s: float = 2.0,
         identity: str | None = None,
+        credentials: EtcdCredentials | None = None,
     ) -> None:
         if ttl_s <= 0:
             raise ValueError(f"a leader lease needs a positive TTL, got {ttl_s}")
@@ -98,12 +97,7 @@ class EtcdElection:
         self._ttl_s = max(1, math.ceil(ttl_s))
         self._timeout_s = timeout_s
         self._identity = identity or f"{socket.gethostname()}-{os.getpid()}"
-        self._client = aetcd.Client(
-            host,
-            port,
-            timeout=timeout_s,
-            options={"grpc.max_reconnect_backoff_ms": _MAX_RECONNECT_BACKOFF_MS},
-        )
+        self._client = etcd_client(host, port, timeout_s, credentials)
         self._terms: dict[str, _Term] = {}
 
     # -- the port -------------------------------------------------------------------------------
@@ -261,6 +255,7 @@ class EtcdElection:
         try:
             return await request
         except aetcd.ClientError as error:
+            await forget_expired_token(self._client, error)  # then unavailable for now: callers retry
             cause = error.__cause__
             code = cause.code() if isinstance(cause, rpc.AioRpcError) else None
             if code == rpc.StatusCode.NOT_FOUND:

@@ -1,9 +1,15 @@
 """Tenants and their API tokens: a JSON file of names, roles and SHA-256 hashes of the tokens.
 
-A token is shown once, when ``ffdl tenants add`` creates it; only its hash is stored. While the
-file names no tenant the platform runs open (every request acts as the admin of the tenant
-``default``), and says so when it starts. The registry re-reads the file when it changes, so a
-tenant added while the platform runs can call it at once.
+A token is shown once, when ``ffdl tenants add`` creates it; only its hash is stored. The file is
+written whole to a temporary file, fsynced, renamed over the old one and the directory fsynced, so
+it is always either the old file or the new one, also after a crash.
+
+Fail closed: the API runs open (every request acts as the admin of the tenant ``default``) only
+when it was started so on purpose (``ffdl up --open``, ``ffdl demo``: ``allow_open``) and the file
+names no tenant. Otherwise a missing or empty file lets nobody in, and ``ffdl up`` refuses to serve
+the API at all (:meth:`TenantRegistry.unservable`). A file that cannot be read or parsed never
+opens the API, even with ``--open``: it lets nobody in until it is fixed. The registry re-reads the
+file when it changes, so a tenant added while the platform runs can call it at once.
 """
 
 from __future__ import annotations
@@ -14,9 +20,15 @@ import json
 import os
 import re
 import secrets
+import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import structlog
+
+log = structlog.get_logger(__name__)
 
 DEFAULT_TENANT = "default"
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
@@ -45,35 +57,64 @@ class TenantError(ValueError):
 
 
 class TenantRegistry:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, allow_open: bool = False) -> None:
         self.path = path
+        self._allow_open = allow_open
         self._lock = threading.Lock()
         self._stamp: tuple[int, int] | None = None
         self._by_hash: dict[str, Principal] = {}
         self._records: dict[str, dict[str, object]] = {}
+        self._problem: str | None = None
 
     def _reload(self) -> None:
         try:
             stat = self.path.stat()
         except FileNotFoundError:
-            self._stamp, self._by_hash, self._records = None, {}, {}
+            self._stamp, self._by_hash, self._records, self._problem = None, {}, {}, None
+            return
+        except OSError as error:
+            self._fail(None, f"cannot read {self.path}: {error}")
             return
         stamp = (stat.st_mtime_ns, stat.st_size)
         if stamp == self._stamp:
             return
-        records: dict[str, dict[str, object]] = json.loads(self.path.read_text() or "{}")
-        self._records = records
+        try:
+            records = _records(json.loads(self.path.read_text() or "{}"))
+        except (OSError, ValueError) as error:
+            self._fail(stamp, f"cannot read {self.path}: {error}")
+            return
+        self._records, self._problem = records, None
         self._by_hash = {
             str(record["token_sha256"]): Principal(name, bool(record.get("admin", False)))
             for name, record in records.items()
         }
         self._stamp = stamp
 
+    def _fail(self, stamp: tuple[int, int] | None, problem: str) -> None:
+        """An unreadable file: nobody is let in (never open) until it can be read again."""
+        if problem != self._problem:
+            log.error("tenants file unreadable: no request is let in until it is fixed", problem=problem)
+        self._stamp, self._by_hash, self._records, self._problem = stamp, {}, {}, problem
+
     @property
     def open(self) -> bool:
+        """Whether every request acts as the open default: only when allowed and no tenant exists."""
         with self._lock:
             self._reload()
-            return not self._records
+            return self._allow_open and not self._records and self._problem is None
+
+    def unservable(self) -> str | None:
+        """Why the API may not be served with these tenants, or None when it may."""
+        with self._lock:
+            self._reload()
+            if self._problem is not None:
+                return f"{self._problem}; the API never runs open for a tenants file it cannot read"
+            if not self._records and not self._allow_open:
+                return (
+                    f"no tenant in {self.path}: the API would be open to anyone who reaches it. Add one "
+                    "with `ffdl tenants add NAME --admin`, or start with --open on purpose (a laptop)"
+                )
+            return None
 
     def names(self) -> list[str]:
         with self._lock:
@@ -96,14 +137,41 @@ class TenantRegistry:
         token = f"ffdl_{secrets.token_urlsafe(32)}"
         with self._lock:
             self._reload()
+            if self._problem is not None:
+                raise TenantError(f"{self._problem}: fix it before adding a tenant")
             if name in self._records:
                 raise TenantError(f"tenant {name!r} exists already")
             records = {**self._records, name: {"token_sha256": _hash(token), "admin": admin}}
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_suffix(".tmp")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as handle:
-                json.dump(records, handle, indent=2, sort_keys=True)
-            tmp.replace(self.path)
+            _write_durably(self.path, json.dumps(records, indent=2, sort_keys=True))
             self._stamp = None
         return token
+
+
+def _records(loaded: Any) -> dict[str, dict[str, object]]:
+    """The tenants of a parsed file, or ValueError for a file that is not a tenants file."""
+    if not isinstance(loaded, dict) or not all(
+        isinstance(record, dict) and isinstance(record.get("token_sha256"), str) for record in loaded.values()
+    ):
+        raise ValueError("not a tenants file: an object of {name: {token_sha256, admin}} is expected")
+    return {str(name): dict(record) for name, record in loaded.items()}
+
+
+def _write_durably(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` atomically and durably: a temporary file in the same directory,
+    fsynced, renamed over ``path``, and the directory fsynced so the rename itself survives a crash."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(descriptor, "w") as handle:  # mkstemp: mode 0600, created exclusively
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)

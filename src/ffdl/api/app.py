@@ -5,7 +5,8 @@
   owner's reason. ``GET`` accepts ``?after=PARTITION:OFFSET`` to wait (bounded) for a position.
 * Tenancy: with tenants configured every request needs ``Authorization: Bearer TOKEN``; a tenant
   sees and touches only its own jobs (another tenant's job is a 404, never a 403 that would leak
-  that it exists); an admin sees all. With no tenant configured the API runs open.
+  that it exists); an admin sees all. With no tenant configured the API lets nobody in, unless it
+  was started open on purpose (``ffdl up --open``), when every caller acts as the default's admin.
 * Nodes: everyone sees the inventory (``/v1/nodes``, ``/v1/cluster``, both folded from the node
   events); only admins cordon, drain and uncordon, which are node commands on the log like a job's.
 * Problems answer 4xx with a body that names the field: ``{"detail": [{"field", "message"}]}``.
@@ -28,12 +29,15 @@ from ffdl.api.routes import cluster, events, health, jobs, logs, nodes
 from ffdl.wiring.platform import Platform
 
 
-def create_app(platform: Platform) -> FastAPI:
-    """The API of ``platform``: its routers, the problem format for invalid requests and the body limit."""
+def create_app(platform: Platform, *, open_api: bool = False) -> FastAPI:
+    """The API of ``platform``: its routers, the problem format for invalid requests and the body limit.
+
+    ``open_api``: with no tenant, every caller is the open default's admin (``ffdl up --open``, the
+    demo); without it, no tenant means nobody gets in."""
     app = FastAPI(
         title="ffdl", version="1", summary="Event-sourced multi-tenant deep-learning training platform"
     )
-    app.state.backend = PlatformBackend(platform)
+    app.state.backend = PlatformBackend(platform, open_api=open_api)
     app.state.sse_followers = 0
     app.exception_handler(RequestValidationError)(invalid_request)
     app.middleware("http")(limit_body)

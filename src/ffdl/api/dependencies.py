@@ -53,11 +53,11 @@ class PlatformBackend:
     """The platform one app serves, with what its routes share beyond a request: the tenants, the
     heartbeat snapshot and the metrics registry."""
 
-    def __init__(self, platform: Platform) -> None:
+    def __init__(self, platform: Platform, *, open_api: bool = False) -> None:
         self.platform = platform
         self.settings = platform.settings
         self.projection = platform.projection
-        self.tenants = TenantRegistry(platform.settings.tenants_path)
+        self.tenants = TenantRegistry(platform.settings.tenants_path, allow_open=open_api)
         self.heartbeats = HeartbeatView(platform)
         self.collector = PlatformCollector(platform)
         self.registry = registry_for(self.collector, platform.projector.latency)

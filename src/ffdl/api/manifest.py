@@ -46,12 +46,15 @@ def spec_from_mapping(raw: Any) -> JobSpec:
     if isinstance(framework, dict) and "command" in framework:
         raw = _from_ffdl(raw, framework)
     try:
-        return JobSpec.model_validate(raw)
+        spec = JobSpec.model_validate(raw)
     except ValidationError as exc:
         problems = [
             (".".join(str(p) for p in error["loc"]) or "(body)", error["msg"]) for error in exc.errors()
         ]
         raise ManifestError(problems) from exc
+    if problems := spec.submission_problems():
+        raise ManifestError(problems)
+    return spec
 
 
 def _memory_mb(value: Any) -> Any:

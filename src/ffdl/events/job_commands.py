@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from ffdl.events.envelope import CommandData
 from ffdl.events.job_events import Attempt, JobIds, NodeNames, Rank, Reason
@@ -17,6 +17,14 @@ from ffdl.events.model import Checkpoint, ErrorCode, JobSpec, LossReason, Placem
 
 class SubmitJob(CommandData):
     spec: JobSpec
+
+    @field_validator("spec")
+    @classmethod
+    def _submittable(cls, spec: JobSpec) -> JobSpec:
+        """A spec enters the platform only under today's rules (whoever sends it: API or producer)."""
+        if problems := spec.submission_problems():
+            raise ValueError("; ".join(f"{field}: {message}" for field, message in problems))
+        return spec
 
 
 class AdmitJob(CommandData):

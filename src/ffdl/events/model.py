@@ -3,12 +3,141 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
+
+#: The learner environment contract: the variables the platform sets for every learner (README, "The
+#: manifest"), which nothing a job asks for may change.
+LEARNER_CONTRACT_VARIABLES = frozenset(
+    {
+        "FFDL_JOB_ID",
+        "FFDL_TENANT",
+        "FFDL_ATTEMPT",
+        "FFDL_CHECKPOINT_DIR",
+        "FFDL_RESUME_FROM",
+        "FFDL_HEARTBEATS",
+        "FFDL_HEARTBEAT_TTL",
+        "FFDL_LOG_FILE",
+        "FFDL_REPORT_FILE",
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "CUDA_VISIBLE_DEVICES",
+        "LEARNER_ID",
+        "NUM_LEARNERS",
+        "CHECKPOINT_DIR",
+        "RESULT_DIR",
+        "DATA_DIR",
+    }
+)
+
+#: Prefixes of names a job's env may not set: the platform's own namespace, and the dynamic loader's
+#: (every ``LD_`` variable is read by ld.so: ``LD_PRELOAD``, ``LD_LIBRARY_PATH``, ``LD_AUDIT``...).
+_FORBIDDEN_ENV_PREFIXES = {
+    "FFDL_": "the platform's own variables",
+    "LD_": "the dynamic loader's variables",
+}
+#: Names that make an interpreter or a shell run code other than the command's: Python's module and
+#: startup paths, the shell's startup files and traced prompts, glibc's charset converter modules.
+_FORBIDDEN_ENV_NAMES = {
+    **dict.fromkeys(
+        (
+            "PYTHONPATH",
+            "PYTHONHOME",
+            "PYTHONSTARTUP",
+            "PYTHONINSPECT",
+            "PYTHONUSERBASE",
+            "PYTHONPLATLIBDIR",
+            "PYTHONPYCACHEPREFIX",
+            "PYTHONBREAKPOINT",
+            "PYTHONEXECUTABLE",
+        ),
+        "a variable that makes Python load other code",
+    ),
+    **dict.fromkeys(
+        ("BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "PS4"), "a variable that makes the shell run other code"
+    ),
+    "GCONV_PATH": "a variable that makes glibc load other code",
+}
+ENV_NAME_MAX = 128
+ENV_VALUE_MAX = 4096
+ENV_TOTAL_MAX_BYTES = 64 * 1024
+LABEL_KEY_MAX = 63
+LABEL_VALUE_MAX = 256
+MAP_ENTRIES_MAX = 256
+_ENV_NAME = re.compile(rf"[A-Za-z_][A-Za-z0-9_.-]{{0,{ENV_NAME_MAX - 1}}}\Z")
+_LABEL_KEY = re.compile(rf"[A-Za-z0-9]([A-Za-z0-9._/-]{{0,{LABEL_KEY_MAX - 2}}}[A-Za-z0-9])?\Z")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def env_problems(env: Mapping[str, str]) -> list[tuple[str, str]]:
+    """Why a job may not run with ``env``, as (field, message) pairs; empty when it may.
+
+    A job's env reaches only its own command: names the platform sets, the loader's and the
+    interpreters' start-up variables are refused (they would change what the platform's own
+    processes run, or break the contract), and sizes are bounded so that every learner can be started.
+    """
+    problems: list[tuple[str, str]] = []
+    if len(env) > MAP_ENTRIES_MAX:
+        problems.append(("env", f"at most {MAP_ENTRIES_MAX} entries"))
+    for name, value in env.items():
+        field = f"env.{name}"
+        if not _ENV_NAME.match(name):
+            problems.append(
+                (
+                    field,
+                    f"a variable name is a letter or '_', then letters, digits, '_', '.' or '-' "
+                    f"(at most {ENV_NAME_MAX} characters)",
+                )
+            )
+        elif reason := _forbidden_env_reason(name):
+            problems.append((field, f"may not be set: {reason}"))
+        if len(value) > ENV_VALUE_MAX or "\0" in value:
+            problems.append((field, f"a value is at most {ENV_VALUE_MAX} characters, with no NUL"))
+    total = sum(len(name.encode()) + len(value.encode()) + 2 for name, value in env.items())
+    if total > ENV_TOTAL_MAX_BYTES:
+        problems.append(("env", f"at most {ENV_TOTAL_MAX_BYTES} bytes in all"))
+    return problems
+
+
+def _forbidden_env_reason(name: str) -> str | None:
+    if name in LEARNER_CONTRACT_VARIABLES:
+        return "the platform sets it for every learner"
+    if name in _FORBIDDEN_ENV_NAMES:
+        return _FORBIDDEN_ENV_NAMES[name]
+    for prefix, reason in _FORBIDDEN_ENV_PREFIXES.items():
+        if name.startswith(prefix):
+            return reason
+    return None
+
+
+def label_problems(labels: Mapping[str, str]) -> list[tuple[str, str]]:
+    """Why a job may not carry ``labels``, as (field, message) pairs; empty when it may."""
+    problems: list[tuple[str, str]] = []
+    if len(labels) > MAP_ENTRIES_MAX:
+        problems.append(("labels", f"at most {MAP_ENTRIES_MAX} entries"))
+    for key, value in labels.items():
+        field = f"labels.{key}"
+        if not _LABEL_KEY.match(key):
+            problems.append(
+                (
+                    field,
+                    f"a label key is letters, digits, '.', '_', '/' or '-', starting and ending "
+                    f"alphanumeric (at most {LABEL_KEY_MAX} characters)",
+                )
+            )
+        if len(value) > LABEL_VALUE_MAX or _CONTROL.search(value):
+            problems.append(
+                (field, f"a label value is at most {LABEL_VALUE_MAX} characters, with no control characters")
+            )
+    return problems
 
 
 class Frozen(BaseModel):
@@ -55,9 +184,18 @@ class JobSpec(Frozen):
     @field_validator("env", "labels")
     @classmethod
     def _bounded_map(cls, value: dict[str, str]) -> dict[str, str]:
-        if len(value) > 256:
-            raise ValueError("at most 256 entries")
+        if len(value) > MAP_ENTRIES_MAX:
+            raise ValueError(f"at most {MAP_ENTRIES_MAX} entries")
         return value
+
+    def submission_problems(self) -> list[tuple[str, str]]:
+        """Why this spec may not be submitted now, as (field, message) pairs; empty when it may.
+
+        These rules are checked where a spec enters the platform (the ``SubmitJob`` command, the
+        manifest parser) and again by the launchers, not whenever a spec is decoded: a job submitted
+        under older rules stays readable on the log, and is refused when it would launch.
+        """
+        return [*env_problems(self.env), *label_problems(self.labels)]
 
 
 class LearnerPlacement(Frozen):

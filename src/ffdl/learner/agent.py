@@ -3,8 +3,12 @@
 A launcher starts one agent per learner as ``python -m ffdl.learner.agent -- <shell command>``, in a
 new session, with the learner environment (``FFDL_JOB_ID``, ``FFDL_TENANT``, ``FFDL_ATTEMPT``,
 ``RANK``, ``FFDL_HEARTBEATS``, ``FFDL_HEARTBEAT_TTL``, ``FFDL_LOG_FILE``, ``FFDL_REPORT_FILE``...).
-The agent runs the command with ``/bin/sh -c`` in its own process group, passing the environment
-through, and for as long as the command runs it keeps the learner's key
+The agent runs the command with ``/bin/sh -c`` in its own process group, with the command's
+environment (the agent's own, less what is the agent's alone, with the job's ``env`` unwrapped:
+:func:`~ffdl.adapters.launchers.environment.command_environment`; the job's env never reaches the
+agent's own interpreter) and, when ``FFDL_RUN_AS=UID:GID`` says so, as that unprivileged user with
+no supplementary groups while the agent keeps the platform's user. For as long as the command runs
+the agent keeps the learner's key
 ``/ffdl/jobs/<job>/learners/<rank>`` in the heartbeat store, bound to a lease, holding a
 :class:`~ffdl.handlers.heartbeat_keys.LearnerBeat`. When the command ends it writes the exit record
 ``/ffdl/jobs/<job>/exits/<attempt>/<rank>`` (no lease, so it outlives the agent), then revokes the
@@ -48,13 +52,19 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
 import structlog
 
-from ffdl.adapters.heartbeats import exit_key, learner_key, open_store
+from ffdl.adapters.heartbeats import EtcdCredentials, exit_key, learner_key, open_store
+from ffdl.adapters.launchers.environment import (
+    HEARTBEATS_PASSWORD_VARIABLE,
+    HEARTBEATS_USERNAME_VARIABLE,
+    RUN_AS_VARIABLE,
+    command_environment,
+)
 from ffdl.adapters.processes import exit_code_of, wait_for_exit
 from ffdl.events.job_commands import ReportProgress
 from ffdl.events.model import Checkpoint
@@ -91,10 +101,16 @@ class AgentConfig:
     attempt: int
     rank: int
     heartbeats_url: str
+    #: What the learner's command runs with (never the agent's environment as it is).
+    command_environment: Mapping[str, str] = field(repr=False)
     tenant: str = ""
     heartbeat_ttl_s: float = DEFAULT_HEARTBEAT_TTL_S
     log_file: Path | None = None
     report_file: Path | None = None
+    #: The unprivileged (uid, gid) the command runs as; None: the agent's own user.
+    run_as: tuple[int, int] | None = None
+    #: The heartbeat store's login (a per-job etcd user on Kubernetes); never the command's.
+    heartbeats_credentials: EtcdCredentials | None = None
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> AgentConfig:
@@ -113,11 +129,31 @@ class AgentConfig:
             attempt=attempt,
             rank=rank,
             heartbeats_url=environ["FFDL_HEARTBEATS"],
+            command_environment=command_environment(environ),
             tenant=environ.get("FFDL_TENANT", ""),
             heartbeat_ttl_s=ttl_s,
             log_file=Path(environ["FFDL_LOG_FILE"]) if environ.get("FFDL_LOG_FILE") else None,
             report_file=Path(environ["FFDL_REPORT_FILE"]) if environ.get("FFDL_REPORT_FILE") else None,
+            run_as=_user_and_group(environ.get(RUN_AS_VARIABLE, "")),
+            heartbeats_credentials=_credentials(environ),
         )
+
+
+def _credentials(environ: Mapping[str, str]) -> EtcdCredentials | None:
+    username = environ.get(HEARTBEATS_USERNAME_VARIABLE, "")
+    password = environ.get(HEARTBEATS_PASSWORD_VARIABLE, "")
+    if bool(username) != bool(password):
+        raise ValueError(f"{HEARTBEATS_USERNAME_VARIABLE} and {HEARTBEATS_PASSWORD_VARIABLE} go together")
+    return EtcdCredentials(username, password) if username else None
+
+
+def _user_and_group(run_as: str) -> tuple[int, int] | None:
+    if not run_as:
+        return None
+    uid, _, gid = run_as.partition(":")
+    if not (uid.isdigit() and gid.isdigit()):
+        raise ValueError(f"{RUN_AS_VARIABLE}={run_as!r} is not UID:GID")
+    return int(uid), int(gid)
 
 
 def _parse(
@@ -254,12 +290,18 @@ class LearnerAgent:
         return await self._finish(exit_code_of(returncode))
 
     def _start_command(self) -> subprocess.Popen[bytes]:
-        """The learner's command under ``/bin/sh``, in the agent's process group, output on one pipe."""
+        """The learner's command under ``/bin/sh``, in the agent's process group, output on one pipe,
+        with its own environment and, when the launcher says so, as the unprivileged learner user."""
+        uid, gid = self._config.run_as or (None, None)
         return subprocess.Popen(
             [SHELL, "-c", SHELL_PRELUDE + self._command],
+            env=self._config.command_environment,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
+            user=uid,
+            group=gid,
+            extra_groups=None if uid is None else [],
         )
 
     # -- the tasks ------------------------------------------------------------------------------
@@ -448,7 +490,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return os.EX_USAGE
     try:
         config = AgentConfig.from_environ(os.environ)
-        store = open_store(config.heartbeats_url)
+        store = open_store(config.heartbeats_url, config.heartbeats_credentials)
     except ValueError as error:
         log.error("learner agent misconfigured", error=str(error))
         return os.EX_CONFIG

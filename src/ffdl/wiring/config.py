@@ -13,11 +13,13 @@ nothing new is placed there.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import tempfile
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -26,6 +28,7 @@ from pydantic_settings import (
 )
 
 from ffdl.adapters.bus.kafka_config import KafkaConfig
+from ffdl.adapters.heartbeats.etcd_auth import EtcdConfig
 from ffdl.adapters.launchers.kube_config import KubeConfig
 from ffdl.core.allocator import Node
 from ffdl.core.restart import RestartPolicy
@@ -79,6 +82,7 @@ class Settings(BaseSettings):
     partitions: int = Field(default=8, ge=1, le=1024)
     topic_prefix: str = "ffdl"
     kafka: KafkaConfig = Field(default_factory=KafkaConfig)
+    etcd: EtcdConfig = Field(default_factory=EtcdConfig)
     kube: KubeConfig = Field(default_factory=KubeConfig)
     nodes: list[NodeConfig] | None = None
     tenant_quotas: dict[str, TenantQuotaConfig] = Field(default_factory=dict)
@@ -90,6 +94,15 @@ class Settings(BaseSettings):
     stop_grace_s: float = Field(default=10.0, ge=0)
     restart_backoff_base_s: float = Field(default=1.0, ge=0)
     restart_backoff_max_s: float = Field(default=60.0, ge=0)
+    learners_dir: Path | None = Field(
+        default=None,
+        description="local learners' files, outside data_dir (default: under the system temp directory)",
+    )
+    learner_user: str = Field(
+        default="nobody",
+        description="local launcher, platform running as root: whom learners' commands run as "
+        "(a name, UID or UID:GID; root: as the platform itself, with no isolation)",
+    )
     log_format: Literal["console", "json"] = "console"
     log_level: str = "info"
     tenants_file: Path | None = Field(
@@ -114,6 +127,14 @@ class Settings(BaseSettings):
         if config_file:
             sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=config_file))
         return tuple(sources)
+
+    @model_validator(mode="after")
+    def _learners_outside_the_data_dir(self) -> Settings:
+        if self.work_dir.is_relative_to(self.data_dir.resolve()):
+            raise ValueError(
+                f"learners_dir {self.work_dir} is inside data_dir: learners could reach the platform's files"
+            )
+        return self
 
     @property
     def restart_policy(self) -> RestartPolicy:
@@ -143,7 +164,13 @@ class Settings(BaseSettings):
 
     @property
     def work_dir(self) -> Path:
-        return (self.data_dir / "jobs").resolve()
+        """The local learners' root: ``learners_dir``, or a directory of this platform's user under
+        the system temp directory, named after the data directory (one root per platform)."""
+        if self.learners_dir is not None:
+            return self.learners_dir.resolve()
+        data_dir = self.data_dir.resolve()
+        digest = hashlib.sha256(str(data_dir).encode()).hexdigest()[:12]
+        return Path(tempfile.gettempdir()) / f"ffdl-learners-{os.geteuid()}" / f"{data_dir.name}-{digest}"
 
     @property
     def projection_path(self) -> Path:

@@ -32,8 +32,9 @@ import structlog
 
 from ffdl.adapters.bus import open_bus
 from ffdl.adapters.election import open_election
-from ffdl.adapters.heartbeats import open_store
+from ffdl.adapters.heartbeats import EtcdJobUsers, open_job_logins, open_store
 from ffdl.adapters.inventory import ConfiguredInventory
+from ffdl.adapters.launchers.isolation import protect_data_dir
 from ffdl.core.kinds import aggregate_kinds
 from ffdl.handlers.aio import Backoff, supervise
 from ffdl.handlers.context import ReactionContext
@@ -63,15 +64,25 @@ RETRY_MAX_S = 10.0
 HEALTHY_RUN_S = 60.0
 
 
-def open_launcher(settings: Settings, heartbeats: HeartbeatStore) -> Launcher:
-    """The launcher ``settings.launcher`` names; the instant one reports through ``heartbeats``."""
+def open_launcher(
+    settings: Settings, heartbeats: HeartbeatStore, logins: EtcdJobUsers | None = None
+) -> Launcher:
+    """The launcher ``settings.launcher`` names; the instant one reports through ``heartbeats``; the
+    local one gives each job's agents a login of their own where the store authenticates."""
     if settings.launcher == "instant":
         from ffdl.adapters.launchers.instant import InstantLauncher  # noqa: PLC0415 - load only the chosen adapter
 
         return InstantLauncher(heartbeats, heartbeat_ttl_s=settings.heartbeat_ttl_s)
     from ffdl.adapters.launchers.local import LocalLauncher  # noqa: PLC0415
 
-    return LocalLauncher(settings.work_dir, settings.heartbeats_url, heartbeat_ttl_s=settings.heartbeat_ttl_s)
+    return LocalLauncher(
+        settings.work_dir,
+        settings.heartbeats_url,
+        heartbeat_ttl_s=settings.heartbeat_ttl_s,
+        user=settings.learner_user,
+        log_format=settings.log_format,
+        logins=logins,
+    )
 
 
 @dataclass
@@ -92,8 +103,10 @@ class Platform:
             kafka=s.kafka,
             topics=(self.topics.commands, self.topics.events, self.topics.deadletter),
         )
-        self.heartbeats: HeartbeatStore = open_store(s.heartbeats_url)
-        self.election: Election = open_election(s.election_url, s.leader_ttl_s)
+        self.heartbeats: HeartbeatStore = open_store(s.heartbeats_url, s.etcd.credentials())
+        self.election: Election = open_election(s.election_url, s.leader_ttl_s, s.etcd.credentials())
+        #: Learners' own heartbeat logins, where the heartbeat store authenticates (etcd with auth).
+        self.job_logins = open_job_logins(s.heartbeats_url, s.etcd.credentials())
         self.projection = Projection(s.projection_path)
         self.projector = Projector(self.bus, self.topics, self.projection)
         self.sender = CommandSender(self.bus, self.topics, f"api@{self.instance}")
@@ -115,13 +128,15 @@ class Platform:
 
     async def start(self) -> None:
         s = self.settings
-        s.data_dir.mkdir(parents=True, exist_ok=True)
+        protect_data_dir(s.data_dir)
         await self._start_bus()
         if s.launcher == "kubernetes" and self.roles & {"workers", "scheduler"}:
             await self._start_kubernetes()
         if "workers" in self.roles:
             kubernetes_launcher = self.kubernetes.launcher if self.kubernetes is not None else None
-            self.launcher = self.launcher or kubernetes_launcher or open_launcher(s, self.heartbeats)
+            self.launcher = (
+                self.launcher or kubernetes_launcher or open_launcher(s, self.heartbeats, self.job_logins)
+            )
             ctx = ReactionContext(
                 sender=CommandSender(self.bus, self.topics, f"reactor@{self.instance}"),
                 launcher=self.launcher,
@@ -208,6 +223,7 @@ class Platform:
             heartbeats_url=s.heartbeats_url,
             heartbeat_ttl_s=s.heartbeat_ttl_s,
             stop_grace_s=s.stop_grace_s,
+            logins=self.job_logins,
         )
         self.inventory = kubernetes.nodes
         self._supervise("nodes", lambda: kubernetes.nodes.run(self._stop))
@@ -277,6 +293,8 @@ class Platform:
         if self.kubernetes is not None:
             await self.kubernetes.close()
         await self.election.close()
+        if self.job_logins is not None:
+            await self.job_logins.close()
         await self.heartbeats.close()
         await self.bus.close()
         self.projection.close()

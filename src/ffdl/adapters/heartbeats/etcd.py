@@ -10,7 +10,12 @@ Failures are told apart, because the monitor must never take an outage for a dea
 * the request was wrong (bad argument, failed precondition, no permission): aetcd's error as it is;
 * etcd says the lease does not exist: ``keepalive`` returns False, ``revoke`` is a no-op, ``put``
   raises :class:`LookupError`;
-* anything else (refused, timed out, stream broken, compacted revision): :class:`StoreUnavailable`.
+* anything else (refused, timed out, stream broken, compacted revision, an auth token that expired
+  or an auth change racing the request, :mod:`~ffdl.adapters.heartbeats.etcd_auth`):
+  :class:`StoreUnavailable`.
+
+With ``credentials`` the store logs in to an etcd whose auth is on (the platform's user, or a
+learner's per-job user) and logs in again when its token expires.
 
 Concurrency: one aetcd client, that is one gRPC channel, per store, shared by every coroutine on
 the event loop that first uses it; gRPC multiplexes their calls and every call carries a deadline of
@@ -33,6 +38,7 @@ import aetcd
 import structlog
 from aetcd import rpc
 
+from ffdl.adapters.heartbeats.etcd_auth import EtcdCredentials, etcd_client, forget_expired_token
 from ffdl.handlers.ports import Snapshot, StoreUnavailable, WatchEvent, WatchKind
 
 log = structlog.get_logger(__name__)
@@ -48,10 +54,8 @@ _CALLER_ERRORS = frozenset(
 )
 
 _WATCH_KINDS = {"PUT": WatchKind.PUT, "DELETE": WatchKind.DELETE}
-
-# gRPC backs off reconnecting up to two minutes by default; an etcd that is back should be used
-# again within a second.
-_MAX_RECONNECT_BACKOFF_MS = 1000
+#: etcd refuses a request that raced a change of its users or roles; the same request then succeeds.
+_AUTH_CHANGED = "revision of auth store is old"
 
 
 def _raise_port_error(operation: str, error: Exception) -> NoReturn:
@@ -60,7 +64,7 @@ def _raise_port_error(operation: str, error: Exception) -> NoReturn:
     code = cause.code() if isinstance(cause, rpc.AioRpcError) else None
     if code == rpc.StatusCode.NOT_FOUND:
         raise LookupError(f"etcd {operation}: {error}") from error
-    if code in _CALLER_ERRORS:
+    if code in _CALLER_ERRORS and _AUTH_CHANGED not in str(error):
         raise error
     raise StoreUnavailable(f"etcd {operation} failed: {type(error).__name__}: {error}") from error
 
@@ -68,15 +72,12 @@ def _raise_port_error(operation: str, error: Exception) -> NoReturn:
 class EtcdHeartbeatStore:
     """A :class:`~ffdl.handlers.ports.HeartbeatStore` on the etcd at ``host:port``."""
 
-    def __init__(self, host: str, port: int, *, timeout_s: float = 2.0) -> None:
+    def __init__(
+        self, host: str, port: int, *, timeout_s: float = 2.0, credentials: EtcdCredentials | None = None
+    ) -> None:
         self._endpoint = f"{host}:{port}"
         self._timeout_s = timeout_s
-        self._client = aetcd.Client(
-            host,
-            port,
-            timeout=timeout_s,
-            options={"grpc.max_reconnect_backoff_ms": _MAX_RECONNECT_BACKOFF_MS},
-        )
+        self._client = etcd_client(host, port, timeout_s, credentials)
         self._closed = False
 
     async def grant(self, ttl_s: float) -> int:
@@ -158,4 +159,8 @@ class EtcdHeartbeatStore:
         try:
             return await request
         except aetcd.ClientError as error:
+            if await forget_expired_token(self._client, error):
+                raise StoreUnavailable(
+                    f"etcd {operation}: the auth token expired; logging in again"
+                ) from error
             _raise_port_error(operation, error)

@@ -6,6 +6,14 @@ FfDL's own names. Launchers differ only in *where* things are (a directory on th
 path inside a pod, a loopback rendezvous or a pod's DNS name, which GPU indices the learner sees),
 so they describe that in a :class:`LearnerSite` and this module builds the same variables for all.
 
+Two environments, built by the platform, never copied from it: the learner agent's (the site's
+base, the request's and the contract's names) and the user's command's, which the agent derives
+from its own (:func:`command_environment`). The job's own ``env`` rides in the agent's environment
+wrapped (``FFDL_JOB_ENV_<NAME>``), so it cannot change what the agent (platform code, with the
+heartbeat store's credentials) loads or runs; only the command gets it unwrapped. The job's env is
+checked again here (``JobSpec.submission_problems``) before anything starts: a job submitted under
+older rules may still be on the log.
+
 Pure functions, no I/O.
 """
 
@@ -14,8 +22,60 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ffdl.events.model import Checkpoint, LearnerPlacement
+from ffdl.events.model import Checkpoint, LearnerPlacement, env_problems
 from ffdl.handlers.ports import LaunchRequest
+
+#: What a learner keeps of the environment the platform runs in; everything else of it (the
+#: platform's settings and credentials: ``FFDL_TOKEN``, ``FFDL_KAFKA__SASL_PASSWORD``...) stays
+#: out. ``PATH`` finds programs; the locale and time zone make them behave as the operator set up;
+#: ``PYTHONPATH`` and ``LD_LIBRARY_PATH`` are the operator's interpreter and loader paths: the agent
+#: is the platform's own code and must import the same ``ffdl``, and training code finds
+#: ``ffdl.learner`` and the CUDA libraries the same way (a job itself may not set either).
+INHERITED_VARIABLES = frozenset({"PATH", "LANG", "LANGUAGE", "TZ", "PYTHONPATH", "LD_LIBRARY_PATH"})
+INHERITED_PREFIXES = ("LC_",)
+#: The job's env, wrapped for the agent to hand to the command only.
+JOB_ENV_PREFIX = "FFDL_JOB_ENV_"
+#: ``UID:GID`` the agent runs the command as (local launcher, platform running as root).
+RUN_AS_VARIABLE = "FFDL_RUN_AS"
+#: The heartbeat store's credentials: for the agent, not for the command.
+HEARTBEATS_USERNAME_VARIABLE = "FFDL_HEARTBEATS_USERNAME"
+HEARTBEATS_PASSWORD_VARIABLE = "FFDL_HEARTBEATS_PASSWORD"
+_AGENT_ONLY = frozenset({RUN_AS_VARIABLE, HEARTBEATS_USERNAME_VARIABLE, HEARTBEATS_PASSWORD_VARIABLE})
+
+
+class RefusedEnvironment(ValueError):
+    """A job's env that no learner may run with (it names what only the platform may set)."""
+
+
+def inherited_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """What a learner keeps of ``environ`` (the platform's): :data:`INHERITED_VARIABLES` and the locale."""
+    return {
+        name: value
+        for name, value in environ.items()
+        if name in INHERITED_VARIABLES or name.startswith(INHERITED_PREFIXES)
+    }
+
+
+def command_environment(agent_environment: Mapping[str, str]) -> dict[str, str]:
+    """The user's command's environment: the agent's, less what is the agent's alone, with the job's
+    env unwrapped over it (the job's env may override the base, never a contract name)."""
+    job_env = {
+        name.removeprefix(JOB_ENV_PREFIX): value
+        for name, value in agent_environment.items()
+        if name.startswith(JOB_ENV_PREFIX)
+    }
+    _check(job_env)
+    own = {
+        name: value
+        for name, value in agent_environment.items()
+        if name not in _AGENT_ONLY and not name.startswith(JOB_ENV_PREFIX)
+    }
+    return {**own, **job_env}
+
+
+def _check(job_env: Mapping[str, str]) -> None:
+    if problems := env_problems(job_env):
+        raise RefusedEnvironment("; ".join(f"{field}: {message}" for field, message in problems))
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,8 +83,9 @@ class LearnerSite:
     """Where a launcher runs the learners of one attempt, in the learners' own terms.
 
     ``files`` holds the agent's file names (``FFDL_LOG_FILE``, ``FFDL_REPORT_FILE``) a launcher
-    sets; ``base`` is what lies under everything (the launcher process's environment, an image's
-    defaults), overridden by the spec, the request and the contract in that order.
+    sets; ``base`` is what lies under everything (what the learner keeps of the launcher process's
+    environment, the learner's home, an image's defaults), overridden by the request and the
+    contract, and, for the command only, by the job's env.
     """
 
     master_addr: str
@@ -60,14 +121,16 @@ def learner_environment(
     visible_gpus: Sequence[int],
     site: LearnerSite,
 ) -> dict[str, str]:
-    """The environment of one learner: the contract over the site's base, the spec's and the request's.
+    """The environment of one learner's agent: the contract over the site's base and the request's,
+    with the spec's env wrapped for the command (:func:`command_environment`).
 
     Precedence, lowest first: ``site.base``, ``PYTHONUNBUFFERED=1`` (so a Python learner's prints
-    reach the log, and count as progress, as they happen), the spec's env, the request's env, and
-    the contract's names, which nothing overrides. ``visible_gpus`` are the GPU indices as the
-    learner sees them (on a shared machine its placement's indices; in a container that holds only
-    its own GPUs, 0..G-1).
+    reach the log, and count as progress, as they happen), the request's env, and the contract's
+    names, which nothing overrides. ``visible_gpus`` are the GPU indices as the learner sees them
+    (on a shared machine its placement's indices; in a container that holds only its own GPUs,
+    0..G-1). Raises :class:`RefusedEnvironment` for a job env no learner may run with.
     """
+    _check(request.spec.env)
     learners = str(len(request.placement.learners))
     contract = {
         "FFDL_JOB_ID": request.job_id,
@@ -90,4 +153,5 @@ def learner_environment(
         "RESULT_DIR": request.spec.result_dir or site.default_result_dir,
         "DATA_DIR": request.spec.data_dir or "",
     }
-    return {**site.base, "PYTHONUNBUFFERED": "1", **request.spec.env, **request.env, **contract}
+    wrapped = {JOB_ENV_PREFIX + name: value for name, value in request.spec.env.items()}
+    return {**site.base, "PYTHONUNBUFFERED": "1", **request.env, **contract, **wrapped}

@@ -67,6 +67,7 @@ class Resource:
 PODS = Resource("/api/v1", "pods", "Pod")
 SERVICES = Resource("/api/v1", "services", "Service")
 NETWORK_POLICIES = Resource("/apis/networking.k8s.io/v1", "networkpolicies", "NetworkPolicy")
+SECRETS = Resource("/api/v1", "secrets", "Secret")
 NODES = Resource("/api/v1", "nodes", "Node", namespaced=False)
 
 

@@ -1,10 +1,14 @@
 """What the Kubernetes launcher creates for a job: pure functions from a launch request to manifests.
 
-Per job: a headless Service (the rendezvous: rank 0 is ``<pod>.<service>.<namespace>.svc.<domain>``)
-and a NetworkPolicy that lets only the job's own pods in. Per attempt: one bare Pod per learner with
-``restartPolicy: Never`` (the platform is the learners' controller: no Job or StatefulSet restarts
-a command behind its back). The Service owns the NetworkPolicy and the pods, so deleting it removes
-everything the job had.
+Per job: a headless Service (the rendezvous: rank 0 is ``<pod>.<service>.<namespace>.svc.<domain>``),
+a NetworkPolicy that lets only the job's own pods in and lets them reach out only to each other,
+DNS and the heartbeat store (plus what the operator adds: ``extra_egress``), and, where the heartbeat
+store authenticates, a Secret with the password of the job's own heartbeat login (the pods get the
+user name and the password from it, and no other credential: no service-account token, nothing of
+Kafka's or the platform's). Per attempt: one bare Pod per learner with ``restartPolicy: Never`` (the
+platform is the learners' controller: no Job or StatefulSet restarts a command behind its back).
+The Service owns the NetworkPolicy, the Secret and the pods, so deleting it removes everything the
+job had.
 
 Names are deterministic, so creating the same attempt twice meets ``409 AlreadyExists`` instead of
 making a second set: ``ffdl-<job>`` for the job's objects and ``ffdl-<job>-a<attempt>-r<rank>`` for a
@@ -22,14 +26,21 @@ Pure functions, no I/O: the manifests are validated against the Kubernetes OpenA
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
-from ffdl.adapters.launchers.environment import LearnerSite, learner_environment
+from ffdl.adapters.launchers.environment import (
+    HEARTBEATS_PASSWORD_VARIABLE,
+    HEARTBEATS_USERNAME_VARIABLE,
+    LearnerSite,
+    learner_environment,
+)
 from ffdl.events.model import LearnerPlacement
 from ffdl.handlers.ports import LaunchRequest, LearnerHandle
 
@@ -53,6 +64,20 @@ WORK_DIR = "/ffdl/work"
 CHECKPOINT_DIR = "/ffdl/checkpoints"
 RESULT_DIR = "/ffdl/results"
 REPORT_FILE = f"{WORK_DIR}/.ffdl-reports.jsonl"
+#: The key of the password in a job's heartbeat-login Secret.
+PASSWORD_KEY = "password"
+DNS_PORT = 53
+
+#: Where cluster DNS runs (kube-dns / CoreDNS in kube-system), as a NetworkPolicy peer.
+CLUSTER_DNS: KubeObject = {
+    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+    "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+}
+#: Where the heartbeat store (etcd) runs, as a NetworkPolicy peer: deploy/README.md's etcd.
+HEARTBEAT_STORE: KubeObject = {
+    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ffdl"}},
+    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "etcd"}},
+}
 
 _DNS_LABEL_MAX = 63
 _HASH_CHARS = 10
@@ -78,6 +103,23 @@ class PodSettings:
     gpu_type_labels: tuple[str, ...] = ("ffdl.io/gpu-type", "nvidia.com/gpu.product")
     entrypoint: tuple[str, ...] = ("tini", "-s", "-g", "--")
     python: str = "python"
+    dns_peer: Mapping[str, Any] = field(default_factory=lambda: dict(CLUSTER_DNS))
+    heartbeats_peer: Mapping[str, Any] = field(default_factory=lambda: dict(HEARTBEAT_STORE))
+    #: More egress rules for learner pods (object storage, a package mirror...), as NetworkPolicy rules.
+    extra_egress: tuple[Mapping[str, Any], ...] = ()
+
+    @property
+    def heartbeats_port(self) -> int | None:
+        """The heartbeat store's TCP port; None for a store not on the network (tests' embedded one)."""
+        return urlsplit(self.heartbeats_url).port
+
+
+@dataclass(frozen=True, slots=True)
+class PodLogin:
+    """A job's heartbeat login as its pods get it: the user's name, the password from the Secret."""
+
+    username: str
+    secret: str
 
 
 # --------------------------------------------------------------------------- names
@@ -112,6 +154,11 @@ def job_selector(job_id: str) -> str:
 def service_name(job_id: str) -> str:
     """The name of the job's Service and NetworkPolicy."""
     return dns_label("ffdl", job_id)
+
+
+def login_secret_name(job_id: str) -> str:
+    """The name of the Secret with the password of the job's heartbeat login."""
+    return dns_label("ffdl", job_id, "heartbeats")
 
 
 def pod_name(job_id: str, attempt: int, rank: int) -> str:
@@ -185,20 +232,55 @@ def service_manifest(job_id: str, tenant: str, settings: PodSettings) -> KubeObj
 def network_policy_manifest(
     job_id: str, tenant: str, owner: Mapping[str, Any], settings: PodSettings
 ) -> KubeObject:
-    """Only the job's own pods may connect to its pods; what they reach out to is not restricted."""
-    job = {LABEL_JOB: label_value(job_id)}
+    """Only the job's own pods may connect to its pods, and they may connect only to each other (any
+    port: the rendezvous, NCCL), to DNS, to the heartbeat store's port, and to ``extra_egress``: not
+    to Kafka, the API or another job's pods."""
+    job = {"podSelector": {"matchLabels": {LABEL_JOB: label_value(job_id)}}}
     metadata = _metadata(service_name(job_id), job_id, tenant, settings)
     metadata["ownerReferences"] = [owner_reference(owner)]
+    dns_ports = [{"protocol": protocol, "port": DNS_PORT} for protocol in ("UDP", "TCP")]
+    port = settings.heartbeats_port
+    heartbeats = (
+        []
+        if port is None
+        else [{"to": [dict(settings.heartbeats_peer)], "ports": [{"protocol": "TCP", "port": port}]}]
+    )
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
         "metadata": metadata,
         "spec": {
-            "podSelector": {"matchLabels": job},
-            "policyTypes": ["Ingress"],
-            "ingress": [{"from": [{"podSelector": {"matchLabels": job}}]}],
+            **job,
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [{"from": [job]}],
+            "egress": [
+                {"to": [job]},
+                {"to": [dict(settings.dns_peer)], "ports": dns_ports},
+                *heartbeats,
+                *(dict(rule) for rule in settings.extra_egress),
+            ],
         },
     }
+
+
+def login_secret_manifest(
+    job_id: str, tenant: str, owner: Mapping[str, Any], settings: PodSettings, password: str
+) -> KubeObject:
+    """The Secret that holds the password of the job's heartbeat login, owned by the job's Service."""
+    metadata = _metadata(login_secret_name(job_id), job_id, tenant, settings)
+    metadata["ownerReferences"] = [owner_reference(owner)]
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": metadata,
+        "type": "Opaque",
+        "data": {PASSWORD_KEY: base64.b64encode(password.encode()).decode()},
+    }
+
+
+def login_password(secret: Mapping[str, Any]) -> str:
+    """The password a job's heartbeat-login Secret holds."""
+    return base64.b64decode(secret["data"][PASSWORD_KEY]).decode()
 
 
 def master_address(request: LaunchRequest, settings: PodSettings) -> str:
@@ -213,8 +295,10 @@ def pod_manifest(
     local_rank: int,
     owner: Mapping[str, Any],
     settings: PodSettings,
+    login: PodLogin | None = None,
 ) -> KubeObject:
-    """One learner's pod: pinned to its placement's node, with its GPUs, under the agent."""
+    """One learner's pod: pinned to its placement's node, with its GPUs, under the agent, with the
+    job's heartbeat ``login`` (where the store authenticates) as its only credential."""
     spec = request.spec
     name = pod_name(request.job_id, request.attempt, learner.rank)
     site = LearnerSite(
@@ -271,7 +355,10 @@ def pod_manifest(
                     spec.command,
                 ],
                 "workingDir": WORK_DIR,
-                "env": [{"name": key, "value": value} for key, value in environment.items()],
+                "env": [
+                    *({"name": key, "value": value} for key, value in environment.items()),
+                    *_login_env(login),
+                ],
                 "ports": [{"name": RENDEZVOUS_PORT_NAME, "containerPort": settings.rendezvous_port}],
                 "resources": _resources(len(learner.gpus), spec.cpus, spec.memory_mb),
                 "securityContext": {
@@ -298,6 +385,16 @@ def pod_manifest(
     if settings.service_account:
         pod_spec["serviceAccountName"] = settings.service_account
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+def _login_env(login: PodLogin | None) -> list[KubeObject]:
+    if login is None:
+        return []
+    password = {"secretKeyRef": {"name": login.secret, "key": PASSWORD_KEY}}
+    return [
+        {"name": HEARTBEATS_USERNAME_VARIABLE, "value": login.username},
+        {"name": HEARTBEATS_PASSWORD_VARIABLE, "valueFrom": password},
+    ]
 
 
 def _node_terms(request: LaunchRequest, learner: LearnerPlacement, settings: PodSettings) -> KubeObject:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, Field
+
+from ffdl.adapters.launchers.k8s_manifests import CLUSTER_DNS, HEARTBEAT_STORE
 
 
 class KubeConfig(BaseModel):
@@ -22,3 +26,14 @@ class KubeConfig(BaseModel):
     gpu_type_labels: list[str] = Field(default_factory=lambda: ["ffdl.io/gpu-type", "nvidia.com/gpu.product"])
     pending_timeout_s: float = Field(default=60.0, gt=0, description="unschedulable this long: lost")
     orphan_check_s: float = Field(default=60.0, gt=0, description="how often orphaned pods are removed")
+    dns_peer: dict[str, Any] = Field(
+        default_factory=lambda: dict(CLUSTER_DNS), description="NetworkPolicy peer: cluster DNS"
+    )
+    heartbeats_peer: dict[str, Any] = Field(
+        default_factory=lambda: dict(HEARTBEAT_STORE),
+        description="NetworkPolicy peer: the heartbeat store (etcd) learner pods report to",
+    )
+    learner_egress: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="more NetworkPolicy egress rules for learner pods (object storage...); none by default",
+    )

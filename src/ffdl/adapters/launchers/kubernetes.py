@@ -1,17 +1,20 @@
 """The Kubernetes launcher: every learner is a bare pod, created through the API (DESIGN §6).
 
-``launch`` makes the job's headless Service (rendezvous), its NetworkPolicy and one pod per learner
-(see :mod:`ffdl.adapters.launchers.k8s_manifests`). It is idempotent by name: every object has a
-name fixed by job id, attempt and rank, and ``409 AlreadyExists`` counts as done, so a launch that is
-repeated, raced by a second launch, or resumed by a restarted platform after it crashed halfway
-completes the one set of pods instead of making a second. The API server is the launcher's whole
-memory: ``running`` and ``stop`` work from what it lists, whoever made the pods.
+``launch`` makes the job's headless Service (rendezvous), its NetworkPolicy, where the heartbeat
+store authenticates the job's heartbeat login (a Secret with its password, and the login itself in
+the store) and one pod per learner (see :mod:`ffdl.adapters.launchers.k8s_manifests`). It is
+idempotent by name: every object has a name fixed by job id, attempt and rank, and
+``409 AlreadyExists`` counts as done, so a launch that is repeated, raced by a second launch, or
+resumed by a restarted platform after it crashed halfway completes the one set of pods instead of
+making a second. The API server is the launcher's whole memory: ``running`` and ``stop`` work from
+what it lists, whoever made the pods.
 
-``stop`` deletes the job's pods (every attempt) with the grace period: the kubelet sends SIGTERM, and
-SIGKILL once the grace is over. It waits until the pods are gone, then removes the NetworkPolicy and
-the Service. A pod that outlives its grace by ``stop_slack_s`` (its node no longer answers) is
-force-deleted, so a stop always ends. Owner references make the Service the owner of everything
-else, so deleting it by hand (or a stop cut short) still removes the whole job.
+``stop`` deletes the job's pods (every attempt) with the grace period: the kubelet sends SIGTERM,
+and SIGKILL once the grace is over. It waits until the pods are gone, then removes the job's
+heartbeat login, the Secret, the NetworkPolicy and the Service. A pod that outlives its grace by
+``stop_slack_s`` (its node no longer answers) is force-deleted, so a stop always ends. Owner
+references make the Service the owner of everything else, so deleting it by hand (or a stop cut
+short) still removes the whole job.
 
 :meth:`KubernetesLauncher.remove_orphans` is the reconciler FfDL lacked: it removes the objects of
 jobs that should have no learners (ended, halted, or unknown).
@@ -33,7 +36,8 @@ import asyncio
 import math
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import structlog
 
@@ -41,6 +45,7 @@ from ffdl.adapters.launchers.environment import local_ranks
 from ffdl.adapters.launchers.k8s_client import (
     NETWORK_POLICIES,
     PODS,
+    SECRETS,
     SERVICES,
     KubeApiError,
     KubeClient,
@@ -49,10 +54,14 @@ from ffdl.adapters.launchers.k8s_client import (
 )
 from ffdl.adapters.launchers.k8s_manifests import (
     ANY_JOB_SELECTOR,
+    PodLogin,
     PodSettings,
     job_id_of,
     job_selector,
     learner_of,
+    login_password,
+    login_secret_manifest,
+    login_secret_name,
     network_policy_manifest,
     pod_manifest,
     service_manifest,
@@ -60,6 +69,7 @@ from ffdl.adapters.launchers.k8s_manifests import (
 )
 from ffdl.adapters.launchers.k8s_watch import NodeInventory, PodWatcher
 from ffdl.adapters.launchers.kube_config import KubeConfig
+from ffdl.adapters.launchers.logins import HeartbeatLogins, new_password
 from ffdl.handlers.aio import sleep_or_stop
 from ffdl.handlers.messaging import CommandSender
 from ffdl.handlers.ports import LaunchRequest, LearnerHandle
@@ -85,8 +95,10 @@ class KubernetesLauncher:
         *,
         stop_slack_s: float = STOP_SLACK_S,
         poll_interval_s: float = STOP_POLL_INTERVAL_S,
+        logins: HeartbeatLogins | None = None,
     ) -> None:
         self._client = client
+        self._logins = logins
         self.settings = settings
         self._namespace = settings.namespace
         self._stop_slack_s = stop_slack_s
@@ -106,9 +118,10 @@ class KubernetesLauncher:
                 self._namespace,
                 network_policy_manifest(request.job_id, request.tenant, service, settings),
             )
+            login = await self._login(request, service)
             created = 0
             for learner, local_rank in local_ranks(request.placement.learners):
-                pod = pod_manifest(request, learner, local_rank, service, settings)
+                pod = pod_manifest(request, learner, local_rank, service, settings, login)
                 _, made = await self._client.create(PODS, self._namespace, pod)
                 created += made
             log.info(
@@ -176,10 +189,25 @@ class KubernetesLauncher:
             )
             for name in remaining:
                 await self._client.delete(PODS, self._namespace, name, 0)
+        if self._logins is not None:
+            await self._logins.revoke(job_id)
+            await self._client.delete(SECRETS, self._namespace, login_secret_name(job_id))
         name = service_name(job_id)
         await self._client.delete(NETWORK_POLICIES, self._namespace, name)
         await self._client.delete(SERVICES, self._namespace, name)
         log.info("learner pods stopped", job_id=job_id, pods=len(pods), grace_s=grace_s)
+
+    async def _login(self, request: LaunchRequest, service: Mapping[str, Any]) -> PodLogin | None:
+        """The job's heartbeat login, if the store authenticates: one password per job, kept in the
+        job's Secret (an existing Secret's password is kept, so a repeated launch changes nothing)."""
+        if self._logins is None:
+            return None
+        manifest = login_secret_manifest(
+            request.job_id, request.tenant, service, self.settings, new_password()
+        )
+        secret, _ = await self._client.create(SECRETS, self._namespace, manifest)
+        username = await self._logins.grant(request.job_id, login_password(secret))
+        return PodLogin(username, secret["metadata"]["name"])
 
     async def _wait_until_gone(self, job_id: str, timeout_s: float) -> list[str]:
         """Wait until the job has no pod left; returns the names of those still there at the deadline."""
@@ -209,6 +237,7 @@ class KubernetesCluster:
         heartbeats_url: str,
         heartbeat_ttl_s: float,
         stop_grace_s: float,
+        logins: HeartbeatLogins | None = None,
     ) -> None:
         if not heartbeats_url.startswith("etcd://"):
             raise ValueError(
@@ -230,8 +259,11 @@ class KubernetesCluster:
             run_as_user=kube.run_as_user,
             termination_grace_s=math.ceil(stop_grace_s),
             gpu_type_labels=tuple(kube.gpu_type_labels),
+            dns_peer=kube.dns_peer,
+            heartbeats_peer=kube.heartbeats_peer,
+            extra_egress=tuple(kube.learner_egress),
         )
-        self.launcher = KubernetesLauncher(client, self.pod_settings)
+        self.launcher = KubernetesLauncher(client, self.pod_settings, logins=logins)
         self.nodes = NodeInventory(client, gpu_type_labels=kube.gpu_type_labels)
 
     @staticmethod

@@ -2,16 +2,25 @@
 
 Each learner runs as ``python -m ffdl.learner.agent -- <command>`` in a new session, so the agent
 and every process of the learner form one process group whose id is the agent's pid; stopping a
-learner signals that group. A job's files live under ``work_dir/<job_id>/``, which is also the
-learners' working directory::
+learner signals that group. A job's files live under ``work_dir/<job_id>/`` (the learners' root,
+outside the platform's data directory)::
 
-    checkpoints/                          FFDL_CHECKPOINT_DIR, shared by the job's attempts
-    results/                              RESULT_DIR unless the spec names one
+    work/                                 the learners' working directory and HOME      learner's
+    checkpoints/                          FFDL_CHECKPOINT_DIR, shared by the job's attempts  learner's
+    results/                              RESULT_DIR unless the spec names one          learner's
     logs/attempt-<n>/learner-<r>.log      the learner's output (FFDL_LOG_FILE)
-    logs/attempt-<n>/learner-<r>.reports.jsonl   what ffdl.learner reported (FFDL_REPORT_FILE)
+    logs/attempt-<n>/learner-<r>.reports.jsonl   what ffdl.learner reported (FFDL_REPORT_FILE)  learner's
     logs/attempt-<n>/agent-<r>.log        the agent's own log
     run/attempt-<n>.launch                the attempt's launch claim: created once, never removed
     run/attempt-<n>-rank-<r>.pid          the agent's pid (its process group) and its start time
+
+Isolation (:mod:`ffdl.adapters.launchers.isolation`): the agent gets an environment the platform
+builds (never the platform's own: its credentials stay out), and the job's env reaches only the
+command. Where the platform runs as root, the command runs as the learner user and owns only what
+is marked "learner's" above; everything else (the job's directory, ``logs/``, ``run/``) is the
+platform's, so a learner can neither plant a pidfile the launcher would signal nor swap a file the
+agent writes. Learners of every job share that user: they are kept from the platform, not from
+each other.
 
 The files are the launcher's whole memory, so a restarted platform adopts the learners that kept
 running: ``running`` and ``stop`` work from the pidfiles, whoever started the agents. A pidfile
@@ -50,7 +59,24 @@ from pathlib import Path
 
 import structlog
 
-from ffdl.adapters.launchers.environment import LearnerSite, learner_environment, local_ranks
+from ffdl.adapters.launchers.environment import (
+    HEARTBEATS_PASSWORD_VARIABLE,
+    HEARTBEATS_USERNAME_VARIABLE,
+    RUN_AS_VARIABLE,
+    LearnerSite,
+    inherited_environment,
+    learner_environment,
+    local_ranks,
+)
+from ffdl.adapters.launchers.isolation import (
+    LEARNER_DIR_MODE,
+    TRAVERSE_ONLY_MODE,
+    learner_user,
+    make_directory,
+    make_learner_file,
+    prepare_learners_root,
+)
+from ffdl.adapters.launchers.logins import HeartbeatLogins, new_password
 from ffdl.adapters.processes import wait_for_exit
 from ffdl.events.model import LearnerPlacement
 from ffdl.handlers.ports import LaunchRequest, LearnerHandle
@@ -112,11 +138,21 @@ class LocalLauncher:
         *,
         heartbeat_ttl_s: float = 5.0,
         python: str = sys.executable,
+        user: str | None = None,
+        log_format: str = "console",
+        logins: HeartbeatLogins | None = None,
     ) -> None:
+        """``user``: whom learners' commands run as where the platform runs as root (a name,
+        ``UID`` or ``UID:GID``; None: the platform's user). ``logins``: where the heartbeat store
+        authenticates, each job's agents get a login of their own. Creates and checks ``work_dir``."""
         self._work_dir = work_dir.resolve()
         self._heartbeats_url = heartbeats_url
         self._heartbeat_ttl_s = heartbeat_ttl_s
         self._python = python
+        self._user = learner_user(user) if user is not None else None
+        self._log_format = log_format
+        self._logins = logins
+        prepare_learners_root(self._work_dir, self._user)
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._reapers: set[asyncio.Task[None]] = set()
 
@@ -134,6 +170,9 @@ class LocalLauncher:
 
     def _attempt_logs(self, job_id: str, attempt: int) -> Path:
         return self.job_dir(job_id) / "logs" / f"attempt-{attempt}"
+
+    def _learner_work_dir(self, job_id: str) -> Path:
+        return self.job_dir(job_id) / "work"
 
     def _checkpoint_dir(self, job_id: str) -> Path:
         return self.job_dir(job_id) / "checkpoints"
@@ -159,9 +198,10 @@ class LocalLauncher:
             started: list[tuple[LearnerHandle, subprocess.Popen[bytes]]] = []
             try:
                 self._make_directories(request)
+                login = await self._login(request.job_id)
                 for learner, local_rank in local_ranks(request.placement.learners):
                     handle = LearnerHandle(request.job_id, request.attempt, learner.rank)
-                    process = self._start_agent(request, learner, local_rank, master_port)
+                    process = self._start_agent(request, learner, local_rank, master_port, login)
                     started.append((handle, process))
                     self._write_pidfile(handle, process.pid)
             except BaseException:
@@ -201,6 +241,8 @@ class LocalLauncher:
                     )
                 else:
                     learner.pidfile.unlink(missing_ok=True)
+            if self._logins is not None:
+                await self._logins.revoke(job_id)
             log.info("learners stopped", job_id=job_id, learners=len(recorded), grace_s=grace_s)
 
     async def running(self) -> list[LearnerHandle]:
@@ -235,7 +277,8 @@ class LocalLauncher:
     def _claim(self, request: LaunchRequest, master_port: int) -> bool:
         """Claim the attempt for this launch; False when it was claimed before."""
         claim = self._claim_path(request.job_id, request.attempt)
-        claim.parent.mkdir(parents=True, exist_ok=True)
+        make_directory(self.job_dir(request.job_id), TRAVERSE_ONLY_MODE)
+        make_directory(claim.parent, 0o700)
         try:
             descriptor = os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         except FileExistsError:
@@ -249,15 +292,28 @@ class LocalLauncher:
             json.dump(record, stream)
         return True
 
+    async def _login(self, job_id: str) -> dict[str, str]:
+        """The agents' variables of the job's heartbeat login (a fresh password per launch), if any."""
+        if self._logins is None:
+            return {}
+        password = new_password()
+        username = await self._logins.grant(job_id, password)
+        return {HEARTBEATS_USERNAME_VARIABLE: username, HEARTBEATS_PASSWORD_VARIABLE: password}
+
     def _start_agent(
-        self, request: LaunchRequest, learner: LearnerPlacement, local_rank: int, master_port: int
+        self,
+        request: LaunchRequest,
+        learner: LearnerPlacement,
+        local_rank: int,
+        master_port: int,
+        login: dict[str, str],
     ) -> subprocess.Popen[bytes]:
-        environment = self._learner_environment(request, learner, local_rank, master_port)
+        environment = {**self._learner_environment(request, learner, local_rank, master_port), **login}
         agent_log = self._attempt_logs(request.job_id, request.attempt) / f"agent-{learner.rank}.log"
         with agent_log.open("ab") as agent_output:
             return subprocess.Popen(
                 [self._python, "-m", "ffdl.learner.agent", "--", request.spec.command],
-                cwd=self.job_dir(request.job_id),
+                cwd=self._learner_work_dir(request.job_id),
                 env=environment,
                 stdin=subprocess.DEVNULL,
                 stdout=agent_output,
@@ -268,7 +324,8 @@ class LocalLauncher:
     def _learner_environment(
         self, request: LaunchRequest, learner: LearnerPlacement, local_rank: int, master_port: int
     ) -> dict[str, str]:
-        """The learner environment contract over this process's environment; the learner's GPUs by index."""
+        """The learner environment contract over what a learner keeps of this process's environment;
+        the learner's GPUs by index; whom the agent runs the command as."""
         log_file = self.log_path(request.job_id, request.attempt, learner.rank)
         site = LearnerSite(
             master_addr=MASTER_ADDR,
@@ -279,21 +336,33 @@ class LocalLauncher:
             heartbeat_ttl_s=self._heartbeat_ttl_s,
             files={
                 "FFDL_LOG_FILE": str(log_file),
-                "FFDL_REPORT_FILE": str(log_file.with_suffix(".reports.jsonl")),
+                "FFDL_REPORT_FILE": str(_report_file(log_file)),
             },
-            base=os.environ,
+            base={
+                **inherited_environment(os.environ),
+                "HOME": str(self._learner_work_dir(request.job_id)),
+                "FFDL_LOG_FORMAT": self._log_format,
+            },
         )
-        return learner_environment(request, learner, local_rank, learner.gpus, site)
+        environment = learner_environment(request, learner, local_rank, learner.gpus, site)
+        if self._user is not None:
+            environment[RUN_AS_VARIABLE] = self._user.run_as
+        return environment
 
     def _make_directories(self, request: LaunchRequest) -> None:
-        directories = [
-            self._checkpoint_dir(request.job_id),
-            self._attempt_logs(request.job_id, request.attempt),
-        ]
+        """The learner's own directories and report files (handed to the learner user), and the
+        platform's log directories they sit in."""
+        job_id, user = request.job_id, self._user
+        learners_own = [self._learner_work_dir(job_id), self._checkpoint_dir(job_id)]
         if request.spec.result_dir is None:
-            directories.append(self._default_result_dir(request.job_id))
-        for directory in directories:
-            directory.mkdir(parents=True, exist_ok=True)
+            learners_own.append(self._default_result_dir(job_id))
+        for directory in learners_own:
+            make_directory(directory, LEARNER_DIR_MODE, user)
+        logs = self._attempt_logs(job_id, request.attempt)
+        make_directory(logs.parent, TRAVERSE_ONLY_MODE)
+        make_directory(logs, TRAVERSE_ONLY_MODE)
+        for placed in request.placement.learners:
+            make_learner_file(_report_file(self.log_path(job_id, request.attempt, placed.rank)), user)
 
     def _write_pidfile(self, handle: LearnerHandle, pid: int) -> None:
         """Record the agent atomically: a pidfile is either absent or complete."""
@@ -338,6 +407,10 @@ class LocalLauncher:
             handle = LearnerHandle(run_dir.parent.name, int(match[1]), int(match[2]))
             recorded.append(_RecordedLearner(pidfile, handle, pid, start_ticks))
         return recorded
+
+
+def _report_file(log_file: Path) -> Path:
+    return log_file.with_suffix(".reports.jsonl")
 
 
 def _free_port() -> int:

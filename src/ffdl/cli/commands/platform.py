@@ -20,14 +20,21 @@ app = typer.Typer()
 @app.command()
 def up(
     roles: Annotated[str, typer.Option(help="Comma-separated roles: api,workers,scheduler,projector")] = "",
+    open_api: Annotated[
+        bool, typer.Option("--open", help="Serve the API with no tenant: every caller is admin (a laptop).")
+    ] = False,
 ) -> None:
     """Run the platform (all roles by default) until interrupted."""
+    from ffdl.adapters.tenants import TenantError  # noqa: PLC0415
     from ffdl.cli.serve import serve  # noqa: PLC0415 - heavy imports only for this command
 
     settings = Settings()
     configure_logging(settings.log_format, settings.log_level)
     chosen = frozenset(r.strip() for r in roles.split(",") if r.strip()) or None
-    asyncio.run(serve(settings, chosen))
+    try:
+        asyncio.run(serve(settings, chosen, open_api=open_api))
+    except TenantError as exc:
+        raise fail(exc) from exc
 
 
 @app.command()

@@ -48,4 +48,4 @@ def tenants_list(json_output: JsonFlag = False) -> None:
     if json_output:
         print_json(names)
     else:
-        console.print("\n".join(names) or "no tenants: the API runs open")
+        console.print("\n".join(names) or "no tenants: `ffdl up` serves the API only with --open")

@@ -1,0 +1,107 @@
+"""A hostile learner on the local launcher, with the embedded defaults, cannot reach what the platform trusts.
+
+It runs as the default learner user (``nobody`` where the platform runs as root, as CI does) from
+the default learners' root, and tries to read the platform's credentials from its environment and
+through ``/proc``, to write ``tenants.json``, the log, the heartbeat store, and the files the launcher
+and the agent keep about it; it reports each try, and each must fail, while what a learner may do
+(its checkpoints, its reports) still works and the job completes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ffdl.wiring.config import Settings
+from tests.harness import Api, fast_settings
+
+pytestmark = pytest.mark.e2e
+
+HOSTILE = (Path(__file__).parents[1] / "learners" / "hostile.sh").read_text()
+PLANTED = {"FFDL_TOKEN": "ffdl_planted-admin-token", "FFDL_KAFKA__SASL_PASSWORD": "planted-sasl-password"}
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="only a platform running as root can switch users")
+
+
+@pytest.fixture
+async def settings(tmp_path: Path) -> AsyncIterator[Settings]:
+    """The defaults for learners: their root under the system temp directory, the default user."""
+    settings = fast_settings(tmp_path / "ffdl", learners_dir=None, learner_user=Settings().learner_user)
+    yield settings
+    shutil.rmtree(settings.work_dir, ignore_errors=True)
+
+
+async def run_hostile_learner(
+    api: Api, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> dict[str, str]:
+    """Run the hostile learner to its end with credentials planted in the platform's environment;
+    what it tried and what came of it, and its other lines."""
+    for name, value in PLANTED.items():
+        monkeypatch.setenv(name, value)
+    spec = {
+        "name": "hostile",
+        "command": HOSTILE,
+        "env": {"TARGET_DATA_DIR": str(settings.data_dir.resolve()), "FROM_MANIFEST": "present"},
+    }
+    job_id = await api.submit(yaml.safe_dump(spec))
+    job = await api.wait(job_id, "COMPLETED", released=True)
+    assert job["learners"][0]["step"] == 1  # its report reached the platform
+    log = (settings.work_dir / job_id / "logs" / "attempt-1" / "learner-0.log").read_text()
+    lines = dict(line.split(": ", 1) for line in log.splitlines() if ": " in line)
+    assert lines.pop("tried env FFDL_TOKEN") == "refused"
+    assert lines.pop("tried env FFDL_KAFKA__SASL_PASSWORD") == "refused"
+    assert lines["job env"] == "present"
+    assert lines["wrapped env"] == "0"
+    assert lines["own checkpoint"] == lines["own report"] == "written"
+    assert log.rstrip().endswith("done")
+    return lines
+
+
+async def test_a_learner_gets_none_of_the_platforms_environment(
+    api: Api, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await run_hostile_learner(api, settings, monkeypatch)
+
+
+@as_root
+async def test_a_learner_cannot_reach_the_platforms_files_or_processes(
+    api: Api, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    before = {path.name: path.read_bytes() for path in settings.data_dir.iterdir() if path.suffix == ".json"}
+
+    lines = await run_hostile_learner(api, settings, monkeypatch)
+
+    tried = {
+        name.removeprefix("tried "): outcome for name, outcome in lines.items() if name.startswith("tried ")
+    }
+    assert tried == {
+        "the agent's environment": "refused",
+        "the platform's environment": "refused",
+        "read tenants.json": "refused",
+        "write tenants.json": "refused",
+        "create a file in the data dir": "refused",
+        "write the log": "refused",
+        "write the heartbeat keys": "refused",
+        "forge a pidfile": "refused",
+        "write the agent's log of it": "refused",
+    }
+    assert lines["uid"] != "0"
+    assert not (settings.data_dir / "planted").exists()
+    assert {
+        path.name: path.read_bytes() for path in settings.data_dir.iterdir() if path.suffix == ".json"
+    } == before
+    assert settings.data_dir.stat().st_mode & 0o777 == 0o700
+
+
+async def test_a_job_that_sets_a_loader_variable_is_refused_naming_the_field(api: Api) -> None:
+    spec = {"name": "preload", "command": "true", "env": {"LD_PRELOAD": "/tmp/evil.so", "FFDL_TOKEN": "x"}}
+    response = await api.http.post(
+        "/v1/jobs", content=yaml.safe_dump(spec), headers={"Content-Type": "application/yaml"}
+    )
+    assert response.status_code == 422
+    fields = {problem["field"] for problem in response.json()["detail"]}
+    assert fields == {"env.LD_PRELOAD", "env.FFDL_TOKEN"}

@@ -1,0 +1,152 @@
+"""What a job may ask for: its env reaches only its own command, its env and labels are bounded.
+
+The rules are checked where a spec enters the platform (the ``SubmitJob`` command, whoever sends it,
+and the manifest parser, whose problems the API answers as a 422 naming the field), never when a
+spec already on the log is decoded: a job submitted under older rules stays readable.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from ffdl.api.manifest import ManifestError, parse_manifest
+from ffdl.events import job_commands as cmd
+from ffdl.events import job_events as ev
+from ffdl.events.codec import DecodeError, command_from_json, command_to_json, event_from_json, event_to_json
+from ffdl.events.envelope import Command, Event
+from ffdl.events.model import (
+    ENV_NAME_MAX,
+    ENV_TOTAL_MAX_BYTES,
+    ENV_VALUE_MAX,
+    LABEL_KEY_MAX,
+    LABEL_VALUE_MAX,
+    LEARNER_CONTRACT_VARIABLES,
+    JobSpec,
+    env_problems,
+    label_problems,
+)
+
+AT = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
+FORBIDDEN = [
+    "LD_PRELOAD",
+    "LD_LIBRARY_PATH",
+    "LD_AUDIT",
+    "PYTHONPATH",
+    "PYTHONSTARTUP",
+    "PYTHONHOME",
+    "PYTHONINSPECT",
+    "PYTHONUSERBASE",
+    "BASH_ENV",
+    "GCONV_PATH",
+    "FFDL_TOKEN",
+    "FFDL_KAFKA__SASL_PASSWORD",
+    *sorted(LEARNER_CONTRACT_VARIABLES),
+]
+
+
+def spec(**fields: object) -> JobSpec:
+    return JobSpec.model_validate({"name": "job", "command": "true", **fields})
+
+
+def fields_of(problems: list[tuple[str, str]]) -> list[str]:
+    return [field for field, _ in problems]
+
+
+@pytest.mark.parametrize("name", FORBIDDEN)
+def test_a_job_may_not_set_loader_interpreter_or_platform_variables(name: str) -> None:
+    problems = env_problems({name: "x"})
+    assert fields_of(problems) == [f"env.{name}"]
+    assert problems[0][1].startswith("may not be set: ")
+
+
+@pytest.mark.parametrize(
+    "name", ["PATH", "HOME", "OMP_NUM_THREADS", "NCCL_DEBUG", "PYTHONHASHSEED", "my.setting", "_x"]
+)
+def test_a_job_may_set_ordinary_variables(name: str) -> None:
+    assert env_problems({name: "value"}) == []
+
+
+@pytest.mark.parametrize(
+    "name", ["", "1ST", "A=B", "WITH SPACE", "TRAILING\n", "LINE\nBREAK", "-DASH", "X" * (ENV_NAME_MAX + 1)]
+)
+def test_a_variable_name_is_a_bounded_identifier_without_a_trailing_newline(name: str) -> None:
+    assert fields_of(env_problems({name: "x"})) == [f"env.{name}"]
+
+
+def test_values_and_the_whole_env_are_bounded() -> None:
+    assert fields_of(env_problems({"A": "x" * (ENV_VALUE_MAX + 1)})) == ["env.A"]
+    assert fields_of(env_problems({"A": "nul\0byte"})) == ["env.A"]
+    assert env_problems({"A": "x" * ENV_VALUE_MAX}) == []
+    wide = {
+        f"V{index}": "é" * (ENV_VALUE_MAX // 2) for index in range(ENV_TOTAL_MAX_BYTES // ENV_VALUE_MAX + 1)
+    }
+    assert fields_of(env_problems(wide)) == ["env"]
+
+
+@pytest.mark.parametrize("key", ["", "-team", "team-", "a b", "team\n", "x" * (LABEL_KEY_MAX + 1), "ümlaut"])
+def test_a_label_key_is_a_bounded_name_without_a_trailing_newline(key: str) -> None:
+    assert fields_of(label_problems({key: "v"})) == [f"labels.{key}"]
+
+
+def test_label_values_are_bounded_and_free_of_control_characters() -> None:
+    assert label_problems({"team": "vision", "ffdl.io/owner": "Ana María", "demo": ""}) == []
+    assert fields_of(label_problems({"team": "v" * (LABEL_VALUE_MAX + 1)})) == ["labels.team"]
+    assert fields_of(label_problems({"team": "line\nbreak"})) == ["labels.team"]
+
+
+@given(st.dictionaries(st.text(max_size=12), st.text(max_size=12), max_size=4))
+def test_an_accepted_env_never_names_a_forbidden_variable(env: dict[str, str]) -> None:
+    if not env_problems(env):
+        assert not any(
+            name.startswith(("FFDL_", "LD_")) or name in LEARNER_CONTRACT_VARIABLES or not name.isascii()
+            for name in env
+        )
+        assert not any(name.endswith("\n") or "\0" in value for name, value in env.items())
+
+
+def test_the_manifest_parser_names_each_refused_field() -> None:
+    with pytest.raises(ManifestError) as refused:
+        parse_manifest(
+            "name: job\ncommand: 'true'\nenv: {LD_PRELOAD: /tmp/x.so, OK: 'yes'}\nlabels: {'a b': x}\n"
+        )
+    assert fields_of(refused.value.problems) == ["env.LD_PRELOAD", "labels.a b"]
+
+
+def test_a_submit_command_with_a_refused_env_is_undecodable_whoever_sent_it() -> None:
+    with pytest.raises(ValidationError, match=r"env\.PYTHONPATH: may not be set"):
+        cmd.SubmitJob(spec=spec(env={"PYTHONPATH": "/tmp/evil"}))
+    accepted = Command(
+        command_id=uuid.uuid4(),
+        issued_at=AT,
+        job_id="j",
+        tenant="t",
+        producer="service",
+        data=cmd.SubmitJob(spec=spec(env={"OK": "1"})),
+    )
+    forged = json.loads(command_to_json(accepted))
+    forged["data"]["spec"]["env"] = {"LD_PRELOAD": "/tmp/evil.so"}
+    with pytest.raises(DecodeError, match="LD_PRELOAD"):
+        command_from_json(json.dumps(forged).encode())
+
+
+def test_a_job_submitted_under_older_rules_stays_readable_on_the_log() -> None:
+    old = spec(env={"LD_PRELOAD": "/tmp/evil.so"}, labels={"a b": "x"})
+    submitted = Event(
+        event_id=uuid.uuid4(),
+        occurred_at=AT,
+        job_id="j",
+        tenant="t",
+        seq=1,
+        producer="owner",
+        data=ev.JobSubmitted(spec=old),
+    )
+    decoded = event_from_json(event_to_json(submitted))
+    assert isinstance(decoded.data, ev.JobSubmitted)
+    assert fields_of(decoded.data.spec.submission_problems()) == ["env.LD_PRELOAD", "labels.a b"]
