@@ -1,0 +1,127 @@
+"""The dashboard: a page served at ``/`` with its static files, and the reads only it needs.
+
+The page is plain ES modules and vendored libraries under ``api/dashboard/static`` (no build step);
+it talks to the API like any client, with the tenant's bearer token it keeps in the tab's session
+storage. Its own reads follow the API's tenancy: a tenant sees its jobs, others' GPUs as 'other'.
+
+* ``/v1/whoami``: who the token is (and whether the platform runs open), for the sign-in.
+* ``/v1/jobs:follow``: Server-Sent Events of the jobs that change, as their documents, so the job
+  list stays live without polling; ``id:`` is a cursor over the projection's changes.
+* ``/v1/timemachine?at=TIME``: the cluster as it was at TIME, folded from the log itself (the fold
+  of ``ffdl replay --cluster``), with the utilisation over the log's span and the tenants' shares.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import FileResponse, StreamingResponse
+
+from ffdl.adapters.tenants import Principal
+from ffdl.api.dependencies import Backend, Caller, PlatformBackend, problem, read
+from ffdl.tools.log_files import parse_time
+from ffdl.tools.log_reading import read_topic
+from ffdl.tools.timemachine import cluster_at, hide_others, tenant_rows, utilisation
+
+router = APIRouter()
+
+STATIC = Path(__file__).resolve().parent.parent / "dashboard" / "static"
+#: Jobs per Server-Sent Event batch of the job list, at most.
+FOLLOW_BATCH = 500
+
+
+@router.get("/", include_in_schema=False)
+async def page() -> FileResponse:
+    return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
+
+
+@router.get("/ui/{name:path}", include_in_schema=False)
+async def static_file(name: str) -> FileResponse:
+    """A file of the page (its modules, styles and vendored libraries); nothing outside them."""
+    path = (STATIC / name).resolve()
+    if not path.is_relative_to(STATIC) or not path.is_file():
+        raise problem(404, f"no file {name}", "name")
+    return FileResponse(path, headers={"Cache-Control": "no-cache"})
+
+
+@router.get("/v1/whoami")
+async def whoami(caller: Caller, backend: Backend) -> dict[str, Any]:
+    """The caller's tenant, whether it is an admin, and whether the platform runs open (no tenants)."""
+    return {"tenant": caller.tenant, "admin": caller.admin, "open": backend.tenants.open}
+
+
+@router.get("/v1/jobs:follow", response_model=None)
+async def follow_jobs(
+    request: Request, caller: Caller, backend: Backend, after: Annotated[int, Query(ge=0)] = -1
+) -> StreamingResponse:
+    """Server-Sent Events (``event: jobs``) of the caller's jobs as they change: ``{"jobs": [...],
+    "gone": [...]}``. From now on by default; resumable with ``Last-Event-ID`` or ``after``."""
+    last = request.headers.get("last-event-id", "")
+    start = int(last) if last.isdigit() else after
+    if start < 0:
+        start = await read(backend.projection.last_change)
+    return StreamingResponse(
+        _job_changes(request, backend, caller, start),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+async def _job_changes(
+    request: Request, backend: PlatformBackend, caller: Principal, cursor: int
+) -> AsyncIterator[bytes]:
+    state = request.app.state
+    state.sse_followers += 1
+    try:
+        yield f"id: {cursor}\nevent: ready\ndata: {{}}\n\n".encode()
+        while not await request.is_disconnected():
+            cursor_after, documents, gone = await read(backend.projection.changed_jobs, cursor, FOLLOW_BATCH)
+            if cursor_after == cursor:
+                yield b": keep-alive\n\n"
+                await backend.platform.projector.wait_for_change(1.0)
+                continue
+            cursor = cursor_after
+            mine = [document for document in documents if caller.may_see(document["tenant"])]
+            if mine or gone:
+                data = json.dumps({"jobs": mine, "gone": gone})
+                yield f"id: {cursor}\nevent: jobs\ndata: {data}\n\n".encode()
+    finally:
+        state.sse_followers -= 1
+
+
+@router.get("/v1/timemachine")
+async def timemachine(
+    caller: Caller,
+    backend: Backend,
+    at: Annotated[str | None, Query(description="ISO 8601 time; default: the end of the log")] = None,
+) -> dict[str, Any]:
+    """The cluster at ``at`` folded from the log: nodes with who held each GPU (another tenant's as
+    'other'), the queue, every job's state, the tenants' quotas and shares, the utilisation over the
+    log's span, and the events either side of the moment to step to."""
+    moment: datetime | None = None
+    if at:
+        try:
+            moment = parse_time(at)
+        except ValueError as exc:
+            raise problem(422, str(exc), "at") from exc
+    platform = backend.platform
+    events = (await read_topic(platform.bus, platform.topics.events)).events
+    picture, series = await read(lambda: (cluster_at(events, moment), utilisation(events)))
+    tenants = tenant_rows(picture, backend.settings.scheduler_policy().tenancy)
+    seen = hide_others(picture, caller.may_see)
+    seen["tenants"] = [row for row in tenants if caller.may_see(row["tenant"])]
+    seen["utilisation"] = [
+        {
+            "at": point["at"],
+            "gpus": point["gpus"],
+            "mine": sum(n for t, n in point["held"].items() if caller.may_see(t)),
+            "other": sum(n for t, n in point["held"].items() if not caller.may_see(t)),
+        }
+        for point in series
+    ]
+    return seen
