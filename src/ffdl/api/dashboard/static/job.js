@@ -132,8 +132,9 @@ export async function jobPage(jobId, { main, signal }) {
       rank.replaceChildren(...ranks.map((r) => h("option", { value: r }, `rank ${r}`)));
     }
   };
+  let whenDrawn = () => {};
   const refresh = debounce(async () => {
-    try { job = await api(`/v1/jobs/${id}`); await draw(); } catch (error) { if (!signal.aborted) alert.textContent = error.message; }
+    try { job = await api(`/v1/jobs/${id}`); await draw(); whenDrawn(); } catch (error) { if (!signal.aborted) alert.textContent = error.message; }
   }, 150);
   await draw();
 
@@ -146,29 +147,28 @@ export async function jobPage(jobId, { main, signal }) {
     else refresh();
   }, signal).catch((error) => { alert.textContent = error.message; });
 
-  let tail = null;
+  // A learner's log exists once it has been launched: follow it from then on, again on a new attempt.
+  let tail = null, following = "";
   const followLog = async () => {
     tail?.abort();
     tail = new AbortController();
-    signal.addEventListener("abort", () => tail.abort());
-    log.textContent = "";
     const mine = tail;
-    for (let attempt = 0; attempt < 100 && !mine.signal.aborted; attempt++) {
-      try {
-        await stream(`/v1/jobs/${id}/logs?rank=${rank.value || 0}&follow=true&tail=${LOG_LINES}`, (text) => {
-          const atBottom = log.scrollTop + log.clientHeight >= log.scrollHeight - 4;
-          const lines = (log.textContent + text).split("\n");
-          log.textContent = lines.slice(-LOG_LINES).join("\n");
-          if (atBottom) log.scrollTop = log.scrollHeight;
-        }, mine.signal);
-        if (TERMINAL.has(job.state)) return;
-      } catch (error) {
-        if (mine.signal.aborted) return;
-        if (!log.textContent) log.textContent = `(${error.message})`;
-      }
-      await new Promise((resolve) => setTimeout(resolve, 2000)); // no log yet (not launched): look again
+    signal.addEventListener("abort", () => mine.abort());
+    following = `${job.attempt}|${rank.value}`;
+    log.textContent = "";
+    try {
+      await stream(`/v1/jobs/${id}/logs?rank=${rank.value || 0}&follow=true&tail=${LOG_LINES}`, (text) => {
+        const atBottom = log.scrollTop + log.clientHeight >= log.scrollHeight - 4;
+        log.textContent = (log.textContent + text).split("\n").slice(-LOG_LINES).join("\n");
+        if (atBottom) log.scrollTop = log.scrollHeight;
+      }, mine.signal);
+    } catch (error) {
+      if (!mine.signal.aborted) log.textContent = `(${error.message})`;
     }
   };
+  const launched = () => job.attempt >= 1 && !["SUBMITTED", "QUEUED", "SCHEDULED", "LAUNCHING"].includes(job.state);
+  whenDrawn = () => { if (launched() && following !== `${job.attempt}|${rank.value}`) followLog(); };
   rank.addEventListener("change", followLog);
-  followLog();
+  if (launched()) followLog();
+  else log.textContent = "(no log until the job is launched)";
 }

@@ -6,7 +6,7 @@ import { gpuMap, jobStates, queueTable, tenantTable, utilisationChart } from "./
 export async function timeMachinePage({ main, hash }) {
   const asked = new URLSearchParams(hash.split("?")[1] || "").get("at");
   const slider = h("input", { type: "range", id: "tm-slider", min: 0, max: 1, step: 1, value: 0, "aria-label": "Moment in the log" });
-  const at = h("input", { id: "tm-at", size: 26, "aria-label": "Moment (ISO 8601)" });
+  const at = h("input", { id: "tm-at", size: 34, "aria-label": "Moment (ISO 8601)" });
   const prev = h("button", { type: "button", id: "tm-prev" }, "◀ Previous event");
   const next = h("button", { type: "button", id: "tm-next" }, "Next event ▶");
   const now = h("button", { type: "button" }, "End of log");
