@@ -19,11 +19,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import FileResponse, StreamingResponse
 
 from ffdl.adapters.tenants import Principal
-from ffdl.api.dependencies import Backend, Caller, PlatformBackend, problem, read
+from ffdl.api.dependencies import Backend, Caller, PlatformBackend, principal, problem, read
 from ffdl.tools.log_files import parse_time
 from ffdl.tools.log_reading import read_topic
 from ffdl.tools.timemachine import cluster_at, hide_others, tenant_rows, utilisation
@@ -50,8 +50,13 @@ async def static_file(name: str) -> FileResponse:
 
 
 @router.get("/v1/whoami")
-async def whoami(caller: Caller, backend: Backend) -> dict[str, Any]:
-    """The caller's tenant, whether it is an admin, and whether the platform runs open (no tenants)."""
+async def whoami(request: Request, backend: Backend) -> dict[str, Any]:
+    """Whether the platform runs open (no tenants) and, for a valid token, its tenant and whether an
+    admin (``tenant`` None without one: the page asks for a token without a failed request)."""
+    try:
+        caller = principal(request)
+    except HTTPException:
+        return {"tenant": None, "admin": False, "open": False}
     return {"tenant": caller.tenant, "admin": caller.admin, "open": backend.tenants.open}
 
 
