@@ -18,7 +18,7 @@ SCREENSHOTS = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
 
 @pytest.fixture
 async def browser() -> AsyncIterator[object]:
-    if not Path(CHROMIUM).exists():
+    if not Path(CHROMIUM).exists():  # noqa: ASYNC240 - one stat before the browser starts
         pytest.skip("chromium is not installed (make services installs it)")
     async with playwright_api.async_playwright() as driver:
         launched = await driver.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
@@ -40,7 +40,9 @@ async def screenshot(page: playwright_api.Page, name: str, path: Path | None = N
                 const c = new OffscreenCanvas(img.width, img.height); const g = c.getContext("2d");
                 g.drawImage(img, 0, 0); const px = g.getImageData(0, 0, img.width, img.height).data;
                 let n = 0, sum = 0, sq = 0;
-                for (let i = 0; i < px.length; i += 16) { const v = (px[i] + px[i + 1] + px[i + 2]) / 3; n++; sum += v; sq += v * v; }
+                for (let i = 0; i < px.length; i += 16) {
+                    const v = (px[i] + px[i + 1] + px[i + 2]) / 3; n++; sum += v; sq += v * v;
+                }
                 return Math.sqrt(sq / n - (sum / n) ** 2);
             }""",
             "data:image/png;base64," + base64.b64encode(png).decode(),

@@ -4,9 +4,9 @@ completion, its loss curve, the cluster's GPU map, and the time machine at momen
 from __future__ import annotations
 
 import re
-from urllib.parse import quote
 from datetime import datetime, timedelta
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from playwright.async_api import Browser, ConsoleMessage, Page, expect
@@ -63,7 +63,9 @@ def instant(job: dict[str, Any], state: str) -> datetime:
     return datetime.fromisoformat(next(e["at"] for e in job["history"] if e["state"] == state))
 
 
-async def test_a_tenant_watches_its_job_and_the_cluster(api: Api, settings: Settings, browser: Browser) -> None:
+async def test_a_tenant_watches_its_job_and_the_cluster(
+    api: Api, settings: Settings, browser: Browser
+) -> None:
     registry = TenantRegistry(settings.tenants_path)
     acme, globex = registry.add("acme"), registry.add("globex")
     theirs = (await submit_as(api, globex, "globex-job", LONG))["job_id"]
@@ -81,10 +83,14 @@ async def test_a_tenant_watches_its_job_and_the_cluster(api: Api, settings: Sett
     row = page.locator(f'tr[data-job="{quick}"]')
     await expect(row).to_have_attribute("data-state", "COMPLETED", timeout=WAIT_MS)
     seen = await states_seen(page, quick)
-    assert seen[-1] == "COMPLETED" and "RUNNING" in seen and seen[0] in ("SUBMITTED", "QUEUED", "SCHEDULED"), seen
+    assert (
+        seen[-1] == "COMPLETED" and "RUNNING" in seen and seen[0] in ("SUBMITTED", "QUEUED", "SCHEDULED")
+    ), seen
 
     job_id = (await submit_as(api, acme, "steady", STEADY))["job_id"]
-    await expect(page.locator(f'tr[data-job="{job_id}"]')).to_have_attribute("data-state", "RUNNING", timeout=WAIT_MS)
+    await expect(page.locator(f'tr[data-job="{job_id}"]')).to_have_attribute(
+        "data-state", "RUNNING", timeout=WAIT_MS
+    )
     await screenshot(page, "jobs")
 
     await page.locator(f'a[href="#/jobs/{job_id}"]').click()
@@ -128,7 +134,9 @@ async def test_a_tenant_watches_its_job_and_the_cluster(api: Api, settings: Sett
     later = datetime.fromisoformat(job["updated_at"]) + timedelta(milliseconds=10)  # after the release
     await page.locator("#tm-at").fill(later.isoformat())
     await page.locator("#tm-at").press("Enter")
-    await expect(page.locator(f'#tm-jobs tr[data-job="{job_id}"]')).to_have_attribute("data-state", "COMPLETED")
+    await expect(page.locator(f'#tm-jobs tr[data-job="{job_id}"]')).to_have_attribute(
+        "data-state", "COMPLETED"
+    )
     await expect(page.locator(f'.gpu[data-holder="{job_id}"]')).to_have_count(0)
     await page.locator("#tm-prev").click()
     await expect(page.locator("#tm-where")).to_contain_text("after")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
+
 from ffdl.core.aggregate import Aggregates, Skipped
 from ffdl.core.job import Job
 from ffdl.core.kinds import JOBS, KINDS, NODES
@@ -196,7 +197,10 @@ def hide_others(picture: JsonObject, may_see: Callable[[str], bool]) -> JsonObje
     their events named by time and type only."""
     visible = {row["job_id"] for row in picture["jobs"] if may_see(row["tenant"])}
     nodes = [
-        {**node, "allocated": {gpu: job if job in visible else "other" for gpu, job in node["allocated"].items()}}
+        {
+            **node,
+            "allocated": {gpu: job if job in visible else "other" for gpu, job in node["allocated"].items()},
+        }
         for node in picture["nodes"]
     ]
 
