@@ -356,6 +356,19 @@ class Projection:
             row = db.execute("SELECT MAX(rowid) FROM history").fetchone()
         return int(row[0] or 0)
 
+    def logged_events(self) -> list[LoggedEvent]:
+        """Every event the projection applied (jobs' and nodes'), as logged, in time order: the log
+        as the API may read it for the time machine, without a bus reader of its own."""
+        rows: list[tuple[str, str, str]] = []
+        with self._connection() as db:
+            for tables in _TABLES.values():
+                rows += db.execute(f"SELECT occurred_at, position, body FROM {tables.history}").fetchall()
+        events = []
+        for _, position, body in sorted(rows):
+            partition, _, offset = position.partition(":")
+            events.append(LoggedEvent(any_event_from_json(body.encode()), int(partition), int(offset), body))
+        return events
+
     def nodes(self) -> list[JsonObject]:
         """Every node the inventory ever had (removed ones too, with their status), by name."""
         with self._connection() as db:

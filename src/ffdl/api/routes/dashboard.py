@@ -7,15 +7,16 @@ storage. Its own reads follow the API's tenancy: a tenant sees its jobs, others'
 * ``/v1/whoami``: who the token is (and whether the platform runs open), for the sign-in.
 * ``/v1/jobs:follow``: Server-Sent Events of the jobs that change, as their documents, so the job
   list stays live without polling; ``id:`` is a cursor over the projection's changes.
-* ``/v1/timemachine?at=TIME``: the cluster as it was at TIME, folded from the log itself (the fold
-  of ``ffdl replay --cluster``), with the utilisation over the log's span and the tenants' shares.
+* ``/v1/timemachine?at=TIME``: the cluster as it was at TIME, folded from the events (as the
+  projection keeps them) with the fold of ``ffdl replay --cluster``, with the utilisation over the
+  log's span and the tenants' shares.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -24,9 +25,7 @@ from fastapi.responses import FileResponse, StreamingResponse
 
 from ffdl.adapters.tenants import Principal
 from ffdl.api.dependencies import Backend, Caller, PlatformBackend, principal, problem, read
-from ffdl.tools.log_files import parse_time
-from ffdl.tools.log_reading import read_topic
-from ffdl.tools.timemachine import cluster_at, hide_others, tenant_rows, utilisation
+from ffdl.projections.timemachine import cluster_at, hide_others, tenant_rows, utilisation
 
 router = APIRouter()
 
@@ -109,14 +108,18 @@ async def timemachine(
     'other'), the queue, every job's state, the tenants' quotas and shares, the utilisation over the
     log's span, and the events either side of the moment to step to."""
     moment: datetime | None = None
-    if at:
+    if at:  # an instant without an offset is UTC, as the SRE tools read it
         try:
-            moment = parse_time(at)
+            moment = datetime.fromisoformat(at)
         except ValueError as exc:
-            raise problem(422, str(exc), "at") from exc
-    platform = backend.platform
-    events = (await read_topic(platform.bus, platform.topics.events)).events
-    picture, series = await read(lambda: (cluster_at(events, moment), utilisation(events)))
+            raise problem(422, f"not an ISO 8601 time: {at!r}", "at") from exc
+        moment = moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+    def fold() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        events = backend.projection.logged_events()
+        return cluster_at(events, moment), utilisation(events)
+
+    picture, series = await read(fold)
     tenants = tenant_rows(picture, backend.settings.scheduler_policy().tenancy)
     seen = hide_others(picture, caller.may_see)
     seen["tenants"] = [row for row in tenants if caller.may_see(row["tenant"])]

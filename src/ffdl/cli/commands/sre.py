@@ -263,8 +263,8 @@ def _replay_cluster(
     log: str | None, bus: str | None, at: str | None, settings: Settings, as_json: bool
 ) -> None:
     """``replay --cluster``: every node, GPU, queued job and job state at the moment, folded from the log."""
+    from ffdl.projections.timemachine import cluster_at  # noqa: PLC0415
     from ffdl.tools.log_files import parse_time  # noqa: PLC0415
-    from ffdl.tools.timemachine import cluster_at  # noqa: PLC0415
 
     moment = _sre(lambda: parse_time(at) if at else None)
     picture = _sre(lambda: cluster_at(list(_log_events(log, bus, settings)), moment))
