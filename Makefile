@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-APT_PACKAGES := etcd-server mosquitto mosquitto-clients tini
+APT_PACKAGES := etcd-server mosquitto mosquitto-clients tini chromium
 PYTEST_ARGS ?=
 
 .PHONY: demo test lint typecheck services schemas clean
@@ -22,6 +22,7 @@ services:
 	[ -x /usr/sbin/mosquitto ] || missing="$$missing mosquitto"; \
 	command -v mosquitto_sub >/dev/null || missing="$$missing mosquitto-clients"; \
 	command -v tini >/dev/null || missing="$$missing tini"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \

@@ -25,7 +25,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from ffdl.api.dependencies import PlatformBackend
-from ffdl.api.routes import cluster, events, health, jobs, logs, nodes
+from ffdl.api.routes import cluster, dashboard, events, health, jobs, logs, nodes
 from ffdl.wiring.platform import Platform
 
 
@@ -41,7 +41,7 @@ def create_app(platform: Platform, *, open_api: bool = False) -> FastAPI:
     app.state.sse_followers = 0
     app.exception_handler(RequestValidationError)(invalid_request)
     app.middleware("http")(limit_body)
-    for routes in (jobs, cluster, events, logs, nodes, health):
+    for routes in (jobs, cluster, events, logs, nodes, health, dashboard):
         app.include_router(routes.router)
     return app
 

@@ -132,6 +132,7 @@ async def _drive(api: str, steps: int, chaos: bool) -> dict[str, Any]:
         response.raise_for_status()
         job_id = response.json()["job_id"]
         console.print(f"submitted {job_id}: 2 learners x 1 GPU, {steps} steps")
+        console.print(f"watch it in the dashboard: {api}/#/jobs/{job_id}")
         killed = not chaos
         with Progress(
             TextColumn("{task.description}"),

@@ -256,3 +256,35 @@ def node_timeline_table(name: str, rows: list[dict[str, Any]]) -> Table:
             row["reason"],
         )
     return table
+
+
+def cluster_tables(picture: dict[str, Any]) -> list[Table]:
+    """``replay --cluster``: the GPU map (one row per node, the job holding each GPU), the queue in
+    the scheduler's order and every job's state, as the time machine shows them at that moment."""
+    gpus = Table(title=f"GPUs at {picture['at'] or 'the end of the log'}")
+    for column in ("node", "status", "GPU", "held by"):
+        gpus.add_column(column)
+    for node in picture["nodes"]:
+        for gpu in range(int(node["gpus"])):
+            holder = node["allocated"].get(str(gpu))
+            gpus.add_row(node["name"], node_status(node["status"]), str(gpu), holder or "[dim]free[/]")
+    queue = Table(title="Queue")
+    for column in ("#", "job", "tenant", "priority", "learners x GPUs", "reason"):
+        queue.add_column(column)
+    for row in picture["queue"]:
+        queue.add_row(
+            str(row["position"]),
+            row["job_id"],
+            row["tenant"],
+            str(row["priority"]),
+            f"{row['learners']} x {row['gpus']}",
+            row["reason"] or "",
+        )
+    jobs = Table(title="Jobs")
+    for column in ("job", "tenant", "state", "attempt", "GPUs held"):
+        jobs.add_column(column)
+    for job in picture["jobs"]:
+        jobs.add_row(
+            job["job_id"], job["tenant"], styled(job["state"]), str(job["attempt"]), str(job["gpus_held"])
+        )
+    return [gpus, queue, jobs]

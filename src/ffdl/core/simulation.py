@@ -14,13 +14,13 @@ no empty cluster, or it needs more than its tenant may ever hold) is reported, n
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from heapq import heappop, heappush
 from typing import Any
 
 from ffdl.core.allocator import Node, PlacementPolicy
-from ffdl.core.cluster import ClusterRoom, ClusterState, Demand
+from ffdl.core.cluster import ClusterRoom, ClusterState, Demand, HeldJob
 from ffdl.core.job import WaitRecord
 from ffdl.core.scheduling import Planner, SchedulerPolicy, WaitingJob
 
@@ -66,6 +66,8 @@ class SimulationResult:
     last_end: float = 0.0
     preemptions: int = 0
     cycles: int = 0
+    #: with ``record``: after each moment something happened, the GPUs each tenant held on each node
+    samples: list[tuple[float, dict[str, dict[str, int]]]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -153,8 +155,10 @@ def simulate(
     *,
     placement: PlacementPolicy | None = None,
     halt_s: float = 30.0,
+    record: bool = False,
 ) -> SimulationResult:
-    """Run ``trace`` on ``nodes`` until every job that can run has ended; see the module docstring."""
+    """Run ``trace`` on ``nodes`` until every job that can run has ended; see the module docstring.
+    With ``record`` the result keeps who held which node's GPUs over time (for a report's GPU map)."""
     sim = _Simulator(nodes, policy or SchedulerPolicy(), placement, halt_s)
     empty = ClusterRoom(nodes)
     arrivals = sorted(trace, key=lambda job: (job.submit_time, job.job_id))
@@ -178,11 +182,23 @@ def simulate(
             sim.step(now)
             result.cycles += 1
         in_use = sum(sim.state.usage.values())
+        if record:
+            result.samples.append((now, _holdings(sim.state.held.values())))
         result.max_gpus_in_use = max(result.max_gpus_in_use, in_use)
     result.outcomes = [sim.outcomes[job.job_id] for job in arrivals]
     result.preemptions = sum(outcome.preemptions for outcome in result.outcomes)
     result.last_end = max((o.end for o in result.outcomes if o.end is not None), default=result.first_submit)
     return result
+
+
+def _holdings(held: Iterable[HeldJob]) -> dict[str, dict[str, int]]:
+    """GPUs held per node, per tenant."""
+    by_node: dict[str, dict[str, int]] = {}
+    for job in held:
+        for node, gpus in job.gang.learners:
+            tenants = by_node.setdefault(node, {})
+            tenants[job.tenant] = tenants.get(job.tenant, 0) + len(gpus)
+    return by_node
 
 
 def percentile(values: Sequence[float], fraction: float) -> float:

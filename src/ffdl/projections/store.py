@@ -331,6 +331,44 @@ class Projection:
                     return str(row[0])
         return None
 
+    def changed_jobs(self, after: int, limit: int = 500) -> tuple[int, list[JsonObject], list[str]]:
+        """Jobs that changed since history row ``after`` (its rowid; 0: from the start): the last
+        row read (what a follower of the job list asks after next), the current documents of those
+        that changed, and the ids of those deleted from the listings.
+        Rows only ever append, so the rowid is a cursor over every change in projection order."""
+        with self._connection() as db:
+            rows = db.execute(
+                "SELECT rowid, job_id FROM history WHERE rowid > ? ORDER BY rowid LIMIT ?", (after, limit)
+            ).fetchall()
+            if not rows:
+                return after, [], []
+            changed = sorted({job_id for _, job_id in rows})
+            documents = db.execute(
+                f"SELECT document FROM jobs WHERE job_id IN ({','.join('?' * len(changed))})", changed
+            ).fetchall()
+        found = [json.loads(doc) for (doc,) in documents]
+        gone = sorted(set(changed) - {document["job_id"] for document in found})
+        return int(rows[-1][0]), found, gone
+
+    def last_change(self) -> int:
+        """The cursor of :meth:`changed_jobs` at the present (the last history row)."""
+        with self._connection() as db:
+            row = db.execute("SELECT MAX(rowid) FROM history").fetchone()
+        return int(row[0] or 0)
+
+    def logged_events(self) -> list[LoggedEvent]:
+        """Every event the projection applied (jobs' and nodes'), as logged, in time order: the log
+        as the API may read it for the time machine, without a bus reader of its own."""
+        rows: list[tuple[str, str, str]] = []
+        with self._connection() as db:
+            for tables in _TABLES.values():
+                rows += db.execute(f"SELECT occurred_at, position, body FROM {tables.history}").fetchall()
+        events = []
+        for _, position, body in sorted(rows):
+            partition, _, offset = position.partition(":")
+            events.append(LoggedEvent(any_event_from_json(body.encode()), int(partition), int(offset), body))
+        return events
+
     def nodes(self) -> list[JsonObject]:
         """Every node the inventory ever had (removed ones too, with their status), by name."""
         with self._connection() as db:

@@ -8,6 +8,7 @@ report as tables or one JSON object.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 from rich.table import Table
@@ -15,6 +16,7 @@ from rich.table import Table
 from ffdl.core.allocator import Node, PlacementPolicy
 from ffdl.core.scheduling import SchedulerPolicy
 from ffdl.core.simulation import TraceJob, simulate, summarize
+from ffdl.tools.simulate_report import render_report
 
 PLACEMENTS: dict[str, PlacementPolicy] = {"pack": "pack", "spread": "spread"}
 
@@ -29,10 +31,12 @@ def run_simulation(
     nodes: list[Node],
     policy: SchedulerPolicy,
     placement: PlacementPolicy | None = None,
+    html: Path | None = None,
 ) -> dict[str, Any]:
-    """The report of :func:`ffdl.core.simulation.summarize`, with the cluster and the wall time."""
+    """The report of :func:`ffdl.core.simulation.summarize`, with the cluster and the wall time;
+    with ``html``, also written there as a self-contained page with pictures."""
     started = time.perf_counter()
-    result = simulate(trace, nodes, policy, placement=placement)
+    result = simulate(trace, nodes, policy, placement=placement, record=html is not None)
     wall_s = time.perf_counter() - started
     report = summarize(result)
     report["cluster"] = {
@@ -42,6 +46,8 @@ def run_simulation(
     }
     report["wall_s"] = wall_s
     report["jobs_per_wall_second"] = len(trace) / wall_s if wall_s > 0 else 0.0
+    if html is not None:
+        html.write_text(render_report(report, result, nodes))
     return report
 
 

@@ -61,6 +61,9 @@ def simulate(
     load: Annotated[float, typer.Option(min=0.01, help="--generate: offered load, x cluster GPUs.")] = 0.9,
     tenants: Annotated[int, typer.Option(min=1, help="--generate: how many tenants submit.")] = 6,
     seed: Annotated[int, typer.Option(help="--generate: random seed (same seed, same trace).")] = 0,
+    html: Annotated[
+        Path | None, typer.Option("--html", help="Also write a self-contained page with pictures here.")
+    ] = None,
     json_output: JsonFlag = False,
 ) -> None:
     """Run a workload trace through the scheduler in virtual time and report how it went.
@@ -89,7 +92,7 @@ def simulate(
         except (OSError, TraceError) as exc:
             raise fail(exc) from exc
     cluster = homogeneous_cluster(nodes, gpus_per_node)
-    report = run_simulation(jobs, cluster, Settings().scheduler_policy(), PLACEMENTS.get(policy or ""))
+    report = run_simulation(jobs, cluster, Settings().scheduler_policy(), PLACEMENTS.get(policy or ""), html)
     if json_output:
         print_json(report)
         return
@@ -97,3 +100,5 @@ def simulate(
         console.print(table)
     for job in report["never_run"][:10]:
         console.print(f"[yellow]never runs[/] {job['job_id']}: {job['reason']}")
+    if html is not None:
+        console.print(f"wrote the report to {html}")

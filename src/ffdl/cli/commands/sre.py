@@ -14,6 +14,7 @@ import typer
 
 from ffdl.cli.commands.common import JsonFlag
 from ffdl.cli.render import (
+    cluster_tables,
     console,
     cordon_text,
     diff_table,
@@ -182,6 +183,12 @@ def replay(
     *,
     job: Annotated[str | None, typer.Option("--job", help="The job to replay.")] = None,
     node: Annotated[str | None, typer.Option("--node", help="The node to replay.")] = None,
+    cluster: Annotated[
+        bool, typer.Option("--cluster", help="The whole cluster (GPUs, queue, every job) at --at.")
+    ] = False,
+    at: Annotated[
+        str | None, typer.Option("--at", help="--cluster: this ISO 8601 time (default: the end).")
+    ] = (None),
     until: Annotated[
         str | None,
         typer.Option("--until", help="Stop after this seq of the job or node, or at this ISO 8601 time."),
@@ -197,16 +204,21 @@ def replay(
     partitions: PartitionsOption = None,
     json_output: JsonFlag = False,
 ) -> None:
-    """Replay a job (state, timeline, diff) or a node (state, timeline) to any point, or rebuild the
-    projections, from a log.
+    """Replay a job (state, timeline, diff), a node (state, timeline) or the whole cluster (its GPUs,
+    queue and jobs: the dashboard's time machine) to any point, or rebuild the projections, from a log.
 
     --rebuild without LOG rebuilds the configured bus and compares with the live projections.
     """
     from ffdl.tools import sre  # noqa: PLC0415
 
     settings = _sre_settings(partitions)
-    if [job is not None, node is not None, rebuild].count(True) != 1:
-        raise _sre_usage("say what to replay: --job JOB, --node NODE, or --rebuild")
+    if [job is not None, node is not None, cluster, rebuild].count(True) != 1:
+        raise _sre_usage("say what to replay: --job JOB, --node NODE, --cluster, or --rebuild")
+    if at is not None and not cluster:
+        raise _sre_usage("--at is the moment of --cluster; a job or node replays with --until")
+    if cluster:
+        _replay_cluster(log, bus, at, settings, json_output)
+        return
     if rebuild:
         if until is not None or diff is not None:
             raise _sre_usage("--until and --diff replay a job or node; a rebuild folds the whole log")
@@ -245,6 +257,28 @@ def replay(
         console.print(line)
     console.print(learners_table(report["state"]))
     console.print(replay_timeline_table(job, report["timeline"]))
+
+
+def _replay_cluster(
+    log: str | None, bus: str | None, at: str | None, settings: Settings, as_json: bool
+) -> None:
+    """``replay --cluster``: every node, GPU, queued job and job state at the moment, folded from the log."""
+    from ffdl.projections.timemachine import cluster_at  # noqa: PLC0415
+    from ffdl.tools.log_files import parse_time  # noqa: PLC0415
+
+    moment = _sre(lambda: parse_time(at) if at else None)
+    picture = _sre(lambda: cluster_at(list(_log_events(log, bus, settings)), moment))
+    if as_json:
+        print_json(picture)
+        return
+    for table in cluster_tables(picture):
+        console.print(table)
+    previous = picture["previous_event"]
+    if previous:
+        console.print(
+            f"after {picture['applied']} of {picture['span']['events']} events; the last: "
+            f"{previous['type']} of {previous['key']} at {previous['at']}"
+        )
 
 
 def _sre_usage(message: str) -> typer.Exit:

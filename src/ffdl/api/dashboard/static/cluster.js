@@ -1,0 +1,35 @@
+// The cluster now: the GPU map, utilisation over time, queues and tenants' shares; refreshed as jobs change.
+import { api, follow } from "./api.js";
+import { debounce, h } from "./dom.js";
+import { gpuMap, queueTable, tenantTable, utilisationChart } from "./gpumap.js";
+
+export async function clusterPage({ main, signal }) {
+  let byTenant = false;
+  const toggle = h("button", { type: "button", "aria-pressed": "false" }, "Colour by tenant");
+  const map = h("div", {}), chart = h("div", { class: "chart", id: "utilisation" }), queues = h("div", {}), tenants = h("div", {});
+  main.append(h("h1", {}, "Cluster"),
+    h("section", { class: "card", "aria-labelledby": "map-title" }, h("div", { class: "row" }, h("h2", { id: "map-title" }, "GPU map"), toggle), map),
+    h("section", { class: "card", "aria-labelledby": "util-title" }, h("h2", { id: "util-title" }, "Utilisation over time"), chart),
+    h("div", { class: "grid2" },
+      h("section", { class: "card", "aria-labelledby": "q-title" }, h("h2", { id: "q-title" }, "Queue"), queues),
+      h("section", { class: "card", "aria-labelledby": "t-title" }, h("h2", { id: "t-title" }, "Tenants: quota, borrowing, fair share"), tenants)));
+  let picture = null;
+  const draw = () => {
+    map.replaceChildren(gpuMap(picture, { byTenant }));
+    queues.replaceChildren(queueTable(picture));
+    tenants.replaceChildren(tenantTable(picture));
+    utilisationChart(chart, picture, null);
+  };
+  const refresh = async () => {
+    picture = await api("/v1/timemachine");
+    if (!signal.aborted) draw();
+  };
+  toggle.addEventListener("click", () => {
+    byTenant = !byTenant;
+    toggle.setAttribute("aria-pressed", String(byTenant));
+    draw();
+  });
+  await refresh();
+  const later = debounce(() => refresh().catch(() => {}), 500);
+  follow("/v1/jobs:follow", (message) => { if (message.event === "jobs") later(); }, signal, { reconnect: true }).catch(() => {});
+}

@@ -1,0 +1,135 @@
+"""The dashboard: a page served at ``/`` with its static files, and the reads only it needs.
+
+The page is plain ES modules and vendored libraries under ``api/dashboard/static`` (no build step);
+it talks to the API like any client, with the tenant's bearer token it keeps in the tab's session
+storage. Its own reads follow the API's tenancy: a tenant sees its jobs, others' GPUs as 'other'.
+
+* ``/v1/whoami``: who the token is (and whether the platform runs open), for the sign-in.
+* ``/v1/jobs:follow``: Server-Sent Events of the jobs that change, as their documents, so the job
+  list stays live without polling; ``id:`` is a cursor over the projection's changes.
+* ``/v1/timemachine?at=TIME``: the cluster as it was at TIME, folded from the events (as the
+  projection keeps them) with the fold of ``ffdl replay --cluster``, with the utilisation over the
+  log's span and the tenants' shares.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi.responses import FileResponse, StreamingResponse
+
+from ffdl.adapters.tenants import Principal
+from ffdl.api.dependencies import Backend, Caller, PlatformBackend, principal, problem, read
+from ffdl.projections.timemachine import cluster_at, hide_others, tenant_rows, utilisation
+
+router = APIRouter()
+
+STATIC = Path(__file__).resolve().parent.parent / "dashboard" / "static"
+#: Jobs per Server-Sent Event batch of the job list, at most.
+FOLLOW_BATCH = 500
+
+
+@router.get("/", include_in_schema=False)
+async def page() -> FileResponse:
+    return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
+
+
+@router.get("/ui/{name:path}", include_in_schema=False)
+async def static_file(name: str) -> FileResponse:
+    """A file of the page (its modules, styles and vendored libraries); nothing outside them."""
+    path = (STATIC / name).resolve()
+    if not path.is_relative_to(STATIC) or not path.is_file():
+        raise problem(404, f"no file {name}", "name")
+    return FileResponse(path, headers={"Cache-Control": "no-cache"})
+
+
+@router.get("/v1/whoami")
+async def whoami(request: Request, backend: Backend) -> dict[str, Any]:
+    """Whether the platform runs open (no tenants) and, for a valid token, its tenant and whether an
+    admin (``tenant`` None without one: the page asks for a token without a failed request)."""
+    try:
+        caller = principal(request)
+    except HTTPException:
+        return {"tenant": None, "admin": False, "open": False}
+    return {"tenant": caller.tenant, "admin": caller.admin, "open": backend.tenants.open}
+
+
+@router.get("/v1/jobs:follow", response_model=None)
+async def follow_jobs(
+    request: Request, caller: Caller, backend: Backend, after: Annotated[int, Query(ge=0)] = -1
+) -> StreamingResponse:
+    """Server-Sent Events (``event: jobs``) of the caller's jobs as they change: ``{"jobs": [...],
+    "gone": [...]}``. From now on by default; resumable with ``Last-Event-ID`` or ``after``."""
+    last = request.headers.get("last-event-id", "")
+    start = int(last) if last.isdigit() else after
+    if start < 0:
+        start = await read(backend.projection.last_change)
+    return StreamingResponse(
+        _job_changes(request, backend, caller, start),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+async def _job_changes(
+    request: Request, backend: PlatformBackend, caller: Principal, cursor: int
+) -> AsyncIterator[bytes]:
+    state = request.app.state
+    state.sse_followers += 1
+    try:
+        yield f"id: {cursor}\nevent: ready\ndata: {{}}\n\n".encode()
+        while not await request.is_disconnected():
+            cursor_after, documents, gone = await read(backend.projection.changed_jobs, cursor, FOLLOW_BATCH)
+            if cursor_after == cursor:
+                yield b": keep-alive\n\n"
+                await backend.platform.projector.wait_for_change(1.0)
+                continue
+            cursor = cursor_after
+            mine = [document for document in documents if caller.may_see(document["tenant"])]
+            if mine or gone:
+                data = json.dumps({"jobs": mine, "gone": gone})
+                yield f"id: {cursor}\nevent: jobs\ndata: {data}\n\n".encode()
+    finally:
+        state.sse_followers -= 1
+
+
+@router.get("/v1/timemachine")
+async def timemachine(
+    caller: Caller,
+    backend: Backend,
+    at: Annotated[str | None, Query(description="ISO 8601 time; default: the end of the log")] = None,
+) -> dict[str, Any]:
+    """The cluster at ``at`` folded from the log: nodes with who held each GPU (another tenant's as
+    'other'), the queue, every job's state, the tenants' quotas and shares, the utilisation over the
+    log's span, and the events either side of the moment to step to."""
+    moment: datetime | None = None
+    if at:  # an instant without an offset is UTC, as the SRE tools read it
+        try:
+            moment = datetime.fromisoformat(at)
+        except ValueError as exc:
+            raise problem(422, f"not an ISO 8601 time: {at!r}", "at") from exc
+        moment = moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+    def fold() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        events = backend.projection.logged_events()
+        return cluster_at(events, moment), utilisation(events)
+
+    picture, series = await read(fold)
+    tenants = tenant_rows(picture, backend.settings.scheduler_policy().tenancy)
+    seen = hide_others(picture, caller.may_see)
+    seen["tenants"] = [row for row in tenants if caller.may_see(row["tenant"])]
+    seen["utilisation"] = [
+        {
+            "at": point["at"],
+            "gpus": point["gpus"],
+            "mine": sum(n for t, n in point["held"].items() if caller.may_see(t)),
+            "other": sum(n for t, n in point["held"].items() if not caller.may_see(t)),
+        }
+        for point in series
+    ]
+    return seen

@@ -1,0 +1,219 @@
+"""The time machine: the whole cluster (nodes, who holds which GPU, the queues, every job's state)
+as it was at any moment, rebuilt from the log.
+
+It folds every event up to the moment with the one fold step every reader takes
+(:class:`~ffdl.core.aggregate.Aggregates`, which runs :func:`~ffdl.core.aggregate.fold_step`), and
+renders jobs and nodes with the documents the projections store, so the picture at the log's end
+is what the live API shows. Nothing is sampled: a moment between two events shows the state after
+the earlier one, and the answer names the events either side so a reader can step event by event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
+
+from ffdl.core.aggregate import Aggregates, Skipped
+from ffdl.core.job import Job
+from ffdl.core.kinds import JOBS, KINDS, NODES
+from ffdl.core.nodes import NodePresence, NodeRecord, NodeStatus
+from ffdl.core.tenancy import TenancyPolicy
+from ffdl.events.envelope import NODE_KEY_PREFIX
+from ffdl.projections.documents import JsonObject, job_document, node_document
+from ffdl.projections.store import LoggedEvent
+
+
+def span(events: Sequence[LoggedEvent]) -> JsonObject:
+    """The first and last event times of the log (None for an empty one)."""
+    if not events:
+        return {"start": None, "end": None, "events": 0}
+    times = [logged.event.occurred_at for logged in events]
+    return {"start": min(times).isoformat(), "end": max(times).isoformat(), "events": len(events)}
+
+
+def fold_at(events: Iterable[LoggedEvent], at: datetime | None) -> tuple[Aggregates, int]:
+    """Every aggregate folded with the events that occurred at or before ``at`` (None: all), and how
+    many events that was."""
+    folded = Aggregates(KINDS)
+    count = 0
+    for logged in events:
+        if at is not None and logged.event.occurred_at > at:
+            continue  # partitions interleave by time only roughly: keep reading, skip later ones
+        folded.fold(logged.event)
+        count += 1
+    return folded, count
+
+
+def _queued_at(job: Job) -> str:
+    return next((e.at.isoformat() for e in reversed(job.history) if str(e.state) == "QUEUED"), "")
+
+
+def cluster_at(events: Sequence[LoggedEvent], at: datetime | None) -> JsonObject:
+    """The cluster at ``at``: its present nodes with the job holding each GPU, the queued jobs per
+    tenant in the scheduler's order, every job's state, and the events either side of the moment."""
+    folded, applied = fold_at(events, at)
+    jobs: dict[str, Job] = folded.of(JOBS)
+    nodes: dict[str, NodeRecord] = folded.of(NODES)
+    holders: dict[str, dict[str, str]] = {}
+    for job in jobs.values():
+        if job.placement is None:
+            continue
+        for learner in job.placement.learners:
+            for gpu in learner.gpus:
+                holders.setdefault(learner.node, {})[str(gpu)] = job.job_id
+    node_rows: list[JsonObject] = []
+    for name in sorted(nodes):
+        document = node_document(nodes[name])
+        document["allocated"] = holders.get(name, {})
+        document["present"] = NodeStatus(document["status"]).present
+        node_rows.append(document)
+    queued = sorted(
+        (job for job in jobs.values() if str(job.state) == "QUEUED"),
+        key=lambda job: (-job.spec.priority, _queued_at(job), job.job_id),
+    )
+    queue = [
+        {
+            "job_id": job.job_id,
+            "tenant": job.tenant,
+            "position": position,
+            "priority": job.spec.priority,
+            "learners": job.spec.learners,
+            "gpus": job.spec.gpus,
+            "reason": job.reason,
+        }
+        for position, job in enumerate(queued, start=1)
+    ]
+    job_rows = [_job_row(job) for job in sorted(jobs.values(), key=lambda job: job.submitted_at)]
+    before = [logged for logged in events if at is None or logged.event.occurred_at <= at]
+    after = [logged for logged in events if at is not None and logged.event.occurred_at > at]
+    return {
+        "at": at.isoformat() if at else None,
+        "span": span(events),
+        "applied": applied,
+        "previous_event": _event_ref(max(before, key=_when)) if before else None,
+        "next_event": _event_ref(min(after, key=_when)) if after else None,
+        "nodes": node_rows,
+        "queue": queue,
+        "jobs": job_rows,
+    }
+
+
+def utilisation(events: Sequence[LoggedEvent]) -> list[JsonObject]:
+    """The GPUs present and held per tenant after each event that changed either, in time order:
+    the cluster's utilisation over the log's span, folded like :func:`fold_at`."""
+    folded = Aggregates(KINDS)
+    held: dict[str, tuple[str, int]] = {}
+    present: dict[str, int] = {}
+    points: list[JsonObject] = []
+    for logged in sorted(events, key=_when):
+        applied = folded.fold(logged.event)
+        if applied is None or isinstance(applied, Skipped):
+            continue
+        job = applied.of(JOBS)
+        if job is not None:
+            placement = job.after.placement
+            gpus = sum(len(learner.gpus) for learner in placement.learners) if placement else 0
+            if gpus == held.get(job.after.job_id, ("", 0))[1]:
+                continue
+            held[job.after.job_id] = (job.after.tenant, gpus)
+        node = applied.of(NODES)
+        if node is not None:
+            gpus = node.after.spec.gpus if node.after.presence is NodePresence.PRESENT else 0
+            if gpus == present.get(node.after.name, 0):
+                continue
+            present[node.after.name] = gpus
+        by_tenant: dict[str, int] = {}
+        for tenant, gpus in held.values():
+            if gpus:
+                by_tenant[tenant] = by_tenant.get(tenant, 0) + gpus
+        points.append({"at": _when(logged).isoformat(), "gpus": sum(present.values()), "held": by_tenant})
+    return points
+
+
+def tenant_rows(picture: JsonObject, policy: TenancyPolicy) -> list[JsonObject]:
+    """Per tenant with jobs in the picture: GPUs held, jobs queued, its quota, what it borrows beyond
+    its guarantee, and its fair share (the present GPUs split by weight among the tenants that hold
+    or want GPUs)."""
+    held: dict[str, int] = {}
+    queued: dict[str, int] = {}
+    for job in picture["jobs"]:
+        held[job["tenant"]] = held.get(job["tenant"], 0) + job["gpus_held"]
+        if job["state"] == "QUEUED":
+            queued[job["tenant"]] = queued.get(job["tenant"], 0) + 1
+    active = sorted(t for t in held if held[t] or queued.get(t))
+    total = sum(int(node["gpus"]) for node in picture["nodes"] if node["present"])
+    weights = sum(policy.quota(t).weight for t in active) or 1.0
+    rows = []
+    for tenant in sorted(held):
+        quota = policy.quota(tenant)
+        rows.append(
+            {
+                "tenant": tenant,
+                "gpus_held": held[tenant],
+                "queued": queued.get(tenant, 0),
+                "guaranteed_gpus": quota.guaranteed_gpus,
+                "borrowing_limit_gpus": quota.borrowing_limit_gpus,
+                "weight": quota.weight,
+                "borrowed": max(0, held[tenant] - quota.guaranteed_gpus),
+                "fair_share_gpus": round(total * quota.weight / weights, 2) if tenant in active else 0.0,
+            }
+        )
+    return rows
+
+
+def _when(logged: LoggedEvent) -> datetime:
+    return logged.event.occurred_at
+
+
+def _event_ref(logged: LoggedEvent) -> JsonObject:
+    event = logged.event
+    return {
+        "at": event.occurred_at.isoformat(),
+        "type": event.type,
+        "key": event.key,
+        "seq": event.seq,
+        "position": logged.position,
+    }
+
+
+def _job_row(job: Job) -> JsonObject:
+    document = job_document(job)
+    held = sum(len(learner["gpus"]) for learner in document["placement"] or [])
+    return {
+        "job_id": job.job_id,
+        "tenant": job.tenant,
+        "name": document["name"],
+        "state": document["state"],
+        "attempt": document["attempt"],
+        "reason": document["reason"],
+        "gpus_held": held,
+        "learners": document["spec"]["learners"],
+        "gpus": document["spec"]["gpus"],
+    }
+
+
+def hide_others(picture: JsonObject, may_see: Callable[[str], bool]) -> JsonObject:
+    """The picture as a tenant may see it: other tenants' jobs left out, their GPUs held by 'other',
+    their events named by time and type only."""
+    visible = {row["job_id"] for row in picture["jobs"] if may_see(row["tenant"])}
+    nodes = [
+        {
+            **node,
+            "allocated": {gpu: job if job in visible else "other" for gpu, job in node["allocated"].items()},
+        }
+        for node in picture["nodes"]
+    ]
+
+    def seen(ref: JsonObject | None) -> JsonObject | None:
+        if ref is None or ref["key"].startswith(NODE_KEY_PREFIX) or ref["key"] in visible:
+            return ref
+        return {**ref, "key": "other", "seq": None, "position": None}
+
+    return {
+        **picture,
+        "nodes": nodes,
+        "queue": [row for row in picture["queue"] if row["job_id"] in visible],
+        "jobs": [row for row in picture["jobs"] if row["job_id"] in visible],
+        "previous_event": seen(picture["previous_event"]),
+        "next_event": seen(picture["next_event"]),
+    }
