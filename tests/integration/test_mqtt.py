@@ -12,7 +12,7 @@ from pathlib import Path
 import aiomqtt
 import pytest
 
-from ffdl.adapters.mqtt import status_topic
+from ffdl.handlers.notifier import status_topic
 from ffdl.wiring.config import Settings
 from ffdl.wiring.platform import Platform
 from tests.harness import Api, fast_settings, manifest

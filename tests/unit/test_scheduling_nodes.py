@@ -29,7 +29,8 @@ from ffdl.events.model import Checkpoint, ErrorCode, JobSpec
 from ffdl.handlers.messaging import CommandSender, Topics
 from ffdl.handlers.owner import JobOwner
 from ffdl.handlers.ports import Bus, TopicPartition
-from ffdl.handlers.scheduler import NODE_CHANGE_RESEND_S, Scheduler
+from ffdl.handlers.scheduler import Scheduler
+from ffdl.handlers.scheduler_state import NODE_CHANGE_RESEND_S
 from tests.scheduling import owner_and_scheduler
 from tests.services import wait_until_async
 

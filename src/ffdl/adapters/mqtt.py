@@ -1,66 +1,45 @@
-"""MQTT: a retained status message per job out, learner telemetry in (aiomqtt, e.g. Mosquitto).
+"""MQTT (aiomqtt, e.g. Mosquitto): the notifier's status sink out, learner telemetry in.
 
-Out: the notifier role folds the events topic and, on every state transition, publishes the
-job's status, retained, QoS 1, on ``ffdl/<tenant>/jobs/<job>/status``; deleting an ended job
-clears it (an empty retained message). It commits a batch only after the broker acknowledged
-every publish, so a subscriber may see a status twice, never miss the last one.
+Out: :class:`MqttStatusSink` is the notifier's port (``handlers/notifier.py``) on the broker:
+QoS 1, so a publish returns once the broker has acknowledged it.
 
 In: learners (or anything speaking for them) may publish progress on
 ``ffdl/<tenant>/jobs/<job>/learners/<rank>/progress`` as ``{"attempt", "step", "metrics"}``, an
 alternative to progress in the heartbeat store. Each message becomes a ``ReportProgress`` command;
-the job's owner refuses one whose tenant is not the job's, like any other command.
+the job's owner refuses one whose tenant is not the job's, like any other command. Anyone may
+publish on the broker, so a message that stands for no valid command is logged and dropped.
+
+:class:`MqttBridge` keeps one connection for both, and connects again with backoff after the
+broker goes away.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-from typing import Any
 from urllib.parse import urlparse
 
 import aiomqtt
 import structlog
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, FiniteFloat, ValidationError
 
-from ffdl.core.aggregate import Applied, Kinds
-from ffdl.core.job import Job
 from ffdl.core.kinds import JOBS
 from ffdl.events import job_commands as cmd
-from ffdl.events import job_events as ev
-from ffdl.events.envelope import Event
+from ffdl.events.envelope import Command
+from ffdl.handlers.aio import Backoff, sleep_or_stop
 from ffdl.handlers.messaging import CommandSender, Topics
-from ffdl.handlers.ports import Bus
-from ffdl.handlers.runtime import EventFollower, consume
+from ffdl.handlers.notifier import Notifier
+from ffdl.handlers.ports import Bus, BusUnavailable
+from ffdl.handlers.runtime import consume
 
 log = structlog.get_logger(__name__)
 
 TELEMETRY_TOPIC = "ffdl/+/jobs/+/learners/+/progress"
 
 
-def status_topic(tenant: str, job_id: str) -> str:
-    return f"ffdl/{tenant}/jobs/{job_id}/status"
-
-
-def status_payload(job: Job) -> bytes:
-    entered = job.history[-1]
-    return json.dumps(
-        {
-            "job_id": job.job_id,
-            "tenant": job.tenant,
-            "state": str(job.state),
-            "since": entered.at.isoformat(),
-            "reason": entered.reason,
-            "attempt": job.attempt,
-            "seq": job.seq,
-        },
-        sort_keys=True,
-    ).encode()
-
-
 class Telemetry(BaseModel):
     attempt: int = Field(ge=1)
     step: int = Field(ge=0)
-    metrics: dict[str, float] = Field(default_factory=dict)
+    metrics: dict[str, FiniteFloat] = Field(default_factory=dict)
 
 
 def parse_url(url: str) -> tuple[str, int]:
@@ -70,24 +49,33 @@ def parse_url(url: str) -> tuple[str, int]:
     return address.hostname, address.port or 1883
 
 
-class StatusPublisher(EventFollower):
-    """The consumer-group processor that turns transitions into retained status messages."""
+def progress_command(sender: CommandSender, topic: str, payload: object) -> Command:
+    """The ``ReportProgress`` command a telemetry message stands for; ValueError (a pydantic
+    ValidationError among them) when it stands for none."""
+    parts = topic.split("/")
+    if (
+        len(parts) != 7
+        or (parts[0], parts[2], parts[4], parts[6]) != ("ffdl", "jobs", "learners", "progress")
+        or not (parts[5].isascii() and parts[5].isdecimal())
+    ):
+        raise ValueError("not a telemetry topic")
+    if not isinstance(payload, bytes | bytearray | str):
+        raise ValueError("the payload is not JSON")
+    telemetry = Telemetry.model_validate_json(payload)
+    progress = cmd.ReportProgress(
+        rank=int(parts[5]), attempt=telemetry.attempt, step=telemetry.step, metrics=telemetry.metrics
+    )
+    return sender.make(JOBS.address(parts[3], parts[1]), progress)
 
-    def __init__(self, bus: Bus, topics: Topics, client: aiomqtt.Client) -> None:
-        super().__init__(bus, topics.events, Kinds(JOBS))  # a node's event changes no job's status
+
+class MqttStatusSink:
+    """The notifier's :class:`~ffdl.handlers.notifier.StatusSink` on an MQTT connection (QoS 1)."""
+
+    def __init__(self, client: aiomqtt.Client) -> None:
         self._client = client
 
-    async def policy(self, applied: Applied[Any, Any]) -> None:
-        folded = applied.of(JOBS)
-        if folded is not None:
-            await self._publish(folded.event, folded.before, folded.after)
-
-    async def _publish(self, event: Event, before: Job | None, job: Job) -> None:
-        topic = status_topic(job.tenant, job.job_id)
-        if isinstance(event.data, ev.JobDeleted):
-            await self._client.publish(topic, b"", qos=1, retain=True)
-        elif before is None or before.state is not job.state:
-            await self._client.publish(topic, status_payload(job), qos=1, retain=True)
+    async def publish(self, topic: str, payload: bytes, retain: bool) -> None:
+        await self._client.publish(topic, payload, qos=1, retain=retain)
 
 
 class MqttBridge:
@@ -100,53 +88,54 @@ class MqttBridge:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Stay connected until ``stop``: reconnect with backoff after the broker goes away."""
-        backoff = 0.5
+        backoff = Backoff(0.5, 10.0)
         while not stop.is_set():
             try:
                 async with aiomqtt.Client(self._host, self._port, identifier=None, timeout=10) as client:
                     log.info("connected to MQTT", host=self._host, port=self._port)
-                    backoff = 0.5
-                    await client.subscribe(TELEMETRY_TOPIC, qos=1)
-                    publisher = StatusPublisher(self._bus, self._topics, client)
-                    tasks = [
-                        asyncio.create_task(
-                            consume(self._bus, self._group, [self._topics.events], publisher, stop)
-                        ),
-                        asyncio.create_task(self._telemetry(client)),
-                    ]
-                    try:
-                        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-                        for task in done:
-                            task.result()
-                    finally:
-                        for task in tasks:
-                            task.cancel()
-                        await asyncio.gather(*tasks, return_exceptions=True)
+                    backoff.reset()
+                    await self._serve(client, stop)
             except aiomqtt.MqttError as exc:
-                log.warning("MQTT broker unreachable; retrying", error=str(exc), retry_in_s=backoff)
-                try:
-                    await asyncio.wait_for(stop.wait(), backoff)
-                except TimeoutError:
-                    backoff = min(10.0, backoff * 2)
+                delay = backoff.next_delay()
+                log.warning("MQTT broker unreachable; retrying", error=str(exc), retry_in_s=delay)
+                await sleep_or_stop(stop, delay)
+
+    async def _serve(self, client: aiomqtt.Client, stop: asyncio.Event) -> None:
+        """Publish statuses and take telemetry on ``client`` until ``stop`` or until either fails."""
+        await client.subscribe(TELEMETRY_TOPIC, qos=1)
+        notifier = Notifier(self._bus, self._topics.events, MqttStatusSink(client))
+        tasks = [
+            asyncio.create_task(consume(self._bus, self._group, [self._topics.events], notifier, stop)),
+            asyncio.create_task(self._telemetry(client)),
+        ]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _telemetry(self, client: aiomqtt.Client) -> None:
         async for message in client.messages:
             await self.accept(str(message.topic), message.payload)
 
-    async def accept(self, topic: str, payload: Any) -> None:
-        """Turn one telemetry message into a ``ReportProgress`` command (or log why not)."""
-        parts = topic.split("/")
-        if len(parts) != 7 or parts[0] != "ffdl" or parts[2] != "jobs" or not parts[5].isdigit():
-            log.warning("telemetry on an unexpected topic ignored", topic=topic)
-            return
-        tenant, job_id, rank = parts[1], parts[3], int(parts[5])
+    async def accept(self, topic: str, payload: object) -> None:
+        """Send the ``ReportProgress`` a telemetry message stands for; log and drop it otherwise.
+
+        Progress is reported again with the next message, so one that cannot be sent now (the log
+        is unreachable) is dropped too, rather than taking the statuses' connection down with it.
+        """
         try:
-            raw = payload if isinstance(payload, bytes | bytearray | str) else b""
-            telemetry = Telemetry.model_validate_json(raw)
+            command = progress_command(self._sender, topic, payload)
         except ValidationError as exc:
             log.warning("malformed telemetry ignored", topic=topic, error=str(exc.errors()[0]["msg"]))
             return
-        progress = cmd.ReportProgress(
-            rank=rank, attempt=telemetry.attempt, step=telemetry.step, metrics=telemetry.metrics
-        )
-        await self._sender.send(self._sender.make(JOBS.address(job_id, tenant), progress))
+        except ValueError as exc:
+            log.warning("malformed telemetry ignored", topic=topic, error=str(exc))
+            return
+        try:
+            await self._sender.send(command)
+        except BusUnavailable as exc:
+            log.warning("telemetry dropped: the log is unreachable", topic=topic, error=str(exc))

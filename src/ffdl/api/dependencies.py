@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from datetime import datetime
 from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, HTTPException, Request
@@ -30,6 +31,7 @@ from ffdl.core.kinds import KINDS
 from ffdl.events.codec import AnyCommand
 from ffdl.events.model import JobSpec
 from ffdl.events.position import Position
+from ffdl.handlers.messaging import utcnow
 from ffdl.wiring.platform import Platform
 
 WRITE_WAIT_S = 10.0
@@ -51,15 +53,30 @@ async def read(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 
 class PlatformBackend:
     """The platform one app serves, with what its routes share beyond a request: the tenants, the
-    heartbeat snapshot and the metrics registry."""
+    heartbeat snapshot and the metrics registry.
 
-    def __init__(self, platform: Platform, *, open_api: bool = False) -> None:
+    ``open_api``: with no tenant, every caller is the open default's admin (else nobody gets in).
+    ``clock`` (monotonic seconds) bounds the read-your-writes waits and ages the heartbeat snapshot;
+    ``wall_clock`` is the time the API shows ages against (queue waits, learners' last progress).
+    """
+
+    def __init__(
+        self,
+        platform: Platform,
+        *,
+        open_api: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], datetime] = utcnow,
+    ) -> None:
         self.platform = platform
         self.settings = platform.settings
         self.projection = platform.projection
         self.tenants = TenantRegistry(platform.settings.tenants_path, allow_open=open_api)
-        self.heartbeats = HeartbeatView(platform)
-        self.collector = PlatformCollector(platform)
+        self.heartbeats = HeartbeatView(
+            platform.heartbeats, clock=clock, wall_clock=lambda: wall_clock().timestamp()
+        )
+        self.collector = PlatformCollector(platform, wall_clock=wall_clock)
+        self._clock = clock
         self.registry = registry_for(self.collector, platform.projector.latency)
 
     async def wait_for(self, token: str | None) -> None:
@@ -70,9 +87,9 @@ class PlatformBackend:
             position = Position.parse(self.platform.topics.events, token)
         except ValueError as exc:
             raise problem(422, str(exc), "after") from exc
-        deadline = time.monotonic() + READ_WAIT_MAX_S
+        deadline = self._clock() + READ_WAIT_MAX_S
         while not await read(self.projection.reached, position.partition, position.offset):
-            if time.monotonic() > deadline:
+            if self._clock() > deadline:
                 raise problem(504, f"the projection has not reached {token} yet", "after")
             await self.platform.projector.wait_for_change(0.05)
 
@@ -89,8 +106,8 @@ class PlatformBackend:
         the owner's reason."""
         await self.platform.sender.send(command)
         cause = str(command.command_id)
-        deadline = time.monotonic() + WRITE_WAIT_S
-        while time.monotonic() < deadline:
+        deadline = self._clock() + WRITE_WAIT_S
+        while self._clock() < deadline:
             position: str | None = await read(self.projection.position_of_cause, cause)
             if position is not None:
                 caused = await read(self._caused_by, command)

@@ -14,8 +14,8 @@ scrape sees the whole platform's, whichever process parked them.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
-from datetime import UTC, datetime
+from collections.abc import Callable, Iterator
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 import structlog
@@ -24,6 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from ffdl.core.nodes import NodeStatus
+from ffdl.handlers.messaging import utcnow
 
 if TYPE_CHECKING:
     from ffdl.wiring.platform import Platform
@@ -32,8 +33,11 @@ log = structlog.get_logger(__name__)
 
 
 class PlatformCollector(Collector):
-    def __init__(self, platform: Platform) -> None:
+    """The platform's metrics; ``wall_clock`` is what the queued jobs' waits are measured against."""
+
+    def __init__(self, platform: Platform, *, wall_clock: Callable[[], datetime] = utcnow) -> None:
         self._platform = platform
+        self._wall_clock = wall_clock
         self.log_ends: dict[int, int] = {}
 
     def collect(self) -> Iterator[Metric]:
@@ -75,7 +79,7 @@ class PlatformCollector(Collector):
         yield ignored
 
     def _queues(self) -> Iterator[Metric]:
-        now = datetime.now(UTC)
+        now = self._wall_clock()
         waits: dict[str, list[float]] = {}
         for job in self._platform.projection.queue():
             queued_at = next(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import structlog
 from prometheus_client import Histogram
@@ -23,9 +23,15 @@ log = structlog.get_logger(__name__)
 
 
 class Projector:
-    def __init__(self, bus: Bus, topics: Topics, projection: Projection) -> None:
+    """``clock`` is the wall clock (seconds) the event-to-projection latency is measured on: the
+    events' times are written on it."""
+
+    def __init__(
+        self, bus: Bus, topics: Topics, projection: Projection, *, clock: Callable[[], float] = time.time
+    ) -> None:
         self._bus = bus
         self._topics = topics
+        self._clock = clock
         self.projection = projection
         self.changed = asyncio.Condition()
         self.applied = 0
@@ -51,7 +57,7 @@ class Projector:
                 await dead_letter(self._bus, self._topics, record, exc.reason)
         applied = await asyncio.to_thread(self.projection.apply, batch)
         self.applied += applied
-        now = time.time()
+        now = self._clock()
         for logged in batch:
             self.latency.observe(max(0.0, now - logged.event.occurred_at.timestamp()))
         async with self.changed:

@@ -20,6 +20,7 @@ from ffdl.core.aggregate import Aggregates, Applied, Kinds
 from ffdl.core.job import Job
 from ffdl.core.kinds import JOBS
 from ffdl.events.envelope import Event
+from ffdl.handlers.aio import sleep_or_stop
 from ffdl.handlers.driver import Driver
 from ffdl.handlers.ports import Bus
 from ffdl.handlers.runtime import EventFollower
@@ -75,9 +76,6 @@ class ReactorHost(EventFollower):
 
     async def reconcile_forever(self, stop: asyncio.Event, every_s: float = 5.0) -> None:
         """Re-ask the driver for every job now and then: heals an action that failed."""
-        while not stop.is_set():
-            try:
-                await asyncio.wait_for(stop.wait(), every_s)
-            except TimeoutError:
-                for job in list(self.book.jobs.values()):
-                    self.driver.update(job)
+        while not await sleep_or_stop(stop, every_s):
+            for job in list(self.book.jobs.values()):
+                self.driver.update(job)

@@ -29,6 +29,7 @@ from ffdl.core.job import Job
 from ffdl.core.kinds import JOBS, KINDS, NODES
 from ffdl.core.nodes import NodeRecord
 from ffdl.events.codec import AnyEvent, DecodeError, any_event_from_json
+from ffdl.handlers.aio import Backoff, sleep_or_stop
 from ffdl.handlers.ports import Bus, BusUnavailable, CommitFailed, Record, TopicPartition
 
 log = structlog.get_logger(__name__)
@@ -56,17 +57,17 @@ async def consume(
 ) -> None:
     """Run ``processor`` as a member of ``group`` until ``stop`` is set."""
     subscription = await bus.subscribe(group, topics, processor)
-    backoff = 0.1
+    backoff = Backoff(0.1, 5.0)
     try:
         while not stop.is_set():
             try:
                 records = await subscription.fetch(max_records, 0.2)
             except BusUnavailable as exc:
-                log.warning("bus unavailable; retrying", group=group, error=str(exc), retry_in_s=backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(5.0, backoff * 2)
+                delay = backoff.next_delay()
+                log.warning("bus unavailable; retrying", group=group, error=str(exc), retry_in_s=delay)
+                await sleep_or_stop(stop, delay)
                 continue
-            backoff = 0.1
+            backoff.reset()
             if not records:
                 continue
             by_partition: dict[TopicPartition, list[Record]] = defaultdict(list)

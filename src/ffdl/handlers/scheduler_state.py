@@ -1,0 +1,325 @@
+"""What the scheduler knows and what it decides from it, apart from fetching and sending.
+
+:class:`SchedulerState` reads the jobs and nodes the scheduler folded (the role's aggregate book),
+is told each event folded into them, and keeps what a planning step needs beyond them: the queued
+jobs in order, the jobs holding GPUs, each job's demand and gang (a spec never changes, a placement
+rarely: both are costly to rebuild fifty times a second), the admission check of the present
+inventory, the last diff of the inventory source against the folded nodes, and a ledger
+(:class:`~ffdl.handlers.outstanding.Outstanding`) per kind of command sent and not answered yet.
+:meth:`SchedulerState.decide` is one planning step: the commands to send now.
+
+It has no asyncio, no clock of its own (one is injected) and sends nothing: the async shell
+(:mod:`ffdl.handlers.scheduler`) folds, asks the inventory source, plans and sends; a test or a
+replay can drive this alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
+
+import structlog
+
+from ffdl.core.aggregate import Address, Aggregates, Applied, CommandEnvelope
+from ffdl.core.cluster import Admission, ClusterState, Demand, Gang, HeldJob
+from ffdl.core.job import Job, WaitRecord
+from ffdl.core.kinds import JOBS, NODES
+from ffdl.core.nodes import InventoryObservation, inventory_changes, schedulable_inventory
+from ffdl.core.scheduling import Plan, SchedulerPolicy, WaitingJob, plan
+from ffdl.core.states import JobState
+from ffdl.events import job_commands as cmd
+from ffdl.events.codec import AnyCommand
+from ffdl.events.envelope import Command, CommandData, Event, NodeCommandData
+from ffdl.events.model import ErrorCode, Placement
+from ffdl.handlers.outstanding import Outstanding
+
+log = structlog.get_logger(__name__)
+
+S = JobState
+C = TypeVar("C", bound=CommandEnvelope)
+P = TypeVar("P")
+#: How long a node observation may go unanswered before it is sent again. An observation of a node
+#: the log has never had is dropped without an answer when the owner cannot confirm the sender's
+#: token (the node has no history to record a refusal in); observations are idempotent, so a
+#: repeat costs nothing.
+NODE_CHANGE_RESEND_S = 5.0
+
+
+class CommandMaker(Protocol):
+    """What makes the scheduler's commands (a :class:`~ffdl.handlers.messaging.CommandSender`):
+    their ids and envelopes, not their sending."""
+
+    def make(self, to: Address[C, P], data: P, *, fencing_token: int | None = None) -> C: ...
+
+
+class SchedulerState:
+    """The scheduler's planning state over the aggregates it folds; see the module's docstring.
+
+    ``clock`` is the wall clock in seconds, as the jobs' events are dated: it is the ``now`` a
+    planning step decides at (minimum runtimes, backoffs) and the time the resend rule counts from.
+    Commands carry ``fencing_token``, the scheduler's term.
+    """
+
+    def __init__(
+        self,
+        aggregates: Aggregates,
+        maker: CommandMaker,
+        fencing_token: int,
+        *,
+        policy: SchedulerPolicy,
+        clock: Callable[[], float],
+    ) -> None:
+        self._jobs = aggregates.of(JOBS)
+        self._nodes = aggregates.of(NODES)
+        self._maker = maker
+        self._token = fencing_token
+        self._policy = policy
+        self._clock = clock
+        self._allocations: Outstanding[Placement] = Outstanding()
+        self._halts: Outstanding[None] = Outstanding()
+        self._reasons: Outstanding[WaitRecord] = Outstanding()
+        self._admissions: Outstanding[None] = Outstanding()
+        self._node_changes: Outstanding[NodeCommandData] = Outstanding(
+            resend_after_s=NODE_CHANGE_RESEND_S, clock=clock
+        )
+        self._queued_order: dict[str, tuple[float, str]] = {}
+        self._submitted: set[str] = set()
+        self._holding: set[str] = set()  # jobs whose folded state holds GPUs
+        self._demands: dict[str, Demand] = {}  # job -> its gang's demand (a spec never changes)
+        self._gangs: dict[str, tuple[Placement, Gang]] = {}  # job -> its placement, as a gang
+        self._admission: Admission | None = None
+        self._nodes_folded = 0  # node events folded so far: a version of the folded inventory
+        self._inventory_diff: tuple[InventoryObservation, int, dict[str, NodeCommandData]] | None = None
+
+    # -- what the shell tells it -----------------------------------------------------------------
+
+    def loaded(self) -> None:
+        """The aggregates were (re)loaded from the log: track every job, trust no earlier observation."""
+        for job in self._jobs.values():
+            self._track(job, None)
+        self._forget_inventory()
+
+    def revoked(self) -> None:
+        """Some aggregates were forgotten: forget what was kept about them."""
+        jobs = self._jobs.keys()
+        for ledger in (self._allocations, self._halts, self._reasons, self._admissions):
+            ledger.keep_only(jobs)
+        for kept in (self._queued_order, self._demands, self._gangs):
+            for job_id in kept.keys() - jobs:
+                del kept[job_id]
+        self._submitted &= jobs
+        self._holding &= jobs
+        self._forget_inventory()
+
+    def folded(self, applied: Applied[Any, Any]) -> None:
+        """An event was folded into one of the aggregates."""
+        node = applied.of(NODES)
+        if node is not None:
+            self._admission = None  # the inventory changed
+            self._nodes_folded += 1
+            self._node_changes.answered(node.event.node, node.event.causation_id)
+        job = applied.of(JOBS)
+        if job is not None:
+            self._track(job.after, job.event)
+
+    def _forget_inventory(self) -> None:
+        self._node_changes.clear()
+        self._admission = self._inventory_diff = None
+
+    def _track(self, job: Job, event: Event | None) -> None:
+        """Forget what the owner has answered (``event`` caused by it) or what the job's state settles."""
+        if event is not None:
+            for ledger in (self._allocations, self._halts, self._reasons, self._admissions):
+                ledger.answered(job.job_id, event.causation_id)
+        if job.placement is not None:
+            self._holding.add(job.job_id)
+        else:
+            self._holding.discard(job.job_id)
+            self._gangs.pop(job.job_id, None)
+        if job.state.terminal:
+            self._demands.pop(job.job_id, None)
+        if job.state is S.SUBMITTED:
+            self._submitted.add(job.job_id)
+        else:
+            self._submitted.discard(job.job_id)
+            self._admissions.forget(job.job_id)
+        if job.state is not S.QUEUED or job.placement is not None:
+            self._allocations.forget(job.job_id)
+        if not job.state.preemptible:
+            self._halts.forget(job.job_id)
+        if job.state is S.QUEUED:
+            entered = job.history[-1]
+            self._queued_order.setdefault(job.job_id, (entered.at.timestamp(), job.job_id))
+        else:
+            self._queued_order.pop(job.job_id, None)
+            self._reasons.forget(job.job_id)
+
+    # -- what a planning step sees ---------------------------------------------------------------
+
+    def cluster_state(self, now: float) -> ClusterState:
+        """The inventory with every GPU held: by the folded jobs and by allocations sent but unanswered.
+        Only those jobs are visited, not every job ever folded, so a cycle's cost does not grow with
+        the log's history."""
+        state = ClusterState(schedulable_inventory(self._nodes.values()))
+        for job_id in sorted(self._holding | self._allocations.keys()):
+            job = self._jobs[job_id]
+            placement = job.placement or self._allocations.promised(job_id)
+            if placement is None:
+                continue
+            allocated_at = job.allocated_at if job.placement is not None else None
+            stopping = (job.placement is not None and not job.state.preemptible) or job_id in self._halts
+            state.hold(
+                HeldJob(
+                    job_id=job_id,
+                    tenant=job.tenant,
+                    demand=self._demand(job),
+                    priority=job.spec.priority,
+                    gang=self._gang(job_id, placement),
+                    started_at=allocated_at.timestamp() if allocated_at else now,
+                    stopping=stopping,
+                )
+            )
+        return state
+
+    def waiting(self) -> list[WaitingJob]:
+        """Queued jobs that hold no GPUs and have no allocation on the way, with their latest reason."""
+        waiting = []
+        for job_id, order in self._queued_order.items():
+            job = self._jobs[job_id]
+            if job.placement is not None or job_id in self._allocations:
+                continue
+            waiting.append(
+                WaitingJob(
+                    job_id,
+                    job.tenant,
+                    self._demand(job),
+                    job.spec.priority,
+                    order,
+                    self._current_reason(job),
+                )
+            )
+        return waiting
+
+    def next_plan(self, now: float) -> tuple[ClusterState, Plan]:
+        """What the scheduler would decide at ``now`` from what it has folded (and sent) so far."""
+        state = self.cluster_state(now)
+        return state, plan(state, self.waiting(), now, self._policy)
+
+    def _demand(self, job: Job) -> Demand:
+        demand = self._demands.get(job.job_id)
+        if demand is None:
+            demand = self._demands[job.job_id] = Demand.of(job.spec)
+        return demand
+
+    def _gang(self, job_id: str, placement: Placement) -> Gang:
+        cached = self._gangs.get(job_id)
+        if cached is None or cached[0] is not placement:
+            cached = self._gangs[job_id] = (placement, Gang.of(placement))
+        return cached[1]
+
+    def _current_reason(self, job: Job) -> WaitRecord | None:
+        sent = self._reasons.promised(job.job_id)
+        return sent if sent is not None else job.waiting
+
+    # -- one planning step -----------------------------------------------------------------------
+
+    def decide(self, seen: InventoryObservation | None) -> list[AnyCommand]:
+        """One planning step, given what the inventory source sees now (None: it has not listed yet):
+        node observations, admissions, then the plan's preemptions, allocations and wait reasons.
+        Each command is recorded as outstanding: the caller must send them all."""
+        commands, settled = self._inventory_commands(seen)
+        commands.extend(self._admission_commands(settled))
+        state, decided = self.next_plan(self._clock())
+        for eviction in decided.evictions:
+            job = self._jobs[eviction.job_id]
+            commands.append(self._command(job, cmd.HaltJob(reason=eviction.reason, requeue=True)))
+            self._halts.sent(job.job_id, commands[-1].command_id, None)
+            log.info(
+                "job preempted",
+                job_id=job.job_id,
+                preempted_by=eviction.preempted_by,
+                reason=eviction.reason,
+                command_id=str(commands[-1].command_id),
+            )
+        for allocation in decided.allocations:
+            job = self._jobs[allocation.job_id]
+            placement = allocation.gang.placement(state.room)
+            commands.append(
+                self._command(job, cmd.AllocateGpus(placement=placement, reason=allocation.reason))
+            )
+            self._allocations.sent(job.job_id, commands[-1].command_id, placement)
+            log.info(
+                "gpus offered",
+                job_id=job.job_id,
+                reason=allocation.reason,
+                command_id=str(commands[-1].command_id),
+            )
+        for job_id, wait in decided.waits.items():
+            job = self._jobs[job_id]
+            if wait.same_as(self._current_reason(job)):
+                continue
+            data = cmd.RecordWaitReason(
+                code=wait.code,
+                detail=wait.detail,
+                waiting_for=wait.waiting_for,
+                reserved_nodes=wait.reserved_nodes,
+            )
+            commands.append(self._command(job, data))
+            self._reasons.sent(job_id, commands[-1].command_id, wait)
+            log.debug("job waits", job_id=job_id, code=str(wait.code), detail=wait.detail)
+        return commands
+
+    def _inventory_commands(self, seen: InventoryObservation | None) -> tuple[list[AnyCommand], bool]:
+        """The node observations to send for what the source sees, and whether the log agrees with
+        the source (no observation missing or on its way): only then may admission reject a job."""
+        if seen is None:
+            return [], False
+        changes = self._changes(seen)
+        self._node_changes.expire()
+        for name, change in self._node_changes.items():
+            if changes.get(name) != change:
+                self._node_changes.forget(name)  # settled some other way, or changed at the source
+        commands: list[AnyCommand] = []
+        for name, change in changes.items():
+            if name in self._node_changes:
+                continue
+            command = self._maker.make(NODES.address(name), change, fencing_token=self._token)
+            self._node_changes.sent(name, command.command_id, change)
+            commands.append(command)
+            log.info(
+                "inventory change", node=name, change=change.type_name(), command_id=str(command.command_id)
+            )
+        return commands, not changes
+
+    def _changes(self, seen: InventoryObservation) -> dict[str, NodeCommandData]:
+        """:func:`inventory_changes`, asked again only when the source or the folded nodes changed
+        (it builds a spec per node, and a busy scheduler plans fifty times a second)."""
+        if self._inventory_diff is None or self._inventory_diff[:2] != (seen, self._nodes_folded):
+            self._inventory_diff = (seen, self._nodes_folded, inventory_changes(self._nodes, seen))
+        return self._inventory_diff[2]
+
+    def _admission_commands(self, settled: bool) -> list[AnyCommand]:
+        """Admit or reject each submitted job not yet answered; rejecting waits for a settled inventory."""
+        if self._admission is None:
+            self._admission = Admission(schedulable_inventory(self._nodes.values()))
+        commands: list[AnyCommand] = []
+        for job_id in sorted(self._submitted - self._admissions.keys()):
+            job = self._jobs[job_id]
+            why = self._admission.why_never_fits(job.spec)
+            if why is not None and not settled:
+                continue
+            data: CommandData = (
+                cmd.AdmitJob() if why is None else cmd.RejectJob(code=ErrorCode.UNSCHEDULABLE, reason=why)
+            )
+            commands.append(self._command(job, data))
+            self._admissions.sent(job_id, commands[-1].command_id, None)
+            log.info(
+                "job admitted" if why is None else "job rejected",
+                job_id=job_id,
+                reason=why,
+                command_id=str(commands[-1].command_id),
+            )
+        return commands
+
+    def _command(self, job: Job, data: CommandData) -> Command:
+        return self._maker.make(JOBS.address(job.job_id, job.tenant), data, fencing_token=self._token)
