@@ -102,8 +102,8 @@ def encode_line(logged: LoggedEvent, topic: str) -> str:
     return dumps(line_object(logged, topic))
 
 
-def split_line(text: str, number: int) -> tuple[JsonObject, tuple[int, int]]:
-    """A line's event object (without ``position`` and ``topic``) and its position."""
+def json_line(text: str, number: int) -> JsonObject:
+    """One line of an exported file as a JSON object, without the ``topic`` every line carries."""
     try:
         raw = json.loads(text)
     except ValueError as exc:
@@ -111,6 +111,12 @@ def split_line(text: str, number: int) -> tuple[JsonObject, tuple[int, int]]:
     if not isinstance(raw, dict):
         raise LogFileError(number, "not a JSON object")
     raw.pop("topic", None)
+    return raw
+
+
+def split_line(text: str, number: int) -> tuple[JsonObject, tuple[int, int]]:
+    """A line's event object (without ``position`` and ``topic``) and its position."""
+    raw = json_line(text, number)
     try:
         position = Position.parse_token(raw.pop("position", None))
     except ValueError as exc:

@@ -83,6 +83,7 @@ from ffdl.projections.store import LoggedEvent
 from ffdl.tools.log_files import (
     EventFilter,
     LogFileError,
+    json_line,
     numbered_lines,
     open_for_reading,
     read_log,
@@ -162,13 +163,8 @@ def decided_line(item: RecordedCommand) -> str:
 
 
 def decode_command_line(text: str, number: int = 0) -> RecordedCommand:
-    try:
-        raw = json.loads(text)
-    except ValueError as exc:
-        raise LogFileError(number, f"not JSON: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise LogFileError(number, "not a JSON object")
-    raw.pop("topic", None)
+    """One line of a commands file: the command, where it was, and how it was decided if recorded."""
+    raw = json_line(text, number)
     position = raw.pop("position", None)
     try:
         decided = None
