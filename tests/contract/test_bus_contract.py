@@ -260,6 +260,22 @@ async def test_a_new_member_resumes_from_the_committed_offset(bus_factory: BusFa
     assert second.offsets(where) == [6, 7, 8, 9]
 
 
+async def test_the_committed_offsets_of_a_group_are_readable_by_any_instance(bus_factory: BusFactory) -> None:
+    topic, group, other = unique("commands"), unique("owners"), unique("projector")
+    async with bus_factory.open(partitions=4) as bus, bus_factory.open(partitions=4) as outsider:
+        positions = await bus.publish(topic, [OutgoingRecord("job-1", f"{i}".encode()) for i in range(10)])
+        where = TopicPartition(topic, positions[0].partition)
+        assert await outsider.committed(group, topic) == {}
+        member = await join(bus, group, [topic])
+        await drive([member], lambda: len(member.received) == 10, "the member fetched everything")
+        await member.subscription.commit({where: 6})
+        assert await outsider.committed(group, topic) == {where.partition: 6}
+        await member.subscription.commit({where: 10})
+        assert await outsider.committed(group, topic) == {where.partition: 10}
+        assert await outsider.committed(other, topic) == {}
+        assert await outsider.committed(group, unique("unsubscribed")) == {}
+
+
 async def test_records_fetched_but_not_committed_are_redelivered_after_the_member_closes(
     bus_factory: BusFactory,
 ) -> None:

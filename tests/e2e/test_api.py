@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import pytest
@@ -99,6 +100,29 @@ async def test_illegal_requests_get_409_with_the_reason(api: Api) -> None:
     response = await api.http.post(f"/v1/jobs/{job_id}:resume")
     assert response.status_code == 409
     assert "only a HALTED job can be resumed" in response.json()["detail"][0]["message"]
+
+
+async def halt_again(api: Api, job_id: str) -> dict[str, Any]:
+    """Halt a job that halts already: the owner decides it to nothing, and the API says so at once."""
+    started = time.monotonic()
+    response = await api.http.post(f"/v1/jobs/{job_id}:halt")
+    assert time.monotonic() - started < 5  # a hang guard: the write's whole wait is 10 s
+    assert response.status_code == 200, response.text
+    body = dict(response.json())
+    assert body["changed"] is False and body["position"] is None and "command_id" not in body
+    return body
+
+
+async def test_halting_a_job_again_changes_nothing_and_is_answered_at_once(api: Api) -> None:
+    job_id = await api.submit(manifest("halt-twice", learners=1, args=["--steps", "400", "--delay", "0.05"]))
+    await api.wait(job_id, "RUNNING")
+    first = await api.http.post(f"/v1/jobs/{job_id}:halt")
+    assert first.status_code == 202 and first.json()["changed"] is True, first.text
+    assert (await halt_again(api, job_id))["state"] in ("HALTING", "HALTED")
+    await api.wait(job_id, "HALTED", released=True)
+    assert (await halt_again(api, job_id))["state"] == "HALTED"
+    events = (await api.http.get(f"/v1/jobs/{job_id}/events")).json()["events"]
+    assert [e["type"] for e in events].count("HaltRequested") == 1
 
 
 async def test_deleting_an_ended_job_removes_it_from_listings_but_not_from_the_log(api: Api) -> None:

@@ -74,6 +74,8 @@ async def test_an_operator_cordons_drains_and_uncordons_a_node_from_the_command_
 
     lifted = await cli("nodes", "uncordon", "node-a", "--reason", "fan replaced")
     assert lifted.exit_code == 0 and "node-a: READY" in lifted.output
+    again = await cli("nodes", "uncordon", "node-a")
+    assert again.exit_code == 0 and "node-a: READY (nothing changed)" in again.output
     refused = await cli("nodes", "uncordon", "node-c")
     assert refused.exit_code == 2 and "HTTP 409" in refused.output
     assert "cordoned by its inventory" in " ".join(refused.output.split())  # as the terminal wrapped it

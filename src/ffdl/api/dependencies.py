@@ -5,8 +5,8 @@
 * :data:`Backend` is the platform the app serves, as the routes reach it: reads from the projection
   run off the event loop; ``wait_for`` makes a read wait (bounded) for a log position the reader
   was given by a write; ``send_and_wait`` sends a command and waits (bounded) until the projection
-  has applied what it caused, so the writer reads its own write, and answers the owner's rejection
-  as 409 with its reason.
+  has applied what it caused, so the writer reads its own write, or until the owner is known to have
+  decided it to nothing, and answers the owner's rejection as 409 with its reason.
 * :data:`Manifest` is a job manifest parsed from the request body (JSON or YAML, ours or FfDL's).
 
 The read-your-writes wait is a call, not a dependency, on purpose: a route validates all its
@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any, TypeVar
 
@@ -44,6 +45,21 @@ T = TypeVar("T")
 
 def problem(status: int, message: str, field: str = "(request)") -> HTTPException:
     return HTTPException(status, detail=[{"field": field, "message": message}])
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    """What became of a command the API sent, as far as the bounded wait saw."""
+
+    command_id: str
+    #: The log position (PARTITION:OFFSET) of the first event it caused, once projected.
+    position: str | None = None
+    #: Whether its owner has decided it: it caused the event at ``position``, or nothing at all.
+    decided: bool = False
+
+    @property
+    def changed(self) -> bool:
+        return self.position is not None
 
 
 async def read(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -100,23 +116,50 @@ class PlatformBackend:
             raise problem(404, f"no job {job_id}", "job_id")
         return dict(document)
 
-    async def send_and_wait(self, command: AnyCommand) -> str | None:
-        """Send ``command`` and wait (bounded) until the projection has applied what it caused: the
-        log position of its first event, or None if the wait ran out. A rejection answers 409 with
-        the owner's reason."""
-        await self.platform.sender.send(command)
-        cause = str(command.command_id)
+    async def send_and_wait(self, command: AnyCommand) -> Written:
+        """Send ``command`` and wait (bounded) until the projection has applied what it caused; a
+        rejection answers 409 with the owner's reason.
+
+        A command its owner decides to nothing (cordoning a node cordoned so already, halting a
+        halting job) causes no event to wait for. The owners commit a command's offset only after
+        the events it caused are appended, so once their group has committed past the command, the
+        command is decided and its events, if any, lie below the events topic's end as it is then
+        (on the command's partition: the topics are co-partitioned by key). Once the projection has
+        applied that far and found none, the command changed nothing. Otherwise the wait runs out
+        and the answer is undecided."""
+        [sent] = await self.platform.sender.send(command)
+        command_id = str(command.command_id)
         deadline = self._clock() + WRITE_WAIT_S
-        while self._clock() < deadline:
-            position: str | None = await read(self.projection.position_of_cause, cause)
+        # the end of the command's events partition once the owners had decided the command
+        decided_below: int | None = None
+        while True:
+            if decided_below is None:
+                decided_below = await self._decided_below(sent)
+            # looked at before the projection is asked, so that "applied that far" covers its answer
+            settled = decided_below is not None and (
+                decided_below == 0 or await read(self.projection.reached, sent.partition, decided_below - 1)
+            )
+            position: str | None = await read(self.projection.position_of_cause, command_id)
             if position is not None:
                 caused = await read(self._caused_by, command)
                 rejected = next((e for e in caused if e["type"] in REJECTIONS), None)
                 if rejected is not None:
                     raise problem(409, rejected["data"]["reason"], "state")
-                return position
+                return Written(command_id, position, decided=True)
+            if settled:
+                return Written(command_id, decided=True)
+            if self._clock() >= deadline:
+                return Written(command_id)
             await self.platform.projector.wait_for_change(0.05)
-        return None
+
+    async def _decided_below(self, sent: Position) -> int | None:
+        """Once the owners have committed past the command ``sent``, the end of the events partition
+        it would have caused events on (they lie below it); None while it is undecided."""
+        committed = await self.platform.bus.committed(self.platform.owners_group, sent.topic)
+        if committed.get(sent.partition, 0) <= sent.offset:
+            return None
+        ends = await self.platform.bus.end_offsets(self.platform.topics.events)
+        return ends[sent.partition]
 
     def _caused_by(self, command: AnyCommand) -> list[dict[str, Any]]:
         """The events of the command's job or node that the command caused, as projected."""

@@ -105,6 +105,11 @@ class Bus(Protocol):
 
     async def end_offsets(self, topic: str) -> dict[int, int]: ...
 
+    async def committed(self, group: str, topic: str) -> dict[int, int]:
+        """The offsets ``group`` committed on ``topic``: per partition, the next record it will read
+        (partitions it never committed are absent). A reader outside the group learns from it how far
+        the group's effects went: a role commits a record only after its effects are durable."""
+
 
 # --------------------------------------------------------------------------- heartbeats
 

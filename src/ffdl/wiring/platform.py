@@ -110,6 +110,9 @@ class Platform:
         self.projection = Projection(s.projection_path)
         self.projector = Projector(self.bus, self.topics, self.projection)
         self.sender = CommandSender(self.bus, self.topics, f"api@{self.instance}")
+        #: The owners' consumer group: past its committed offset on the commands topic, every command
+        #: has been decided and its events (if any) appended.
+        self.owners_group = self._group("owners")
         self.inventory: InventorySource | None = None
         self.policy = s.restart_policy
         self.reactor: ReactorHost | None = None
@@ -163,7 +166,7 @@ class Platform:
                 kinds=aggregate_kinds(self.policy),
             )
             owner, reactor = self.owner, self.reactor
-            owners, reactors = self._group("owners"), self._group("reactors")
+            owners, reactors = self.owners_group, self._group("reactors")
             self._supervise(
                 "owner", lambda: consume(self.bus, owners, [self.topics.commands], owner, self._stop)
             )

@@ -294,6 +294,13 @@ def _end_offsets(connection: sqlite3.Connection, topic: str, partitions: int) ->
     return {partition: _end_offset(connection, topic, partition) for partition in range(partitions)}
 
 
+def _committed(connection: sqlite3.Connection, group: str, topic: str) -> dict[int, int]:
+    rows = connection.execute(
+        "SELECT partition, next_offset FROM group_offsets WHERE group_id = ? AND topic = ?", (group, topic)
+    )
+    return {int(partition): int(offset) for partition, offset in rows}
+
+
 def _fetch(
     connection: sqlite3.Connection, positions: Mapping[TopicPartition, int], max_records: int
 ) -> list[Record]:
@@ -890,3 +897,6 @@ class EmbeddedBus:
 
     async def end_offsets(self, topic: str) -> dict[int, int]:
         return await self._file.reader.run(partial(_end_offsets, topic=topic, partitions=self.partitions))
+
+    async def committed(self, group: str, topic: str) -> dict[int, int]:
+        return await self._file.reader.run(partial(_committed, group=group, topic=topic))

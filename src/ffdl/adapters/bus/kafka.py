@@ -39,6 +39,7 @@ Reading by offset
     ``read`` and ``end_offsets`` share one group-less consumer; a lock gives each page of a read the
     consumer to itself. The end of a partition is the high watermark a fetch response reports. (The
     ListOffsets answer cannot be trusted on tansu: it says the last *batch*'s base offset plus one.)
+    ``committed`` asks the group's coordinator (OffsetFetch, through the admin client).
 
 Broker trouble
     An unreachable broker at ``start`` raises :class:`BusUnavailable` (the platform retries with
@@ -581,6 +582,17 @@ class KafkaBus:
         reader = self._started_reader()
         await self._ensure_topics((topic,))
         return await reader.ends(topic, self.partitions)
+
+    async def committed(self, group: str, topic: str) -> dict[int, int]:
+        if self._admin is None:
+            raise RuntimeError(f"the Kafka bus at {self.bootstrap} is not started")
+        everywhere = [KafkaTopicPartition(topic, p) for p in range(self.partitions)]
+        try:
+            offsets = await self._admin.list_consumer_group_offsets(group, partitions=everywhere)
+        except UNREACHABLE as exc:
+            raise BusUnavailable(f"cannot read the offsets of group {group!r}: {exc}") from exc
+        # the broker answers -1 for a partition the group never committed
+        return {where.partition: int(at.offset) for where, at in offsets.items() if at.offset >= 0}
 
     def _started_reader(self) -> _OffsetReader:
         if self._reader is None:

@@ -1,8 +1,9 @@
 """Jobs: submit, list, show, cancel or delete, halt and resume.
 
-A write answers with the log position of the event it caused once the projection has applied it,
-or (still 201/202) with the command's id if the wait ran out; an illegal one answers 409 with the
-owner's reason.
+A write answers with the log position of the event it caused once the projection has applied it;
+one its owner decided to nothing (halting a halting job, cancelling a cancelled one) answers 200 with
+the job as it is, ``position: null`` and ``changed: false``; one undecided when the wait ran out
+answers (still 201/202) with the command's id; an illegal one answers 409 with the owner's reason.
 """
 
 from __future__ import annotations
@@ -23,20 +24,25 @@ from ffdl.events.envelope import CommandData
 router = APIRouter()
 
 
-async def write_job(backend: PlatformBackend, job_id: str, tenant: str, data: CommandData) -> dict[str, Any]:
+async def write_job(
+    backend: PlatformBackend, job_id: str, tenant: str, data: CommandData, response: Response
+) -> dict[str, Any]:
     command = backend.platform.sender.make(JOBS.address(job_id, tenant), data)
-    position = await backend.send_and_wait(command)
-    if position is None:
-        return {"job_id": job_id, "state": None, "position": None, "command_id": str(command.command_id)}
+    written = await backend.send_and_wait(command)
+    if not written.decided:
+        return {"job_id": job_id, "state": None, "position": None, "command_id": written.command_id}
+    if not written.changed:
+        response.status_code = 200
     document = await read(backend.projection.get, job_id)
-    return {"job_id": job_id, "state": document["state"] if document else None, "position": position}
+    state = document["state"] if document else None
+    return {"job_id": job_id, "state": state, "position": written.position, "changed": written.changed}
 
 
 @router.post("/v1/jobs", status_code=201)
-async def submit(caller: Caller, spec: Manifest, backend: Backend) -> dict[str, Any]:
+async def submit(caller: Caller, spec: Manifest, backend: Backend, response: Response) -> dict[str, Any]:
     """Submit a job: JSON or YAML, our manifest or FfDL's. Answers once the job is on the log."""
     job_id = f"{spec.name}-{uuid.uuid4().hex[:8]}"
-    return await write_job(backend, job_id, caller.tenant, cmd.SubmitJob(spec=spec))
+    return await write_job(backend, job_id, caller.tenant, cmd.SubmitJob(spec=spec), response)
 
 
 @router.get("/v1/jobs", response_model=None)
@@ -104,25 +110,31 @@ async def get_job(job_id: str, caller: Caller, backend: Backend, after: str | No
 
 
 @router.delete("/v1/jobs/{job_id}", status_code=202)
-async def cancel_or_delete(job_id: str, caller: Caller, backend: Backend) -> dict[str, Any]:
+async def cancel_or_delete(
+    job_id: str, caller: Caller, backend: Backend, response: Response
+) -> dict[str, Any]:
     """Cancel a live job; delete an ended one from the listings (its events stay on the log)."""
     document = await backend.visible_job(job_id, caller)
     if JobState(document["state"]).terminal:
-        return await write_job(backend, job_id, document["tenant"], cmd.DeleteJob())
+        return await write_job(backend, job_id, document["tenant"], cmd.DeleteJob(), response)
     return await write_job(
-        backend, job_id, document["tenant"], cmd.CancelJob(reason="cancelled through the API")
+        backend, job_id, document["tenant"], cmd.CancelJob(reason="cancelled through the API"), response
     )
 
 
 @router.post("/v1/jobs/{job_id}:halt", status_code=202)
-async def halt(job_id: str, caller: Caller, backend: Backend) -> dict[str, Any]:
+async def halt(job_id: str, caller: Caller, backend: Backend, response: Response) -> dict[str, Any]:
+    """Halt a job: its learners checkpoint and stop; it resumes later from that checkpoint. The job's
+    owner decides: halting a job halted already, or halting already on request, changes nothing (200,
+    ``changed: false``); halting one that halts for a preemption keeps it from queueing again."""
     document = await backend.visible_job(job_id, caller)
-    if document["state"] in ("HALTING", "HALTED"):
-        return {"job_id": job_id, "state": document["state"], "position": None}
-    return await write_job(backend, job_id, document["tenant"], cmd.HaltJob(reason="halted through the API"))
+    return await write_job(
+        backend, job_id, document["tenant"], cmd.HaltJob(reason="halted through the API"), response
+    )
 
 
 @router.post("/v1/jobs/{job_id}:resume", status_code=202)
-async def resume(job_id: str, caller: Caller, backend: Backend) -> dict[str, Any]:
+async def resume(job_id: str, caller: Caller, backend: Backend, response: Response) -> dict[str, Any]:
+    """Resume a halted job from its last checkpoint (the job's owner refuses other states: 409)."""
     document = await backend.visible_job(job_id, caller)
-    return await write_job(backend, job_id, document["tenant"], cmd.ResumeJob())
+    return await write_job(backend, job_id, document["tenant"], cmd.ResumeJob(), response)

@@ -81,18 +81,19 @@ async def write_node(
     event it caused; the node's owner decides it, and its refusal answers 409 with the reason.
 
     A command that changes nothing (cordoning a node cordoned so already, uncordoning an open one)
-    causes no event, so, like one whose event is not projected within the wait, it answers 202 with
-    the node as it is and the command's id once the wait has run out."""
+    causes no event: once its owner has decided it, it answers at once with the node as it is,
+    ``position: null`` and ``changed: false``. One still undecided when the wait runs out answers
+    202 with the node as it is and the command's id."""
     await known_node(
         backend, name
     )  # the owner answers nothing for an unknown node: it dead-letters the command
     command = backend.platform.sender.make(NODES.address(name), data)
-    position = await backend.send_and_wait(command)
+    written = await backend.send_and_wait(command)
     document = await known_node(backend, name)
-    if position is None:
+    if not written.decided:
         response.status_code = 202
-        return {**document, "position": None, "command_id": str(command.command_id)}
-    return {**document, "position": position}
+        return {**document, "position": None, "command_id": written.command_id}
+    return {**document, "position": written.position, "changed": written.changed}
 
 
 @router.post("/v1/nodes/{name}:cordon")
@@ -101,7 +102,7 @@ async def cordon(
 ) -> dict[str, Any]:
     """Admins: place nothing new on the node; with ``drain`` also halt its jobs with a checkpoint
     and requeue them to resume elsewhere. An operator's cordon replaces the inventory's; cordoning
-    an operator-cordoned node again only ever adds ``drain`` (else it changes nothing: 202, no position)."""
+    an operator-cordoned node again only ever adds ``drain`` (else it changes nothing: ``changed: false``)."""
     return await write_node(backend, name, nd.CordonNode(reason=body.reason, drain=body.drain), response)
 
 
@@ -114,6 +115,6 @@ async def uncordon(
     body: Annotated[UncordonRequest | None, Body()] = None,
 ) -> dict[str, Any]:
     """Admins: lift an operator's cordon or drain (one the inventory put there is lifted at its
-    source: 409). Uncordoning a node that is not cordoned changes nothing: 202, no position."""
+    source: 409). Uncordoning a node that is not cordoned changes nothing: ``changed: false``."""
     reason = body.reason if body is not None else ""
     return await write_node(backend, name, nd.UncordonNode(reason=reason), response)

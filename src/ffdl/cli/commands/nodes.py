@@ -54,13 +54,19 @@ def nodes_show(name: str, json_output: JsonFlag = False) -> None:
     console.print(history)
 
 
+def _outcome(answer: dict[str, Any]) -> str:
+    """What a node write's answer says beyond the node: undecided yet, or nothing changed."""
+    if answer.get("command_id"):
+        return " (not projected yet)"
+    return " (nothing changed)" if answer.get("changed") is False else ""
+
+
 def _steer_node(write: Any, json_output: bool) -> None:
     node = call_api(write)
     if json_output:
         print_json(node)
     else:
-        pending = " (not projected yet)" if node.get("command_id") else ""
-        console.print(node_line(node) + pending)
+        console.print(node_line(node) + _outcome(node))
 
 
 @app.command("cordon")
