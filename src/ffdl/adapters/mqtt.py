@@ -7,8 +7,9 @@ every publish, so a subscriber may see a status twice, never miss the last one.
 
 In: learners (or anything speaking for them) may publish progress on
 ``ffdl/<tenant>/jobs/<job>/learners/<rank>/progress`` as ``{"attempt", "step", "metrics"}``, an
-alternative to progress in the heartbeat store. Each message becomes a ``ReportProgress`` command;
-the job's owner refuses one whose tenant is not the job's, like any other command.
+alternative to progress in the heartbeat store. Each message becomes a ``ReportProgress`` command
+sent for the tenant the topic names (the broker's ACLs let a tenant write only under its own
+``ffdl/<tenant>/``); the job's owner refuses one for another tenant's job, like any other command.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import structlog
 from pydantic import BaseModel, Field, ValidationError
 
 from ffdl.core.aggregate import Applied, Kinds
+from ffdl.core.authorization import Principal
 from ffdl.core.job import Job
 from ffdl.core.kinds import JOBS
 from ffdl.events import job_commands as cmd
@@ -149,4 +151,5 @@ class MqttBridge:
         progress = cmd.ReportProgress(
             rank=rank, attempt=telemetry.attempt, step=telemetry.step, metrics=telemetry.metrics
         )
-        await self._sender.send(self._sender.make(JOBS.address(job_id, tenant), progress))
+        command = self._sender.make(JOBS.address(job_id, tenant), progress)
+        await self._sender.send(command, principal=Principal.tenant(tenant))

@@ -18,6 +18,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from ffdl.core import authorization
+
 DEFAULT_TENANT = "default"
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 
@@ -31,6 +33,12 @@ class Principal:
 
     def may_see(self, tenant: str) -> bool:
         return self.admin or tenant == self.tenant
+
+    def on_the_log(self) -> authorization.Principal:
+        """Whom the commands of this caller's requests are sent for: an admin, or its tenant."""
+        if self.admin:
+            return authorization.Principal.admin(self.tenant)
+        return authorization.Principal.tenant(self.tenant)
 
 
 OPEN = Principal(DEFAULT_TENANT, admin=True)

@@ -83,11 +83,11 @@ class PlatformBackend:
             raise problem(404, f"no job {job_id}", "job_id")
         return dict(document)
 
-    async def send_and_wait(self, command: AnyCommand) -> str | None:
-        """Send ``command`` and wait (bounded) until the projection has applied what it caused: the
-        log position of its first event, or None if the wait ran out. A rejection answers 409 with
-        the owner's reason."""
-        await self.platform.sender.send(command)
+    async def send_and_wait(self, command: AnyCommand, caller: Principal) -> str | None:
+        """Send ``command`` for ``caller`` and wait (bounded) until the projection has applied what it
+        caused: the log position of its first event, or None if the wait ran out. A rejection answers
+        409 with the owner's reason."""
+        await self.platform.sender.send(command, principal=caller.on_the_log())
         cause = str(command.command_id)
         deadline = time.monotonic() + WRITE_WAIT_S
         while time.monotonic() < deadline:

@@ -14,6 +14,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Response
 from fastapi.responses import JSONResponse
 
+from ffdl.adapters.tenants import Principal
 from ffdl.api.dependencies import Backend, Caller, Manifest, PlatformBackend, problem, read
 from ffdl.core.kinds import JOBS
 from ffdl.core.states import JobState
@@ -23,9 +24,11 @@ from ffdl.events.envelope import CommandData
 router = APIRouter()
 
 
-async def write_job(backend: PlatformBackend, job_id: str, tenant: str, data: CommandData) -> dict[str, Any]:
+async def write_job(
+    backend: PlatformBackend, caller: Principal, job_id: str, tenant: str, data: CommandData
+) -> dict[str, Any]:
     command = backend.platform.sender.make(JOBS.address(job_id, tenant), data)
-    position = await backend.send_and_wait(command)
+    position = await backend.send_and_wait(command, caller)
     if position is None:
         return {"job_id": job_id, "state": None, "position": None, "command_id": str(command.command_id)}
     document = await read(backend.projection.get, job_id)
@@ -36,7 +39,7 @@ async def write_job(backend: PlatformBackend, job_id: str, tenant: str, data: Co
 async def submit(caller: Caller, spec: Manifest, backend: Backend) -> dict[str, Any]:
     """Submit a job: JSON or YAML, our manifest or FfDL's. Answers once the job is on the log."""
     job_id = f"{spec.name}-{uuid.uuid4().hex[:8]}"
-    return await write_job(backend, job_id, caller.tenant, cmd.SubmitJob(spec=spec))
+    return await write_job(backend, caller, job_id, caller.tenant, cmd.SubmitJob(spec=spec))
 
 
 @router.get("/v1/jobs", response_model=None)
@@ -108,9 +111,9 @@ async def cancel_or_delete(job_id: str, caller: Caller, backend: Backend) -> dic
     """Cancel a live job; delete an ended one from the listings (its events stay on the log)."""
     document = await backend.visible_job(job_id, caller)
     if JobState(document["state"]).terminal:
-        return await write_job(backend, job_id, document["tenant"], cmd.DeleteJob())
+        return await write_job(backend, caller, job_id, document["tenant"], cmd.DeleteJob())
     return await write_job(
-        backend, job_id, document["tenant"], cmd.CancelJob(reason="cancelled through the API")
+        backend, caller, job_id, document["tenant"], cmd.CancelJob(reason="cancelled through the API")
     )
 
 
@@ -119,10 +122,12 @@ async def halt(job_id: str, caller: Caller, backend: Backend) -> dict[str, Any]:
     document = await backend.visible_job(job_id, caller)
     if document["state"] in ("HALTING", "HALTED"):
         return {"job_id": job_id, "state": document["state"], "position": None}
-    return await write_job(backend, job_id, document["tenant"], cmd.HaltJob(reason="halted through the API"))
+    return await write_job(
+        backend, caller, job_id, document["tenant"], cmd.HaltJob(reason="halted through the API")
+    )
 
 
 @router.post("/v1/jobs/{job_id}:resume", status_code=202)
 async def resume(job_id: str, caller: Caller, backend: Backend) -> dict[str, Any]:
     document = await backend.visible_job(job_id, caller)
-    return await write_job(backend, job_id, document["tenant"], cmd.ResumeJob())
+    return await write_job(backend, caller, job_id, document["tenant"], cmd.ResumeJob())
