@@ -71,7 +71,7 @@ class PrincipalKind(StrEnum):
 Senders = frozenset[PrincipalKind]
 
 _SPOKEN = {
-    PrincipalKind.TENANT: "the aggregate's tenant",
+    PrincipalKind.TENANT: "its tenant",
     PrincipalKind.ADMIN: "admins",
     PrincipalKind.SCHEDULER: "the scheduler",
     PrincipalKind.PLATFORM: "the platform's roles",
@@ -197,7 +197,7 @@ def refusal(
     """Why ``principal`` may not send ``command`` to the aggregate ``state`` (empty when it may)."""
     senders = kind.senders(command)
     if principal.kind not in senders:
-        allowed = " or ".join(_SPOKEN[sender] for sender in sorted(senders)) or "nobody"
+        allowed = " or ".join(_SPOKEN[sender] for sender in PrincipalKind if sender in senders) or "nobody"
         return f"{principal} may not send {command.type}: only {allowed} may"
     if principal.kind is PrincipalKind.TENANT and kind.owning_tenant(state, command) != principal.name:
         return f"{kind.name} belongs to another tenant than {principal.name!r}"

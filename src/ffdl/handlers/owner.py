@@ -109,7 +109,15 @@ class JobOwner(Follower):
         try:
             events = self.decide(command, record.partition, principal, leader)
         except Unauthorized as exc:
-            log.warning("command refused", key=record.key, principal=str(principal), reason=str(exc))
+            log.warning(
+                "command refused",
+                key=record.key,
+                command=command.type,
+                command_id=str(command.command_id),
+                principal=str(principal),
+                producer=command.producer,
+                reason=str(exc),
+            )
             return await self._dead_letter(record, str(exc))
         except UnknownAggregate as exc:
             return await self._dead_letter(record, str(exc))
