@@ -277,7 +277,7 @@ def test_the_owner_reads_the_principal_header_and_derives_one_only_without_it() 
     ]:
         with pytest.raises(ValueError, match=why):
             principal_of(record(bad), command)
-    with pytest.raises(ValueError, match="2 ffdl_principal headers"):
+    with pytest.raises(ValueError, match="bad ffdl_principal header: 2 of them"):
         principal_of(record((PRINCIPAL_HEADER, b"tenant:acme"), (PRINCIPAL_HEADER, b"admin:ops")), command)
 
 

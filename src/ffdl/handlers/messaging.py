@@ -145,11 +145,13 @@ def principal_of(record: Record, command: AnyCommand) -> Principal:
     if not named:
         return legacy_principal(command)
     if len(named) > 1:
-        raise ValueError(f"{len(named)} {PRINCIPAL_HEADER} headers: a record is sent for one principal")
+        raise ValueError(f"bad {PRINCIPAL_HEADER} header: {len(named)} of them, for one command")
     try:
         return Principal.parse(named[0].decode())
     except UnicodeDecodeError as exc:
-        raise ValueError(f"{PRINCIPAL_HEADER} header is not UTF-8: {exc}") from exc
+        raise ValueError(f"bad {PRINCIPAL_HEADER} header: not UTF-8 ({exc})") from exc
+    except ValueError as exc:
+        raise ValueError(f"bad {PRINCIPAL_HEADER} header: {exc}") from exc
 
 
 async def dead_letter(bus: Bus, topics: Topics, record: Record, reason: str) -> None:
