@@ -148,7 +148,9 @@ def remember(recent: tuple[uuid.UUID, ...], command_id: uuid.UUID | None) -> tup
 
 def is_deposed(token: int | None, aggregate_token: int | None, leader_token: int | None) -> bool:
     """Whether a command fenced with ``token`` comes from a deposed leader: a token below one the
-    aggregate has applied already, or other than the current leader's (unfenced commands never are)."""
+    aggregate has applied already, or other than the current leader's (unfenced commands never are;
+    that the scheduler's commands carry the leader's token at all is the owner's gate's to check,
+    :func:`ffdl.core.authorization.fencing_problem`)."""
     if token is None:
         return False
     return (aggregate_token is not None and token < aggregate_token) or (
