@@ -364,16 +364,25 @@ def test_a_placement_must_fit_the_nodes_and_the_free_gpus(
 
 
 def test_released_gpus_are_free_again_and_each_gpu_event_counts_once(view: ClusterView) -> None:
-    released = gpu_event("other", 9, ev.GpusReleased(placement=Placement(learners=(on("a", 0, 1),))))
-    stale = gpu_event("other", 4, ev.GpusAllocated(placement=Placement(learners=(on("a", 0, 1),))))
-    wanted = Placement(learners=(on("a", 0, 1),))
+    """The owner applies what it decides ahead of the log and reads it back later: the allocation read
+    back after its own release does not take the GPUs again; once the log shows the release, the
+    job is forgotten."""
+    held = Placement(learners=(on("a", 0, 1),))
+    allocated, released = (
+        gpu_event("mine", 2, ev.GpusAllocated(placement=held)),
+        gpu_event("mine", 9, ev.GpusReleased(placement=held)),
+    )
+    view.apply(gpu_event("other", 5, ev.GpusReleased(placement=held)))
+    free = view.placement_problem("mine", held)
+    view.apply(allocated, ahead=True)
+    view.apply(released, ahead=True)
 
-    view.apply(released)
-    free = view.placement_problem("mine", wanted)
-    view.apply(stale)  # read back from the log after the release: older than what the view has
+    view.apply(allocated)  # read back from the log: older than what the view has of the job
+    still_free = view.placement_problem("someone", held)
     view.apply(released)
 
-    assert free == "" and view.placement_problem("mine", wanted) == ""
+    assert free == still_free == "" and view.holders == {}
+    assert view == ClusterView(view.nodes)  # neither job is remembered: each released on the log
 
 
 def test_the_view_checks_only_an_allocation_the_job_would_take_now(view: ClusterView) -> None:

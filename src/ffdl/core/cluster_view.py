@@ -12,7 +12,9 @@ The view folds only what it needs (readers filter on the record's type before de
 :data:`VIEW_EVENT_TYPES`): every node event (through :func:`~ffdl.core.aggregate.fold_step`, as every
 reader folds nodes) and the job events that take and give back GPUs. A job's GPU events are applied
 in seq order and each once: one whose seq is not above the last applied one of its job is a repeat
-(a redelivery, or an event the owner applied when it decided it and reads back from the log).
+(a redelivery, or an event the owner applied *ahead* of the log, when it decided it, and reads back
+from the log later). Once the log itself shows a job's latest GPU event to be a release, nothing of
+the job can come back, and the view forgets it: it keeps only jobs that hold GPUs or may.
 """
 
 from __future__ import annotations
@@ -50,20 +52,25 @@ class ClusterView:
     def copy(self) -> ClusterView:
         return ClusterView(dict(self.nodes), dict(self.holders), dict(self._held), dict(self._seq))
 
-    def apply(self, event: AnyEvent) -> None:
-        """Fold one event of any partition (one the view does not need changes nothing)."""
+    def apply(self, event: AnyEvent, *, ahead: bool = False) -> None:
+        """Fold one event of any partition, read from the log (``ahead``: decided by this owner and not
+        read back yet); one the view does not need changes nothing."""
         if isinstance(event, NodeEvent):
             after = fold_step(NODES, self.nodes.get(event.node), event)
             if not isinstance(after, Skipped):
                 self.nodes[event.node] = after
             return
+        job_id = event.job_id
         match event.data:
-            case ev.GpusAllocated(placement=placement) if self._is_new(event.job_id, event.seq):
-                self._hold(event.job_id, placement.gpu_slots())
-            case ev.GpusReleased() if self._is_new(event.job_id, event.seq):
-                for slot in self._held.pop(event.job_id, frozenset()):
-                    if self.holders.get(slot) == event.job_id:
-                        del self.holders[slot]
+            case ev.GpusAllocated(placement=placement) if self._is_new(job_id, event.seq):
+                self._hold(job_id, placement.gpu_slots())
+            case ev.GpusReleased():
+                if self._is_new(job_id, event.seq):
+                    for slot in self._held.pop(job_id, frozenset()):
+                        if self.holders.get(slot) == job_id:
+                            del self.holders[slot]
+                if not ahead and self._seq.get(job_id) == event.seq:
+                    del self._seq[job_id]  # the log is past all the view had of the job
             case _:
                 pass
 

@@ -71,7 +71,7 @@ class ClusterWatch:
 
     def apply(self, event: AnyEvent) -> None:
         """Fold an event this owner just decided (read back from the log later, it changes nothing)."""
-        self.view.apply(event)
+        self.view.apply(event, ahead=True)
 
     def reset(self) -> None:
         """Forget everything (events this owner applied may never have reached the log)."""
