@@ -28,7 +28,7 @@ from ffdl.core.nodes import NODES, NodeRecord, NodeStatus
 from ffdl.events import job_commands as cmd
 from ffdl.events import job_events as ev
 from ffdl.events.codec import AnyEvent
-from ffdl.events.envelope import Command, NodeEvent
+from ffdl.events.envelope import Command, Event, NodeEvent
 from ffdl.events.model import Placement
 from ffdl.events.nodes import NODE_EVENT_TYPES
 
@@ -60,6 +60,8 @@ class ClusterView:
             if not isinstance(after, Skipped):
                 self.nodes[event.node] = after
             return
+        if not isinstance(event, Event):
+            return  # an aggregate of another kind: it holds no GPUs
         job_id = event.job_id
         match event.data:
             case ev.GpusAllocated(placement=placement) if self._is_new(job_id, event.seq):

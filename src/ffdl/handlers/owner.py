@@ -72,23 +72,23 @@ class JobOwner(Follower):
     async def process(self, records: Sequence[Record]) -> None:
         decided: list[AnyEvent] = []
         self._caught_up = False
-        for record in records:
-            decided.extend(await self._decide(record))
-        if decided:
-            try:
+        try:
+            for record in records:
+                decided.extend(await self._decide(record))
+            if decided:
                 await self._bus.publish(self._topics.events, event_records(decided, self._producer))
-            except BaseException:
-                self.cluster.reset()  # it holds what may never reach the log
-                raise
-            for event in decided:
-                log.info(
-                    "event appended",
-                    **self.book.kinds.of(event).ids(event),
-                    type=event.type,
-                    seq=event.seq,
-                    event_id=str(event.event_id),
-                    causation_id=str(event.causation_id),
-                )
+        except BaseException:
+            self.cluster.reset()  # it holds what this batch decided, which may never reach the log
+            raise
+        for event in decided:
+            log.info(
+                "event appended",
+                **self.book.kinds.of(event).ids(event),
+                type=event.type,
+                seq=event.seq,
+                event_id=str(event.event_id),
+                causation_id=str(event.causation_id),
+            )
 
     async def _decide(self, record: Record) -> list[AnyEvent]:
         try:
