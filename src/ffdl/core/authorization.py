@@ -75,7 +75,7 @@ _SPOKEN = {
     PrincipalKind.ADMIN: "admins",
     PrincipalKind.SCHEDULER: "the scheduler",
     PrincipalKind.PLATFORM: "the platform's roles",
-    PrincipalKind.ANONYMOUS: "anyone",
+    PrincipalKind.ANONYMOUS: "anonymous senders",
 }
 
 
@@ -196,8 +196,10 @@ def refusal(
 ) -> str:
     """Why ``principal`` may not send ``command`` to the aggregate ``state`` (empty when it may)."""
     senders = kind.senders(command)
+    if not senders:
+        return f"nobody may send {command.type}"
     if principal.kind not in senders:
-        allowed = " or ".join(_SPOKEN[sender] for sender in PrincipalKind if sender in senders) or "nobody"
+        allowed = " or ".join(_SPOKEN[sender] for sender in PrincipalKind if sender in senders)
         return f"{principal} may not send {command.type}: only {allowed} may"
     if principal.kind is PrincipalKind.TENANT and kind.owning_tenant(state, command) != principal.name:
         return f"{kind.name} belongs to another tenant than {principal.name!r}"
