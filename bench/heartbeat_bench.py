@@ -60,6 +60,7 @@ from aetcd import rpc
 
 from ffdl.adapters.bus import open_bus
 from ffdl.adapters.heartbeats import JOBS_PREFIX, EtcdHeartbeatStore, learner_key, parse_key
+from ffdl.core.authorization import Principal
 from ffdl.core.job import Job, evolve, start
 from ffdl.events import job_commands as cmd
 from ffdl.events import job_events as ev
@@ -476,7 +477,7 @@ def run_monitor(plan: LoadPlan, log_dir: str, stop: StopFlag) -> None:
         store = EtcdHeartbeatStore(plan.host, plan.port)
         bus = open_bus(f"embedded://{log_dir}", 8)
         await bus.start()
-        sender = CommandSender(bus, Topics(), "monitor@bench")
+        sender = CommandSender(bus, Topics(), "monitor@bench", Principal.platform("monitor"))
         monitor = Monitor(store, sender, heartbeat_ttl_s=plan.ttl_s, grace_s=2 * plan.ttl_s)
         for index in range(plan.learners):
             monitor.observe(None, load_job(index))

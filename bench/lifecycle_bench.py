@@ -57,6 +57,7 @@ from aiokafka import TopicPartition as KafkaTopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from ffdl.adapters.bus.kafka import KafkaBus
+from ffdl.core.authorization import Principal
 from ffdl.core.kinds import JOBS
 from ffdl.events import job_commands as cmd
 from ffdl.events.envelope import Command
@@ -330,7 +331,7 @@ async def benchmark(jobs: int, latency_seconds: float, layout: Sequence[str], wo
     try:
         bus = KafkaBus(broker.bootstrap, PARTITIONS, topics=[topics.commands, topics.events])
         await bus.start()
-        sender = CommandSender(bus, topics, "bench")
+        sender = CommandSender(bus, topics, "bench", Principal.tenant("default"))
         prefix = topics.commands.removesuffix(".commands")
         async with running_platform(broker, prefix, data_dir, layout) as pids:
             progress(f"platform starting: {' | '.join(layout)}")

@@ -10,12 +10,27 @@ from pathlib import Path
 
 from ffdl.adapters.bus import open_bus
 from ffdl.adapters.election import FileElection
+from ffdl.core.authorization import SCHEDULER, Principal, PrincipalKind
+from ffdl.core.kinds import KINDS
 from ffdl.core.scheduling import SchedulerPolicy
+from ffdl.events.codec import AnyCommand
+from ffdl.events.envelope import Command
 from ffdl.handlers.messaging import CommandSender, Topics
 from ffdl.handlers.owner import SCHEDULER_ROLE, JobOwner
 from ffdl.handlers.ports import Bus, InventorySource
 from ffdl.handlers.runtime import consume
 from ffdl.handlers.scheduler import Scheduler
+
+
+def honest_principal(command: AnyCommand) -> Principal:
+    """Whom an honest sender sends ``command`` for: the job's tenant for what a user asks, an operator
+    for a node command, else one of the platform's roles (for what they observe)."""
+    senders = KINDS.of(command).senders(command)
+    if isinstance(command, Command) and PrincipalKind.TENANT in senders:
+        return Principal.tenant(command.tenant)
+    if PrincipalKind.ADMIN in senders:
+        return Principal.admin("ops")
+    return Principal.platform("test")
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +54,7 @@ async def owner_and_scheduler(
     election = FileElection(tmp_path / "election")
     token = await election.campaign(SCHEDULER_ROLE)
     owner = JobOwner(bus, topics, election)
-    sender = CommandSender(bus, topics, "scheduler")
+    sender = CommandSender(bus, topics, "scheduler", SCHEDULER)
     policy = SchedulerPolicy(min_runtime_s=0.0)
     scheduler = Scheduler(bus, topics.events, sender, inventory, token, policy=policy)
     stop = asyncio.Event()

@@ -3,9 +3,11 @@
 This is Temporal's replay testing applied to our deciders. A golden log is three files here:
 
 * ``NAME.commands.jsonl``: every command the owner decided, a job's or a node's, in the order it
-  decided them, as the commands topic carries it (``command_to_json``) plus how it was decided:
-  ``decided_at`` (the owner's clock), ``decided_by`` (the owner, the producer of the events) and
-  ``leader_token`` (the scheduler leader's fencing token the owner checked the command against);
+  decided them, as the commands topic carries it (``command_to_json``) plus whom it was sent for and
+  how it was decided: ``principal`` (the record's principal header; logs recorded before principals
+  have none), ``decided_at`` (the owner's clock), ``decided_by`` (the owner, the producer of the
+  events) and ``leader_token`` (the scheduler leader's fencing token the owner checked the command
+  against);
 * ``NAME.events.jsonl``: the events the owner appended, jobs' and nodes', as ``ffdl export`` writes them;
 * ``NAME.case.json``: what the log shows, the restart policy the owner ran with, and what each job's
   state and (where the log has nodes) each node's state must fold to.
@@ -20,16 +22,21 @@ history an older platform wrote and is never rewritten; a new scenario gets new 
 :data:`SCENARIOS` holds the stories as today's platform tells them. A committed log whose name is not
 among them was written by an older platform whose scripts went with it: ``happy_path`` to
 ``node_drain`` come from the owner that appended ``GpusAllocated`` alone and launched only on the
-reactor's ``BeginLaunch``. They replay unchanged, each allocation through the known change of
-decision ``launch-in-allocation`` (``ffdl.tools.redecide.DECISION_CHANGES``); the same stories told by
-today's owner, which launches in the allocation's own decision, are the ``NAME_direct_launch`` logs.
+reactor's ``BeginLaunch``; they replay unchanged, each allocation through the known change of
+decision ``launch-in-allocation`` (``ffdl.tools.redecide.DECISION_CHANGES``). The same stories told
+by the owner that launches in the allocation's own decision are the ``NAME_direct_launch`` logs. Both
+were recorded before principals: their commands name none, the reactor admitted jobs, the scheduler's
+commands were checked against no leader and jobs were placed on nodes the log never had, all of which
+today's owner refuses; those decisions replay through the known change ``principals``. Today's
+stories, each command sent for its principal and every node observed before a job is placed on it,
+are the ``NAME_principals`` logs, with ``forged_commands_principals``: what a hostile sender tries.
 
-The :class:`Owner` here is the partition owner without I/O: the job decider and ``evolve``, the node
-decider and ``evolve_node``, on a virtual clock, the way ``handlers/owner.py`` runs them on the log
-(one owner, one order, whatever the aggregate). :class:`JobScript` drives one job through its life
-with the commands the platform's roles send (API, reactor, scheduler, monitor), :class:`NodeScript`
-one node with the scheduler's inventory observations and operators' cordons; the replay benchmark
-uses the job scripts to generate a large realistic log.
+The :class:`Owner` here is the partition owner without I/O: the owner's gate and the job and node
+deciders, their folds and the cluster view, on a virtual clock, the way ``handlers/owner.py`` runs
+them on the log (one owner, one order, whatever the aggregate). :class:`JobScript` drives one job
+through its life with the commands the platform's roles send (API, reactor, scheduler, monitor),
+:class:`NodeScript` one node with the scheduler's inventory observations and operators' cordons; the
+replay benchmark uses the job scripts to generate a large realistic log.
 """
 
 from __future__ import annotations
@@ -47,9 +54,13 @@ from pathlib import Path
 from typing import Any, overload
 
 from ffdl.adapters.bus.partitioning import partition_for
-from ffdl.core.decider import decide, next_attempt
-from ffdl.core.job import Job, evolve
-from ffdl.core.nodes import NodeRecord, decide_node, evolve_node
+from ffdl.core.aggregate import Aggregates, UnknownAggregate
+from ffdl.core.authorization import Principal, decide_as, legacy_principal
+from ffdl.core.cluster_view import ClusterView
+from ffdl.core.decider import next_attempt
+from ffdl.core.job import Job
+from ffdl.core.kinds import JOBS, NODES, aggregate_kinds
+from ffdl.core.nodes import NodeRecord
 from ffdl.core.restart import RestartPolicy
 from ffdl.events import job_commands as cmd
 from ffdl.events import nodes as nd
@@ -79,18 +90,19 @@ SCHEDULER = "scheduler@ffdl-0"
 #: The scheduler replica that takes the lead when ``SCHEDULER`` loses it.
 SCHEDULER_STANDBY = "scheduler@ffdl-1"
 MONITOR = "monitor@ffdl-0"
+#: The operator whose node commands the API sends.
+OPERATOR = Principal.admin("ops")
 _COMMAND_NAMESPACE = uuid.UUID("0b9e4f52-2f7c-4d8e-a1f6-3c5d7e9a1b24")
 
 
 class Owner:
-    """The owner of jobs and nodes without I/O: decides each command on the folded job or node, on a
-    virtual clock.
+    """The owner of jobs and nodes without I/O: decides each command for its principal on the folded
+    job or node and the cluster as its events leave it, on a virtual clock.
 
     ``leader_token`` is the scheduler leader's fencing token as the owner's election sees it; like
-    ``handlers/owner.py`` the owner checks every fenced command against it (only the scheduler's
-    commands are fenced). It keeps every command it decided and every event it appended, in order,
-    for a golden log; a long generated log drains both as it goes and forgets ended jobs, so it
-    streams in flat memory.
+    ``handlers/owner.py`` the owner checks every fenced command against it. It keeps every command it
+    decided and every event it appended, in order, for a golden log; a long generated log drains both
+    as it goes and forgets ended jobs, so it streams in flat memory.
     """
 
     def __init__(self, name: str, start: datetime, policy: RestartPolicy | None = None) -> None:
@@ -98,8 +110,10 @@ class Owner:
         self.now = start
         self.policy = policy or RestartPolicy()
         self.leader_token: int | None = None
-        self.jobs: dict[str, Job] = {}
-        self.nodes: dict[str, NodeRecord] = {}
+        self.book = Aggregates(aggregate_kinds(self.policy))
+        self.jobs: dict[str, Job] = self.book.of(JOBS)
+        self.nodes: dict[str, NodeRecord] = self.book.of(NODES)
+        self.cluster = ClusterView()
         self.decided: list[RecordedCommand] = []
         self.events: list[AnyEvent] = []
         self._sent = 0
@@ -135,39 +149,41 @@ class Owner:
         )
 
     @overload
-    def deliver(self, command: Command) -> list[Event]: ...
+    def deliver(self, command: Command, principal: Principal | None = None) -> list[Event]: ...
 
     @overload
-    def deliver(self, command: NodeCommand) -> list[NodeEvent]: ...
+    def deliver(self, command: NodeCommand, principal: Principal | None = None) -> list[NodeEvent]: ...
 
-    def deliver(self, command: AnyCommand) -> list[Event] | list[NodeEvent]:
-        """Decide ``command`` now and apply its events, as the owner does for each record."""
+    def deliver(
+        self, command: AnyCommand, principal: Principal | None = None
+    ) -> list[Event] | list[NodeEvent]:
+        """Decide ``command`` now, sent for ``principal`` (default: the principal the platform's role
+        that produced it sends for), and apply its events, as the owner does for each record; one the
+        owner dead-letters decides nothing."""
+        principal = principal or legacy_principal(command)
         leader = self.leader_token if command.fencing_token is not None else None
-        events = (
-            self._decide_node(command, leader)
-            if isinstance(command, NodeCommand)
-            else self._decide_job(command, leader)
+        kind = self.book.kinds.of(command)
+        state = self.book.of(kind).get(kind.identity(command))
+        try:
+            events = decide_as(
+                kind,
+                state,
+                command,
+                self.now,
+                principal=principal,
+                producer=OWNER,
+                leader_token=leader,
+                outside=self.cluster.refusal,
+            )
+        except UnknownAggregate:
+            events = []
+        for event in events:
+            self.book.fold(event)
+            self.cluster.apply(event)
+        self.decided.append(
+            RecordedCommand(command, decided=Decided(self.now, OWNER, leader), principal=principal)
         )
-        self.decided.append(RecordedCommand(command, decided=Decided(self.now, OWNER, leader)))
         self.events.extend(events)
-        return events
-
-    def _decide_job(self, command: Command, leader: int | None) -> list[Event]:
-        job = self.jobs.get(command.job_id)
-        events = decide(job, command, self.now, policy=self.policy, producer=OWNER, leader_token=leader)
-        for event in events:
-            job = evolve(job, event)
-        if job is not None:
-            self.jobs[command.job_id] = job
-        return events
-
-    def _decide_node(self, command: NodeCommand, leader: int | None) -> list[NodeEvent]:
-        node = self.nodes.get(command.node)
-        events = decide_node(node, command, self.now, producer=OWNER, leader_token=leader)
-        for event in events:
-            node = evolve_node(node, event)
-        if node is not None:
-            self.nodes[command.node] = node
         return events
 
     def drain(self, job_id: str) -> list[AnyEvent]:
@@ -204,10 +220,16 @@ class JobScript:
     last: list[Event] = field(default_factory=list)
 
     def send(
-        self, data: CommandData, sender: str, token: int | None = None, after_s: float = 0.05
+        self,
+        data: CommandData,
+        sender: str,
+        token: int | None = None,
+        after_s: float = 0.05,
+        principal: Principal | None = None,
     ) -> list[Event]:
+        command = self.owner.command(self.job_id, self.tenant, data, sender, token)
         self.owner.tick(after_s)
-        self.last = self.owner.deliver(self.owner.command(self.job_id, self.tenant, data, sender, token))
+        self.last = self.owner.deliver(command, principal)
         return self.last
 
     @property
@@ -233,15 +255,12 @@ class JobScript:
     def submit(self) -> list[Event]:
         return self.send(cmd.SubmitJob(spec=self.spec), API, after_s=0.0)
 
-    def admit(self, token: int | None = None) -> list[Event]:
-        """Admission: the scheduler leader's, fenced with its ``token``; without one, the reactor's, as
-        the platform admitted before the inventory was on the log."""
-        if token is None:
-            return self.send(cmd.AdmitJob(), REACTOR)
+    def admit(self, *, token: int) -> list[Event]:
+        """Admission: the scheduler leader's, fenced with its ``token``."""
         return self.send(cmd.AdmitJob(), SCHEDULER, token)
 
-    def reject(self, reason: str) -> list[Event]:
-        return self.send(cmd.RejectJob(code=ErrorCode.INVALID_MANIFEST, reason=reason), REACTOR)
+    def reject(self, reason: str, *, token: int) -> list[Event]:
+        return self.send(cmd.RejectJob(code=ErrorCode.UNSCHEDULABLE, reason=reason), SCHEDULER, token)
 
     def halt(self) -> list[Event]:
         return self.send(cmd.HaltJob(reason="halted through the API"), API, after_s=1.0)
@@ -361,7 +380,7 @@ class JobScript:
 
     def queue_and_run(self, *, token: int) -> None:
         self.submit()
-        self.admit()
+        self.admit(token=token)
         self.allocate(token=token)
         self.start_learners()
 
@@ -387,10 +406,15 @@ class NodeScript:
     source: str = "Kubernetes nodes"
 
     def send(
-        self, data: NodeCommandData, sender: str, token: int | None = None, after_s: float = 1.0
+        self,
+        data: NodeCommandData,
+        sender: str,
+        token: int | None = None,
+        after_s: float = 1.0,
+        principal: Principal | None = None,
     ) -> list[NodeEvent]:
         self.owner.tick(after_s)
-        return self.owner.deliver(self.owner.node_command(self.name, data, sender, token))
+        return self.owner.deliver(self.owner.node_command(self.name, data, sender, token), principal)
 
     # -- scheduler (its inventory source) ---------------------------------------------------------
 
@@ -420,10 +444,11 @@ class NodeScript:
     # -- operators --------------------------------------------------------------------------------
 
     def cordon(self, reason: str, *, drain: bool = False, after_s: float = 1.0) -> list[NodeEvent]:
-        return self.send(nd.CordonNode(reason=reason, drain=drain), API, after_s=after_s)
+        data = nd.CordonNode(reason=reason, drain=drain)
+        return self.send(data, API, after_s=after_s, principal=OPERATOR)
 
     def uncordon(self, reason: str, after_s: float = 1.0) -> list[NodeEvent]:
-        return self.send(nd.UncordonNode(reason=reason), API, after_s=after_s)
+        return self.send(nd.UncordonNode(reason=reason), API, after_s=after_s, principal=OPERATOR)
 
 
 def spec(name: str, *, learners: int = 2, gpus: int = 1, max_restarts: int = 3, priority: int = 0) -> JobSpec:
@@ -449,14 +474,24 @@ def spec(name: str, *, learners: int = 2, gpus: int = 1, max_restarts: int = 3, 
 
 # -- the recorded scenarios ------------------------------------------------------------------------
 
+#: What each node of the scenarios offers.
+DGX_NODE = nd.NodeSpec(gpus=4, gpu_type="a100", cpus=64.0, memory_mb=524_288)
+
+
+def observe(owner: Owner, *names: str, token: int) -> None:
+    """The scheduler leader records the nodes its inventory source sees, before anything is placed there."""
+    for name in names:
+        NodeScript(owner, name, DGX_NODE).observe(token=token, after_s=0.0)
+
 
 def happy_path(owner: Owner) -> None:
     """Two learners train to the end; one progress report is delivered twice (at-least-once), and the
     ``BeginLaunch`` of a reactor of the older platform (during a rolling upgrade) decides nothing."""
     owner.leader_token = 1
+    observe(owner, "gpu-node-01", token=1)
     job = JobScript(owner, "mnist-7f3a", "acme", spec("mnist"), nodes=("gpu-node-01",))
     job.submit()
-    job.admit()
+    job.admit(token=1)
     job.wait_for(WaitReason.CAPACITY, "needs 2 GPU(s); 0 free", token=1)
     job.allocate(token=1, after_s=40.0)
     job.send(cmd.BeginLaunch(attempt=1), REACTOR, after_s=0.1)  # launched already: decides nothing
@@ -470,6 +505,7 @@ def happy_path(owner: Owner) -> None:
 def restart_after_kill(owner: Owner) -> None:
     """Learner 1 is killed (exit -9); the gang restarts from the last checkpoint and completes."""
     owner.leader_token = 3
+    observe(owner, "gpu-node-02", token=3)
     job = JobScript(
         owner, "resnet-2c91", "acme", spec("resnet50", learners=2, gpus=2), nodes=("gpu-node-02",)
     )
@@ -487,6 +523,7 @@ def restart_after_kill(owner: Owner) -> None:
 def halt_resume(owner: Owner) -> None:
     """A user halts and later resumes a job, which goes on from its checkpoint."""
     owner.leader_token = 2
+    observe(owner, "gpu-node-03", token=2)
     job = JobScript(
         owner, "bert-5d10", "globex", spec("bert-base", learners=1, gpus=4), nodes=("gpu-node-03",)
     )
@@ -506,6 +543,7 @@ def halt_resume(owner: Owner) -> None:
 def cancel(owner: Owner) -> None:
     """A running job is cancelled; late learner exits and a second cancel decide nothing."""
     owner.leader_token = 1
+    observe(owner, "gpu-node-01", token=1)
     job = JobScript(owner, "gpt-small-9e4b", "initech", spec("gpt-small", learners=2, gpus=1))
     job.queue_and_run(token=1)
     job.train(40)
@@ -518,6 +556,7 @@ def cancel(owner: Owner) -> None:
 def max_restarts_failure(owner: Owner) -> None:
     """A learner crashes on every attempt; after ``max_restarts`` restarts the job fails."""
     owner.leader_token = 4
+    observe(owner, "gpu-node-01", token=4)
     job = JobScript(owner, "flaky-0a77", "acme", spec("flaky", learners=2, gpus=1, max_restarts=2))
     job.queue_and_run(token=4)
     job.train(30)
@@ -535,13 +574,14 @@ def max_restarts_failure(owner: Owner) -> None:
 def rejected_commands(owner: Owner) -> None:
     """Admission rejects a bad job; illegal commands and a deposed scheduler become ``CommandRejected``."""
     owner.leader_token = 5
+    observe(owner, "gpu-node-01", token=5)
     bad = JobScript(owner, "oversized-1b2c", "acme", spec("oversized", learners=64, gpus=8))
     bad.submit()
-    bad.reject("needs 512 GPUs; the largest node set has 64")
+    bad.reject("needs 512 GPUs; the largest node set has 64", token=5)
     bad.resume()
     job = JobScript(owner, "vit-3f5e", "acme", spec("vit", learners=1, gpus=1))
     job.submit()
-    job.admit()
+    job.admit(token=5)
     job.allocate(token=4)  # a deposed leader's offer
     job.allocate(token=5)
     job.resume()  # not HALTED
@@ -557,6 +597,7 @@ def rejected_commands(owner: Owner) -> None:
 def preemption(owner: Owner) -> None:
     """A high-priority job preempts a running one, which halts with its checkpoint and requeues."""
     owner.leader_token = 7
+    observe(owner, "gpu-node-04", token=7)
     low = JobScript(
         owner, "sweep-44", "globex", spec("sweep", learners=1, gpus=4, priority=0), nodes=("gpu-node-04",)
     )
@@ -566,7 +607,7 @@ def preemption(owner: Owner) -> None:
         owner, "urgent-45", "acme", spec("urgent", learners=1, gpus=4, priority=100), nodes=("gpu-node-04",)
     )
     high.submit()
-    high.admit()
+    high.admit(token=7)
     high.send(
         cmd.RecordWaitReason(
             code=WaitReason.PREEMPTION, detail="halting sweep-44 to make room", waiting_for=("sweep-44",)
@@ -587,10 +628,6 @@ def preemption(owner: Owner) -> None:
     low.start_learners()
     low.train(50)
     low.complete()
-
-
-#: What each node of :func:`node_drain` offers.
-DGX_NODE = nd.NodeSpec(gpus=4, gpu_type="a100", cpus=64.0, memory_mb=524_288)
 
 
 def node_drain(owner: Owner) -> None:
@@ -634,22 +671,81 @@ def node_drain(owner: Owner) -> None:
     node_a.remove(token=9, by=SCHEDULER_STANDBY, after_s=3600.0)  # retired: deleted from the cluster
 
 
+def _placed(node: str, *gpus: int) -> cmd.AllocateGpus:
+    """An allocation of a one-learner job to ``gpus`` of ``node``."""
+    learner = LearnerPlacement(rank=0, node=node, gpus=gpus, gpu_type="a100")
+    return cmd.AllocateGpus(placement=Placement(learners=(learner,)), reason="forged")
+
+
+def forged_commands(owner: Owner) -> None:
+    """Hostile senders try what is not theirs, and the owner refuses each (a refusal of what would
+    create a job is a dead letter, so it records nothing): a tenant's allocation, the scheduler's
+    without its token, an admin's and a platform role's with the leader's token, placements on a GPU
+    another job holds, on a node the inventory does not have, on a GPU the node lacks and on a
+    cordoned node, another tenant's cancel naming the job's tenant, a tenant's preempting halt and
+    learner report, a tenant's drain, a removal by an unknown producer and a submission in another
+    tenant's name. The jobs get their GPUs from the scheduler; no GPU is held twice."""
+    owner.leader_token = 6
+    observe(owner, "gpu-node-21", "gpu-node-22", token=6)
+    NodeScript(owner, "gpu-node-22", DGX_NODE).cordon("kept for maintenance")
+    one_learner = {"learners": 1, "gpus": 2}
+    mine = JobScript(owner, "train-a1", "acme", spec("train-a", **one_learner), nodes=("gpu-node-21",))
+    theirs = JobScript(
+        owner, "train-b2", "globex", spec("train-b", **one_learner), nodes=("gpu-node-21",), gpu_offset=2
+    )
+    for job in (mine, theirs):
+        job.submit()
+        job.admit(token=6)
+    allocation = cmd.AllocateGpus(placement=mine.placement(), reason="forged")
+    mine.send(allocation, API, principal=Principal.tenant("acme"))
+    mine.send(allocation, SCHEDULER)  # no fencing token
+    mine.send(allocation, API, 6, principal=OPERATOR)
+    mine.send(allocation, REACTOR, 6)
+    mine.allocate(token=6)
+    for forged in (
+        _placed("gpu-node-21", 1, 2),  # GPU 1 is mine's
+        _placed("gpu-node-99", 0, 1),  # no such node
+        _placed("gpu-node-21", 4, 5),  # it has 4 GPUs
+        _placed("gpu-node-22", 0, 1),  # cordoned
+    ):
+        theirs.send(forged, SCHEDULER, 6)
+    foreign = owner.command(mine.job_id, "acme", cmd.CancelJob(reason="not mine"), "api@ffdl-1")
+    owner.deliver(
+        foreign, Principal.tenant("globex")
+    )  # the body names the job's tenant; the sender is not it
+    mine.send(cmd.HaltJob(reason="make room", requeue=True), API, principal=Principal.tenant("acme"))
+    exited = cmd.ReportLearnerExited(rank=0, attempt=1, exit_code=0)
+    mine.send(exited, API, principal=Principal.tenant("acme"))
+    drain = nd.CordonNode(reason="mine now", drain=True)
+    NodeScript(owner, "gpu-node-21", DGX_NODE).send(drain, API, principal=Principal.tenant("acme"))
+    NodeScript(owner, "gpu-node-21", DGX_NODE).send(nd.RemoveNode(reason="gone"), "intruder")
+    stolen = owner.command("stolen-c3", "globex", cmd.SubmitJob(spec=spec("stolen")), API)
+    owner.deliver(stolen, Principal.tenant("acme"))  # creates nothing: a dead letter
+    theirs.allocate(token=6)
+    for job in (mine, theirs):
+        job.start_learners()
+        job.cancel()
+        job.exit_all(-15)
+        job.release()
+
+
 #: Each scenario as today's platform tells it, with its owner's restart policy.
 SCENARIOS: dict[str, tuple[Callable[[Owner], None], RestartPolicy]] = {
-    "happy_path_direct_launch": (happy_path, RestartPolicy()),
-    "restart_after_kill_direct_launch": (
+    "happy_path_principals": (happy_path, RestartPolicy()),
+    "restart_after_kill_principals": (
         restart_after_kill,
         RestartPolicy(base_s=1.0, factor=2.0, max_backoff_s=60.0),
     ),
-    "halt_resume_direct_launch": (halt_resume, RestartPolicy()),
-    "cancel_direct_launch": (cancel, RestartPolicy()),
-    "max_restarts_failure_direct_launch": (
+    "halt_resume_principals": (halt_resume, RestartPolicy()),
+    "cancel_principals": (cancel, RestartPolicy()),
+    "max_restarts_failure_principals": (
         max_restarts_failure,
         RestartPolicy(base_s=0.5, factor=3.0, max_backoff_s=30.0),
     ),
-    "rejected_commands_direct_launch": (rejected_commands, RestartPolicy()),
-    "preemption_direct_launch": (preemption, RestartPolicy()),
-    "node_drain_direct_launch": (node_drain, RestartPolicy()),
+    "rejected_commands_principals": (rejected_commands, RestartPolicy()),
+    "preemption_principals": (preemption, RestartPolicy()),
+    "node_drain_principals": (node_drain, RestartPolicy()),
+    "forged_commands_principals": (forged_commands, RestartPolicy()),
 }
 #: The instant every golden log starts at.
 START = datetime(2024, 5, 1, 9, 0, tzinfo=UTC)
@@ -699,7 +795,9 @@ def node_summary(node: NodeRecord) -> dict[str, Any]:
 LANES = 64
 TENANTS = ("acme", "globex", "initech", "umbrella", "hooli")
 #: Bumped whenever the generated log changes, so a cached file of an older shape is not reused.
-GENERATED_LOG_VERSION = 2
+GENERATED_LOG_VERSION = 3
+#: What each lane's node offers: its two GPUs.
+LANE_NODE = nd.NodeSpec(gpus=2, gpu_type="a100", cpus=16.0, memory_mb=131_072)
 
 
 @dataclass
@@ -786,11 +884,12 @@ LIVES: tuple[tuple[int, Callable[[JobScript, random.Random], None]], ...] = (
 
 
 def lane(index: int, budget: Budget) -> Iterator[AnyEvent]:
-    """One lane's jobs back to back on its own two GPUs, each a life drawn from :data:`LIVES`."""
+    """One lane's jobs back to back on its own node of two GPUs, each a life drawn from :data:`LIVES`."""
     rng = random.Random(index)
     owner = Owner(f"replay-bench-{index}", START + timedelta(seconds=index * 7.3))
     owner.leader_token = 1
-    node, offset = f"gpu-node-{index // 4:03d}", (index % 4) * 2
+    node = f"gpu-node-{index:03d}"
+    NodeScript(owner, node, LANE_NODE).observe(token=1, after_s=0.0)
     weights, lives = zip(*LIVES, strict=True)
     number = 0
     while not budget.spent:
@@ -802,10 +901,9 @@ def lane(index: int, budget: Budget) -> Iterator[AnyEvent]:
             rng.choice(TENANTS),
             spec(f"model-{number % 17}", max_restarts=2),
             nodes=(node,),
-            gpu_offset=offset,
         )
         job.submit()
-        job.admit()
+        job.admit(token=1)
         if rng.random() < 0.3:
             job.wait_for(WaitReason.CAPACITY, "needs 2 GPU(s); 0 free on its lane", token=1)
         job.allocate(token=1, after_s=rng.uniform(0.1, 30.0))

@@ -20,6 +20,7 @@ import pytest
 
 from ffdl.adapters.bus import open_bus
 from ffdl.adapters.heartbeats import EtcdHeartbeatStore, exit_key, learner_key
+from ffdl.core.authorization import Principal
 from ffdl.core.job import Job, evolve, start
 from ffdl.events import job_commands as cmd
 from ffdl.events import job_events as ev
@@ -72,7 +73,7 @@ class Running:
 async def running(store: EtcdHeartbeatStore, bus: Bus) -> AsyncIterator[Running]:
     monitor = Monitor(
         store,
-        CommandSender(bus, Topics(), "monitor@test"),
+        CommandSender(bus, Topics(), "monitor@test", Principal.platform("monitor")),
         heartbeat_ttl_s=TTL_S,
         grace_s=GRACE_S,
         check_interval_s=0.05,

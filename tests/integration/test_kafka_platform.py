@@ -31,6 +31,7 @@ from ffdl.events.codec import any_event_from_json, command_to_json
 from ffdl.events.envelope import Command, Event
 from ffdl.events.model import JobSpec
 from ffdl.events.position import Position
+from ffdl.handlers.messaging import PRINCIPAL_HEADER
 from ffdl.handlers.owner import JobOwner
 from ffdl.handlers.ports import OutgoingRecord, Record
 from ffdl.tools.sre import rebuild_projections, verify_log
@@ -45,6 +46,8 @@ pytestmark = pytest.mark.integration
 #: with a frozen broker comes back quicker.
 FAST = KafkaConfig(session_timeout_s=2.0, heartbeat_interval_s=0.2, request_timeout_s=30.0)
 INSTANT_JOB = "name: instant\ncommand: 'true'\nlearners: 2\ngpus: 1\n"
+#: The headers of a command the API sends for the open platform's tenant.
+AS_TENANT = ((PRINCIPAL_HEADER, b"tenant:default"),)
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +130,11 @@ async def test_bad_commands_are_dead_lettered_with_their_reason_and_origin_and_c
         "undecodable": OutgoingRecord("job-a", b"\xff\x00 this is not JSON"),
         "unknown_type": OutgoingRecord("job-b", rewritten(submit, type="LaunchRockets", job_id="job-b")),
         "schema_version": OutgoingRecord("job-c", rewritten(submit, schema_version=7, job_id="job-c")),
-        "unknown_job": OutgoingRecord("job-d", command_to_json(command("job-d", cmd.ResumeJob()))),
+        "unknown_job": OutgoingRecord("job-d", command_to_json(command("job-d", cmd.ResumeJob())), AS_TENANT),
+        "bad_principal": OutgoingRecord(
+            "job-g", rewritten(submit, job_id="job-g"), ((PRINCIPAL_HEADER, b"root"),)
+        ),
+        "refused": OutgoingRecord("job-h", rewritten(submit, job_id="job-h", tenant="other"), AS_TENANT),
         "wrong_key": OutgoingRecord("job-e", rewritten(submit, job_id="job-not-e")),
         "wrong_partition": OutgoingRecord("job-f", rewritten(submit, job_id="job-f")),
     }
@@ -187,6 +194,10 @@ async def test_bad_commands_are_dead_lettered_with_their_reason_and_origin_and_c
     assert reasons["unknown_type"] == "unknown type 'LaunchRockets'"
     assert reasons["schema_version"] == "SubmitJob schema_version 7 is newer than this platform's 1"
     assert reasons["unknown_job"] == "no job job-d for ResumeJob"
+    assert reasons["bad_principal"].startswith("bad ffdl_principal header: 'root' names no kind of principal")
+    assert reasons["refused"] == (
+        "SubmitJob from tenant:default refused: job belongs to another tenant than 'default'"
+    )
     assert reasons["wrong_key"] == "record key 'job-e' is not the command's key 'job-not-e'"
     assert (
         reasons["wrong_partition"]
@@ -217,7 +228,8 @@ async def test_a_stale_owner_cannot_corrupt_a_job_its_conflicting_events_are_ign
     assert stale.book.jobs[job_id].state.name == "QUEUED"
     cancel = command(job_id, cmd.CancelJob(reason="from a stale view"))
     cancel = cancel.model_copy(update={"tenant": done["tenant"]})
-    await stale.process([Record(platform.topics.commands, partition, 0, job_id, command_to_json(cancel))])
+    record = Record(platform.topics.commands, partition, 0, job_id, command_to_json(cancel), AS_TENANT)
+    await stale.process([record])
 
     async def counted() -> bool:
         text = (await api.http.get("/metrics")).text

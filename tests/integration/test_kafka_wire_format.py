@@ -7,8 +7,9 @@ another decodes every example the doc shows the way a reader of either topic mus
 the type: a job's or a node's), every example's key and CloudEvents subject are its job id or
 ``node:<name>``, and every reason the codec gives for bad input maps to a class of the dead-letter
 metric. Then the doc's own producer programs, which use confluent-kafka (librdkafka, a client we did
-not write), run against a platform on a real broker: one submits a job, which completes; the other
-drains a node, which the platform records as the operator's drain.
+not write), run against a platform on a real broker: one submits a job on its tenant's own topic,
+which completes; the other, an operator's, drains a node, which the platform records as the
+operator's drain.
 """
 
 from __future__ import annotations
@@ -680,6 +681,7 @@ async def settings(tmp_path: Path, broker: TansuBroker) -> Settings:
         launcher="instant",
         topic_prefix=f"test-{uuid.uuid4().hex[:10]}",
         nodes=[{"name": "node-a", "gpus": 8}],
+        direct_tenants=["default"],
     )
 
 
@@ -687,7 +689,10 @@ async def settings(tmp_path: Path, broker: TansuBroker) -> Settings:
 async def test_a_job_submitted_by_the_docs_confluent_kafka_program_runs_to_completed(
     api: Api, settings: Settings, broker: TansuBroker
 ) -> None:
-    env = {"KAFKA_BOOTSTRAP": broker.bootstrap, "FFDL_COMMANDS_TOPIC": f"{settings.topic_prefix}.commands"}
+    env = {
+        "KAFKA_BOOTSTRAP": broker.bootstrap,
+        "FFDL_COMMANDS_TOPIC": f"{settings.topic_prefix}.tenant.default.commands",
+    }
     job_id = await run_doc_program("## Producing commands from outside", env)
 
     async def known() -> bool:

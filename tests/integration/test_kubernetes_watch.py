@@ -17,6 +17,7 @@ from ffdl.adapters.launchers.k8s_manifests import PodSettings, pod_name
 from ffdl.adapters.launchers.k8s_watch import NodeInventory, PodWatcher
 from ffdl.adapters.launchers.kubernetes import KubernetesLauncher
 from ffdl.core.allocator import Node
+from ffdl.core.authorization import Principal
 from ffdl.events import job_commands as cmd
 from ffdl.events.codec import command_from_json
 from ffdl.events.envelope import Command
@@ -51,7 +52,7 @@ class Cluster:
         self.bus = bus
         self.launcher = KubernetesLauncher(client, SETTINGS)
         self.owned = {"job-a"}
-        sender = CommandSender(bus, TOPICS, "pods@test")
+        sender = CommandSender(bus, TOPICS, "pods@test", Principal.platform("pods"))
         self.watcher = PodWatcher(
             client,
             NAMESPACE,

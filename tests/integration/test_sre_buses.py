@@ -21,6 +21,7 @@ import pytest
 from ffdl.adapters.bus import open_bus
 from ffdl.core.restart import RestartPolicy
 from ffdl.events.codec import command_to_json
+from ffdl.events.envelope import Event
 from ffdl.handlers.ports import OutgoingRecord
 from ffdl.projections.store import LoggedEvent, Projection
 from ffdl.tools.log_files import EventFilter, decode_line, read_log
@@ -124,7 +125,7 @@ async def test_an_imported_log_exports_again_as_the_very_same_file(
 
 async def test_export_filters_by_job_and_type(settings: Settings, generated: GeneratedLog) -> None:
     await imported(settings, generated.path)
-    job_id = next(read_log(generated.path)).event.key
+    job_id = next(logged.event.key for logged in read_log(generated.path) if isinstance(logged.event, Event))
 
     text = await exported(
         settings, EventFilter(job_id=job_id, types=frozenset({"JobSubmitted", "GpusReleased"}))

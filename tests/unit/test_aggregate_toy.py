@@ -1,11 +1,12 @@
 """A third aggregate kind, written against the public abstraction only: tenant GPU quotas.
 
-It shows what adding a kind costs: its state, its events and commands, ``evolve`` and ``decide``
-(:class:`QuotaKind`), and nothing copied from jobs or nodes. Numbering, derived event ids, the
-recent-command window, the fencing check, the fold step and the registry come from
-:mod:`ffdl.core.aggregate`, and the job owner decides quota commands beside jobs' through the same
-path (its registry of kinds and its book). Only the wire is out of reach: the codec knows job and
-node envelopes, so the quota's commands are handed to the owner decoded.
+It shows what adding a kind costs: its state, its events and commands, ``evolve``, ``decide`` and who
+may send its commands (:class:`QuotaKind`), and nothing copied from jobs or nodes. Numbering, derived
+event ids, the recent-command window, the fencing check, the fold step and the registry come from
+:mod:`ffdl.core.aggregate`, the gate of who may send what from :mod:`ffdl.core.authorization`, and
+the job owner decides quota commands beside jobs' through the same path (its registry of kinds, its
+book and its gate). Only the wire is out of reach: the codec knows job and node envelopes, so the
+quota's commands are handed to the owner decoded.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from ffdl.core.aggregate import (
     remember,
     seen,
 )
+from ffdl.core.authorization import Principal, PrincipalKind, Senders
 from ffdl.core.kinds import JOBS, KINDS, NODES
 from ffdl.events import job_commands as cmd
 from ffdl.events.ids import derived_id
@@ -163,6 +165,15 @@ class QuotaKind(AggregateKind[Quota, QuotaEvent, QuotaCommand, QuotaEventData]):
 
     def key(self, identity: str) -> str:
         return f"quota:{identity}"
+
+    def senders(self, command: QuotaCommand) -> Senders:
+        """Admins set quotas; a tenant reserves and releases within its own."""
+        if isinstance(command.data, SetQuota):
+            return frozenset({PrincipalKind.ADMIN})
+        return frozenset({PrincipalKind.TENANT, PrincipalKind.ADMIN})
+
+    def owning_tenant(self, state: Quota | None, command: QuotaCommand) -> str:
+        return state.tenant if state is not None else command.tenant
 
     def evolve(self, state: Quota | None, event: QuotaEvent) -> Quota:
         expected = state.seq + 1 if state is not None else 1
@@ -306,23 +317,30 @@ async def test_the_job_owner_decides_a_third_kind_through_the_same_path_as_jobs(
     bus = open_bus(f"embedded://{tmp_path / 'log'}", 1)
     topics = Topics()
     owner = JobOwner(bus, topics, FileElection(tmp_path / "election"), kinds=WITH_QUOTAS, clock=lambda: NOW)
-    sender = CommandSender(bus, topics, "api")
+    admin, tenant = Principal.admin("ops"), Principal.tenant(TENANT)
+    sender = CommandSender(bus, topics, "api", tenant)
     spec = JobSpec(name="train", command="python train.py", gpus=4)
-    submitted = owner.decide(sender.make(JOBS.address("job-1", TENANT), cmd.SubmitJob(spec=spec)), 0, None)
+    submit = sender.make(JOBS.address("job-1", TENANT), cmd.SubmitJob(spec=spec))
+    submitted = owner.decide(submit, 0, tenant, None)
     set_quota = sender.make(QUOTAS.address(TENANT), SetQuota(8))
     assert isinstance(set_quota, QuotaCommand)
-    decided = owner.decide(set_quota, 0, None)
-    decided += owner.decide(sender.make(QUOTAS.address(TENANT), Reserve("job-1", 4)), 0, None)
+    decided = owner.decide(set_quota, 0, admin, None)
+    decided += owner.decide(sender.make(QUOTAS.address(TENANT), Reserve("job-1", 4)), 0, tenant, None)
+    raised = sender.make(QUOTAS.address(TENANT), SetQuota(64))
+    refused = owner.decide(raised, 0, tenant, None)  # a tenant may not raise its own quota
     assert [e.type for e in submitted] == ["JobSubmitted"]
     assert [(e.seq, e.type) for e in decided] == [(1, "QuotaSet"), (2, "Reserved")]
+    assert [e.data for e in refused] == [
+        QuotaRefused("SetQuota", "tenant:acme may not send SetQuota: only admins may")
+    ]
     assert owner.book.jobs["job-1"].seq == 1
     assert owner.book.of(QUOTAS)[TENANT].held == (("job-1", 4),)
-    assert owner.decide(set_quota, 0, None) == []  # a redelivery decides nothing
+    assert owner.decide(set_quota, 0, admin, None) == []  # a redelivery decides nothing
     with pytest.raises(UnknownAggregate):  # no quota yet: a dead letter for the owner
-        owner.decide(replace(set_quota, tenant="globex", data=Reserve("job-2", 1)), 0, None)
+        owner.decide(replace(set_quota, tenant="globex", data=Reserve("job-2", 1)), 0, admin, None)
     plain = JobOwner(bus, topics, FileElection(tmp_path / "election"))
     with pytest.raises(UnknownAggregate):  # an owner without the kind cannot decide it
-        plain.decide(set_quota, 0, None)
+        plain.decide(set_quota, 0, admin, None)
 
 
 COMMANDS = st.lists(

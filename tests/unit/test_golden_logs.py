@@ -8,12 +8,14 @@ with the recorded clock, owner and leader token, and demands exactly the events 
 (a redelivered command must decide nothing again). Events of old schema versions go through their
 upcasters on the way in, and decisions made before a deliberate change of decision through that
 change's upcast: the logs written before the owner launched in the allocation's own decision have
-each of their allocations upcast so, and nothing else.
+each of their allocations upcast so, and the logs written before principals have what today's gate
+refuses decided without it, and nothing else.
 """
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -76,19 +78,25 @@ def golden(request: pytest.FixtureRequest) -> GoldenLog:
     return GoldenLog.load(request.param)
 
 
-def test_every_recorded_scenario_of_the_issue_has_a_golden_log() -> None:
-    written_before_the_launch_hop_was_dropped = {
-        "happy_path",
-        "restart_after_kill",
-        "halt_resume_v1",
-        "cancel",
-        "max_restarts_failure",
-        "rejected_commands",
-        "preemption",
-        "node_drain",
-    }
+WRITTEN_BEFORE_THE_LAUNCH_HOP_WAS_DROPPED = {
+    "happy_path",
+    "restart_after_kill",
+    "halt_resume_v1",
+    "cancel",
+    "max_restarts_failure",
+    "rejected_commands",
+    "preemption",
+    "node_drain",
+}
+WRITTEN_BEFORE_PRINCIPALS = (
+    WRITTEN_BEFORE_THE_LAUNCH_HOP_WAS_DROPPED
+    | {f"{name}_direct_launch" for name in WRITTEN_BEFORE_THE_LAUNCH_HOP_WAS_DROPPED - {"halt_resume_v1"}}
+    | {"halt_resume_direct_launch"}
+)
 
-    assert written_before_the_launch_hop_was_dropped | SCENARIOS.keys() <= set(GOLDEN)
+
+def test_every_recorded_scenario_of_the_issue_has_a_golden_log() -> None:
+    assert WRITTEN_BEFORE_PRINCIPALS | SCENARIOS.keys() == set(GOLDEN)
 
 
 def test_todays_deciders_decide_every_recorded_command_exactly_as_recorded(golden: GoldenLog) -> None:
@@ -98,17 +106,49 @@ def test_todays_deciders_decide_every_recorded_command_exactly_as_recorded(golde
     assert (found.commands, found.undecided, found.history, found.skipped) == (len(golden.commands), [], 0, 0)
 
 
-def test_only_the_allocations_of_logs_older_than_the_launch_in_the_allocation_decide_otherwise_now(
-    golden: GoldenLog,
-) -> None:
-    """A log recorded by today's scripts needs no upcast; an older one needs it for each allocation it
-    decided (``GpusAllocated`` alone), and for nothing else."""
-    found = golden.redecide()
-    allocations = len(payloads(golden.events, ev.GpusAllocated))
+def refused_by_todays_gate(golden: GoldenLog) -> set[int]:
+    """The lines of a log recorded before principals that the owner then accepted and today's owner
+    refuses: the reactor's admissions and rejections, the scheduler's commands checked against no
+    leader, and placements on nodes the log did not have yet."""
+    rejections = (ev.CommandRejected, nd.NodeCommandRejected)
+    rejected = {event.causation_id for event in golden.events if isinstance(event.data, rejections)}
+    joined: set[str] = set()
+    refused = set()
+    for item in golden.commands:
+        command, decided = item.command, item.decided
+        assert decided is not None
+        on_unknown_nodes = isinstance(command.data, cmd.AllocateGpus) and bool(
+            {learner.node for learner in command.data.placement.learners} - joined
+        )
+        admission = isinstance(command.data, cmd.AdmitJob | cmd.RejectJob) and command.producer.startswith(
+            "reactor@"
+        )
+        unchecked = command.fencing_token is not None and decided.leader_token is None
+        if (admission or unchecked or on_unknown_nodes) and command.command_id not in rejected:
+            refused.add(item.line)
+        if isinstance(command.data, nd.ObserveNode):
+            joined.add(command.key.removeprefix("node:"))
+    return refused
 
-    expected = {} if golden.name in SCENARIOS else {"launch-in-allocation": allocations}
-    assert dict(found.changes) == expected
-    assert found.matched + allocations * (golden.name not in SCENARIOS) == found.commands
+
+def test_only_what_a_later_change_decides_otherwise_decides_otherwise_now(golden: GoldenLog) -> None:
+    """A log recorded by today's scripts needs no upcast. An older one needs ``principals`` for each
+    command today's gate refuses, and, if recorded before the owner launched in the allocation's own
+    decision, ``launch-in-allocation`` for each of the others' allocations (``GpusAllocated`` alone);
+    nothing else."""
+    found = golden.redecide()
+    if golden.name in SCENARIOS:
+        assert (dict(found.changes), found.matched) == ({}, found.commands)
+        return
+    refused = refused_by_todays_gate(golden)
+    allocated = {event.causation_id for event in golden.events if isinstance(event.data, ev.GpusAllocated)}
+    relaunched = [
+        item for item in golden.commands if item.command.command_id in allocated and item.line not in refused
+    ] * (golden.name in WRITTEN_BEFORE_THE_LAUNCH_HOP_WAS_DROPPED)
+
+    expected = Counter({"principals": len(refused), "launch-in-allocation": len(relaunched)})
+    assert found.changes == +expected
+    assert found.matched + len(refused) + len(relaunched) == found.commands
 
 
 def test_the_recorded_events_fold_to_the_recorded_job_and_node_states(golden: GoldenLog) -> None:

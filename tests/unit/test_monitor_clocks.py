@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ffdl.adapters.bus import open_bus
 from ffdl.adapters.heartbeats import EmbeddedHeartbeatStore
+from ffdl.core.authorization import Principal
 from ffdl.core.job import Job, evolve, start
 from ffdl.events import job_commands as cmd
 from ffdl.events import job_events as ev
@@ -64,7 +65,7 @@ async def test_a_launch_timeout_is_measured_on_the_injected_clocks(tmp_path: Pat
     monotonic = 0.0
     monitor = Monitor(
         store,
-        CommandSender(bus, Topics(), "monitor@test"),
+        CommandSender(bus, Topics(), "monitor@test", Principal.platform("monitor")),
         grace_s=GRACE_S,
         launch_timeout_s=LAUNCH_TIMEOUT_S,
         check_interval_s=0.02,

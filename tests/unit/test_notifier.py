@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from ffdl.adapters.bus import open_bus
 from ffdl.adapters.mqtt import MqttBridge, progress_command
+from ffdl.core.authorization import ANONYMOUS
 from ffdl.core.job import Job
 from ffdl.events import job_commands as cmd
 from ffdl.events import nodes as nd
@@ -179,7 +180,7 @@ ANY_TELEMETRY = telemetry(st.integers(-1, 3), st.floats())
 
 
 def test_telemetry_becomes_progress_of_the_learner_its_topic_names(bus: Bus) -> None:
-    sender = CommandSender(bus, Topics(), "mqtt")
+    sender = CommandSender(bus, Topics(), "mqtt", ANONYMOUS)
     payload = json.dumps({"attempt": 2, "step": 70, "metrics": {"loss": 0.25}})
 
     command = progress_command(sender, "ffdl/acme/jobs/mnist/learners/1/progress", payload.encode())
@@ -202,7 +203,7 @@ PAYLOADS = st.one_of(
 
 
 def test_telemetry_that_stands_for_no_valid_command_is_refused_with_a_value_error(bus: Bus) -> None:
-    sender = CommandSender(bus, Topics(), "mqtt")
+    sender = CommandSender(bus, Topics(), "mqtt", ANONYMOUS)
 
     @settings(max_examples=300, deadline=None)
     @given(topic=TELEMETRY_TOPICS, payload=PAYLOADS)
@@ -227,7 +228,7 @@ def test_the_bridge_sends_what_telemetry_stands_for_and_drops_the_rest(tmp_path:
         bus, topics = open_bus(f"embedded://{directory}", 1), Topics()
         await bus.start()
         try:
-            sender = CommandSender(bus, topics, "mqtt")
+            sender = CommandSender(bus, topics, "mqtt", ANONYMOUS)
             bridge = MqttBridge("mqtt://localhost", bus, topics, sender, "notifier")
             for topic, payload in messages:
                 await bridge.accept(topic, payload)

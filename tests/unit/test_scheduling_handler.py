@@ -16,6 +16,7 @@ import pytest
 from ffdl.adapters.bus import open_bus
 from ffdl.adapters.inventory import ConfiguredInventory
 from ffdl.core.allocator import Node
+from ffdl.core.authorization import ANONYMOUS, SCHEDULER
 from ffdl.core.decider import decide
 from ffdl.core.invariants import check
 from ffdl.core.job import Job, evolve
@@ -31,7 +32,7 @@ from ffdl.handlers.messaging import CommandSender, Topics
 from ffdl.handlers.owner import JobOwner
 from ffdl.handlers.ports import Bus
 from ffdl.handlers.scheduler import Scheduler
-from tests.scheduling import owner_and_scheduler
+from tests.scheduling import honest_principal, owner_and_scheduler
 from tests.services import wait_until_async
 
 S = JobState
@@ -50,7 +51,8 @@ class Cluster:
     user: CommandSender
 
     async def send(self, job_id: str, data: CommandData) -> None:
-        await self.user.send(self.user.make(JOBS.address(job_id, TENANT), data))
+        command = self.user.make(JOBS.address(job_id, TENANT), data)
+        await self.user.send(command, principal=honest_principal(command))
 
     def job(self, job_id: str) -> Job | None:
         return self.owner.book.jobs.get(job_id)
@@ -78,7 +80,7 @@ class Cluster:
 @pytest.fixture
 async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
     async with owner_and_scheduler(tmp_path, 2, INVENTORY) as running:
-        sender = CommandSender(running.bus, running.topics, "test")
+        sender = CommandSender(running.bus, running.topics, "test", ANONYMOUS)
         yield Cluster(running.bus, running.topics, running.owner, running.scheduler, sender)
 
 
@@ -168,7 +170,9 @@ async def test_an_allocation_stays_held_until_the_owner_answers_it_not_just_unti
     bus = open_bus(f"embedded://{tmp_path}", 1)
     await bus.start()
     topics = Topics()
-    scheduler = Scheduler(bus, topics.events, CommandSender(bus, topics, "scheduler"), INVENTORY, 1)
+    scheduler = Scheduler(
+        bus, topics.events, CommandSender(bus, topics, "scheduler", SCHEDULER), INVENTORY, 1
+    )
     jobs: dict[str, Job] = {}
     nodes: dict[str, NodeRecord] = {}
     delivered = 0

@@ -17,6 +17,7 @@ import pytest
 
 from ffdl.adapters.bus import open_bus
 from ffdl.core.allocator import Node
+from ffdl.core.authorization import ANONYMOUS, SCHEDULER
 from ffdl.core.job import Job
 from ffdl.core.kinds import JOBS, NODES
 from ffdl.core.nodes import InventoryObservation, NodeRecord, NodeStatus
@@ -31,7 +32,7 @@ from ffdl.handlers.owner import JobOwner
 from ffdl.handlers.ports import Bus, TopicPartition
 from ffdl.handlers.scheduler import Scheduler
 from ffdl.handlers.scheduler_state import NODE_CHANGE_RESEND_S
-from tests.scheduling import owner_and_scheduler
+from tests.scheduling import honest_principal, owner_and_scheduler
 from tests.services import wait_until_async
 
 S = JobState
@@ -62,10 +63,12 @@ class Cluster:
     token: int
 
     async def send(self, job_id: str, data: CommandData) -> None:
-        await self.user.send(self.user.make(JOBS.address(job_id, TENANT), data))
+        command = self.user.make(JOBS.address(job_id, TENANT), data)
+        await self.user.send(command, principal=honest_principal(command))
 
     async def operate(self, node: str, data: NodeCommandData) -> None:
-        await self.user.send(self.user.make(NODES.address(node), data))
+        command = self.user.make(NODES.address(node), data)
+        await self.user.send(command, principal=honest_principal(command))
 
     async def tick(self) -> None:
         """What the platform's periodic planning does when no event arrives (a source change)."""
@@ -145,7 +148,7 @@ class Cluster:
 async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
     source = Source({"a": Node("a", 4, "A100"), "b": Node("b", 4, "A100")})
     async with owner_and_scheduler(tmp_path, 3, source) as running:
-        sender = CommandSender(running.bus, running.topics, "test")
+        sender = CommandSender(running.bus, running.topics, "test", ANONYMOUS)
         yield Cluster(
             running.bus, running.topics, running.owner, running.scheduler, source, sender, running.token
         )
@@ -171,7 +174,7 @@ async def test_a_new_leader_folding_the_log_records_nothing_again(cluster: Clust
     successor = Scheduler(
         cluster.bus,
         cluster.topics.events,
-        CommandSender(cluster.bus, cluster.topics, "next"),
+        CommandSender(cluster.bus, cluster.topics, "next", SCHEDULER),
         cluster.source,
         1,
     )
@@ -308,7 +311,12 @@ async def test_an_unanswered_observation_is_sent_again(tmp_path: Path) -> None:
     now = [datetime(2026, 1, 1, tzinfo=UTC)]
     source = Source({"a": Node("a", 4, "A100")})
     scheduler = Scheduler(
-        bus, topics.events, CommandSender(bus, topics, "scheduler"), source, 1, clock=lambda: now[0]
+        bus,
+        topics.events,
+        CommandSender(bus, topics, "scheduler", SCHEDULER),
+        source,
+        1,
+        clock=lambda: now[0],
     )
 
     async def observations() -> list[str]:

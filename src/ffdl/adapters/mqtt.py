@@ -5,8 +5,9 @@ QoS 1, so a publish returns once the broker has acknowledged it.
 
 In: learners (or anything speaking for them) may publish progress on
 ``ffdl/<tenant>/jobs/<job>/learners/<rank>/progress`` as ``{"attempt", "step", "metrics"}``, an
-alternative to progress in the heartbeat store. Each message becomes a ``ReportProgress`` command;
-the job's owner refuses one whose tenant is not the job's, like any other command. Anyone may
+alternative to progress in the heartbeat store. Each message becomes a ``ReportProgress`` command
+sent for the tenant the topic names (the broker's ACLs let a tenant write only under its own
+``ffdl/<tenant>/``); the job's owner refuses one for another tenant's job, like any other command. Anyone may
 publish on the broker, so a message that stands for no valid command is logged and dropped.
 
 :class:`MqttBridge` keeps one connection for both, and connects again with backoff after the
@@ -22,6 +23,7 @@ import aiomqtt
 import structlog
 from pydantic import BaseModel, Field, FiniteFloat, ValidationError
 
+from ffdl.core.authorization import Principal
 from ffdl.core.kinds import JOBS
 from ffdl.events import job_commands as cmd
 from ffdl.events.envelope import Command
@@ -136,6 +138,6 @@ class MqttBridge:
             log.warning("malformed telemetry ignored", topic=topic, error=str(exc))
             return
         try:
-            await self._sender.send(command)
+            await self._sender.send(command, principal=Principal.tenant(command.tenant))
         except BusUnavailable as exc:
             log.warning("telemetry dropped: the log is unreachable", topic=topic, error=str(exc))

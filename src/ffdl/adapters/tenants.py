@@ -28,6 +28,8 @@ from typing import Any
 
 import structlog
 
+from ffdl.core import authorization
+
 log = structlog.get_logger(__name__)
 
 DEFAULT_TENANT = "default"
@@ -43,6 +45,12 @@ class Principal:
 
     def may_see(self, tenant: str) -> bool:
         return self.admin or tenant == self.tenant
+
+    def on_the_log(self) -> authorization.Principal:
+        """Whom the commands of this caller's requests are sent for: an admin, or its tenant."""
+        if self.admin:
+            return authorization.Principal.admin(self.tenant)
+        return authorization.Principal.tenant(self.tenant)
 
 
 OPEN = Principal(DEFAULT_TENANT, admin=True)

@@ -116,9 +116,9 @@ class PlatformBackend:
             raise problem(404, f"no job {job_id}", "job_id")
         return dict(document)
 
-    async def send_and_wait(self, command: AnyCommand) -> Written:
-        """Send ``command`` and wait (bounded) until the projection has applied what it caused; a
-        rejection answers 409 with the owner's reason.
+    async def send_and_wait(self, command: AnyCommand, caller: Principal) -> Written:
+        """Send ``command`` for ``caller`` and wait (bounded) until the projection has applied what it
+        caused; a rejection answers 409 with the owner's reason.
 
         A command its owner decides to nothing (cordoning a node cordoned so already, halting a
         halting job) causes no event to wait for. The owners commit a command's offset only after
@@ -127,7 +127,7 @@ class PlatformBackend:
         (on the command's partition: the topics are co-partitioned by key). Once the projection has
         applied that far and found none, the command changed nothing. Otherwise the wait runs out
         and the answer is undecided."""
-        [sent] = await self.platform.sender.send(command)
+        [sent] = await self.platform.sender.send(command, principal=caller.on_the_log())
         command_id = str(command.command_id)
         deadline = self._clock() + WRITE_WAIT_S
         # the end of the command's events partition once the owners had decided the command

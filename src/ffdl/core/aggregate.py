@@ -13,6 +13,9 @@ kind, so it is written here once:
   again (:func:`seen`); one that decided nothing is not remembered, and is decided afresh;
 * fencing: a command carrying a token that is not the current leader's comes from a deposed
   leader (:func:`is_deposed`);
+* who may send what: each kind says which principals may send each of its commands
+  (:meth:`AggregateKind.senders`), and the owner decides through the gate of
+  :mod:`ffdl.core.authorization`;
 * the one fold step every reader takes per event (:func:`fold_step`): an event whose seq is taken
   (a redelivered duplicate, or a conflict a stale owner wrote), one after a gap, or one its
   aggregate's state does not allow is skipped, never applied, and the reader counts it;
@@ -21,8 +24,8 @@ kind, so it is written here once:
   per kind.
 
 Adding a kind means writing its state, its envelopes and payloads, and its :class:`AggregateKind`
-(``evolve``, ``decide`` and how its envelopes name an aggregate); nothing of the above is copied
-(``tests/unit/test_aggregate_toy.py`` adds one, tenant quotas, this way).
+(``evolve``, ``decide``, who may send its commands and how its envelopes name an aggregate); nothing
+of the above is copied (``tests/unit/test_aggregate_toy.py`` adds one, tenant quotas, this way).
 """
 
 from __future__ import annotations
@@ -33,9 +36,12 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, ClassVar, Generic, Protocol, TypedDict, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypedDict, TypeVar, cast
 
 from ffdl.events.ids import derived_id
+
+if TYPE_CHECKING:
+    from ffdl.core.authorization import Senders
 
 #: How many recent command ids an aggregate remembers to drop redelivered commands.
 COMMAND_WINDOW = 64
@@ -142,7 +148,9 @@ def remember(recent: tuple[uuid.UUID, ...], command_id: uuid.UUID | None) -> tup
 
 def is_deposed(token: int | None, aggregate_token: int | None, leader_token: int | None) -> bool:
     """Whether a command fenced with ``token`` comes from a deposed leader: a token below one the
-    aggregate has applied already, or other than the current leader's (unfenced commands never are)."""
+    aggregate has applied already, or other than the current leader's (unfenced commands never are;
+    that the scheduler's commands carry the leader's token at all is the owner's gate's to check,
+    :func:`ffdl.core.authorization.fencing_problem`)."""
     if token is None:
         return False
     return (aggregate_token is not None and token < aggregate_token) or (
@@ -190,8 +198,17 @@ class AggregateKind(ABC, Generic[S, E, C, D]):
     def rejection(self, command: C, reason: str) -> D:
         """The payload recording that ``command`` was refused, for ``reason``."""
 
+    @abstractmethod
+    def senders(self, command: C) -> Senders:
+        """Which kinds of principal may send ``command`` (:mod:`ffdl.core.authorization`)."""
+
     def tenant_of(self, item: E | C) -> str | None:
         """The tenant the aggregate belongs to; None for a kind that belongs to no tenant."""
+        return None
+
+    def owning_tenant(self, state: S | None, command: C) -> str | None:
+        """The tenant the aggregate belongs to as its owner folded it (one ``command`` would create: the
+        tenant it names), which a tenant's command must be; None for a kind that belongs to no tenant."""
         return None
 
     def ids(self, item: E | C) -> dict[str, str]:

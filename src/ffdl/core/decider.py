@@ -24,6 +24,7 @@ from ffdl.core.aggregate import (
     is_deposed,
     seen,
 )
+from ffdl.core.authorization import Senders, job_senders
 from ffdl.core.job import Job, LearnerStatus, WaitRecord, evolve
 from ffdl.core.restart import RestartPolicy
 from ffdl.core.states import JobState
@@ -86,9 +87,7 @@ def _decide(d: _Decision, job: Job, data: CommandData, policy: RestartPolicy) ->
             d.emit(ev.JobQueued(reason="waiting for GPUs"))
         case cmd.RejectJob(code=code, reason=reason) if state is S.SUBMITTED:
             d.emit(ev.JobRejected(code=code, reason=reason))
-        case cmd.AllocateGpus(placement=placement, reason=reason) if (
-            state is S.QUEUED and job.placement is None
-        ):
+        case cmd.AllocateGpus(placement=placement, reason=reason) if allocates(job):
             problem = _placement_problem(job, placement)
             if problem:
                 d.reject(problem)
@@ -159,6 +158,11 @@ def _decide(d: _Decision, job: Job, data: CommandData, policy: RestartPolicy) ->
                 d.emit(ev.JobDeleted(requested_by=d.command.producer))
         case _:
             d.reject(f"{d.command.type} is not allowed in state {state}")
+
+
+def allocates(job: Job) -> bool:
+    """Whether an ``AllocateGpus`` would give the job GPUs now (else it is refused for the job's state)."""
+    return job.state is S.QUEUED and job.placement is None
 
 
 def _placement_problem(job: Job, placement: Placement) -> str:
@@ -299,6 +303,12 @@ class JobKind(AggregateKind[Job, Event, Command, EventData]):
 
     def tenant_of(self, item: Event | Command) -> str:
         return item.tenant
+
+    def senders(self, command: Command) -> Senders:
+        return job_senders(command.data)
+
+    def owning_tenant(self, state: Job | None, command: Command) -> str:
+        return state.tenant if state is not None else command.tenant
 
     def evolve(self, state: Job | None, event: Event) -> Job:
         return evolve(state, event)

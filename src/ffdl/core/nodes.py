@@ -32,6 +32,7 @@ from ffdl.core.aggregate import (
     seen,
 )
 from ffdl.core.allocator import Node
+from ffdl.core.authorization import Senders, node_senders
 from ffdl.events import nodes as nd
 from ffdl.events.envelope import NodeCommand, NodeCommandData, NodeEvent, NodeEventData, node_key
 
@@ -256,6 +257,9 @@ class NodeKind(AggregateKind[NodeRecord, NodeEvent, NodeCommand, NodeEventData])
 
     def key(self, identity: str) -> str:
         return node_key(identity)
+
+    def senders(self, command: NodeCommand) -> Senders:
+        return node_senders(command.data)
 
     def evolve(self, state: NodeRecord | None, event: NodeEvent) -> NodeRecord:
         return evolve_node(state, event)

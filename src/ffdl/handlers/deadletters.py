@@ -31,6 +31,8 @@ _REASON_CLASSES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (r"wrong partition: ", "wrong_partition"),
         (r"no job ", "unknown_job"),
         (r"no node ", "unknown_node"),
+        (r"bad ffdl_principal header: ", "bad_principal"),
+        (r"\S+ from \S+ refused: ", "refused"),
         (r"internal error: ", "internal_error"),
     )
 )

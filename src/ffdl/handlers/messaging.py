@@ -3,6 +3,13 @@
 A command gets a fresh random id unless its sender passes one derived from what caused it
 (``events/ids.py``: a reaction's command, a pod's report), so that sending it again after a crash or
 a redelivery makes the same command and the job's owner drops the repeat.
+
+Every command is sent for a principal (:mod:`ffdl.core.authorization`), named in the record's
+:data:`PRINCIPAL_HEADER`: the sender's own (a platform role's, the scheduler's) or, for the API,
+its caller's. Only the platform's processes may write the commands topic (the broker's ACLs, see
+``docs/security.md``), so the owner believes that header there (:func:`principal_of`); tenants that
+write to Kafka themselves write to their own ingress topic (:meth:`Topics.ingress`), whose records
+the ingress relay attributes to that tenant whatever they say.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from typing import TypeVar
 import structlog
 
 from ffdl.core.aggregate import Address, CommandEnvelope, CommandHead
+from ffdl.core.authorization import Principal, legacy_principal
 from ffdl.events.codec import (
     AnyCommand,
     AnyEvent,
@@ -32,19 +40,27 @@ C = TypeVar("C", bound=CommandEnvelope)
 P = TypeVar("P")
 #: The header that names why a record was dead-lettered (the tally classifies it for the metrics).
 DEAD_LETTER_REASON_HEADER = "ffdl_dlq_reason"
+#: The header that names the principal a command on the commands topic is sent for (``tenant:acme``).
+PRINCIPAL_HEADER = "ffdl_principal"
 
 
 @dataclass(frozen=True, slots=True)
 class Topics:
-    """The three topics of DESIGN §3, with a configurable prefix (``ffdl`` by default)."""
+    """The three topics of DESIGN §3, with a configurable prefix (``ffdl`` by default), and the
+    tenants' ingress topics."""
 
     commands: str = "ffdl.commands"
     events: str = "ffdl.events"
     deadletter: str = "ffdl.deadletter"
+    prefix: str = "ffdl"
 
     @classmethod
     def with_prefix(cls, prefix: str) -> Topics:
-        return cls(f"{prefix}.commands", f"{prefix}.events", f"{prefix}.deadletter")
+        return cls(f"{prefix}.commands", f"{prefix}.events", f"{prefix}.deadletter", prefix)
+
+    def ingress(self, tenant: str) -> str:
+        """The topic a tenant with direct access to the broker writes its commands to."""
+        return f"{self.prefix}.tenant.{tenant}.commands"
 
 
 def utcnow() -> datetime:
@@ -52,12 +68,14 @@ def utcnow() -> datetime:
 
 
 class CommandSender:
-    """Puts commands on the commands topic, keyed by job id or node key (so they reach the owner in order)."""
+    """Puts commands on the commands topic, keyed by job id or node key (so they reach the owner in order),
+    each for ``principal`` unless sent for another (the API sends for its caller)."""
 
-    def __init__(self, bus: Bus, topics: Topics, producer: str) -> None:
+    def __init__(self, bus: Bus, topics: Topics, producer: str, principal: Principal) -> None:
         self._bus = bus
         self._topics = topics
         self.producer = producer
+        self.principal = principal
 
     def make(
         self,
@@ -80,9 +98,11 @@ class CommandSender:
         }
         return to.command(head, data)
 
-    async def send(self, *commands: AnyCommand) -> list[Position]:
+    async def send(self, *commands: AnyCommand, principal: Principal | None = None) -> list[Position]:
+        """Append ``commands``, sent for ``principal`` (default: the sender's own)."""
+        sent_for = (PRINCIPAL_HEADER, str(principal or self.principal).encode())
         records = [
-            OutgoingRecord(c.key, command_to_json(c), tuple(command_headers(c, self.producer)))
+            OutgoingRecord(c.key, command_to_json(c), (*command_headers(c, self.producer), sent_for))
             for c in commands
         ]
         positions = await self._bus.publish(self._topics.commands, records)
@@ -113,6 +133,25 @@ def misrouted(record: Record, command: AnyCommand, home: int) -> str:
     if record.partition != home:
         return f"wrong partition: key {record.key!r} belongs on partition {home}, not {record.partition}"
     return ""
+
+
+def principal_of(record: Record, command: AnyCommand) -> Principal:
+    """Whom the command in ``record`` (on the platform's commands topic) was sent for: its principal
+    header, or, a record of a producer older than principals, :func:`legacy_principal`.
+
+    Raises ValueError for a header that names no principal, or for more than one.
+    """
+    named = [value for name, value in record.headers if name == PRINCIPAL_HEADER]
+    if not named:
+        return legacy_principal(command)
+    if len(named) > 1:
+        raise ValueError(f"bad {PRINCIPAL_HEADER} header: {len(named)} of them, for one command")
+    try:
+        return Principal.parse(named[0].decode())
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"bad {PRINCIPAL_HEADER} header: not UTF-8 ({exc})") from exc
+    except ValueError as exc:
+        raise ValueError(f"bad {PRINCIPAL_HEADER} header: {exc}") from exc
 
 
 async def dead_letter(bus: Bus, topics: Topics, record: Record, reason: str) -> None:

@@ -11,6 +11,13 @@ commands become ``CommandRejected`` (``NodeCommandRejected``) events. Nodes are 
 (``node:<name>``), so the owner of that key's partition decides them: every command is decided by
 its aggregate kind's decider, looked up in the owner's registry of kinds (jobs, decided with the
 platform's restart policy, and nodes).
+
+Every command is decided for its principal (:func:`~ffdl.handlers.messaging.principal_of`), through
+the gate of :func:`~ffdl.core.authorization.decide_as`: a command its principal may not send (another
+tenant's job, a scheduler's command without the leader's token, a drain from a tenant), or an
+allocation the cluster cannot give (:mod:`ffdl.handlers.cluster_watch`), is refused, recorded as
+the aggregate's rejection event or, for an aggregate that does not exist, dead-lettered; the owner
+logs each refusal with the principal.
 """
 
 from __future__ import annotations
@@ -22,9 +29,14 @@ from typing import Any
 import structlog
 
 from ffdl.core.aggregate import CommandEnvelope, Kinds, UnknownAggregate
+from ffdl.core.authorization import Principal, Unauthorized, decide_as
 from ffdl.core.kinds import KINDS
+from ffdl.events import job_commands as cmd
+from ffdl.events import job_events as ev
+from ffdl.events import nodes as nd
 from ffdl.events.codec import AnyCommand, AnyEvent, DecodeError, any_command_from_json
-from ffdl.handlers.messaging import Topics, dead_letter, event_records, misrouted, utcnow
+from ffdl.handlers.cluster_watch import ClusterWatch
+from ffdl.handlers.messaging import Topics, dead_letter, event_records, misrouted, principal_of, utcnow
 from ffdl.handlers.ports import Bus, Election, Record
 from ffdl.handlers.runtime import Follower
 
@@ -50,6 +62,8 @@ class JobOwner(Follower):
         self._election = election
         self._producer = producer
         self._clock = clock
+        self.cluster = ClusterWatch(bus, topics.events)
+        self._caught_up = False
         self.dead_letters = 0
 
     async def loaded(self, partitions: list[int]) -> None:
@@ -57,19 +71,24 @@ class JobOwner(Follower):
 
     async def process(self, records: Sequence[Record]) -> None:
         decided: list[AnyEvent] = []
-        for record in records:
-            decided.extend(await self._decide(record))
-        if decided:
-            await self._bus.publish(self._topics.events, event_records(decided, self._producer))
-            for event in decided:
-                log.info(
-                    "event appended",
-                    **self.book.kinds.of(event).ids(event),
-                    type=event.type,
-                    seq=event.seq,
-                    event_id=str(event.event_id),
-                    causation_id=str(event.causation_id),
-                )
+        self._caught_up = False
+        try:
+            for record in records:
+                decided.extend(await self._decide(record))
+            if decided:
+                await self._bus.publish(self._topics.events, event_records(decided, self._producer))
+        except BaseException:
+            self.cluster.reset()  # it holds what this batch decided, which may never reach the log
+            raise
+        for event in decided:
+            log.info(
+                "event appended",
+                **self.book.kinds.of(event).ids(event),
+                type=event.type,
+                seq=event.seq,
+                event_id=str(event.event_id),
+                causation_id=str(event.causation_id),
+            )
 
     async def _decide(self, record: Record) -> list[AnyEvent]:
         try:
@@ -79,25 +98,66 @@ class JobOwner(Follower):
         wrong = misrouted(record, command, self._bus.partition_for(record.key))
         if wrong:
             return await self._dead_letter(record, wrong)
-        leader = await self._leader_token(command)
         try:
-            return self.decide(command, record.partition, leader)
+            principal = principal_of(record, command)
+        except ValueError as exc:
+            return await self._dead_letter(record, str(exc))
+        leader = await self._leader_token(command)
+        if isinstance(command.data, cmd.AllocateGpus) and not self._caught_up:
+            await self.cluster.catch_up()
+            self._caught_up = True
+        try:
+            events = self.decide(command, record.partition, principal, leader)
+        except Unauthorized as exc:
+            log.warning(
+                "command refused",
+                key=record.key,
+                command=command.type,
+                command_id=str(command.command_id),
+                principal=str(principal),
+                producer=command.producer,
+                reason=str(exc),
+            )
+            return await self._dead_letter(record, str(exc))
         except UnknownAggregate as exc:
             return await self._dead_letter(record, str(exc))
         except Exception as exc:  # a decider bug must not stall the partition
             log.exception("decider failed", key=command.key, command_id=str(command.command_id))
             return await self._dead_letter(record, f"internal error: {exc!r}")
+        for event in events:
+            if isinstance(event.data, ev.CommandRejected | nd.NodeCommandRejected):
+                log.warning(
+                    "command refused",
+                    **self.book.kinds.of(command).ids(command),
+                    command=command.type,
+                    command_id=str(command.command_id),
+                    principal=str(principal),
+                    producer=command.producer,
+                    reason=event.data.reason,
+                )
+        return events
 
-    def decide(self, command: CommandEnvelope, partition: int, leader_token: int | None) -> list[Any]:
-        """Decide ``command`` with its kind's decider against its aggregate as folded, and fold the
-        events decided into the book; raises :class:`UnknownAggregate` for a command that names no
-        aggregate it can decide."""
+    def decide(
+        self, command: CommandEnvelope, partition: int, principal: Principal, leader_token: int | None
+    ) -> list[Any]:
+        """Decide ``command`` sent by ``principal`` against its aggregate as folded and the cluster as
+        the owner sees it, and fold the events decided into the book and the view; raises
+        :class:`UnknownAggregate` for a command that names no aggregate it can decide (or may create)."""
         kind = self.book.kinds.of(command)
         state = self.book.of(kind).get(kind.identity(command))
-        now = self._clock()
-        events = kind.decide(state, command, now, producer=self._producer, leader_token=leader_token)
+        events = decide_as(
+            kind,
+            state,
+            command,
+            self._clock(),
+            principal=principal,
+            producer=self._producer,
+            leader_token=leader_token,
+            outside=self.cluster.view.refusal,
+        )
         for event in events:
             self.book.apply(event, partition)
+            self.cluster.apply(event)
         return events
 
     async def _leader_token(self, command: AnyCommand) -> int | None:

@@ -8,9 +8,17 @@ the upgrade whose history would change course.
 
 A re-decidable log is two JSON Lines files side by side, ``NAME.events.jsonl`` (what ``ffdl
 export`` writes) and ``NAME.commands.jsonl``: one command per line as the commands topic carries it
-(``command_to_json``), plus either where it sat (``topic``, ``position``: ``ffdl export
---commands``) or how its owner decided it (``decided_at``, ``decided_by``, ``leader_token``: the
-golden logs under ``tests/golden``, which the recorder writes with :func:`command_line`).
+(``command_to_json``), with the principal it was sent for (``principal``, from the record's header),
+plus either where it sat (``topic``, ``position``: ``ffdl export --commands``) or how its owner
+decided it (``decided_at``, ``decided_by``, ``leader_token``: the golden logs under ``tests/golden``,
+which the recorder writes with :func:`command_line`).
+
+Each command is decided as the owner decides it, through the gate of :mod:`ffdl.core.authorization`:
+for its principal, and an allocation against the cluster as the log shows it just before the events
+the allocation caused (the nodes and the GPUs held, folded from every event before them in the file's
+order, which is the log's: an export merges the partitions by event time). A command without a
+principal (recorded before there were principals) is decided for the principal an upgrading owner
+derives from its producer (:func:`~ffdl.core.authorization.legacy_principal`).
 
 Each command is matched with the events it caused by their ``causation_id``: on the command's key,
 the run of events at the point the previous commands left off. Where the file does not say how the
@@ -26,7 +34,11 @@ Three things are told apart from a divergence:
 * **Known changes of decision.** A deliberate change of what the deciders decide makes every log
   written before it diverge. :data:`DECISION_CHANGES` names each such change with the upcast of a
   decision recorded before it (as the codec upcasts an old schema version): a recorded decision
-  whose upcast is today's decision is counted under the change's name, not as a divergence.
+  whose upcast is today's decision is counted under the change's name, not as a divergence. The
+  gate is such a change (``principals``): a command recorded without a principal that today's gate
+  refuses (a reactor's admission, a scheduler's command checked against no leader, an allocation on
+  a node the log never had) is decided again without the gate, as the release before it decided it,
+  and counted under its name when that is the recorded decision.
 * **Commands not decided yet.** The owner decides a partition's commands in offset order and commits
   after appending their events, so every command before the last one of its partition that caused
   an event was decided. A command after it that caused nothing may not have been read yet when the
@@ -57,6 +69,8 @@ from typing import TextIO
 import structlog
 
 from ffdl.core.aggregate import Aggregates, UnknownAggregate
+from ffdl.core.authorization import Principal, decide_as, legacy_principal
+from ffdl.core.cluster_view import VIEW_EVENT_TYPES, ClusterView
 from ffdl.core.decider import launch_on_allocation
 from ffdl.core.job import Job, evolve
 from ffdl.core.kinds import JOBS, KINDS, NODES, aggregate_kinds
@@ -77,7 +91,7 @@ from ffdl.events.codec import (
 from ffdl.events.envelope import Event
 from ffdl.events.ids import derived_id
 from ffdl.events.position import Position
-from ffdl.handlers.messaging import Topics, misrouted
+from ffdl.handlers.messaging import Topics, misrouted, principal_of
 from ffdl.projections.documents import dumps
 from ffdl.projections.store import LoggedEvent
 from ffdl.tools.log_files import (
@@ -132,12 +146,19 @@ class Decided:
 
 @dataclass(frozen=True, slots=True)
 class RecordedCommand:
-    """One line of a commands file: the command, and where it sat or how it was decided, as written."""
+    """One line of a commands file: the command, whom it was sent for (None: recorded before there
+    were principals), and where it sat or how it was decided, as written."""
 
     command: AnyCommand
     line: int = 0
     position: tuple[int, int] | None = None
     decided: Decided | None = None
+    principal: Principal | None = None
+
+    @property
+    def sent_for(self) -> Principal:
+        """The principal the owner decides the command for: the recorded one, else its producer's."""
+        return self.principal or legacy_principal(self.command)
 
     @property
     def position_text(self) -> str | None:
@@ -156,16 +177,18 @@ def command_line(command: AnyCommand, **extra: object) -> str:
 
 
 def decided_line(item: RecordedCommand) -> str:
-    """A command with how its owner decided it, the way a golden log records it."""
+    """A command with how its owner decided it (and whom it was sent for), the way a golden log records it."""
     if item.decided is None:
         raise ValueError(f"{item.where}: how {item.command.command_id} was decided is not known")
-    return command_line(item.command, **item.decided.as_json())
+    sent_for = {"principal": str(item.principal)} if item.principal is not None else {}
+    return command_line(item.command, **item.decided.as_json(), **sent_for)
 
 
 def decode_command_line(text: str, number: int = 0) -> RecordedCommand:
     """One line of a commands file: the command, where it was, and how it was decided if recorded."""
     raw = json_line(text, number)
     position = raw.pop("position", None)
+    principal = raw.pop("principal", None)
     try:
         decided = None
         if "decided_at" in raw:
@@ -173,9 +196,10 @@ def decode_command_line(text: str, number: int = 0) -> RecordedCommand:
             decided = Decided(at, raw.pop("decided_by"), raw.pop("leader_token"))
         command = any_command_from_json(json.dumps(raw))
         where = Position.parse_token(position) if position is not None else None
-    except (DecodeError, ValueError, KeyError, TypeError) as exc:
+        sent_for = Principal.parse(principal) if principal is not None else None
+    except (DecodeError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise LogFileError(number, f"not a recorded command: {exc}") from exc
-    return RecordedCommand(command, number, where, decided)
+    return RecordedCommand(command, number, where, decided, sent_for)
 
 
 def read_commands(path: Path | str) -> Iterator[RecordedCommand]:
@@ -189,7 +213,9 @@ async def export_commands(bus_url: str, partitions: int, topic: str, out: TextIO
     """Write every command of ``topic`` that its owner decides to ``out``, partition after partition.
 
     A record the owner dead-letters instead of deciding (undecodable, a key that is not the command's,
-    a wrong partition) is no line: it is listed (``dead_lettered``: position, key, reason).
+    a wrong partition, a principal header that names no principal) is no line: it is listed
+    (``dead_lettered``: position, key, reason). Each line names the principal the owner decided the
+    command for (its header's, or an older producer's as the owner derives it).
     """
     bus = await started_bus(bus_url, partitions, topic)
     written, skipped = 0, []
@@ -199,12 +225,16 @@ async def export_commands(bus_url: str, partitions: int, topic: str, out: TextIO
                 try:
                     command = any_command_from_json(record.value)
                     reason = misrouted(record, command, bus.partition_for(record.key))
+                    principal = principal_of(record, command)
                 except DecodeError as exc:
                     reason = exc.reason
+                except ValueError as exc:
+                    reason = str(exc)
                 if reason:
                     skipped.append(UndecodableRecord(partition, record.offset, record.key, reason))
                     continue
-                out.write(command_line(command, topic=topic, position=f"{partition}:{record.offset}") + "\n")
+                where = f"{partition}:{record.offset}"
+                out.write(command_line(command, topic=topic, position=where, principal=str(principal)) + "\n")
                 written += 1
     finally:
         await bus.close()
@@ -239,10 +269,11 @@ Upcast = Callable[[State | None, AnyCommand, Sequence[AnyEvent]], list[AnyEvent]
 
 @dataclass(frozen=True, slots=True)
 class DecisionChange:
-    """A deliberate change of what the deciders decide, with the upcast of a decision made before it."""
+    """A deliberate change of what the deciders decide, with the upcast of a decision made before it;
+    or (``upcast`` None) a change of the owner's gate, before which a command was decided without it."""
 
     name: str
-    upcast: Upcast
+    upcast: Upcast | None = None
 
 
 def _launch_in_the_allocation(
@@ -274,9 +305,15 @@ def _launch_in_the_allocation(
     return [allocated, launching]
 
 
+#: The owner's gate (:func:`~ffdl.core.authorization.decide_as`): who may send what, the scheduler's
+#: commands only with the leader's token, allocations checked against the cluster. A command recorded
+#: without a principal was decided by a release without the gate.
+PRINCIPALS = DecisionChange("principals")
+
 #: Every deliberate change of decision a log written by an older release may show, oldest first.
 DECISION_CHANGES: tuple[DecisionChange, ...] = (
     DecisionChange("launch-in-allocation", _launch_in_the_allocation),
+    PRINCIPALS,
 )
 
 
@@ -433,6 +470,35 @@ def _maybe_undecided(commands: Sequence[RecordedCommand], causes: set[uuid.UUID 
     }
 
 
+class _ClusterTimeline:
+    """The cluster as the owner saw it at any point of the log: the view of the events before it.
+
+    The events are the log's in file order; :meth:`at` folds the view forward, and from the start
+    again only when asked for an earlier point (an export lists the commands partition by partition,
+    so each partition's commands go back to the log's start once).
+    """
+
+    def __init__(self, events: Sequence[LoggedEvent]) -> None:
+        self._events = [
+            (index, logged.event)
+            for index, logged in enumerate(events)
+            if logged.event.type in VIEW_EVENT_TYPES
+        ]
+        self._view = ClusterView()
+        self._next = 0  # in self._events
+        self._point = 0
+
+    def at(self, point: int) -> ClusterView:
+        """The view of the events before file index ``point``."""
+        if point < self._point:
+            self._view, self._next = ClusterView(), 0
+        while self._next < len(self._events) and self._events[self._next][0] < point:
+            self._view.apply(self._events[self._next][1])
+            self._next += 1
+        self._point = point
+        return self._view
+
+
 class _Folded:
     """The jobs and nodes folded so far from the recorded events, and the one decision step on them."""
 
@@ -445,15 +511,28 @@ class _Folded:
         state: State | None = self.book.of(kind).get(kind.identity(command))
         return state
 
-    def decide(self, command: AnyCommand, way: Decided) -> list[AnyEvent]:
-        """Today's decision; a command the owner dead-letters (an unknown job or node) decides nothing."""
+    def decide(
+        self, item: RecordedCommand, way: Decided, cluster: ClusterView, *, gated: bool = True
+    ) -> list[AnyEvent]:
+        """Today's decision, through the owner's gate (``gated``: False, as a release before it decided);
+        a command the owner dead-letters (an unknown job or node, a refused creation) decides nothing."""
+        command = item.command
         kind = self.kinds.of(command)
+        state = self.state(command)
         try:
-            return [
-                *kind.decide(
-                    self.state(command), command, way.at, producer=way.by, leader_token=way.leader_token
-                )
-            ]
+            if not gated:
+                return [*kind.decide(state, command, way.at, producer=way.by, leader_token=way.leader_token)]
+            decided = decide_as(
+                kind,
+                state,
+                command,
+                way.at,
+                principal=item.sent_for,
+                producer=way.by,
+                leader_token=way.leader_token,
+                outside=cluster.refusal,
+            )
+            return [*decided]
         except UnknownAggregate:
             return []
 
@@ -471,7 +550,10 @@ def redecide(
     """Decide every command again, each on its job or node folded from the recorded events before it,
     and compare with the events the log records for it; ``changes``: the known changes of decision."""
     items = list(commands)
-    histories, read, skipped = _histories(events)
+    logged_events = list(events)
+    index_of = {(logged.partition, logged.offset): index for index, logged in enumerate(logged_events)}
+    timeline = _ClusterTimeline(logged_events)
+    histories, read, skipped = _histories(logged_events)
     causes = {logged.event.causation_id for history in histories.values() for logged in history}
     in_file = {item.command.command_id for item in items}
     maybe_undecided = _maybe_undecided(items, causes)
@@ -492,7 +574,12 @@ def redecide(
             end += 1
         recorded = [logged.event for logged in history[start:end]]
         owner = recorded[0].producer if recorded else owner
-        outcome = _compare(folded, item, recorded, _decided_ways(item, recorded, owner), changes)
+        # The cluster just before what the command caused (or, if nothing, whatever came next on its key).
+        following = history[start] if start < len(history) else None
+        point = index_of[(following.partition, following.offset)] if following else len(logged_events)
+        cluster = timeline.at(point) if isinstance(command.data, cmd.AllocateGpus) else ClusterView()
+        ways = _decided_ways(item, recorded, owner)
+        outcome = _compare(folded, item, recorded, ways, changes, cluster)
         if isinstance(outcome, str):
             found.matched += outcome == ""
             found.changes.update([outcome] if outcome else [])
@@ -520,24 +607,43 @@ def _compare(
     recorded: list[AnyEvent],
     ways: Sequence[Decided],
     changes: Sequence[DecisionChange],
+    cluster: ClusterView,
 ) -> str | Divergence:
     """``""`` when today's decision is the recorded one, a change's name when it is the recorded one
-    upcast through that change, else the divergence (in the likeliest of ``ways`` it was decided)."""
+    upcast through that change, or, for a command recorded before the gate, the gate's name when the
+    decision without it is the recorded one (upcast or not); else the divergence (in the likeliest of
+    ``ways`` it was decided)."""
     before = folded.state(item.command)
-    expected = _dicts(recorded)
+    upcasts = [change for change in changes if change.upcast is not None]
+    gates = [change for change in changes if change.upcast is None] if item.principal is None else []
     first: Divergence | None = None
-    for way in ways:
-        redecided = folded.decide(item.command, way)
-        actual = _dicts(redecided)
-        if actual == expected:
-            return ""
-        for change in changes:
-            upcast = change.upcast(before, item.command, recorded)
-            if upcast is not None and _dicts(upcast) == actual:
-                return change.name
-        first = first or Divergence(item, way, recorded, redecided)
+    for gate in [None, *gates]:
+        for way in ways:
+            redecided = folded.decide(item, way, cluster, gated=gate is None)
+            name = _explained(before, item.command, recorded, _dicts(redecided), upcasts)
+            if name is not None:
+                return gate.name if gate is not None else name
+            first = first or Divergence(item, way, recorded, redecided)
     assert first is not None
     return first
+
+
+def _explained(
+    before: State | None,
+    command: AnyCommand,
+    recorded: list[AnyEvent],
+    actual: list[JsonObject],
+    upcasts: Sequence[DecisionChange],
+) -> str | None:
+    """``""`` when ``actual`` is the recorded decision, the name of the change whose upcast of it is
+    ``actual``, else None."""
+    if _dicts(recorded) == actual:
+        return ""
+    for change in upcasts:
+        upcast = change.upcast(before, command, recorded) if change.upcast is not None else None
+        if upcast is not None and _dicts(upcast) == actual:
+            return change.name
+    return None
 
 
 def redecide_files(events_path: Path | str, policy: RestartPolicy) -> JsonObject:

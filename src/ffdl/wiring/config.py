@@ -17,7 +17,7 @@ import hashlib
 import os
 import tempfile
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import (
@@ -112,6 +112,11 @@ class Settings(BaseSettings):
         default=None, description="mqtt://HOST:PORT: retained job status out, telemetry in"
     )
     max_request_bytes: int = Field(default=256 * 1024, gt=0)
+    direct_tenants: list[Annotated[str, Field(pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")]] = Field(
+        default_factory=list,
+        description="tenants that write commands to the broker themselves, each to TOPIC_PREFIX.tenant."
+        "NAME.commands (the workers relay them for that tenant; see docs/security.md)",
+    )
 
     @classmethod
     def settings_customise_sources(

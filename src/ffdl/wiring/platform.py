@@ -12,6 +12,11 @@ Singleton roles are elected through etcd when ``FFDL_ELECTION`` (or, by default,
 store) names an etcd, else through lock files in the data dir; the scheduler serves terms of
 leadership (``handlers/leadership.py``).
 
+Every command is sent for a principal (``ffdl.core.authorization``): each role's sender for its own
+(the scheduler, or the platform role it is), the API's for its caller, the MQTT bridge's for the
+tenant whose topic the telemetry came on. With ``direct_tenants`` the workers also run the ingress
+relay (``handlers/ingress.py``): each named tenant's own commands topic, relayed for that tenant.
+
 The scheduler leader records the inventory on the log (node events) from its source: the
 configured nodes by default; with ``FFDL_LAUNCHER=kubernetes``, where learners are pods, the
 cluster's nodes, kept current by a node watch. The workers then also watch their jobs' learner
@@ -35,11 +40,13 @@ from ffdl.adapters.election import open_election
 from ffdl.adapters.heartbeats import EtcdJobUsers, open_job_logins, open_store
 from ffdl.adapters.inventory import ConfiguredInventory
 from ffdl.adapters.launchers.isolation import protect_data_dir
+from ffdl.core.authorization import ANONYMOUS, SCHEDULER, Principal
 from ffdl.core.kinds import aggregate_kinds
 from ffdl.handlers.aio import Backoff, supervise
 from ffdl.handlers.context import ReactionContext
 from ffdl.handlers.deadletters import DeadLetterTally
 from ffdl.handlers.driver import Driver
+from ffdl.handlers.ingress import IngressRelay
 from ffdl.handlers.leadership import lead
 from ffdl.handlers.messaging import CommandSender, Topics
 from ffdl.handlers.monitoring import Monitor
@@ -101,7 +108,12 @@ class Platform:
             s.bus_url,
             s.partitions,
             kafka=s.kafka,
-            topics=(self.topics.commands, self.topics.events, self.topics.deadletter),
+            topics=(
+                self.topics.commands,
+                self.topics.events,
+                self.topics.deadletter,
+                *(self.topics.ingress(tenant) for tenant in s.direct_tenants),
+            ),
         )
         self.heartbeats: HeartbeatStore = open_store(s.heartbeats_url, s.etcd.credentials())
         self.election: Election = open_election(s.election_url, s.leader_ttl_s, s.etcd.credentials())
@@ -109,7 +121,8 @@ class Platform:
         self.job_logins = open_job_logins(s.heartbeats_url, s.etcd.credentials())
         self.projection = Projection(s.projection_path)
         self.projector = Projector(self.bus, self.topics, self.projection)
-        self.sender = CommandSender(self.bus, self.topics, f"api@{self.instance}")
+        # The API sends each command for its caller; one sent for nobody in particular is refused.
+        self.sender = CommandSender(self.bus, self.topics, f"api@{self.instance}", ANONYMOUS)
         #: The owners' consumer group: past its committed offset on the commands topic, every command
         #: has been decided and its events (if any) appended.
         self.owners_group = self._group("owners")
@@ -141,7 +154,7 @@ class Platform:
                 self.launcher or kubernetes_launcher or open_launcher(s, self.heartbeats, self.job_logins)
             )
             ctx = ReactionContext(
-                sender=CommandSender(self.bus, self.topics, f"reactor@{self.instance}"),
+                sender=self._role_sender("reactor"),
                 launcher=self.launcher,
                 learner_env={
                     "FFDL_HEARTBEATS": s.heartbeats_url,
@@ -152,7 +165,7 @@ class Platform:
             )
             monitor = Monitor(
                 self.heartbeats,
-                CommandSender(self.bus, self.topics, f"monitor@{self.instance}"),
+                self._role_sender("monitor"),
                 heartbeat_ttl_s=s.heartbeat_ttl_s,
                 grace_s=s.monitor_grace_s,
                 launch_timeout_s=s.launch_timeout_s,
@@ -174,10 +187,14 @@ class Platform:
                 "reactor", lambda: consume(self.bus, reactors, [self.topics.events], reactor, self._stop)
             )
             self._supervise("reconciler", lambda: reactor.reconcile_forever(self._stop))
+            if s.direct_tenants:
+                relay = IngressRelay(self.bus, self.topics, s.direct_tenants)
+                relays = self._group("ingress")
+                self._supervise("ingress", lambda: consume(self.bus, relays, relay.topics, relay, self._stop))
             self._supervise("monitor", lambda: monitor.run(self._stop))
             if self.kubernetes is not None:
                 kubernetes = self.kubernetes
-                pod_sender = CommandSender(self.bus, self.topics, f"pods@{self.instance}")
+                pod_sender = self._role_sender("pods")
                 pods = kubernetes.pod_watcher(pod_sender, reactor.owns)
                 self._supervise("pods", lambda: pods.run(self._stop))
                 keeps = self._keeps_learners
@@ -191,7 +208,7 @@ class Platform:
         if "notifier" in self.roles and s.mqtt:
             from ffdl.adapters.mqtt import MqttBridge  # noqa: PLC0415 - only with an MQTT broker configured
 
-            mqtt_sender = CommandSender(self.bus, self.topics, f"mqtt@{self.instance}")
+            mqtt_sender = CommandSender(self.bus, self.topics, f"mqtt@{self.instance}", ANONYMOUS)
             bridge = MqttBridge(s.mqtt, self.bus, self.topics, mqtt_sender, self._group("notifier"))
             self._supervise("notifier", lambda: bridge.run(self._stop))
         if "projector" in self.roles:
@@ -230,6 +247,10 @@ class Platform:
         )
         self.inventory = kubernetes.nodes
         self._supervise("nodes", lambda: kubernetes.nodes.run(self._stop))
+
+    def _role_sender(self, role: str) -> CommandSender:
+        """The sender of one of the platform's roles, for that role."""
+        return CommandSender(self.bus, self.topics, f"{role}@{self.instance}", Principal.platform(role))
 
     def _keeps_learners(self, job_id: str) -> bool:
         """Whether a job may have learners now, or is another instance's to judge (orphan removal)."""
@@ -270,7 +291,7 @@ class Platform:
         scheduler = Scheduler(
             self.bus,
             self.topics.events,
-            CommandSender(self.bus, self.topics, f"scheduler@{self.instance}"),
+            CommandSender(self.bus, self.topics, f"scheduler@{self.instance}", SCHEDULER),
             inventory,
             token,
             policy=self.settings.scheduler_policy(),

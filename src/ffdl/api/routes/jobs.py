@@ -15,6 +15,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Response
 from fastapi.responses import JSONResponse
 
+from ffdl.adapters.tenants import Principal
 from ffdl.api.dependencies import Backend, Caller, Manifest, PlatformBackend, problem, read
 from ffdl.core.kinds import JOBS
 from ffdl.core.states import JobState
@@ -25,10 +26,15 @@ router = APIRouter()
 
 
 async def write_job(
-    backend: PlatformBackend, job_id: str, tenant: str, data: CommandData, response: Response
+    backend: PlatformBackend,
+    caller: Principal,
+    job_id: str,
+    tenant: str,
+    data: CommandData,
+    response: Response,
 ) -> dict[str, Any]:
     command = backend.platform.sender.make(JOBS.address(job_id, tenant), data)
-    written = await backend.send_and_wait(command)
+    written = await backend.send_and_wait(command, caller)
     if not written.decided:
         return {"job_id": job_id, "state": None, "position": None, "command_id": written.command_id}
     if not written.changed:
@@ -42,7 +48,7 @@ async def write_job(
 async def submit(caller: Caller, spec: Manifest, backend: Backend, response: Response) -> dict[str, Any]:
     """Submit a job: JSON or YAML, our manifest or FfDL's. Answers once the job is on the log."""
     job_id = f"{spec.name}-{uuid.uuid4().hex[:8]}"
-    return await write_job(backend, job_id, caller.tenant, cmd.SubmitJob(spec=spec), response)
+    return await write_job(backend, caller, job_id, caller.tenant, cmd.SubmitJob(spec=spec), response)
 
 
 @router.get("/v1/jobs", response_model=None)
@@ -116,9 +122,14 @@ async def cancel_or_delete(
     """Cancel a live job; delete an ended one from the listings (its events stay on the log)."""
     document = await backend.visible_job(job_id, caller)
     if JobState(document["state"]).terminal:
-        return await write_job(backend, job_id, document["tenant"], cmd.DeleteJob(), response)
+        return await write_job(backend, caller, job_id, document["tenant"], cmd.DeleteJob(), response)
     return await write_job(
-        backend, job_id, document["tenant"], cmd.CancelJob(reason="cancelled through the API"), response
+        backend,
+        caller,
+        job_id,
+        document["tenant"],
+        cmd.CancelJob(reason="cancelled through the API"),
+        response,
     )
 
 
@@ -129,7 +140,7 @@ async def halt(job_id: str, caller: Caller, backend: Backend, response: Response
     ``changed: false``); halting one that halts for a preemption keeps it from queueing again."""
     document = await backend.visible_job(job_id, caller)
     return await write_job(
-        backend, job_id, document["tenant"], cmd.HaltJob(reason="halted through the API"), response
+        backend, caller, job_id, document["tenant"], cmd.HaltJob(reason="halted through the API"), response
     )
 
 
@@ -137,4 +148,4 @@ async def halt(job_id: str, caller: Caller, backend: Backend, response: Response
 async def resume(job_id: str, caller: Caller, backend: Backend, response: Response) -> dict[str, Any]:
     """Resume a halted job from its last checkpoint (the job's owner refuses other states: 409)."""
     document = await backend.visible_job(job_id, caller)
-    return await write_job(backend, job_id, document["tenant"], cmd.ResumeJob(), response)
+    return await write_job(backend, caller, job_id, document["tenant"], cmd.ResumeJob(), response)

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from ffdl.adapters.tenants import Principal
 from ffdl.api.dependencies import Admin, Backend, Caller, PlatformBackend, problem, read
 from ffdl.api.routes.cluster import gpu_holders
 from ffdl.core.kinds import NODES
@@ -75,7 +76,11 @@ async def get_node(
 
 
 async def write_node(
-    backend: PlatformBackend, name: str, data: nd.CordonNode | nd.UncordonNode, response: Response
+    backend: PlatformBackend,
+    caller: Principal,
+    name: str,
+    data: nd.CordonNode | nd.UncordonNode,
+    response: Response,
 ) -> dict[str, Any]:
     """Send an operator's node command and answer with the node after it and the position of the
     event it caused; the node's owner decides it, and its refusal answers 409 with the reason.
@@ -88,7 +93,7 @@ async def write_node(
         backend, name
     )  # the owner answers nothing for an unknown node: it dead-letters the command
     command = backend.platform.sender.make(NODES.address(name), data)
-    written = await backend.send_and_wait(command)
+    written = await backend.send_and_wait(command, caller)
     document = await known_node(backend, name)
     if not written.decided:
         response.status_code = 202
@@ -103,7 +108,9 @@ async def cordon(
     """Admins: place nothing new on the node; with ``drain`` also halt its jobs with a checkpoint
     and requeue them to resume elsewhere. An operator's cordon replaces the inventory's; cordoning
     an operator-cordoned node again only ever adds ``drain`` (else it changes nothing: ``changed: false``)."""
-    return await write_node(backend, name, nd.CordonNode(reason=body.reason, drain=body.drain), response)
+    return await write_node(
+        backend, caller, name, nd.CordonNode(reason=body.reason, drain=body.drain), response
+    )
 
 
 @router.post("/v1/nodes/{name}:uncordon")
@@ -117,4 +124,4 @@ async def uncordon(
     """Admins: lift an operator's cordon or drain (one the inventory put there is lifted at its
     source: 409). Uncordoning a node that is not cordoned changes nothing: ``changed: false``."""
     reason = body.reason if body is not None else ""
-    return await write_node(backend, name, nd.UncordonNode(reason=reason), response)
+    return await write_node(backend, caller, name, nd.UncordonNode(reason=reason), response)
