@@ -13,7 +13,8 @@ and Playwright for Python (the ``dev`` extra), which drives it headless.
 3. **First paint**: ``--paints`` times, a fresh browser context (no cache, the token already in the
    tab's session storage) opens ``/``; the page records ``performance.now()`` (milliseconds since
    the navigation started) when the first job row enters the table, and Playwright waits for that
-   row to be visible. One uncounted paint first: the browser's first page also starts its renderer. Reports each paint, the median and the worst (target: under 1 s).
+   row to be visible. One uncounted paint first: the browser's first page also starts its
+   renderer. Reports each paint, the median and the worst (target: under 1 s).
 4. **Live updates**: with the jobs page open, the benchmark publishes job transitions on the log
    at each of ``--rates`` (transitions per second, for ``--seconds``): new jobs, each submitted,
    queued, scheduled and launching (four transitions in five events, the decider's), one
@@ -42,8 +43,8 @@ from playwright.async_api import Browser, Page, async_playwright
 from bench.api_bench import build_projection, emit, percentile, running_platform, template_events
 from ffdl.adapters.bus import open_bus
 from ffdl.adapters.tenants import TenantRegistry
-from ffdl.events.envelope import Event
 from ffdl.core.job import Job, evolve
+from ffdl.events.envelope import Event
 from ffdl.handlers.messaging import Topics, event_records
 from ffdl.wiring.config import Settings
 from ffdl.wiring.logging import configure_logging
@@ -159,7 +160,9 @@ async def live_updates(
             break
         await asyncio.sleep(0.2)
     await page.context.close()
-    lags = [shown[f"{job} {state}"] - at for (job, state), at in published.items() if f"{job} {state}" in shown]
+    lags = [
+        shown[f"{job} {state}"] - at for (job, state), at in published.items() if f"{job} {state}" in shown
+    ]
     kept = sum(f"{job} {final}" in shown for job in last)
     return {
         "rate_asked_per_s": rate,
@@ -196,7 +199,7 @@ async def measure(args: argparse.Namespace, data_dir: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--jobs", type=int, default=100_000)
-    parser.add_argument("--paints", type=int, default=5, help="first paints measured, each in a fresh context")
+    parser.add_argument("--paints", type=int, default=5, help="first paints, each a fresh context")
     parser.add_argument("--rates", default="50,100,200,400", help="transitions per second, comma-separated")
     parser.add_argument("--seconds", type=float, default=10, help="of publishing at each rate")
     args = parser.parse_args()

@@ -24,8 +24,10 @@ def simulate_html(tmp_path: Path) -> tuple[Path, dict[str, object]]:
     page = tmp_path / "report.html"
     result = CliRunner().invoke(
         app,
-        ["simulate", "--generate", "80", "--out", str(tmp_path / "trace.jsonl"), "--nodes", "2"]
-        + ["--gpus-per-node", "4", "--tenants", "3", "--html", str(page), "--json"],
+        [
+            *("simulate", "--generate", "80", "--out", str(tmp_path / "trace.jsonl"), "--nodes", "2"),
+            *("--gpus-per-node", "4", "--tenants", "3", "--html", str(page), "--json"),
+        ],
     )
     assert result.exit_code == 0, result.output
     return page, json.loads(result.stdout)
@@ -39,7 +41,8 @@ async def test_the_simulation_report_is_one_self_contained_page_with_its_picture
     assert EXTERNAL.findall(text) == []
     for picture in ("GPUs in use over time", "Queueing delay per tenant", "GPU map over time"):
         assert f'aria-label="{picture}' in text
-    tenants = {line["tenant"] for line in map(json.loads, (tmp_path / "trace.jsonl").read_text().splitlines())}
+    trace = (tmp_path / "trace.jsonl").read_text().splitlines()
+    tenants = {json.loads(line)["tenant"] for line in trace}
     assert len(tenants) == 3 and all(tenant in text for tenant in tenants)
     assert report["completed"] == 80
 
