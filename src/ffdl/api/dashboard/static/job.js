@@ -35,7 +35,10 @@ class Curves {
     this.plot = null;
     this.keys = "";
     this.redraw = debounce(() => this.draw(), 100);
+    // the chart follows its box's width (a window resized, a phone turned)
+    new ResizeObserver(debounce(() => this.plot?.setSize({ width: this.width(), height: 240 }), 100)).observe(target);
   }
+  width() { return Math.max(240, this.target.clientWidth || 600); }
   progress(data) {
     if (data.rank !== 0) return;
     for (const [metric, value] of Object.entries(data.metrics || {})) {
@@ -61,7 +64,7 @@ class Curves {
     const marks = () => [[this.checkpoints, "#1e7f3c", [2, 3]], [this.restarts, "#c46a00", [6, 3]]];
     this.target.replaceChildren();
     this.plot = new uPlot({
-      width: Math.max(280, this.target.clientWidth || 600), height: 240,
+      width: this.width(), height: 240,
       scales: { x: { time: false } },
       axes: [{ label: "step" }, {}],
       series: [{ label: "step" }, ...keys.map((k) => {
