@@ -111,7 +111,8 @@ export async function jobPage(jobId, { main, signal }) {
         h("dt", {}, "Tenant"), h("dd", {}, job.tenant),
         h("dt", {}, "Learners × GPUs"), h("dd", {}, `${job.spec.learners} × ${job.spec.gpus}`),
         h("dt", {}, "Attempt"), h("dd", {}, `${job.attempt} (${job.restarts} restart(s))`),
-        h("dt", {}, "Reason"), h("dd", {}, job.reason || "—"),
+        // why it is in its state now (the last timeline entry), not the job's last-noted reason
+        h("dt", {}, "Reason"), h("dd", { id: "job-reason" }, job.history.at(-1)?.reason || job.reason || "—"),
         job.result ? [h("dt", {}, "Result"), h("dd", {}, JSON.stringify(job.result))] : null),
       h("div", { class: "row", style: { marginTop: "8px" } }, actionsFor(job, alert, () => refresh()))));
     timeline.replaceChildren(gantt(job));
