@@ -11,6 +11,7 @@ from playwright.async_api import Browser, expect
 
 from ffdl.cli import demo
 from tests.browser.conftest import SCREENSHOTS, screenshot
+from tests.browser.test_dashboard import console_errors
 from tests.services import free_port, wait_until_async
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
@@ -21,6 +22,8 @@ async def test_the_demo_job_is_watched_on_the_dashboard_through_its_restart_to_c
 ) -> None:
     port = free_port()
     monkeypatch.setattr(demo, "_free_port", lambda: port)
+    # the demo logs to a file it closes at the end; the suite's logging must outlive it
+    monkeypatch.setattr(demo, "configure_logging", lambda *args: None)
     base = f"http://127.0.0.1:{port}"
     running = asyncio.create_task(demo.run_demo(chaos=True, steps=60, keep=False))
     job_ids: list[str] = []
@@ -37,11 +40,15 @@ async def test_the_demo_job_is_watched_on_the_dashboard_through_its_restart_to_c
         await wait_until_async(submitted, 30, interval_s=0.1, what="the demo's job")
     [job_id] = job_ids
     page = await (await browser.new_context(viewport={"width": 1280, "height": 800})).new_page()
+    errors = console_errors(page)
     await page.goto(f"{base}/#/jobs/{job_id}")  # the address the demo prints
     await expect(page.get_by_role("status")).to_contain_text("Open mode")
     state = page.locator("#job-state")
     await expect(state).to_have_attribute("data-state", "RUNNING", timeout=60_000)
-    await expect(state).to_have_attribute("data-state", "COMPLETED", timeout=100_000)
+    try:
+        await expect(state).to_have_attribute("data-state", "COMPLETED", timeout=100_000)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\nthe page's console errors: {errors}") from exc
     await expect(page.locator('#gantt [data-state="RESTARTING"]').first).to_be_visible()
     await expect(page.locator("#gantt").locator("..")).to_contain_text("1 restart(s), attempt 2")
     await expect(page.locator("#job-reason")).not_to_contain_text("exited")  # not the restart's reason

@@ -137,8 +137,15 @@ export async function jobPage(jobId, { main, signal }) {
     }
   };
   let whenDrawn = () => {};
+  // Answers can arrive out of order: one older than the job drawn is dropped, never drawn over it.
   const refresh = debounce(async () => {
-    try { job = await api(`/v1/jobs/${id}`); await draw(); whenDrawn(); } catch (error) { if (!signal.aborted) alert.textContent = error.message; }
+    try {
+      const fresh = await api(`/v1/jobs/${id}`);
+      if (fresh.updated_at < job.updated_at) return;
+      job = fresh;
+      await draw();
+      whenDrawn();
+    } catch (error) { if (!signal.aborted) alert.textContent = error.message; }
   }, 150);
   await draw();
 
@@ -149,7 +156,8 @@ export async function jobPage(jobId, { main, signal }) {
     if (event.type === "LearnerProgressed") curves.progress(event.data);
     else if (event.type === "CheckpointRecorded") curves.checkpoint(event.data.checkpoint.step);
     else refresh();
-  }, signal).catch((error) => { alert.textContent = error.message; });
+  }, signal).then(refresh) // the stream ends once the job has ended: draw its last state
+    .catch((error) => { alert.textContent = error.message; });
 
   // A learner's log exists once it has been launched: follow it from then on, again on a new attempt.
   let tail = null, following = "";
