@@ -1,5 +1,8 @@
 """A real headless Chromium (the distribution's package, never a downloaded browser) driven by
-Playwright, against the platform the suite starts; each test collects the page's console errors."""
+Playwright, against the platform the suite starts; each test collects the page's console errors.
+
+Nothing here skips: without Chromium (``make services`` installs it) or Playwright (the ``dev``
+extra) the browser tests fail and say what is missing, so a run never passes without them."""
 
 from __future__ import annotations
 
@@ -9,8 +12,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-
-playwright_api = pytest.importorskip("playwright.async_api")
+from playwright import async_api as playwright_api
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
@@ -19,7 +21,7 @@ SCREENSHOTS = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
 @pytest.fixture
 async def browser() -> AsyncIterator[object]:
     if not Path(CHROMIUM).exists():  # noqa: ASYNC240 - one stat before the browser starts
-        pytest.skip("chromium is not installed (make services installs it)")
+        pytest.fail("chromium is not installed: `make services` installs it (apt-get install chromium)")
     async with playwright_api.async_playwright() as driver:
         launched = await driver.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         yield launched

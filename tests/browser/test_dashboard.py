@@ -45,6 +45,23 @@ async def sign_in(page: Page, base: str, token: str) -> None:
     await expect(page.locator("#jobs")).to_be_visible()
 
 
+PHONE = {"width": 390, "height": 844}
+
+
+async def fits_a_phone(page: Page, name: str) -> None:
+    """At a phone's width the page scrolls only down: nothing sticks out sideways (a wide table
+    scrolls inside its own box), and its screenshot is saved as NAME."""
+    size = page.viewport_size
+    await page.set_viewport_size(PHONE)
+    overflow = await page.evaluate(
+        "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+    )
+    await screenshot(page, name)
+    assert overflow <= 0, f"{name}: {overflow}px wider than a phone"
+    if size is not None:
+        await page.set_viewport_size(size)
+
+
 async def states_seen(page: Page, job_id: str) -> list[str]:
     seen: list[str] = await page.evaluate("(id) => window.__seen[id] || []", job_id)
     return seen
@@ -92,6 +109,7 @@ async def test_a_tenant_watches_its_job_and_the_cluster(
         "data-state", "RUNNING", timeout=WAIT_MS
     )
     await screenshot(page, "jobs")
+    await fits_a_phone(page, "jobs-phone")
 
     await page.locator(f'a[href="#/jobs/{job_id}"]').click()
     curves = page.locator("#curves")
@@ -111,11 +129,13 @@ async def test_a_tenant_watches_its_job_and_the_cluster(
     await expect(page.locator("#curves canvas")).to_be_visible()
     await expect(page.locator("#log")).to_contain_text("done at step")
     await screenshot(page, "job")
+    await fits_a_phone(page, "job-phone")
 
     await page.goto(f"{base}/#/cluster")
     await expect(page.locator('.gpu[data-holder="other"]')).to_have_count(1)
     await expect(page.locator("#utilisation canvas")).to_be_visible()
     await screenshot(page, "cluster")
+    await fits_a_phone(page, "cluster-phone")
 
     async def job_now() -> dict[str, Any]:
         return dict((await api.http.get(f"/v1/jobs/{job_id}", headers=bearer(acme))).json())
@@ -131,6 +151,7 @@ async def test_a_tenant_watches_its_job_and_the_cluster(
     await expect(page.locator(f'#tm-jobs tr[data-job="{job_id}"]')).to_have_attribute("data-state", "RUNNING")
     await expect(page.locator('.gpu[data-holder="other"]')).to_have_count(1)
     await screenshot(page, "timemachine")
+    await fits_a_phone(page, "timemachine-phone")
     later = datetime.fromisoformat(job["updated_at"]) + timedelta(milliseconds=10)  # after the release
     await page.locator("#tm-at").fill(later.isoformat())
     await page.locator("#tm-at").press("Enter")

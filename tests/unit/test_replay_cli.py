@@ -65,3 +65,35 @@ def test_a_rebuild_from_a_file_reports_its_counts(tmp_path: Path) -> None:
     report = json.loads(result.stdout)
     assert (report["jobs"], report["states"], report["ignored"]) == (1, {"COMPLETED": 1}, 0)
     assert out.exists()
+
+
+DRAIN = str(GOLDEN_DIR / "node_drain.events.jsonl")
+DRAIN_JOB = "llama-ft-8c1d"
+
+
+def test_replay_cluster_at_a_moment_mid_run_shows_the_gpus_then_held_and_later_free() -> None:
+    mid_run = ffdl("replay", DRAIN, "--cluster", "--at", "2024-05-01T09:00:30Z", "--json")
+    later = ffdl("replay", DRAIN, "--cluster", "--at", "2024-05-01T09:05:00Z", "--json")
+
+    assert mid_run.exit_code == 0 and later.exit_code == 0, mid_run.output + later.output
+    then, after = json.loads(mid_run.stdout), json.loads(later.stdout)
+    held = {(node["name"], gpu) for node in then["nodes"] for gpu, job in node["allocated"].items()}
+    assert held == {("gpu-node-11", "0"), ("gpu-node-11", "1")}, then["nodes"]  # 2 learners x 1 GPU
+    assert {job for node in then["nodes"] for job in node["allocated"].values()} == {DRAIN_JOB}
+    assert [(job["job_id"], job["state"]) for job in then["jobs"]] == [(DRAIN_JOB, "RUNNING")]
+    assert then["previous_event"]["type"] == "CheckpointRecorded"
+    assert all(node["allocated"] == {} for node in after["nodes"])
+    assert [(job["job_id"], job["state"], job["gpus_held"]) for job in after["jobs"]] == [
+        (DRAIN_JOB, "COMPLETED", 0)
+    ]
+
+
+def test_replay_cluster_prints_the_gpu_map_and_where_in_the_log_the_moment_is() -> None:
+    result = ffdl("replay", DRAIN, "--cluster", "--at", "2024-05-01T09:00:30Z")
+
+    assert result.exit_code == 0, result.output
+    assert "gpu-node-11" in result.stdout and DRAIN_JOB in result.stdout and "RUNNING" in result.stdout
+    assert (
+        "after 21 of 69 events; the last: CheckpointRecorded of llama-ft-8c1d at 2024-05-01T09:00:27.35"
+        in result.stdout
+    )

@@ -43,6 +43,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     labels TEXT NOT NULL,
     document TEXT NOT NULL
 );
+-- An admin's unfiltered list (the dashboard's first page) in submission order, without a sort of every job.
+CREATE INDEX IF NOT EXISTS jobs_by_submission ON jobs (submitted_at, job_id);
 CREATE INDEX IF NOT EXISTS jobs_by_tenant ON jobs (tenant, submitted_at, job_id);
 CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, submitted_at, job_id);
 CREATE TABLE IF NOT EXISTS nodes (

@@ -177,6 +177,9 @@ def _event_ref(logged: LoggedEvent) -> JsonObject:
 
 
 def _job_row(job: Job) -> JsonObject:
+    """A job's row at the moment: its reason is that of the state it is in (the last history entry),
+    not the job's ``reason``, which keeps the scheduler's last word (a COMPLETED job's "needs 2
+    GPU(s)")."""
     document = job_document(job)
     held = sum(len(learner["gpus"]) for learner in document["placement"] or [])
     return {
@@ -185,7 +188,7 @@ def _job_row(job: Job) -> JsonObject:
         "name": document["name"],
         "state": document["state"],
         "attempt": document["attempt"],
-        "reason": document["reason"],
+        "reason": job.history[-1].reason if job.history else document["reason"],
         "gpus_held": held,
         "learners": document["spec"]["learners"],
         "gpus": document["spec"]["gpus"],

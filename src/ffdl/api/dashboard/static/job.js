@@ -35,7 +35,10 @@ class Curves {
     this.plot = null;
     this.keys = "";
     this.redraw = debounce(() => this.draw(), 100);
+    // the chart follows its box's width (a window resized, a phone turned)
+    new ResizeObserver(debounce(() => this.plot?.setSize({ width: this.width(), height: 240 }), 100)).observe(target);
   }
+  width() { return Math.max(240, this.target.clientWidth || 600); }
   progress(data) {
     if (data.rank !== 0) return;
     for (const [metric, value] of Object.entries(data.metrics || {})) {
@@ -61,7 +64,7 @@ class Curves {
     const marks = () => [[this.checkpoints, "#1e7f3c", [2, 3]], [this.restarts, "#c46a00", [6, 3]]];
     this.target.replaceChildren();
     this.plot = new uPlot({
-      width: Math.max(280, this.target.clientWidth || 600), height: 240,
+      width: this.width(), height: 240,
       scales: { x: { time: false } },
       axes: [{ label: "step" }, {}],
       series: [{ label: "step" }, ...keys.map((k) => {
@@ -108,7 +111,8 @@ export async function jobPage(jobId, { main, signal }) {
         h("dt", {}, "Tenant"), h("dd", {}, job.tenant),
         h("dt", {}, "Learners × GPUs"), h("dd", {}, `${job.spec.learners} × ${job.spec.gpus}`),
         h("dt", {}, "Attempt"), h("dd", {}, `${job.attempt} (${job.restarts} restart(s))`),
-        h("dt", {}, "Reason"), h("dd", {}, job.reason || "—"),
+        // why it is in its state now (the last timeline entry), not the job's last-noted reason
+        h("dt", {}, "Reason"), h("dd", { id: "job-reason" }, job.history.at(-1)?.reason || job.reason || "—"),
         job.result ? [h("dt", {}, "Result"), h("dd", {}, JSON.stringify(job.result))] : null),
       h("div", { class: "row", style: { marginTop: "8px" } }, actionsFor(job, alert, () => refresh()))));
     timeline.replaceChildren(gantt(job));
@@ -133,8 +137,15 @@ export async function jobPage(jobId, { main, signal }) {
     }
   };
   let whenDrawn = () => {};
+  // Answers can arrive out of order: one older than the job drawn is dropped, never drawn over it.
   const refresh = debounce(async () => {
-    try { job = await api(`/v1/jobs/${id}`); await draw(); whenDrawn(); } catch (error) { if (!signal.aborted) alert.textContent = error.message; }
+    try {
+      const fresh = await api(`/v1/jobs/${id}`);
+      if (fresh.updated_at < job.updated_at) return;
+      job = fresh;
+      await draw();
+      whenDrawn();
+    } catch (error) { if (!signal.aborted) alert.textContent = error.message; }
   }, 150);
   await draw();
 
@@ -145,7 +156,8 @@ export async function jobPage(jobId, { main, signal }) {
     if (event.type === "LearnerProgressed") curves.progress(event.data);
     else if (event.type === "CheckpointRecorded") curves.checkpoint(event.data.checkpoint.step);
     else refresh();
-  }, signal).catch((error) => { alert.textContent = error.message; });
+  }, signal).then(refresh) // the stream ends once the job has ended: draw its last state
+    .catch((error) => { alert.textContent = error.message; });
 
   // A learner's log exists once it has been launched: follow it from then on, again on a new attempt.
   let tail = null, following = "";

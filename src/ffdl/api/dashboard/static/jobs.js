@@ -44,6 +44,8 @@ export async function jobsPage({ main, me, signal, hash }) {
   const body = h("tbody", { id: "jobs-body" });
   const headings = ["Job", "State", me.admin ? "Tenant" : null, "Learners × GPUs", "Age", "Attempt", "Actions"].filter(Boolean);
   const tableEl = table(headings, [], { id: "jobs", "aria-label": "Jobs" });
+  const NARROW_HIDDEN = ["Learners × GPUs", "Age"]; // left out on a phone, where the id and actions need the room
+  for (const th of tableEl.querySelectorAll("th")) if (NARROW_HIDDEN.includes(th.textContent)) th.classList.add("hide-narrow");
   tableEl.querySelector("table").replaceChild(body, tableEl.querySelector("tbody"));
   const pager = h("div", { class: "pager" });
   const live = h("span", { class: "muted", id: "live", "aria-live": "polite" }, "");
@@ -55,8 +57,8 @@ export async function jobsPage({ main, me, signal, hash }) {
     h("td", {}, h("a", { href: `#/jobs/${encodeURIComponent(job.job_id)}` }, job.job_id)),
     h("td", {}, stateBadge(job.state)),
     me.admin ? h("td", {}, job.tenant) : null,
-    h("td", {}, `${job.spec.learners} × ${job.spec.gpus}`),
-    h("td", { title: job.submitted_at }, age(job.submitted_at)),
+    h("td", { class: "hide-narrow" }, `${job.spec.learners} × ${job.spec.gpus}`),
+    h("td", { class: "hide-narrow", title: job.submitted_at }, age(job.submitted_at)),
     h("td", {}, job.attempt),
     h("td", { class: "actions" }, actionsFor(job, alert)));
   const show = (job) => {
