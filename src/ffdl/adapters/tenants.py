@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_TENANT = "default"
-_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+_NAME = re.compile(r"\A[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\Z")
 
 
 @dataclass(frozen=True, slots=True)
