@@ -141,8 +141,8 @@ async def test_a_vanished_follower_releases_its_stream(api: Api, platform: Platf
         async for line in stream.aiter_lines():
             if line.startswith("id: 1"):
                 break
-        await wait_until_async(lambda: app_state.sse_followers == 1, 5, what="one follower")
-    await wait_until_async(lambda: app_state.sse_followers == 0, 10, what="the follower's stream to close")
+        await wait_until_async(lambda: app_state.backend.followers.open == 1, 5, what="one follower")
+    await wait_until_async(lambda: app_state.backend.followers.open == 0, 10, what="the follower's stream to close")
     await api.http.delete(f"/v1/jobs/{job_id}")
 
 

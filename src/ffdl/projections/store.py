@@ -348,6 +348,18 @@ class Projection:
             row = db.execute("SELECT next_offset FROM positions WHERE partition = ?", (partition,)).fetchone()
         return bool(row and row[0] > offset)
 
+    def tenants_of(self, job_ids: Iterable[str]) -> dict[str, str]:
+        """The tenant of each of ``job_ids`` the projection holds (a deleted job's is not held)."""
+        wanted = sorted(set(job_ids))
+        found: dict[str, str] = {}
+        with self._connection() as db:
+            for start in range(0, len(wanted), 500):
+                chunk = wanted[start : start + 500]
+                marks = ",".join("?" * len(chunk))
+                rows = db.execute(f"SELECT job_id, tenant FROM jobs WHERE job_id IN ({marks})", chunk)
+                found.update(rows.fetchall())
+        return found
+
     def holdings(self) -> list[JsonObject]:
         """Jobs that hold GPUs now, with their placement: the cluster GPU map's source."""
         with self._connection() as db:

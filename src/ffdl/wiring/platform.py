@@ -130,7 +130,8 @@ class Platform:
                     "FFDL_HEARTBEAT_TTL": str(s.heartbeat_ttl_s),
                 },
                 stop_grace_s=s.stop_grace_s,
-                result_dir=lambda job_id: s.work_dir / job_id / "results",
+                job_dir=s.job_dir,
+                result_roots=tuple(s.result_roots),
             )
             monitor = Monitor(
                 self.heartbeats,
