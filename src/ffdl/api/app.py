@@ -64,7 +64,16 @@ async def http_problem(request: Request, exc: HTTPException) -> JSONResponse:
 class BodyLimit:
     """Refuse (413) a request body over ``limit`` bytes: at once when its declared length is over,
     else as the bytes arrive (a chunked body declares none), before a route has read more than the
-    limit. The count is made where the body is received, so no route can forget it."""
+    limit. The count is made where the body is received, so no route can forget it.
+
+    After a refusal the server would read the rest of the body to find the next request on the
+    connection, for as long as the client cares to send. Up to :data:`DRAIN_FACTOR` times the limit
+    is read and dropped, so that a client that sent a little too much reads its 413 in peace; past
+    that the 413 closes the connection (such a client may see it reset instead).
+    """
+
+    #: How many times the limit a refused body may be in all and still be read to its end.
+    DRAIN_FACTOR = 4
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app = app
@@ -74,9 +83,11 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        drained = self.limit * self.DRAIN_FACTOR
         declared = Headers(scope=scope).get("content-length", "")
         if declared.isascii() and declared.isdigit() and (len(declared) > 18 or int(declared) > self.limit):
-            response = JSONResponse({"detail": self._too_large().detail}, status_code=413)
+            too_large = self._too_large(close=len(declared) > 18 or int(declared) > drained)
+            response = JSONResponse({"detail": too_large.detail}, status_code=413, headers=too_large.headers)
             await response(scope, receive, send)
             return
         received = 0
@@ -84,13 +95,19 @@ class BodyLimit:
         async def counted() -> Message:
             nonlocal received
             message = await receive()
-            if message["type"] == "http.request":
+            if message["type"] != "http.request":
+                return message
+            received += len(message.get("body", b""))
+            if received <= self.limit:
+                return message
+            while message.get("more_body", False) and received <= drained:
+                message = await receive()
                 received += len(message.get("body", b""))
-                if received > self.limit:
-                    raise self._too_large()  # answered 413 by the route's exception handling
-            return message
+            # answered 413 by the route's exception handling
+            raise self._too_large(close=message.get("more_body", False))
 
         await self.app(scope, counted, send)
 
-    def _too_large(self) -> HTTPException:
-        return problem(413, f"a request body may have at most {self.limit} bytes", "(body)")
+    def _too_large(self, *, close: bool) -> HTTPException:
+        message = f"a request body may have at most {self.limit} bytes"
+        return problem(413, message, "(body)", headers={"Connection": "close"} if close else None)
