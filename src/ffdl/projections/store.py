@@ -7,6 +7,11 @@ already taken (a redelivery, or a stale owner's conflicting write) are ignored a
 The cluster GPU map and the queue are queries over the jobs table, not tables of their own.
 
 Writers: one projector per file. Readers: any number, each with its own connection (WAL).
+
+Each file has a :attr:`Projection.replica` id of its own, made when the file is made: the projector
+that folds into the file consumes in a consumer group named after it, so every projection file
+(each API replica's own, a rebuilt one put in place of the live one) is folded from every
+partition of the log, from the start, and resumes where that same file left off.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import gc
 import json
 import sqlite3
 import threading
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -57,6 +63,10 @@ CREATE TABLE IF NOT EXISTS positions (
 CREATE TABLE IF NOT EXISTS counters (
     name TEXT PRIMARY KEY,
     value INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS replica (
+    only INTEGER PRIMARY KEY CHECK (only = 0),
+    id TEXT NOT NULL
 );
 """
 
@@ -148,6 +158,8 @@ class Projection:
         self._folded = Aggregates(KINDS)  # what was folded last, so a batch need not fold it again
         with self._connection() as db:
             db.executescript(SCHEMA)
+            db.execute("INSERT OR IGNORE INTO replica VALUES (0, ?)", (uuid.uuid4().hex[:12],))
+            self.replica: str = db.execute("SELECT id FROM replica").fetchone()[0]
 
     @contextmanager
     def _connection(self) -> Iterator[sqlite3.Connection]:
