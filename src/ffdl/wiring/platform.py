@@ -6,9 +6,10 @@ host with the monitor on the events topic), ``scheduler`` (under leader election
 ``api`` (served by the CLI's ``up``; its process also counts the dead-letter topic for the
 metrics). Consumer groups are named after the topic prefix, so platforms sharing a Kafka cluster
 never share one; the projector's group is also named after its projection file's replica id, so
-each API replica with a projection of its own folds every partition into it. Each role runs under a supervisor that restarts it after a crash with backoff (the
-shortest delay again once a role ran for :data:`HEALTHY_RUN_S`); a restarted role refolds its
-partitions first. ``FFDL_LAUNCHER=instant`` learners complete at once (benchmarks and scale tests).
+each API replica with a projection of its own folds every partition into it. Each role runs under
+a supervisor that restarts it after a crash with backoff (the shortest delay again once a role ran
+for :data:`HEALTHY_RUN_S`); a restarted role refolds its partitions first.
+``FFDL_LAUNCHER=instant`` learners complete at once (benchmarks and scale tests).
 Singleton roles are elected through etcd when ``FFDL_ELECTION`` (or, by default, the heartbeat
 store) names an etcd, else through lock files in the data dir; the scheduler serves terms of
 leadership (``handlers/leadership.py``).
