@@ -231,7 +231,8 @@ Admin = Annotated[Principal, Depends(admin)]
 
 async def job_manifest(caller: Caller, request: Request, backend: Backend) -> JobSpec:
     """The job manifest of the caller's request body (size-limited as it arrives): JSON or YAML, our
-    manifest or FfDL's, parsed in a worker thread; its data and result places within the roots."""
+    manifest or FfDL's, parsed in a worker thread; its data and result places within the roots.
+    (``caller`` is resolved first: an unauthenticated body is never parsed.)"""
     body = await request.body()
     try:
         spec = await asyncio.wait_for(asyncio.to_thread(parse_manifest, body), MANIFEST_PARSE_S)
