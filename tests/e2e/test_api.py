@@ -160,13 +160,13 @@ async def test_follow_streams_every_event_with_its_seq_and_resumes_from_last_eve
 
 async def test_a_vanished_follower_releases_its_stream(api: Api, platform: Platform) -> None:
     job_id = await api.submit(manifest("long", learners=1, args=["--steps", "1000", "--delay", "0.05"]))
-    app_state = _app_state(api)
+    followers = _app_state(api).backend.followers
     async with api.http.stream("GET", f"/v1/jobs/{job_id}/events?follow=true") as stream:
         async for line in stream.aiter_lines():
             if line.startswith("id: 1"):
                 break
-        await wait_until_async(lambda: app_state.sse_followers == 1, 5, what="one follower")
-    await wait_until_async(lambda: app_state.sse_followers == 0, 10, what="the follower's stream to close")
+        await wait_until_async(lambda: followers.open == 1, 5, what="one follower")
+    await wait_until_async(lambda: followers.open == 0, 10, what="the follower's stream to close")
     await api.http.delete(f"/v1/jobs/{job_id}")
 
 

@@ -185,13 +185,13 @@ async def test_bad_manifests_get_a_4xx_naming_the_field_and_record_nothing(
     assert [c for c in sent if isinstance(c, Command)] == [], "only the scheduler's node observations"
 
 
-async def test_an_ffdl_manifest_runs_as_is(api: Api, settings: Settings) -> None:
+async def test_an_ffdl_manifest_runs_as_is(api: Api) -> None:
     command = learner_command("--steps", "3", "--delay", "0.01")
     ffdl_manifest = (
         "name: FfDL_Tutorial\nversion: '1.0'\ndescription: from FfDL\n"
         "learners: 1\ngpus: 1\ncpus: 1\nmemory: 1Gb\n"
         "data_stores:\n  - id: store\n    type: mount_cos\n    training_data: {container: train-data}\n"
-        "    training_results: {container: " + str(settings.work_dir / "ffdl-results") + "}\n"
+        "    training_results: {container: ffdl-results}\n"
         f"framework:\n  name: tensorflow\n  version: '1.5'\n  command: {command}\n"
     )
     job_id = await api.submit(ffdl_manifest)

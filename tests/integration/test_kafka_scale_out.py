@@ -116,6 +116,16 @@ async def api_ready(client: httpx.AsyncClient) -> bool:
         return False
 
 
+async def caught_up(client: httpx.AsyncClient) -> bool:
+    """Whether the API's projection has applied every event on the log now (readiness only says it
+    caught up with the log's end as it was when the API was first asked)."""
+    try:
+        response = await client.get("/readyz")
+    except httpx.TransportError:
+        return False
+    return response.status_code == 200 and response.json()["behind"] == {}
+
+
 async def count_in_state(client: httpx.AsyncClient, state: str) -> int:
     response = await client.get("/v1/jobs", params={"state": state, "limit": 500})
     return len(response.json()["jobs"])
@@ -160,7 +170,7 @@ async def test_jobs_complete_across_worker_processes_when_one_is_killed_with_sig
         job_ids = await submitting
 
         async def all_completed_and_projected() -> bool:
-            return await count_in_state(client, "COMPLETED") == JOBS and await api_ready(client)
+            return await count_in_state(client, "COMPLETED") == JOBS and await caught_up(client)
 
         await wait_until_async(
             all_completed_and_projected, 60, interval_s=0.25, what=f"{JOBS} jobs completed"

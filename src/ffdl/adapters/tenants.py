@@ -33,7 +33,7 @@ from ffdl.core import authorization
 log = structlog.get_logger(__name__)
 
 DEFAULT_TENANT = "default"
-_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+_NAME = re.compile(r"\A[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\Z")
 
 
 @dataclass(frozen=True, slots=True)

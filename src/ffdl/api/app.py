@@ -11,6 +11,12 @@
   events); only admins cordon, drain and uncordon, which are node commands on the log like a job's.
 * Problems answer 4xx with a body that names the field: ``{"detail": [{"field", "message"}]}``.
 * ``/events?follow=true`` is Server-Sent Events with ``id:`` = seq, resumable with ``Last-Event-ID``.
+* Bounded input: a request body is counted as it arrives, chunked or not, and refused (413) past
+  ``max_request_bytes`` before any route has read it all; routes read bodies only once the caller
+  is authenticated; manifests parse off the event loop with no YAML aliases; waits, open streams
+  and log reads are capped (see :mod:`ffdl.api.dependencies`, :mod:`ffdl.api.followers`).
+* What a tenant is shown of reasons names other tenants' jobs as "another tenant's job"
+  (:mod:`ffdl.api.redaction`); ``/metrics`` is for admins.
 
 The routes live in :mod:`ffdl.api.routes`, one router per resource; what they share (the caller,
 the platform, the read-your-writes waits, the manifest body) in :mod:`ffdl.api.dependencies`.
@@ -18,13 +24,14 @@ the platform, the read-your-writes waits, the manifest body) in :mod:`ffdl.api.d
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ffdl.api.dependencies import PlatformBackend
+from ffdl.api.dependencies import PlatformBackend, field_problems, problem
 from ffdl.api.routes import cluster, dashboard, events, health, jobs, logs, nodes
 from ffdl.wiring.platform import Platform
 
@@ -38,9 +45,9 @@ def create_app(platform: Platform, *, open_api: bool = False) -> FastAPI:
         title="ffdl", version="1", summary="Event-sourced multi-tenant deep-learning training platform"
     )
     app.state.backend = PlatformBackend(platform, open_api=open_api)
-    app.state.sse_followers = 0
     app.exception_handler(RequestValidationError)(invalid_request)
-    app.middleware("http")(limit_body)
+    app.exception_handler(HTTPException)(http_problem)
+    app.add_middleware(BodyLimit, limit=platform.settings.max_request_bytes)
     for routes in (jobs, cluster, events, logs, nodes, health, dashboard):
         app.include_router(routes.router)
     return app
@@ -48,22 +55,63 @@ def create_app(platform: Platform, *, open_api: bool = False) -> FastAPI:
 
 async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
     """A request FastAPI could not validate: 422 naming each field (without where it came from)."""
-    problems = [
-        {
-            "field": ".".join(str(p) for p in error["loc"] if p not in ("query", "path", "body", "header")),
-            "message": error["msg"],
-        }
-        for error in exc.errors()
-    ]
-    return JSONResponse({"detail": problems}, status_code=422)
+    return JSONResponse({"detail": field_problems(exc.errors())}, status_code=422)
 
 
-async def limit_body(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-    """Refuse (413) a request whose declared length is over the limit before reading its body."""
-    limit = request.app.state.backend.settings.max_request_bytes
-    length = request.headers.get("content-length", "")
-    if length.isdigit() and int(length) > limit:
-        return JSONResponse(
-            {"detail": [{"field": "(body)", "message": f"over {limit} bytes"}]}, status_code=413
-        )
-    return await call_next(request)
+async def http_problem(request: Request, exc: HTTPException) -> JSONResponse:
+    """Every refusal in the problem format: the routes' own already are; the framework's (an unknown
+    path, a method not allowed) are given the field ``(request)``."""
+    detail = exc.detail if isinstance(exc.detail, list) else [{"field": "(request)", "message": exc.detail}]
+    return JSONResponse({"detail": detail}, status_code=exc.status_code, headers=exc.headers)
+
+
+class BodyLimit:
+    """Refuse (413) a request body over ``limit`` bytes: at once when its declared length is over,
+    else as the bytes arrive (a chunked body declares none), before a route has read more than the
+    limit. The count is made where the body is received, so no route can forget it.
+
+    After a refusal the server would read the rest of the body to find the next request on the
+    connection, for as long as the client cares to send. Up to :data:`DRAIN_FACTOR` times the limit
+    is read and dropped, so that a client that sent a little too much reads its 413 in peace; past
+    that the 413 closes the connection (such a client may see it reset instead).
+    """
+
+    #: How many times the limit a refused body may be in all and still be read to its end.
+    DRAIN_FACTOR = 4
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        drained = self.limit * self.DRAIN_FACTOR
+        declared = Headers(scope=scope).get("content-length", "")
+        if declared.isascii() and declared.isdigit() and (len(declared) > 18 or int(declared) > self.limit):
+            too_large = self._too_large(close=len(declared) > 18 or int(declared) > drained)
+            response = JSONResponse({"detail": too_large.detail}, status_code=413, headers=too_large.headers)
+            await response(scope, receive, send)
+            return
+        received = 0
+
+        async def counted() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] != "http.request":
+                return message
+            received += len(message.get("body", b""))
+            if received <= self.limit:
+                return message
+            while message.get("more_body", False) and received <= drained:
+                message = await receive()
+                received += len(message.get("body", b""))
+            # answered 413 by the route's exception handling
+            raise self._too_large(close=message.get("more_body", False))
+
+        await self.app(scope, counted, send)
+
+    def _too_large(self, *, close: bool) -> HTTPException:
+        message = f"a request body may have at most {self.limit} bytes"
+        return problem(413, message, "(body)", headers={"Connection": "close"} if close else None)

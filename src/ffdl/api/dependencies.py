@@ -7,28 +7,36 @@
   was given by a write; ``send_and_wait`` sends a command and waits (bounded) until the projection
   has applied what it caused, so the writer reads its own write, or until the owner is known to have
   decided it to nothing, and answers the owner's rejection as 409 with its reason.
-* :data:`Manifest` is a job manifest parsed from the request body (JSON or YAML, ours or FfDL's).
+* :data:`Manifest` is a job manifest parsed from the request body (JSON or YAML, ours or FfDL's),
+  off the event loop and bounded in time, its data and result places checked against the roots.
 
-The read-your-writes wait is a call, not a dependency, on purpose: a route validates all its
-parameters before it waits, and waits before it looks its job up.
+A body is read only by a dependency that depends on the caller (:data:`Manifest`, :func:`json_body`),
+never by a ``Body`` parameter, which FastAPI would read before any dependency runs: no request body
+is parsed before its sender is authenticated. The read-your-writes wait is a call, not a dependency,
+on purpose: a route validates all its parameters before it waits, and waits before it looks its
+job up. A wait is for a position on the log: one beyond the log's end is a 422 at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, HTTPException, Request
+from pydantic import BaseModel, ValidationError
 
 from ffdl.adapters.tenants import OPEN, Principal, TenantRegistry
+from ffdl.api.followers import Followers
 from ffdl.api.heartbeats import HeartbeatView
 from ffdl.api.manifest import ManifestError, parse_manifest
 from ffdl.api.metrics import PlatformCollector, registry_for
+from ffdl.api.redaction import Redactor, mentioned_jobs
 from ffdl.core.kinds import KINDS
+from ffdl.core.places import place_problem
 from ffdl.events.codec import AnyCommand
 from ffdl.events.model import JobSpec
 from ffdl.events.position import Position
@@ -36,15 +44,33 @@ from ffdl.handlers.messaging import utcnow
 from ffdl.wiring.platform import Platform
 
 WRITE_WAIT_S = 10.0
-READ_WAIT_MAX_S = 30.0
+READ_WAIT_MAX_S = 10.0
+#: Seconds a manifest may take to parse (bounded by its size and shape already: a guard, not a budget).
+MANIFEST_PARSE_S = 2.0
+#: The largest offset or seq a request may name: SQLite's integers stop at 2**63.
+MAX_OFFSET = 2**62
 #: The events by which an owner refuses a command (a job's, a node's); both carry the reason.
 REJECTIONS = frozenset({"CommandRejected", "NodeCommandRejected"})
 
 T = TypeVar("T")
 
 
-def problem(status: int, message: str, field: str = "(request)") -> HTTPException:
-    return HTTPException(status, detail=[{"field": field, "message": message}])
+def problem(
+    status: int, message: str, field: str = "(request)", headers: dict[str, str] | None = None
+) -> HTTPException:
+    return HTTPException(status, detail=[{"field": field, "message": message}], headers=headers)
+
+
+def field_problems(errors: Sequence[Any]) -> list[dict[str, str]]:
+    """Pydantic's errors as problems naming each field (without where in the request it was)."""
+    return [
+        {
+            "field": ".".join(str(p) for p in error["loc"] if p not in ("query", "path", "body", "header"))
+            or "(body)",
+            "message": error["msg"],
+        }
+        for error in errors
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +91,22 @@ class Written:
 async def read(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """``fn`` (a blocking read of the projection or a file) run off the event loop."""
     return await asyncio.to_thread(fn, *args, **kwargs)
+
+
+class Readiness:
+    """Whether this replica's projection has caught up with the log's end as it was first seen."""
+
+    def __init__(self) -> None:
+        self._target: dict[int, int] | None = None
+        self._reached = False
+
+    def caught_up(self, ends: dict[int, int], applied: dict[int, int]) -> bool:
+        """Given the log's ``ends`` now and the projection's ``applied`` positions: caught up yet?"""
+        if self._target is None:
+            self._target = dict(ends)
+        if not self._reached:
+            self._reached = all(applied.get(p, 0) >= end for p, end in self._target.items())
+        return self._reached
 
 
 class PlatformBackend:
@@ -94,20 +136,61 @@ class PlatformBackend:
         self.collector = PlatformCollector(platform, wall_clock=wall_clock)
         self._clock = clock
         self.registry = registry_for(self.collector, platform.projector.latency)
+        self.readiness = Readiness()
+        self.followers = Followers(
+            platform.settings.max_followers, platform.settings.max_followers_per_tenant
+        )
 
     async def wait_for(self, token: str | None) -> None:
-        """Wait (bounded) until the projection has applied the log position ``token`` (PARTITION:OFFSET)."""
+        """Wait (bounded) until the projection has applied the log position ``token`` (PARTITION:OFFSET).
+
+        A position beyond the log's end was never handed out by a write: 422 at once, not a wait."""
         if not token:
             return
         try:
             position = Position.parse(self.platform.topics.events, token)
         except ValueError as exc:
             raise problem(422, str(exc), "after") from exc
+        partitions = self.platform.bus.partitions
+        if position.partition >= partitions:
+            raise problem(422, f"the log has partitions 0 to {partitions - 1}", "after")
+        if position.offset < MAX_OFFSET and await read(
+            self.projection.reached, position.partition, position.offset
+        ):
+            return
+        await self._on_the_log(position)
         deadline = self._clock() + READ_WAIT_MAX_S
         while not await read(self.projection.reached, position.partition, position.offset):
             if self._clock() > deadline:
-                raise problem(504, f"the projection has not reached {token} yet", "after")
+                raise problem(
+                    504, f"the projection has not reached {token} yet", "after", headers={"Retry-After": "1"}
+                )
             await self.platform.projector.wait_for_change(0.05)
+
+    async def _on_the_log(self, position: Position) -> None:
+        """422 if ``position`` lies beyond the end of its partition (when the log can tell)."""
+        end: int | None = None
+        if position.offset < MAX_OFFSET:
+            try:
+                ends = await asyncio.wait_for(self.platform.bus.end_offsets(position.topic), 2.0)
+            except (TimeoutError, ConnectionError):
+                return  # the log cannot tell now: the bounded wait decides
+            end = ends.get(position.partition, 0)
+            if position.offset < end:
+                return
+        where = f"partition {position.partition} ends at {end}" if end is not None else "no log is that long"
+        raise problem(422, f"{position.token} is beyond the end of the log: {where}", "after")
+
+    async def redacted(self, caller: Principal, value: T) -> T:
+        """``value`` (a document, an event, a list) as ``caller`` may see it: its reasons naming
+        other tenants' jobs and names redacted (see :mod:`ffdl.api.redaction`)."""
+        if caller.admin:
+            return value
+        mentioned = mentioned_jobs(value)
+        owners = await read(self.projection.tenants_of, mentioned) if mentioned else {}
+        redactor = Redactor(caller, mentioned, owners, await read(self.tenants.names))
+        redacted: T = redactor.value(value)
+        return redacted
 
     async def visible_job(self, job_id: str, caller: Principal) -> dict[str, Any]:
         """The job's document, if the caller may see it; another tenant's job is a 404 like a missing one."""
@@ -206,16 +289,41 @@ def admin(caller: Caller) -> Principal:
 Admin = Annotated[Principal, Depends(admin)]
 
 
-async def job_manifest(request: Request, backend: Backend) -> JobSpec:
-    """The job manifest of the request body: JSON or YAML, our manifest or FfDL's."""
+async def job_manifest(caller: Caller, request: Request, backend: Backend) -> JobSpec:
+    """The job manifest of the caller's request body (size-limited as it arrives): JSON or YAML, our
+    manifest or FfDL's, parsed in a worker thread; its data and result places within the roots.
+    (``caller`` is resolved first: an unauthenticated body is never parsed.)"""
     body = await request.body()
-    limit = backend.settings.max_request_bytes
-    if len(body) > limit:
-        raise problem(413, f"over {limit} bytes", "(body)")
     try:
-        return parse_manifest(body)
+        spec = await asyncio.wait_for(asyncio.to_thread(parse_manifest, body), MANIFEST_PARSE_S)
     except ManifestError as exc:
         raise HTTPException(422, detail=[{"field": f, "message": m} for f, m in exc.problems]) from exc
+    except TimeoutError as exc:
+        raise problem(422, f"the manifest took over {MANIFEST_PARSE_S} s to read", "(body)") from exc
+    settings = backend.settings
+    problems = [
+        {"field": field, "message": message}
+        for field, place, roots in (
+            ("data_dir", spec.data_dir, settings.data_roots),
+            ("result_dir", spec.result_dir, settings.result_roots),
+        )
+        if place is not None and (message := place_problem(place, roots)) is not None
+    ]
+    if problems:
+        raise HTTPException(422, detail=problems)
+    return spec
 
 
 Manifest = Annotated[JobSpec, Depends(job_manifest)]
+
+M = TypeVar("M", bound=BaseModel)
+
+
+async def json_body(request: Request, model: type[M]) -> M:
+    """The request body as ``model`` (an empty body as an empty object); 422 naming each bad field.
+
+    Call it from a dependency that depends on the caller, so the body is read after authentication."""
+    try:
+        return model.model_validate_json(await request.body() or b"{}")
+    except ValidationError as exc:
+        raise HTTPException(422, detail=field_problems(exc.errors())) from exc

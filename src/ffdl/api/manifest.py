@@ -5,11 +5,18 @@ data_stores``) is recognised by its ``framework.command``; its memory strings ("
 become megabytes and its data stores' training data and result containers become the data and
 result places. Any problem is a :class:`ManifestError` naming the field, which the API answers
 with a 422 and the CLI prints.
+
+A manifest comes from anyone who holds a token, so parsing it is bounded: YAML anchors and aliases
+are refused (eight levels of aliases to nine-element lists make a 400-byte body stand for 9^8
+values), as are manifests nested deeper than :data:`MAX_DEPTH` or with more than
+:data:`MAX_NODES` values, and a number of more than :data:`MAX_DIGITS` digits reads as infinite
+(which every numeric field refuses, naming itself) instead of costing a quadratic conversion.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
@@ -18,8 +25,13 @@ from pydantic import ValidationError
 
 from ffdl.events.model import JobSpec
 
-_MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)?\s*$", re.IGNORECASE)
+_MEMORY = re.compile(r"\A\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)?\s*\Z", re.IGNORECASE)
 _UNIT_MB = {"": 1 / (1024 * 1024), "k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
+#: How deep a manifest may nest (ours nests two levels, FfDL's three) and how many values it may hold.
+MAX_DEPTH = 16
+MAX_NODES = 5000
+#: The most digits a number may have; a longer one reads as infinite.
+MAX_DIGITS = 64
 
 
 class ManifestError(ValueError):
@@ -30,11 +42,49 @@ class ManifestError(ValueError):
         self.problems = problems
 
 
+class _ManifestLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, bounded for untrusted text: no anchors or aliases, at most
+    :data:`MAX_DEPTH` levels of nesting and :data:`MAX_NODES` values (checked as the text is
+    composed, so a refused manifest costs no more than its first :data:`MAX_NODES` values)."""
+
+    def __init__(self, stream: str | bytes) -> None:
+        super().__init__(stream)
+        self._depth = 0
+        self._nodes = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        event = self.peek_event()  # type: ignore[no-untyped-call]  # untyped in PyYAML's stubs
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            raise ManifestError([("(body)", "YAML anchors and aliases (&, *) are not accepted")])
+        self._nodes += 1
+        if self._nodes > MAX_NODES:
+            raise ManifestError([("(body)", f"a manifest holds at most {MAX_NODES} values")])
+        if self._depth >= MAX_DEPTH:
+            raise ManifestError([("(body)", f"a manifest nests at most {MAX_DEPTH} levels deep")])
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_bounded_int(self, node: yaml.ScalarNode) -> int | float:
+        """An integer, or an infinity for one of more than :data:`MAX_DIGITS` digits."""
+        text = str(node.value)
+        if sum(c.isdigit() for c in text) > MAX_DIGITS:
+            return -math.inf if text.lstrip().startswith("-") else math.inf
+        return self.construct_yaml_int(node)
+
+
+_ManifestLoader.add_constructor("tag:yaml.org,2002:int", _ManifestLoader.construct_bounded_int)
+
+
 def parse_manifest(text: str | bytes) -> JobSpec:
-    """A ``JobSpec`` from JSON or YAML text in either manifest format."""
+    """A ``JobSpec`` from JSON or YAML text in either manifest format (bounded: see the module)."""
     try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
+        raw = yaml.load(text, Loader=_ManifestLoader)  # a SafeLoader, bounded further
+    except (yaml.YAMLError, ValueError, OverflowError, TypeError) as exc:
+        if isinstance(exc, ManifestError):
+            raise
         raise ManifestError([("(body)", f"not valid YAML or JSON: {exc}")]) from exc
     return spec_from_mapping(raw)
 
@@ -59,12 +109,18 @@ def spec_from_mapping(raw: Any) -> JobSpec:
 
 def _memory_mb(value: Any) -> Any:
     if isinstance(value, int | float):
-        return int(value)
-    match = _MEMORY.match(str(value))
-    if not match:
-        raise ManifestError([("memory", f"cannot read {value!r} as a size like '8Gb' or '512MiB'")])
-    number, unit, _ = match.groups()
-    return max(1, int(float(number) * _UNIT_MB[unit.lower()]))
+        megabytes = float(value)
+    else:
+        match = _MEMORY.match(str(value))
+        if not match:
+            raise ManifestError(
+                [("memory", f"cannot read {str(value)[:100]!r} as a size like '8Gb' or '512MiB'")]
+            )
+        number, unit, _ = match.groups()
+        megabytes = float(number) * _UNIT_MB[unit.lower()]
+    if not math.isfinite(megabytes):
+        raise ManifestError([("memory", "must be a finite size")])
+    return max(1, int(megabytes))
 
 
 def _dns_name(name: Any) -> Any:

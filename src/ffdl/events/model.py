@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-_NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
+_NAME = re.compile(r"\A[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?\Z")
 
 #: The learner environment contract: the variables the platform sets for every learner (README, "The
 #: manifest"), which nothing a job asks for may change.

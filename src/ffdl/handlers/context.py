@@ -21,7 +21,10 @@ class ReactionContext:
     launcher: Launcher
     learner_env: Mapping[str, str] = field(default_factory=dict)
     stop_grace_s: float = 10.0
-    result_dir: Callable[[str], Path | None] = lambda job_id: None
+    #: The job's own directory on this host (its learners' working directory), if it has one here.
+    job_dir: Callable[[str], Path | None] = lambda job_id: None
+    #: Where else a job's results may be measured (absolute result places).
+    result_roots: tuple[Path, ...] = ()
 
     async def send(self, job: Job, action: Action, data: CommandData) -> None:
         """Send the command an action calls for, with an id fixed by the job, action and state entry,

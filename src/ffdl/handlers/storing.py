@@ -2,34 +2,88 @@
 
 The platform records results, it does not move them: the summary counts files and bytes in the
 result directory (when it is a local path) and keeps the learners' final metrics.
+
+The result place comes from the job's manifest, so it is measured only where it may be (see
+:mod:`ffdl.core.places`): inside the job's own directory or under a configured result root, checked
+again here after resolving links (a learner may have made its result directory a link to ``/``).
+The walk never follows links and stops after :data:`MAX_FILES` entries.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
+from stat import S_ISREG
+
+import structlog
 
 from ffdl.core.job import Job
+from ffdl.core.places import is_uri, within
 from ffdl.core.reconcile import Action
 from ffdl.events import job_commands as cmd
 from ffdl.events.model import ResultSummary
 from ffdl.handlers.context import ReactionContext
 
+log = structlog.get_logger(__name__)
+
+#: The most directory entries one measurement looks at.
+MAX_FILES = 100_000
+
+
+def _local_place(job: Job, ctx: ReactionContext) -> Path | None:
+    """The local directory the job's results are in (None: a URI, or no job directory here)."""
+    place = job.spec.result_dir
+    job_dir = ctx.job_dir(job.job_id)
+    if place is None:
+        return job_dir / "results" if job_dir is not None else None
+    if is_uri(place):
+        return None
+    path = Path(place)
+    if path.is_absolute():
+        return path
+    return job_dir / path if job_dir is not None else None
+
+
+def _confined(directory: Path, job: Job, ctx: ReactionContext) -> bool:
+    """Whether ``directory``, links resolved, lies in the job's directory or under a result root."""
+    job_dir = ctx.job_dir(job.job_id)
+    allowed = [root.resolve() for root in ctx.result_roots]
+    if job_dir is not None:
+        allowed.append(job_dir.resolve())
+    return within(directory.resolve(), allowed)
+
 
 def _measure(directory: Path) -> tuple[int, int]:
-    files = [p for p in directory.rglob("*") if p.is_file()]
-    return len(files), sum(p.stat().st_size for p in files)
+    """Regular files and their bytes below ``directory``: links not followed, :data:`MAX_FILES` at most."""
+    files = size = seen = 0
+    for parent, _, names in os.walk(directory, followlinks=False):
+        for name in names:
+            seen += 1
+            if seen > MAX_FILES:
+                return files, size
+            stat = os.lstat(os.path.join(parent, name))
+            if S_ISREG(stat.st_mode):  # a regular file, never what a link points to
+                files += 1
+                size += stat.st_size
+    return files, size
 
 
 async def store_results(job: Job, action: Action, ctx: ReactionContext) -> None:
-    directory = Path(job.spec.result_dir) if job.spec.result_dir else ctx.result_dir(job.job_id)
+    directory = _local_place(job, ctx)
     files = size = 0
     if directory is not None and directory.is_dir():
-        files, size = await asyncio.to_thread(_measure, directory)
+        if await asyncio.to_thread(_confined, directory, job, ctx):
+            files, size = await asyncio.to_thread(_measure, directory)
+        else:
+            log.warning(
+                "result place outside the job's directory and the result roots: not measured",
+                job_id=job.job_id,
+                result_dir=str(directory),
+            )
     metrics: dict[str, float] = {}
     for learner in reversed(job.learners):  # rank 0's metrics win
         metrics.update(dict(learner.metrics))
-    summary = ResultSummary(
-        result_dir=str(directory) if directory else None, files=files, size_bytes=size, metrics=metrics
-    )
+    shown = str(directory) if directory is not None else job.spec.result_dir
+    summary = ResultSummary(result_dir=shown, files=files, size_bytes=size, metrics=metrics)
     await ctx.send(job, action, cmd.FinishStoring(result=summary))

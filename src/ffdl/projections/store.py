@@ -7,6 +7,11 @@ already taken (a redelivery, or a stale owner's conflicting write) are ignored a
 The cluster GPU map and the queue are queries over the jobs table, not tables of their own.
 
 Writers: one projector per file. Readers: any number, each with its own connection (WAL).
+
+Each file has a :attr:`Projection.replica` id of its own, made when the file is made: the projector
+that folds into the file consumes in a consumer group named after it, so every projection file
+(each API replica's own, a rebuilt one put in place of the live one) is folded from every
+partition of the log, from the start, and resumes where that same file left off.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import gc
 import json
 import sqlite3
 import threading
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -59,6 +65,10 @@ CREATE TABLE IF NOT EXISTS positions (
 CREATE TABLE IF NOT EXISTS counters (
     name TEXT PRIMARY KEY,
     value INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS replica (
+    only INTEGER PRIMARY KEY CHECK (only = 0),
+    id TEXT NOT NULL
 );
 """
 
@@ -150,6 +160,8 @@ class Projection:
         self._folded = Aggregates(KINDS)  # what was folded last, so a batch need not fold it again
         with self._connection() as db:
             db.executescript(SCHEMA)
+            db.execute("INSERT OR IGNORE INTO replica VALUES (0, ?)", (uuid.uuid4().hex[:12],))
+            self.replica: str = db.execute("SELECT id FROM replica").fetchone()[0]
 
     @contextmanager
     def _connection(self) -> Iterator[sqlite3.Connection]:
@@ -387,6 +399,18 @@ class Projection:
         with self._connection() as db:
             row = db.execute("SELECT next_offset FROM positions WHERE partition = ?", (partition,)).fetchone()
         return bool(row and row[0] > offset)
+
+    def tenants_of(self, job_ids: Iterable[str]) -> dict[str, str]:
+        """The tenant of each of ``job_ids`` the projection holds (a deleted job's is not held)."""
+        wanted = sorted(set(job_ids))
+        found: dict[str, str] = {}
+        with self._connection() as db:
+            for start in range(0, len(wanted), 500):
+                chunk = wanted[start : start + 500]
+                marks = ",".join("?" * len(chunk))
+                rows = db.execute(f"SELECT job_id, tenant FROM jobs WHERE job_id IN ({marks})", chunk)
+                found.update(rows.fetchall())
+        return found
 
     def holdings(self) -> list[JsonObject]:
         """Jobs that hold GPUs now, with their placement: the cluster GPU map's source."""

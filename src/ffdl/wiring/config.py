@@ -9,6 +9,12 @@ fair share weight (tenants not named, like the API's ``default``, are unlimited 
 ``scheduler`` sets preemption, the minimum runtime before a job may be preempted, and how many
 waiting jobs get nodes reserved. A node with ``schedulable: false`` is cordoned: its jobs run on,
 nothing new is placed there.
+
+Bounds on what API callers may ask for: ``max_request_bytes`` per request body, ``max_followers``
+open streams (events, logs) in all and ``max_followers_per_tenant`` per tenant. A job's
+``data_dir`` and ``result_dir`` are URIs the platform never opens (``s3://...``), paths relative
+to the job's own directory, or absolute paths under ``data_roots`` / ``result_roots``
+(``FFDL_DATA_ROOTS='["/data"]'``); with no roots configured no absolute path is accepted.
 """
 
 from __future__ import annotations
@@ -117,6 +123,14 @@ class Settings(BaseSettings):
         description="tenants that write commands to the broker themselves, each to TOPIC_PREFIX.tenant."
         "NAME.commands (the workers relay them for that tenant; see docs/security.md)",
     )
+    max_followers: int = Field(default=256, ge=1, description="open event and log streams, in all")
+    max_followers_per_tenant: int = Field(default=16, ge=1, description="open streams per tenant")
+    data_roots: list[Path] = Field(
+        default_factory=list, description="absolute data_dir paths must be under one of these"
+    )
+    result_roots: list[Path] = Field(
+        default_factory=list, description="absolute result_dir paths must be under one of these"
+    )
 
     @classmethod
     def settings_customise_sources(
@@ -176,6 +190,12 @@ class Settings(BaseSettings):
         data_dir = self.data_dir.resolve()
         digest = hashlib.sha256(str(data_dir).encode()).hexdigest()[:12]
         return Path(tempfile.gettempdir()) / f"ffdl-learners-{os.geteuid()}" / f"{data_dir.name}-{digest}"
+
+    def job_dir(self, job_id: str) -> Path | None:
+        """A job's directory under the work directory; None for an id that names no plain directory."""
+        if not job_id or job_id in (".", "..") or "/" in job_id or "\0" in job_id:
+            return None
+        return self.work_dir / job_id
 
     @property
     def projection_path(self) -> Path:

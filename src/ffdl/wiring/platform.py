@@ -5,9 +5,11 @@ host with the monitor on the events topic), ``scheduler`` (under leader election
 (the read models), ``notifier`` (MQTT status out and telemetry in, when ``FFDL_MQTT`` is set) and
 ``api`` (served by the CLI's ``up``; its process also counts the dead-letter topic for the
 metrics). Consumer groups are named after the topic prefix, so platforms sharing a Kafka cluster
-never share one. Each role runs under a supervisor that restarts it after a crash with backoff (the
-shortest delay again once a role ran for :data:`HEALTHY_RUN_S`); a restarted role refolds its
-partitions first. ``FFDL_LAUNCHER=instant`` learners complete at once (benchmarks and scale tests).
+never share one; the projector's group is also named after its projection file's replica id, so
+each API replica with a projection of its own folds every partition into it. Each role runs under
+a supervisor that restarts it after a crash with backoff (the shortest delay again once a role ran
+for :data:`HEALTHY_RUN_S`); a restarted role refolds its partitions first.
+``FFDL_LAUNCHER=instant`` learners complete at once (benchmarks and scale tests).
 Singleton roles are elected through etcd when ``FFDL_ELECTION`` (or, by default, the heartbeat
 store) names an etcd, else through lock files in the data dir; the scheduler serves terms of
 leadership (``handlers/leadership.py``).
@@ -161,7 +163,8 @@ class Platform:
                     "FFDL_HEARTBEAT_TTL": str(s.heartbeat_ttl_s),
                 },
                 stop_grace_s=s.stop_grace_s,
-                result_dir=lambda job_id: s.work_dir / job_id / "results",
+                job_dir=s.job_dir,
+                result_roots=tuple(s.result_roots),
             )
             monitor = Monitor(
                 self.heartbeats,
@@ -212,7 +215,7 @@ class Platform:
             bridge = MqttBridge(s.mqtt, self.bus, self.topics, mqtt_sender, self._group("notifier"))
             self._supervise("notifier", lambda: bridge.run(self._stop))
         if "projector" in self.roles:
-            projectors = self._group("projector")
+            projectors = self._group(f"projector.{self.projection.replica}")
             self._supervise(
                 "projector",
                 lambda: consume(

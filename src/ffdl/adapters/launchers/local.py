@@ -87,7 +87,7 @@ MASTER_ADDR = "127.0.0.1"
 STOP_POLL_INTERVAL_S = 0.05
 KILL_WAIT_S = 5.0
 
-_PIDFILE = re.compile(r"^attempt-(\d+)-rank-(\d+)\.pid$")
+_PIDFILE = re.compile(r"\Aattempt-(\d+)-rank-(\d+)\.pid\Z")
 
 
 @dataclass(frozen=True, slots=True)

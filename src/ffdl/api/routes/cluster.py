@@ -1,5 +1,6 @@
 """The cluster as the scheduler sees it: the present nodes and who holds their GPUs, the queues in
-the scheduler's order, and why a job is pending. Jobs of other tenants are shown as 'other'."""
+the scheduler's order, and why a job is pending. Jobs of other tenants are shown as 'other' in the
+GPU map, and as "another tenant's job" in reasons."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ async def why(job_id: str, caller: Caller, backend: Backend, after: str | None =
     answer = await read(backend.projection.why, job_id)
     if answer is None:  # deleted since it was looked up
         raise problem(404, f"no job {job_id}", "job_id")
-    return answer
+    return await backend.redacted(caller, answer)
 
 
 @router.get("/v1/cluster")
@@ -77,4 +78,5 @@ async def queues(caller: Caller, backend: Backend) -> dict[str, Any]:
                 "reason": job["reason"],
             }
         )
-    return {"queues": by_tenant, "length": sum(len(q) for q in by_tenant.values())}
+    shown = await backend.redacted(caller, by_tenant)
+    return {"queues": shown, "length": sum(len(q) for q in by_tenant.values())}

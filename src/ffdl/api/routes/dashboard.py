@@ -69,7 +69,9 @@ async def follow_jobs(
     start = int(last) if last.isdigit() else after
     if start < 0:
         start = await read(backend.projection.last_change)
-    return StreamingResponse(
+    backend.followers.admit(caller.tenant)
+    return backend.followers.stream(
+        caller.tenant,
         _job_changes(request, backend, caller, start),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
@@ -79,23 +81,19 @@ async def follow_jobs(
 async def _job_changes(
     request: Request, backend: PlatformBackend, caller: Principal, cursor: int
 ) -> AsyncIterator[bytes]:
-    state = request.app.state
-    state.sse_followers += 1
-    try:
-        yield f"id: {cursor}\nevent: ready\ndata: {{}}\n\n".encode()
-        while not await request.is_disconnected():
-            cursor_after, documents, gone = await read(backend.projection.changed_jobs, cursor, FOLLOW_BATCH)
-            if cursor_after == cursor:
-                yield b": keep-alive\n\n"
-                await backend.platform.projector.wait_for_change(1.0)
-                continue
-            cursor = cursor_after
-            mine = [document for document in documents if caller.may_see(document["tenant"])]
-            if mine or gone:
-                data = json.dumps({"jobs": mine, "gone": gone})
-                yield f"id: {cursor}\nevent: jobs\ndata: {data}\n\n".encode()
-    finally:
-        state.sse_followers -= 1
+    yield f"id: {cursor}\nevent: ready\ndata: {{}}\n\n".encode()
+    while not await request.is_disconnected():
+        cursor_after, documents, gone = await read(backend.projection.changed_jobs, cursor, FOLLOW_BATCH)
+        if cursor_after == cursor:
+            yield b": keep-alive\n\n"
+            await backend.platform.projector.wait_for_change(1.0)
+            continue
+        cursor = cursor_after
+        mine = [document for document in documents if caller.may_see(document["tenant"])]
+        mine = await backend.redacted(caller, mine)
+        if mine or gone:
+            data = json.dumps({"jobs": mine, "gone": gone})
+            yield f"id: {cursor}\nevent: jobs\ndata: {data}\n\n".encode()
 
 
 @router.get("/v1/timemachine")
@@ -132,4 +130,4 @@ async def timemachine(
         }
         for point in series
     ]
-    return seen
+    return await backend.redacted(caller, seen)

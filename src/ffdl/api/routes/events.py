@@ -2,7 +2,8 @@
 
 The stream's ``id:`` is the event's seq, so a client resumes with ``Last-Event-ID``. Each follower
 reads the projection at its own pace (nothing is buffered per client), and a follower that goes
-away is noticed and its stream closed; ``app.state.sse_followers`` counts the open streams.
+away is noticed and its stream closed; the open streams are capped in all and per tenant
+(:mod:`ffdl.api.followers`). A tenant sees the events' reasons redacted like the job's.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
-from ffdl.api.dependencies import Backend, Caller, PlatformBackend, read
+from ffdl.adapters.tenants import Principal
+from ffdl.api.dependencies import MAX_OFFSET, Backend, Caller, PlatformBackend, problem, read
 from ffdl.core.kinds import JOBS
 from ffdl.core.states import JobState
 
@@ -28,41 +30,42 @@ async def events(
     caller: Caller,
     backend: Backend,
     follow: bool = False,
-    after_seq: Annotated[int, Query(ge=0)] = 0,
+    after_seq: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> dict[str, Any] | StreamingResponse:
     """The job's history; with ``follow=true`` a resumable Server-Sent Events stream."""
     await backend.visible_job(job_id, caller)
     if not follow:
-        return {"events": await read(backend.projection.history, JOBS, job_id, after_seq, 100_000)}
-    last = request.headers.get("last-event-id", "")
-    start = int(last) if last.isdigit() else after_seq
-    return StreamingResponse(
-        follow_events(request, backend, job_id, start),
+        history = await read(backend.projection.history, JOBS, job_id, after_seq, 100_000)
+        return {"events": await backend.redacted(caller, history)}
+    start = after_seq
+    if last := request.headers.get("last-event-id", ""):
+        if not (last.isascii() and last.isdigit() and len(last) <= 19 and int(last) <= MAX_OFFSET):
+            raise problem(422, f"must be the seq of an event: an integer up to {MAX_OFFSET}", "Last-Event-ID")
+        start = int(last)
+    backend.followers.admit(caller.tenant)
+    return backend.followers.stream(
+        caller.tenant,
+        follow_events(request, backend, caller, job_id, start),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
 
 
 async def follow_events(
-    request: Request, backend: PlatformBackend, job_id: str, after_seq: int
+    request: Request, backend: PlatformBackend, caller: Principal, job_id: str, after_seq: int
 ) -> AsyncIterator[bytes]:
     """The job's events after ``after_seq`` as they are projected, until the job has ended and
     released its GPUs or the client has gone."""
-    state = request.app.state
-    state.sse_followers += 1
     seq = after_seq
-    try:
-        while not await request.is_disconnected():
-            batch = await read(backend.projection.history, JOBS, job_id, seq, 200)
-            for event in batch:
-                seq = event["seq"]
-                yield f"id: {seq}\nevent: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
-            if batch:
-                continue
-            document = await read(backend.projection.get, job_id)
-            if document is None or (JobState(document["state"]).terminal and document["placement"] is None):
-                return
-            yield b": keep-alive\n\n"
-            await backend.platform.projector.wait_for_change(1.0)
-    finally:
-        state.sse_followers -= 1
+    while not await request.is_disconnected():
+        batch = await read(backend.projection.history, JOBS, job_id, seq, 200)
+        for event in await backend.redacted(caller, batch):
+            seq = event["seq"]
+            yield f"id: {seq}\nevent: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
+        if batch:
+            continue
+        document = await read(backend.projection.get, job_id)
+        if document is None or (JobState(document["state"]).terminal and document["placement"] is None):
+            return
+        yield b": keep-alive\n\n"
+        await backend.platform.projector.wait_for_change(1.0)

@@ -1,4 +1,5 @@
-"""Liveness, readiness (the event log answers and the projection has caught up) and Prometheus metrics."""
+"""Liveness, readiness (the event log answers and this replica's projection has caught up) and
+Prometheus metrics (admins only: they name every tenant and its queue)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from ffdl.api.dependencies import Backend, read
+from ffdl.api.dependencies import Admin, Backend, read
 
 router = APIRouter()
 
@@ -21,7 +22,11 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz")
 async def readyz(backend: Backend) -> JSONResponse:
-    """Readiness: the event log answers and the projection has caught up with it."""
+    """Readiness: the event log answers, and this replica's projection has caught up with the log's
+    end as it was when the replica was first asked (at its start). Once caught up it stays ready
+    while the log answers: under a steady stream of writes a projection is always a little behind
+    the end of the moment, which must not take the replica out of service. ``behind`` tells how
+    many events of each partition it has yet to apply now."""
     platform = backend.platform
     try:
         ends = await asyncio.wait_for(platform.bus.end_offsets(platform.topics.events), 2.0)
@@ -29,16 +34,16 @@ async def readyz(backend: Backend) -> JSONResponse:
         return JSONResponse({"ready": False, "reason": f"event log unreachable: {exc}"}, status_code=503)
     applied = await read(backend.projection.positions)
     behind = {str(p): end - applied.get(p, 0) for p, end in ends.items() if end > applied.get(p, 0)}
-    if behind:
+    if not backend.readiness.caught_up(ends, applied):
         return JSONResponse(
             {"ready": False, "reason": "projection catching up", "behind": behind}, status_code=503
         )
-    return JSONResponse({"ready": True})
+    return JSONResponse({"ready": True, "behind": behind})
 
 
 @router.get("/metrics")
-async def metrics(backend: Backend) -> Response:
-    """Prometheus metrics."""
+async def metrics(caller: Admin, backend: Backend) -> Response:
+    """Prometheus metrics, for admins (scrape with an admin's bearer token)."""
     platform = backend.platform
     try:
         backend.collector.log_ends = await asyncio.wait_for(

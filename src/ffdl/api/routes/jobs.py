@@ -99,7 +99,10 @@ async def list_jobs(
     if len(documents) == limit:
         last = json.loads(documents[-1])
         next_cursor = f"{last['submitted_at']}|{last['job_id']}"
-    # the stored documents are JSON already: pass them on without parsing and re-encoding each
+    if not caller.admin:  # a tenant's documents are parsed: their reasons may name other tenants' jobs
+        shown = await backend.redacted(caller, [json.loads(document) for document in documents])
+        documents = [json.dumps(document) for document in shown]
+    # an admin's are JSON already: passed on without parsing and re-encoding each
     body = f'{{"jobs":[{",".join(documents)}],"next_cursor":{json.dumps(next_cursor)}}}'
     return Response(body, media_type="application/json")
 
@@ -112,7 +115,7 @@ async def get_job(job_id: str, caller: Caller, backend: Backend, after: str | No
     alive = await backend.heartbeats.of(job_id) if not JobState(document["state"]).terminal else {}
     for learner in document["learners"]:
         learner["heartbeat"] = alive.get(learner["rank"], {"alive": False})
-    return JSONResponse(document)
+    return JSONResponse(await backend.redacted(caller, document))
 
 
 @router.delete("/v1/jobs/{job_id}", status_code=202)

@@ -1,15 +1,19 @@
 """The inventory: everyone lists and shows nodes (folded from the node events); only admins cordon,
-drain and uncordon, which are node commands on the log like a job's, answered by the node's owner."""
+drain and uncordon, which are node commands on the log like a job's, answered by the node's owner.
+
+The request bodies of cordon and uncordon are read by dependencies on :data:`Admin`: a caller who
+is not an admin is refused before a byte of its body is parsed. Their schemas are documented in
+the OpenAPI document as the bodies FastAPI would otherwise have read first."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Query, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from ffdl.adapters.tenants import Principal
-from ffdl.api.dependencies import Admin, Backend, Caller, PlatformBackend, problem, read
+from ffdl.api.dependencies import Admin, Backend, Caller, PlatformBackend, json_body, problem, read
 from ffdl.api.routes.cluster import gpu_holders
 from ffdl.core.kinds import NODES
 from ffdl.core.nodes import NodeStatus
@@ -29,6 +33,20 @@ class UncordonRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     reason: Annotated[str, Field(max_length=2000)] = ""
+
+
+async def cordon_request(caller: Admin, request: Request) -> CordonRequest:
+    return await json_body(request, CordonRequest)
+
+
+async def uncordon_request(caller: Admin, request: Request) -> UncordonRequest:
+    return await json_body(request, UncordonRequest)
+
+
+def documented_body(model: type[BaseModel], *, required: bool) -> dict[str, Any]:
+    """The OpenAPI request body of a route that reads ``model`` in a dependency (JSON)."""
+    schema = {"content": {"application/json": {"schema": model.model_json_schema()}}, "required": required}
+    return {"requestBody": schema}
 
 
 async def known_node(backend: PlatformBackend, name: str) -> dict[str, Any]:
@@ -101,9 +119,13 @@ async def write_node(
     return {**document, "position": written.position, "changed": written.changed}
 
 
-@router.post("/v1/nodes/{name}:cordon")
+@router.post("/v1/nodes/{name}:cordon", openapi_extra=documented_body(CordonRequest, required=True))
 async def cordon(
-    name: str, caller: Admin, backend: Backend, body: Annotated[CordonRequest, Body()], response: Response
+    name: str,
+    caller: Admin,
+    backend: Backend,
+    body: Annotated[CordonRequest, Depends(cordon_request)],
+    response: Response,
 ) -> dict[str, Any]:
     """Admins: place nothing new on the node; with ``drain`` also halt its jobs with a checkpoint
     and requeue them to resume elsewhere. An operator's cordon replaces the inventory's; cordoning
@@ -113,15 +135,14 @@ async def cordon(
     )
 
 
-@router.post("/v1/nodes/{name}:uncordon")
+@router.post("/v1/nodes/{name}:uncordon", openapi_extra=documented_body(UncordonRequest, required=False))
 async def uncordon(
     name: str,
     caller: Admin,
     backend: Backend,
     response: Response,
-    body: Annotated[UncordonRequest | None, Body()] = None,
+    body: Annotated[UncordonRequest, Depends(uncordon_request)],
 ) -> dict[str, Any]:
     """Admins: lift an operator's cordon or drain (one the inventory put there is lifted at its
     source: 409). Uncordoning a node that is not cordoned changes nothing: ``changed: false``."""
-    reason = body.reason if body is not None else ""
-    return await write_node(backend, caller, name, nd.UncordonNode(reason=reason), response)
+    return await write_node(backend, caller, name, nd.UncordonNode(reason=body.reason), response)

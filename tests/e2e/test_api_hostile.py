@@ -1,0 +1,315 @@
+"""The HTTP API against a hostile client, on the real platform: every bad input is a fast 4xx that
+names the field, nothing holds a request or the event loop, nothing leaks across tenants.
+
+The time bounds are loose guards against hanging (the unbounded versions took seconds to minutes
+or never answered), not benchmarks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ffdl.adapters.tenants import TenantRegistry
+from ffdl.api.redaction import ANOTHER_JOB
+from ffdl.wiring.config import SchedulerConfig, Settings
+from tests.harness import Api, fast_settings, manifest
+from tests.services import wait_until_async
+
+pytestmark = pytest.mark.e2e
+
+FAST_S = 2.0
+LONG = ["--steps", "2000", "--delay", "0.05"]
+
+
+@pytest.fixture
+async def settings(tmp_path: Path) -> Settings:
+    return fast_settings(
+        tmp_path / "ffdl",
+        max_followers=3,
+        max_followers_per_tenant=2,
+        result_roots=[tmp_path / "results"],
+        scheduler=SchedulerConfig(preemption=False),
+    )
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+async def timed(request: Awaitable[httpx.Response]) -> httpx.Response:
+    """The response, asserted to have come within :data:`FAST_S`."""
+    started = time.monotonic()
+    response = await request
+    elapsed = time.monotonic() - started
+    assert elapsed < FAST_S, f"answered after {elapsed:.1f} s"
+    return response
+
+
+@asynccontextmanager
+async def as_admin(api: Api, token: str) -> AsyncIterator[Api]:
+    """The API as an admin holding ``token`` sees it (the harness's waits, authenticated)."""
+    async with httpx.AsyncClient(
+        base_url=str(api.http.base_url), headers=bearer(token), timeout=30
+    ) as client:
+        yield Api(client, api.app)
+
+
+def refused(response: httpx.Response, status: int, field: str) -> None:
+    assert response.status_code == status, response.text
+    fields = [problem["field"] for problem in response.json()["detail"]]
+    assert field in fields, fields
+
+
+def alias_bomb(levels: int = 8) -> str:
+    """YAML of ~400 bytes whose aliases stand for 9**levels strings."""
+    lines = ['a0: &a0 ["x","x","x","x","x","x","x","x","x"]']
+    for level in range(1, levels):
+        lines.append(f"a{level}: &a{level} [" + ",".join([f"*a{level - 1}"] * 9) + "]")
+    lines.append(f"name: bomb\ncommand: 'true'\nlabels: *a{levels - 1}")
+    return "\n".join(lines)
+
+
+async def submit_raw(api: Api, body: str | bytes, headers: dict[str, str] | None = None) -> httpx.Response:
+    return await timed(
+        api.http.post(
+            "/v1/jobs", content=body, headers={"Content-Type": "application/yaml", **(headers or {})}
+        )
+    )
+
+
+async def test_a_yaml_alias_bomb_is_refused_at_once(api: Api) -> None:
+    bomb = alias_bomb()
+    assert len(bomb) < 500
+    refused(await submit_raw(api, bomb), 422, "(body)")
+
+
+async def test_deep_nesting_huge_numbers_and_newline_names_are_4xx_naming_the_field(api: Api) -> None:
+    deep_yaml = "name: deep\ncommand: 'true'\nlabels: " + "[" * 100_000 + "]" * 100_000
+    refused(await submit_raw(api, deep_yaml), 422, "(body)")
+    deep_json = '{"name": "deep", "command": "true", "env": ' + '{"a": ' * 30_000 + "1" + "}" * 30_001
+    refused(await submit_raw(api, deep_json), 422, "(body)")
+    refused(await submit_raw(api, f"name: big\ncommand: 'true'\nlearners: {'9' * 100_000}"), 422, "learners")
+    refused(await submit_raw(api, f"name: big\ncommand: 'true'\npriority: -{'9' * 5_000}"), 422, "priority")
+    ffdl_memory = f"name: big\nframework: {{name: tf, command: 'true'}}\nmemory: {'9' * 400}Gb"
+    refused(await submit_raw(api, ffdl_memory), 422, "memory")
+    refused(await submit_raw(api, json.dumps({"name": "job\n", "command": "true"})), 422, "name")
+    refused(await submit_raw(api, "name: when\ncommand: 'true'\nlabels: {at: 2024-13-45}"), 422, "(body)")
+    cordon = await timed(api.http.post("/v1/nodes/node-a:cordon", content=b'{"reason": ' + b"[" * 10_000))
+    refused(cordon, 422, "(body)")
+    seq = await timed(api.http.get("/v1/jobs/x/events", params={"after_seq": "9" * 30}))
+    refused(seq, 422, "after_seq")
+
+
+def chunks(count: int, size: int = 1 << 16) -> AsyncIterator[bytes]:
+    """A chunked request body: ``count`` chunks of ``size`` bytes (a YAML comment each)."""
+
+    async def body() -> AsyncIterator[bytes]:
+        for _ in range(count):
+            yield b"#" + b"x" * (size - 2) + b"\n"
+
+    return body()
+
+
+async def test_an_oversize_body_is_refused_as_it_arrives_chunked_or_not(api: Api, settings: Settings) -> None:
+    limit = settings.max_request_bytes
+    a_little_over = limit // (1 << 16) + 2
+    refused(await timed(api.http.post("/v1/jobs", content=chunks(a_little_over))), 413, "(body)")
+    cordon = await timed(api.http.post("/v1/nodes/node-a:cordon", content=chunks(a_little_over)))
+    refused(cordon, 413, "(body)")
+    refused(await timed(api.http.post("/v1/jobs", content=b"x" * (limit + 1))), 413, "(body)")
+
+
+async def test_the_server_stops_reading_an_endless_chunked_body(api: Api, settings: Settings) -> None:
+    sent = 0
+
+    async def endless() -> AsyncIterator[bytes]:
+        nonlocal sent
+        async for chunk in chunks(100_000):  # 6.4 GB if the server read it all
+            sent += len(chunk)
+            yield chunk
+
+    started = time.monotonic()
+    try:
+        response = await api.http.post("/v1/jobs", content=endless())
+    except httpx.TransportError:  # the server closed the connection it stopped reading
+        pass
+    else:
+        refused(response, 413, "(body)")
+    assert time.monotonic() - started < FAST_S
+    assert sent < 64 << 20, f"the client could send {sent} bytes: the server read on"
+
+
+async def test_no_body_is_parsed_before_its_sender_is_authenticated(api: Api, settings: Settings) -> None:
+    registry = TenantRegistry(settings.tenants_path)
+    tenant = registry.add("acme")
+    bad_json = b'{"reason": '
+    for path in ("/v1/nodes/node-a:cordon", "/v1/nodes/node-a:uncordon"):
+        refused(await timed(api.http.post(path, content=bad_json)), 401, "Authorization")
+        refused(
+            await timed(api.http.post(path, content=bad_json, headers=bearer(tenant))), 403, "Authorization"
+        )
+    refused(await submit_raw(api, alias_bomb()), 401, "Authorization")
+    refused(await submit_raw(api, alias_bomb(), bearer(tenant)), 422, "(body)")
+
+
+async def test_a_position_beyond_the_end_of_the_log_is_refused_at_once(api: Api, settings: Settings) -> None:
+    job_id = await api.submit(manifest("ahead", learners=1, args=["--steps", "2"]))
+    for after in ("0:999999999", f"0:{'9' * 40}", f"{settings.partitions}:0", "1:-1", "soon"):
+        for path in ("/v1/jobs", f"/v1/jobs/{job_id}", f"/v1/jobs/{job_id}/why", "/v1/nodes"):
+            refused(await timed(api.http.get(path, params={"after": after})), 422, "after")
+
+
+async def test_followers_are_capped_per_tenant_and_in_all_with_retry_after(
+    api: Api, settings: Settings
+) -> None:
+    registry = TenantRegistry(settings.tenants_path)
+    acme, globex = registry.add("acme"), registry.add("globex")
+    ids = {}
+    for name, token in (("acme", acme), ("globex", globex)):
+        response = await api.http.post(
+            "/v1/jobs", content=manifest(name, learners=1, args=LONG), headers=bearer(token)
+        )
+        assert response.status_code == 201, response.text
+        ids[token] = response.json()["job_id"]
+    followers = api.app.state.backend.followers
+
+    async def logging() -> bool:
+        response = await api.http.get(f"/v1/jobs/{ids[acme]}/logs", headers=bearer(acme))
+        return response.status_code == 200
+
+    await wait_until_async(logging, 30, what="acme's learner to log")
+
+    async with AsyncExitStack() as streams:
+
+        async def follow(token: str) -> httpx.Response:
+            request = api.http.stream(
+                "GET", f"/v1/jobs/{ids[token]}/events?follow=true", headers=bearer(token)
+            )
+            return await timed(streams.enter_async_context(request))
+
+        for _ in range(settings.max_followers_per_tenant):
+            assert (await follow(acme)).status_code == 200
+        over_tenant = await follow(acme)
+        assert over_tenant.status_code == 429 and int(over_tenant.headers["Retry-After"]) > 0
+        logs = await timed(
+            api.http.get(f"/v1/jobs/{ids[acme]}/logs", params={"follow": "true"}, headers=bearer(acme))
+        )
+        assert logs.status_code == 429, "following a log takes a slot as well"
+        assert (await follow(globex)).status_code == 200
+        over_total = await follow(globex)
+        assert over_total.status_code == 429 and "Retry-After" in over_total.headers
+        assert followers.open == settings.max_followers
+    await wait_until_async(lambda: followers.open == 0, 10, what="the streams' slots to be released")
+    sre = registry.add("sre", admin=True)
+    for job_id in ids.values():
+        await api.http.delete(f"/v1/jobs/{job_id}", headers=bearer(sre))
+
+
+async def test_a_huge_log_is_tailed_without_reading_it(api: Api, settings: Settings) -> None:
+    job_id = await api.submit(manifest("logged", learners=1, args=["--steps", "2"]))
+    await api.wait(job_id, "COMPLETED", released=True)
+    job_dir = settings.job_dir(job_id)
+    assert job_dir is not None
+    log = job_dir / "logs" / "attempt-1" / "learner-0.log"
+    with log.open("wb") as handle:
+        handle.truncate(16 << 30)  # 16 GiB, sparse: reading it whole would take minutes and the memory
+        handle.seek(0, os.SEEK_END)
+        handle.write(b"".join(b"line %d\n" % n for n in range(1000)))
+    response = await timed(api.http.get(f"/v1/jobs/{job_id}/logs", params={"tail": 3}))
+    assert response.status_code == 200 and response.text == "line 997\nline 998\nline 999\n"
+    log.write_bytes(b"x" * (8 << 20) + b"\n")  # one line of 8 MiB: the tail is cut to its last bytes
+    one_line = await timed(api.http.get(f"/v1/jobs/{job_id}/logs", params={"tail": 1}))
+    assert one_line.status_code == 200 and 0 < len(one_line.content) <= 1 << 20
+    refused(await timed(api.http.get(f"/v1/jobs/{job_id}/logs", params={"tail": 10**9})), 422, "tail")
+
+
+async def test_data_and_result_places_are_confined_to_the_configured_roots(
+    api: Api, settings: Settings
+) -> None:
+    for field, place in (
+        ("result_dir", "/"),
+        ("result_dir", "/etc/ffdl"),
+        ("data_dir", "/home"),
+        ("result_dir", "out/../../.."),
+        ("data_dir", "train\n"),
+    ):
+        body = json.dumps({"name": "place", "command": "true", field: place})
+        refused(await submit_raw(api, body), 422, field)
+    root = settings.result_roots[0]
+    inside = root / "mine"
+    inside.mkdir(parents=True)
+    (inside / "model.bin").write_bytes(b"w" * 1000)
+    for place in (str(inside), "s3://results/mine", "relative-results"):
+        job_id = await api.submit(
+            manifest("place", learners=1, gpus=0, args=["--steps", "2"], result_dir=place)
+        )
+        job = await api.wait(job_id, "COMPLETED", released=True)
+        if place == str(inside):
+            assert job["result"]["files"] == 1 and job["result"]["size_bytes"] == 1000
+        if place.startswith("s3://"):
+            assert job["result"]["result_dir"] == place and job["result"]["files"] == 0
+
+
+async def test_a_result_directory_a_learner_links_to_the_root_is_not_walked(api: Api) -> None:
+    escape = {"name": "escape", "command": "rm -rf results && ln -s / results"}
+    job_id = await api.submit(json.dumps(escape))
+    job = await api.wait(job_id, "COMPLETED", released=True, timeout_s=30)
+    assert job["result"]["files"] == 0 and job["result"]["size_bytes"] == 0
+
+
+async def test_metrics_need_an_admin(api: Api, settings: Settings) -> None:
+    registry = TenantRegistry(settings.tenants_path)
+    tenant, sre = registry.add("acme"), registry.add("sre", admin=True)
+    refused(await timed(api.http.get("/metrics")), 401, "Authorization")
+    refused(await timed(api.http.get("/metrics", headers=bearer(tenant))), 403, "Authorization")
+    scraped = await timed(api.http.get("/metrics", headers=bearer(sre)))
+    assert scraped.status_code == 200 and "ffdl_jobs" in scraped.text
+
+
+async def test_a_tenant_is_never_shown_another_tenants_job_id(api: Api, settings: Settings) -> None:
+    registry = TenantRegistry(settings.tenants_path)
+    acme, globex, sre = registry.add("acme"), registry.add("globex"), registry.add("sre", admin=True)
+
+    async def submit(token: str, name: str, priority: int, args: list[str]) -> str:
+        text = manifest(name, learners=1, gpus=4, args=args, priority=priority)
+        response = await api.http.post("/v1/jobs", content=text, headers=bearer(token))
+        assert response.status_code == 201, response.text
+        return str(response.json()["job_id"])
+
+    async with as_admin(api, sre) as admin:
+        holder = await submit(acme, "holder", 0, LONG)
+        await admin.wait(holder, "RUNNING")
+        ahead = await submit(globex, "ahead", 10, ["--steps", "2"])
+        behind = await submit(acme, "behind", 5, ["--steps", "2"])
+        admin_view = await admin.wait_for(
+            behind,
+            lambda job: ahead in (job["waiting"] or {}).get("waiting_for", []),
+            "behind waits for ahead",
+        )
+    assert ahead in admin_view["waiting"]["detail"], "the log and an admin keep the truth"
+
+    shown = []
+    for path in (
+        f"/v1/jobs/{behind}/why",
+        f"/v1/jobs/{behind}",
+        f"/v1/jobs/{behind}/events",
+        "/v1/jobs",
+        "/v1/queues",
+    ):
+        response = await api.http.get(path, headers=bearer(acme))
+        assert response.status_code == 200, (path, response.text)
+        shown.append(response.text)
+        assert ahead not in response.text, f"{path} names globex's job to acme"
+    why = json.loads(shown[0])
+    assert why["waiting"]["waiting_for"] == [ANOTHER_JOB] and ANOTHER_JOB in why["summary"]
+    assert "globex" not in "".join(shown)
+    for job_id in (holder, ahead, behind):
+        await api.http.delete(f"/v1/jobs/{job_id}", headers=bearer(sre))

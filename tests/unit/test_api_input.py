@@ -1,0 +1,139 @@
+"""The API's bounds on what callers send and what tenants are shown, without a platform: manifest
+parsing, data and result places, log tails and the redaction of other tenants' jobs from reasons."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path, PurePosixPath
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ffdl.adapters.tenants import Principal
+from ffdl.api.manifest import MAX_DEPTH, MAX_NODES, ManifestError, parse_manifest
+from ffdl.api.redaction import ANOTHER_JOB, ANOTHER_TENANT, Redactor, mentioned_jobs
+from ffdl.api.routes.logs import tail_of
+from ffdl.core.places import place_problem
+
+
+def problems(text: str | bytes) -> list[tuple[str, str]]:
+    with pytest.raises(ManifestError) as refused:
+        parse_manifest(text)
+    return refused.value.problems
+
+
+def test_yaml_anchors_and_aliases_are_refused_before_anything_is_expanded() -> None:
+    levels = ['a0: &a0 ["x","x","x","x","x","x","x","x","x"]']
+    levels += [f"a{n}: &a{n} [" + ",".join([f"*a{n - 1}"] * 9) + "]" for n in range(1, 8)]
+    started = time.monotonic()
+    assert problems("\n".join([*levels, "name: bomb", "command: run", "labels: *a7"]))[0][0] == "(body)"
+    assert time.monotonic() - started < 0.5
+    assert "anchors" in problems("name: &n job\ncommand: run\n")[0][1]
+
+
+def test_nesting_and_size_are_bounded() -> None:
+    assert (
+        "levels"
+        in problems("name: x\ncommand: y\nlabels: " + "[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1))[0][1]
+    )
+    assert "values" in problems("name: x\ncommand: y\nlabels: [" + ",".join(["1"] * MAX_NODES) + "]")[0][1]
+    parse_manifest("name: x\ncommand: y\nlabels: {a: b}\nenv: {A: b}\n")
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ("name: x\ncommand: y\nlearners: " + "9" * 10_000, "learners"),
+        ("name: x\ncommand: y\ncpus: " + "9" * 10_000 + ".0", "cpus"),
+        ("name: x\ncommand: y\ncpus: .nan", "cpus"),
+        ("name: x\nmemory: .inf\nframework: {name: tf, command: y}", "memory"),
+        ("name: x\nmemory: " + "9" * 400 + "Tb\nframework: {name: tf, command: y}", "memory"),
+        ('{"name": "job\\n", "command": "y"}', "name"),
+        ("name: x\ncommand: y\nlabels: {when: 2024-13-45}", "(body)"),
+        ("name: x\ncommand: y\n? [a, b]\n: c", "(body)"),
+        (b"name: x\ncommand: \xff\xfe", "(body)"),
+    ],
+)
+def test_a_bad_manifest_is_refused_naming_the_field(text: str | bytes, field: str) -> None:
+    assert field in [f for f, _ in problems(text)]
+
+
+@pytest.mark.parametrize(
+    ("place", "accepted"),
+    [
+        ("s3://bucket/prefix", True),
+        ("train-data", True),
+        ("out/model", True),
+        ("/data/mnist", True),
+        ("/data", True),
+        ("/", False),
+        ("/database", False),
+        ("/data/../etc", False),
+        ("out/../../..", False),
+        ("train\n", False),
+        ("a\0b", False),
+    ],
+)
+def test_places_are_uris_relative_paths_or_under_a_root(place: str, accepted: bool) -> None:
+    assert (place_problem(place, [PurePosixPath("/data")]) is None) is accepted
+
+
+def test_with_no_root_configured_no_absolute_path_is_a_place() -> None:
+    assert "none are configured" in str(place_problem("/data", []))
+
+
+def test_a_tail_is_read_from_the_end_of_the_file(tmp_path: Path) -> None:
+    log = tmp_path / "learner-0.log"
+    with log.open("wb") as handle:
+        handle.truncate(64 << 30)  # sparse: reading it whole would never finish in time
+        handle.seek(0, 2)
+        handle.write(b"one\ntwo\nthree")
+    started = time.monotonic()
+    assert tail_of(log, 2) == (b"two\nthree", (64 << 30) + 13)
+    assert time.monotonic() - started < 0.5
+    log.write_bytes(b"a\nb\n")
+    assert tail_of(log, 5) == (b"a\nb\n", 4)
+    log.write_bytes(b"x" * 100 + b"\n")
+    assert tail_of(log, 1, max_bytes=10) == (b"x" * 9 + b"\n", 101)
+
+
+_NAMES = st.from_regex(r"\A[a-z][a-z0-9]{0,6}-[0-9a-f]{8}\Z")
+
+
+@given(
+    ours=st.lists(_NAMES, max_size=3, unique=True),
+    theirs=st.lists(_NAMES, min_size=1, max_size=3, unique=True),
+)
+def test_a_tenant_is_shown_no_other_tenants_job_id_in_any_reason(ours: list[str], theirs: list[str]) -> None:
+    theirs = [job for job in theirs if job not in ours]
+    if not theirs:
+        return
+    named = [*theirs, *ours]
+    document = {
+        "job_id": "mine-00000000",
+        "reason": f"preempted to reclaim tenant globex's guarantee of 4 GPUs for job {theirs[0]}: "
+        "tenant acme borrows beyond its own",
+        "waiting": {
+            "detail": f"it would fit, but only on nodes kept free for {', '.join(named)}, ahead of it",
+            "waiting_for": named,
+        },
+        "history": [{"reason": f"higher-priority job {theirs[-1]} waits ahead of it"}],
+        "spec": {"command": f"echo job {theirs[0]}"},
+    }
+    mentioned = mentioned_jobs(document)
+    assert set(named) <= mentioned
+    owners = {**dict.fromkeys(theirs, "globex"), **dict.fromkeys(ours, "acme")}
+    shown = Redactor(Principal("acme", admin=False), mentioned, owners, ["acme", "globex"]).value(document)
+    reasons = f"{shown['reason']} {shown['waiting']} {shown['history']}"
+    for job in theirs:
+        assert not re.search(rf"(?<![\w-]){re.escape(job)}(?![\w-])", reasons)
+    for job in ours:
+        assert job in shown["waiting"]["waiting_for"] and job in shown["waiting"]["detail"]
+    assert shown["waiting"]["waiting_for"].count(ANOTHER_JOB) == len(theirs)
+    assert "globex" not in reasons and f"{ANOTHER_TENANT}'s guarantee" in shown["reason"]
+    assert "tenant acme borrows" in shown["reason"], "the caller's own name stays"
+    assert shown["spec"] == document["spec"], "only reasons are rewritten"
+    admin = Redactor(Principal("sre", admin=True), mentioned, owners, ["acme", "globex"])
+    assert admin.value(document) == document, "an admin sees the truth"
