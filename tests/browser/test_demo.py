@@ -25,7 +25,8 @@ async def test_the_demo_job_is_watched_on_the_dashboard_through_its_restart_to_c
     # the demo logs to a file it closes at the end; the suite's logging must outlive it
     monkeypatch.setattr(demo, "configure_logging", lambda *args: None)
     base = f"http://127.0.0.1:{port}"
-    running = asyncio.create_task(demo.run_demo(chaos=True, steps=60, keep=False))
+    # the demo serves on for a few seconds after the job ends, as it does for a person watching
+    running = asyncio.create_task(demo.run_demo(chaos=True, steps=60, keep=False, linger_s=5.0))
     job_ids: list[str] = []
 
     async def submitted() -> bool:

@@ -51,7 +51,9 @@ def demo_manifest(steps: int) -> str:
     )
 
 
-async def run_demo(*, chaos: bool, steps: int, keep: bool) -> int:
+async def run_demo(*, chaos: bool, steps: int, keep: bool, linger_s: float = 0.0) -> int:
+    """Run the demo job to its end; the API and dashboard stay up ``linger_s`` more seconds so that a
+    person (or a browser) watching the job sees its final state before the platform stops."""
     data_dir = Path(tempfile.mkdtemp(prefix="ffdl-demo-"))
     log_file = data_dir / "platform.log"
     with log_file.open("w") as log_stream:
@@ -76,6 +78,9 @@ async def run_demo(*, chaos: bool, steps: int, keep: bool) -> int:
             serving = asyncio.create_task(server.serve())
             try:
                 job = await asyncio.wait_for(_drive(settings.api, steps, chaos), DEMO_TIMEOUT_S)
+                if linger_s > 0:
+                    console.print(f"the dashboard stays up {linger_s:.0f} s more: {settings.api}/")
+                    await asyncio.sleep(linger_s)
             finally:
                 server.should_exit = True
                 await serving

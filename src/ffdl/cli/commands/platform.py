@@ -42,11 +42,14 @@ def demo(
     chaos: Annotated[bool, typer.Option("--chaos/--no-chaos", help="Kill one learner partway.")] = True,
     steps: Annotated[int, typer.Option(help="Training steps of the demo job.")] = 240,
     keep: Annotated[bool, typer.Option(help="Keep the demo's data directory.")] = False,
+    linger: Annotated[
+        float, typer.Option(min=0, help="Seconds the dashboard stays up after the job ends.")
+    ] = 10.0,
 ) -> None:
     """Start the platform, run a 2-learner training job through a learner failure to COMPLETED."""
     from ffdl.cli.demo import run_demo  # noqa: PLC0415
 
-    raise typer.Exit(asyncio.run(run_demo(chaos=chaos, steps=steps, keep=keep)))
+    raise typer.Exit(asyncio.run(run_demo(chaos=chaos, steps=steps, keep=keep, linger_s=linger)))
 
 
 @app.command()
