@@ -1,5 +1,5 @@
 """A Kubernetes API for tests: kmock's emulator with the apiserver behaviour the launcher relies on,
-and a local kubelet that runs pods as processes on this machine (DESIGN §9: no cluster runs here).
+and a local kubelet that runs pods as processes on this machine (architecture §9: no cluster runs here).
 
 :class:`ApiServer` is kmock's ``KubernetesEmulator`` (an in-memory API over real HTTP) with what a
 real apiserver does and kmock leaves out, each done as the apiserver does it:

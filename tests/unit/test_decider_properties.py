@@ -1,4 +1,4 @@
-"""Random command sequences through the decider keep every invariant of DESIGN §4 and §5.
+"""Random command sequences through the decider keep every invariant of architecture §4 and §5.
 
 Hypothesis drives two jobs with requests and observations (right and wrong attempts, ranks that
 exist and ranks that do not, valid and broken placements, a scheduler that gets deposed, another

@@ -1,4 +1,4 @@
-"""Leader election for singleton roles on etcd, with fencing tokens (DESIGN §5).
+"""Leader election for singleton roles on etcd, with fencing tokens (architecture §5).
 
 A role is led by whoever holds the key ``/ffdl/leaders/<role>``. The key is bound to the leader's
 lease and is created by a transaction that succeeds only while the key is absent (its

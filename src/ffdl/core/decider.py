@@ -1,4 +1,4 @@
-"""The job decider: ``decide(job, command, now) -> events``, pure and deterministic (DESIGN §2, §5).
+"""The job decider: ``decide(job, command, now) -> events``, pure and deterministic (architecture §2, §5).
 
 The job's owner calls it for every command on the job's partition. The events it returns are
 numbered from the job's current ``seq`` and get ids derived from the command id, so deciding the

@@ -1,4 +1,4 @@
-"""The invariants of DESIGN §5, checked over an event log as a pure streaming fold.
+"""The invariants of architecture §5, checked over an event log as a pure streaming fold.
 
 The tests and ``ffdl verify`` use this one checker. It reads events in log order (per job and per
 node that is seq order; across them it is the order the log gives) and reports every violation

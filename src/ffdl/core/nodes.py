@@ -1,6 +1,6 @@
 """The inventory as aggregates: a node's state folded from its events, and its decider.
 
-A node is decided like a job (DESIGN §5): its owner folds its events, checks each command
+A node is decided like a job (architecture §5): its owner folds its events, checks each command
 against that state (and the sender's fencing token) and appends what follows, numbered from the
 node's ``seq`` with ids derived from the command's, so a redelivered command decides nothing new.
 

@@ -1,4 +1,4 @@
-"""Job states and the single transition table (DESIGN §4): nothing else changes a job's state.
+"""Job states and the single transition table (architecture §4): nothing else changes a job's state.
 
 The table maps each event type to the states in which it may be applied and the state it leads to.
 An event absent from a state's row is illegal there; the decider never emits one, ``evolve``

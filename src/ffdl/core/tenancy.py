@@ -1,4 +1,4 @@
-"""Tenants' GPU quotas and their fair share of the cluster (DESIGN §7).
+"""Tenants' GPU quotas and their fair share of the cluster (architecture §7).
 
 Each tenant has a *guaranteed* number of GPUs, a *borrowing limit* (how many GPUs beyond its
 guarantee it may use while others leave theirs idle; ``None``: no limit) and a *weight*. A tenant

@@ -1,4 +1,4 @@
-"""The envelope every event and command travels in (DESIGN §3).
+"""The envelope every event and command travels in (architecture §3).
 
 Payloads are typed pydantic models; the envelope names their type and schema version, so the
 decoder picks the payload class by ``type`` (a discriminated union) and upcasts old versions.

@@ -1,4 +1,4 @@
-"""The key layout of learner heartbeats in the heartbeat store (DESIGN §6), shared by agent and monitor.
+"""The key layout of learner heartbeats in the heartbeat store (architecture §6), shared by agent and monitor.
 
 ``/ffdl/jobs/<job>/learners/<rank>`` is bound to the learner's lease and holds its liveness and
 progress as JSON; ``/ffdl/jobs/<job>/exits/<attempt>/<rank>`` holds its exit code, written without

@@ -46,7 +46,7 @@ PRINCIPAL_HEADER = "ffdl_principal"
 
 @dataclass(frozen=True, slots=True)
 class Topics:
-    """The three topics of DESIGN §3, with a configurable prefix (``ffdl`` by default), and the
+    """The three topics of architecture §3, with a configurable prefix (``ffdl`` by default), and the
     tenants' ingress topics."""
 
     commands: str = "ffdl.commands"

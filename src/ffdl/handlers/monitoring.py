@@ -1,4 +1,4 @@
-"""The monitor: turns learner heartbeats into observations for the jobs' owners (DESIGN §6).
+"""The monitor: turns learner heartbeats into observations for the jobs' owners (architecture §6).
 
 What a heartbeat, an exit record, a deletion, a probe or the passing of time means is decided by
 the pure :class:`~ffdl.handlers.heartbeat_tracker.HeartbeatTracker` (its docstring tells what is

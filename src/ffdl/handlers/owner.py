@@ -1,4 +1,4 @@
-"""The job owner: the only writer of a job's events, and of a node's (DESIGN §5).
+"""The job owner: the only writer of a job's events, and of a node's (architecture §5).
 
 It is a member of the owners' consumer group on the commands topic. For each partition it gains
 it first folds that partition of the events topic to its end, then decides every command of the

@@ -1,7 +1,7 @@
 """Releasing: once a job halted or ended, stop whatever learner is left, then free its GPUs.
 
 GPUs are freed only after an observed terminal or halted event and only once the learners are
-gone, so no GPU is ever used by two jobs' processes (DESIGN §5).
+gone, so no GPU is ever used by two jobs' processes (architecture §5).
 """
 
 from __future__ import annotations

@@ -111,7 +111,7 @@ class AggregateBook(Aggregates):
 
     Events whose seq is already taken are duplicates (redelivery) or conflicts (a stale owner
     wrote too): either way they are ignored and counted, never applied twice, as is an event that
-    does not apply (DESIGN §5). A book built for some kinds only does not fold the others' events.
+    does not apply (architecture §5). A book built for some kinds only does not fold the others' events.
     """
 
     def __init__(self, bus: Bus, events_topic: str, kinds: Kinds = KINDS) -> None:

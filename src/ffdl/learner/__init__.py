@@ -1,4 +1,4 @@
-"""The helper a training program calls to tell the platform how far it got (DESIGN §6).
+"""The helper a training program calls to tell the platform how far it got (architecture §6).
 
 It needs nothing but the environment the platform sets for every learner:
 

@@ -1,4 +1,4 @@
-"""The learner agent: runs one learner's command and keeps its heartbeat (DESIGN §6).
+"""The learner agent: runs one learner's command and keeps its heartbeat (architecture §6).
 
 A launcher starts one agent per learner as ``python -m ffdl.learner.agent -- <shell command>``, in a
 new session, with the learner environment (``FFDL_JOB_ID``, ``FFDL_TENANT``, ``FFDL_ATTEMPT``,

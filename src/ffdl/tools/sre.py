@@ -474,7 +474,7 @@ def _finding(violation: Violation) -> JsonObject:
 def verify_events(
     events: Iterable[LoggedEvent], source: str, undecodable: Sequence[UndecodableRecord] = ()
 ) -> JsonObject:
-    """Every invariant of DESIGN §5 over a log in its order, jobs and nodes; each violation with its
+    """Every invariant of architecture §5 over a log in its order, jobs and nodes; each violation with its
     job or node and position. ``undecodable``: the log's records that are no event, each a finding."""
     checker = InvariantChecker()
     with cyclic_gc_paused():

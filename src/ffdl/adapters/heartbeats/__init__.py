@@ -1,4 +1,4 @@
-"""Heartbeat stores (DESIGN §6): which adapter a URL names, and the key layout they hold.
+"""Heartbeat stores (architecture §6): which adapter a URL names, and the key layout they hold.
 
 * ``embedded:///abs/path/heartbeats.sqlite``: :class:`EmbeddedHeartbeatStore`, a SQLite file shared
   by the platform and its learner agents on one machine;

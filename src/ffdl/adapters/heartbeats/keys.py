@@ -1,4 +1,4 @@
-"""The heartbeat key layout (DESIGN §6), as the adapters' side sees it.
+"""The heartbeat key layout (architecture §6), as the adapters' side sees it.
 
 The layout itself lives in :mod:`ffdl.handlers.heartbeat_keys`, because the monitor is a handler
 and handlers may not import adapters; the learner agent and the other adapters import it from here

@@ -1,4 +1,4 @@
-"""The learner environment contract of DESIGN §6, shared by every launcher.
+"""The learner environment contract of architecture §6, shared by every launcher.
 
 A learner's training code needs no change because it reads everything from its environment: the
 ``FFDL_*`` names, the names PyTorch's ``env://`` rendezvous reads, ``CUDA_VISIBLE_DEVICES`` and

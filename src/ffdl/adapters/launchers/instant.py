@@ -1,7 +1,7 @@
 """The instant launcher: every learner starts and exits 0 at once, for benchmarks and scale tests.
 
 It runs nothing. For each learner of an attempt it does in the heartbeat store what a learner agent
-does over a whole run (DESIGN §6): it grants a lease, puts the learner's heartbeat under its learner
+does over a whole run (architecture §6): it grants a lease, puts the learner's heartbeat under its learner
 key bound to that lease, writes the exit record with code 0, then revokes the lease. The platform's
 monitor therefore reports each learner as started and exited through its normal path, and a job
 goes through every state of a real run to COMPLETED in a few milliseconds of platform time.

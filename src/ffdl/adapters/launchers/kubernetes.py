@@ -1,4 +1,4 @@
-"""The Kubernetes launcher: every learner is a bare pod, created through the API (DESIGN §6).
+"""The Kubernetes launcher: every learner is a bare pod, created through the API (architecture §6).
 
 ``launch`` makes the job's headless Service (rendezvous), its NetworkPolicy, where the heartbeat
 store authenticates the job's heartbeat login (a Secret with its password, and the login itself in

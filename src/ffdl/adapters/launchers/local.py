@@ -1,4 +1,4 @@
-"""The local launcher: every learner is a process on this machine, under a learner agent (DESIGN §6).
+"""The local launcher: every learner is a process on this machine, under a learner agent (architecture §6).
 
 Each learner runs as ``python -m ffdl.learner.agent -- <command>`` in a new session, so the agent
 and every process of the learner form one process group whose id is the agent's pid; stopping a

@@ -354,7 +354,7 @@ def verify(
     ] = False,
     json_output: JsonFlag = False,
 ) -> None:
-    """Check every invariant of the log (DESIGN §5), jobs and nodes; exit 1 on any violation.
+    """Check every invariant of the log (architecture §5), jobs and nodes; exit 1 on any violation.
 
     A record of the bus that is no event is a violation too (kind 'undecodable', at its position).
     With --redecide, LOG (NAME.events.jsonl) is decided again with today's deciders, command by command
