@@ -257,8 +257,10 @@ def legacy_principal(command: Command | NodeCommand) -> Principal:
         return SCHEDULER
     if role in PLATFORM_ROLES:
         return Principal.platform(role)
-    if isinstance(command, Command) and role in ("api", "mqtt"):
-        return Principal.tenant(command.tenant)
-    if isinstance(command, NodeCommand) and role == "api":
+    # A job's command names its tenant; a node's names none (the old API sent those for admins only).
+    tenant: str | None = getattr(command, "tenant", None)
+    if tenant is not None and role in ("api", "mqtt"):
+        return Principal.tenant(tenant)
+    if tenant is None and role == "api":
         return Principal.admin()
     return ANONYMOUS

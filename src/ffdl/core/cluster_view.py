@@ -20,15 +20,16 @@ the job can come back, and the view forgets it: it keeps only jobs that hold GPU
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import cast
 
-from ffdl.core.aggregate import Skipped, fold_step
-from ffdl.core.decider import allocates
+from ffdl.core.aggregate import Kinds, Skipped, fold_step
+from ffdl.core.decider import JOBS, allocates
 from ffdl.core.job import Job
 from ffdl.core.nodes import NODES, NodeRecord, NodeStatus
 from ffdl.events import job_commands as cmd
 from ffdl.events import job_events as ev
 from ffdl.events.codec import AnyEvent
-from ffdl.events.envelope import Command, Event, NodeEvent
+from ffdl.events.envelope import Event, NodeEvent
 from ffdl.events.model import Placement
 from ffdl.events.nodes import NODE_EVENT_TYPES
 
@@ -38,6 +39,10 @@ GPU_EVENT_TYPES = frozenset({ev.GpusAllocated.type_name(), ev.GpusReleased.type_
 VIEW_EVENT_TYPES = frozenset(NODE_EVENT_TYPES) | GPU_EVENT_TYPES
 
 Slot = tuple[str, int]  # (node, GPU index)
+
+
+#: The kinds the view folds: nodes, and jobs for the GPUs they hold.
+_KINDS = Kinds(JOBS, NODES)
 
 
 @dataclass
@@ -55,14 +60,16 @@ class ClusterView:
     def apply(self, event: AnyEvent, *, ahead: bool = False) -> None:
         """Fold one event of any partition, read from the log (``ahead``: decided by this owner and not
         read back yet); one the view does not need changes nothing."""
-        if isinstance(event, NodeEvent):
-            after = fold_step(NODES, self.nodes.get(event.node), event)
+        kind = _KINDS.find(event)
+        if kind is NODES:
+            node = cast(NodeEvent, event)
+            after = fold_step(NODES, self.nodes.get(node.node), node)
             if not isinstance(after, Skipped):
-                self.nodes[event.node] = after
+                self.nodes[node.node] = after
             return
-        if not isinstance(event, Event):
+        if kind is not JOBS:
             return  # an aggregate of another kind: it holds no GPUs
-        job_id = event.job_id
+        job_id = JOBS.identity(cast(Event, event))
         match event.data:
             case ev.GpusAllocated(placement=placement) if self._is_new(job_id, event.seq):
                 self._hold(job_id, placement.gpu_slots())
@@ -113,11 +120,7 @@ class ClusterView:
     def refusal(self, state: object, command: object) -> str:
         """The owner's check of a command against the cluster: an allocation the job would take now
         must fit the nodes and the free GPUs (empty for anything else)."""
-        if (
-            isinstance(command, Command)
-            and isinstance(command.data, cmd.AllocateGpus)
-            and isinstance(state, Job)
-            and allocates(state)
-        ):
-            return self.placement_problem(state.job_id, command.data.placement)
+        data = getattr(command, "data", None)  # an allocation is a job's command, whatever its envelope
+        if isinstance(data, cmd.AllocateGpus) and isinstance(state, Job) and allocates(state):
+            return self.placement_problem(state.job_id, data.placement)
         return ""
