@@ -166,3 +166,40 @@ async def test_learner_telemetry_over_mqtt_is_progress(api: Api, mosquitto: Mosq
     events = (await api.http.get(f"/v1/jobs/{job_id}/events")).json()["events"]
     assert history["learners"][0]["step"] != 99
     assert all(e["data"].get("step") != 99 for e in events)
+
+
+def mosquitto_pub(server: MosquittoServer, topic: str, payload: str, *, retain: bool = False) -> None:
+    retained = ["-r"] if retain else []
+    where = ["-h", server.host, "-p", str(server.port)]
+    subprocess.run(
+        ["mosquitto_pub", *where, "-q", "1", *retained, "-t", topic, "-m", payload], check=True, timeout=10
+    )
+
+
+async def test_retained_poison_telemetry_leaves_the_bridge_running(
+    api: Api, mosquitto: MosquittoServer
+) -> None:
+    quiet = f"{sys.executable} -c 'import time; time.sleep(120)'"
+    job_id = await api.submit(f'name: poisoned\nlearners: 1\ngpus: 1\ncommand: "{quiet}"\n')
+    await api.wait(job_id, "RUNNING")
+    # Retained, so the broker hands them to the bridge again on every subscribe (a reconnect too).
+    progress = f"ffdl/default/jobs/{job_id}/learners/0/progress"
+    poison = {
+        f"ffdl//jobs/{job_id}/learners/0/progress": '{"attempt": 1, "step": 1}',  # empty tenant
+        f"ffdl/default/jobs/{job_id}/learners/²/progress": '{"attempt": 1, "step": 1}',  # no rank
+        progress: '{"attempt": 1, "step": 1, "metrics": {"loss": NaN}}',  # not a finite number
+        f"ffdl/default/jobs/node:{job_id}/learners/0/progress": '{"attempt": 1, "step": 1}',  # a node key
+        f"ffdl/default/jobs/{job_id}/learners/1/progress": "\xff not JSON",
+    }
+    try:
+        for topic, payload in poison.items():
+            await asyncio.to_thread(mosquitto_pub, mosquitto, topic, payload, retain=True)
+        honest = json.dumps({"attempt": 1, "step": 11})
+        await asyncio.to_thread(
+            mosquitto_pub, mosquitto, f"ffdl/default/jobs/{job_id}/learners/0/progress", honest
+        )
+        job = await api.wait_for(job_id, lambda j: j["learners"][0]["step"] == 11, "step 11 after the poison")
+        assert job["learners"][0]["metrics"] == {}
+    finally:
+        for topic in poison:  # an empty retained message clears the retained one
+            await asyncio.to_thread(mosquitto_pub, mosquitto, topic, "", retain=True)

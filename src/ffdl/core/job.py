@@ -209,9 +209,16 @@ def _fresh_learners(placement: Placement | None, count: int) -> tuple[Learner, .
     return tuple(Learner(rank=p.rank, node=p.node, gpus=p.gpus) for p in placement.learners)
 
 
+def _learner_at(job: Job, rank: int) -> Learner:
+    """The learner of ``rank``; an event naming a rank the job does not have cannot apply."""
+    if not 0 <= rank < len(job.learners):
+        raise EvolveError(f"job {job.job_id} has no learner of rank {rank}")
+    return job.learners[rank]
+
+
 def _update_learner(job: Job, rank: int, **changes: object) -> tuple[Learner, ...]:
     learners = list(job.learners)
-    learners[rank] = _copy_learner(learners[rank], **changes)
+    learners[rank] = _copy_learner(_learner_at(job, rank), **changes)
     return tuple(learners)
 
 
@@ -295,7 +302,7 @@ def _payload_changes(job: Job, event: Event) -> dict[str, object]:
                 "learners": _fresh_learners(job.placement, job.spec.learners),
             }
         case ev.LearnerStarted(rank=rank, pid=pid, host=host):
-            learner = job.learners[rank]
+            learner = _learner_at(job, rank)
             status = learner.status if learner.has_started else LearnerStatus.RUNNING
             started = _update_learner(job, rank, status=status, pid=pid, host=host, last_progress_at=at)
             return {"learners": started}

@@ -87,14 +87,37 @@ def _first_error(exc: ValidationError) -> str:
     return f"{where}: {error['msg']}"
 
 
+#: How deeply a record's JSON may nest (objects and arrays): the deepest payload has 5 levels, so a
+#: deeper record is damage or an attack on every reader's stack, refused before it reaches a model.
+MAX_DEPTH = 32
+
+
 def _loads(value: bytes | str) -> JsonObject:
     try:
         raw = json.loads(value)
+    except RecursionError as exc:  # nested beyond the parser's own stack
+        raise DecodeError(f"not JSON this platform reads: nested deeper than {MAX_DEPTH} levels") from exc
     except (ValueError, UnicodeDecodeError) as exc:
         raise DecodeError(f"not JSON: {exc}") from exc
     if not isinstance(raw, dict):
         raise DecodeError("not a JSON object")
+    if _depth_exceeds(raw, MAX_DEPTH):
+        raise DecodeError(f"not JSON this platform reads: nested deeper than {MAX_DEPTH} levels")
     return raw
+
+
+def _depth_exceeds(value: object, limit: int) -> bool:
+    """Whether ``value`` nests deeper than ``limit`` (walked without recursion of ours)."""
+    pending: list[tuple[object, int]] = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        for child in children:
+            if isinstance(child, dict | list):
+                if depth + 1 > limit:
+                    return True
+                pending.append((child, depth + 1))
+    return False
 
 
 def any_event_from_dict(raw: JsonObject) -> AnyEvent:

@@ -33,13 +33,15 @@ from ffdl.events.codec import (
     event_to_json,
 )
 from ffdl.events.position import Position
-from ffdl.handlers.ports import Bus, OutgoingRecord, Record
+from ffdl.handlers.ports import Bus, OutgoingRecord, Record, RecordTooLarge
 
 log = structlog.get_logger(__name__)
 C = TypeVar("C", bound=CommandEnvelope)
 P = TypeVar("P")
 #: The header that names why a record was dead-lettered (the tally classifies it for the metrics).
 DEAD_LETTER_REASON_HEADER = "ffdl_dlq_reason"
+#: How much of a record too large to park whole is parked.
+PARKED_HEAD_BYTES = 64 * 1024
 #: The header that names the principal a command on the commands topic is sent for (``tenant:acme``).
 PRINCIPAL_HEADER = "ffdl_principal"
 
@@ -163,7 +165,14 @@ async def dead_letter(bus: Bus, topics: Topics, record: Record, reason: str) -> 
         ("ffdl_dlq_partition", str(record.partition).encode()),
         ("ffdl_dlq_offset", str(record.offset).encode()),
     )
-    await bus.publish(topics.deadletter, [OutgoingRecord(record.key, record.value, headers)])
+    try:
+        await bus.publish(topics.deadletter, [OutgoingRecord(record.key, record.value, headers)])
+    except RecordTooLarge:
+        # The record with its reason does not fit the log's limit: park the head of its value with
+        # the reason and origin (not its own headers), and how long it was.
+        head = record.value[:PARKED_HEAD_BYTES]
+        ours = (*headers[len(record.headers) :], ("ffdl_dlq_truncated_from", str(len(record.value)).encode()))
+        await bus.publish(topics.deadletter, [OutgoingRecord(record.key, head, ours)])
     log.warning(
         "dead-lettered", topic=record.topic, partition=record.partition, offset=record.offset, reason=reason
     )

@@ -38,7 +38,7 @@ from ffdl.events.codec import AnyCommand, AnyEvent, DecodeError, any_command_fro
 from ffdl.handlers.cluster_watch import ClusterWatch
 from ffdl.handlers.messaging import Topics, dead_letter, event_records, misrouted, principal_of, utcnow
 from ffdl.handlers.ports import Bus, Election, Record
-from ffdl.handlers.runtime import Follower
+from ffdl.handlers.runtime import UNREACHABLE, Follower, where
 
 log = structlog.get_logger(__name__)
 
@@ -74,7 +74,7 @@ class JobOwner(Follower):
         self._caught_up = False
         try:
             for record in records:
-                decided.extend(await self._decide(record))
+                decided.extend(await self._guarded(record))
             if decided:
                 await self._bus.publish(self._topics.events, event_records(decided, self._producer))
         except BaseException:
@@ -89,6 +89,18 @@ class JobOwner(Follower):
                 event_id=str(event.event_id),
                 causation_id=str(event.causation_id),
             )
+
+    async def _guarded(self, record: Record) -> list[AnyEvent]:
+        """Decide one record; one whose decoding, checks or decision raises (a poison record) is
+        dead-lettered with the reason and the partition goes on. An unreachable world is no poison:
+        it propagates, and the batch is decided again."""
+        try:
+            return await self._decide(record)
+        except UNREACHABLE:
+            raise
+        except Exception as exc:
+            log.exception("command dead-lettered: deciding it failed", **where(record))
+            return await self._dead_letter(record, f"internal error: {exc!r}")
 
     async def _decide(self, record: Record) -> list[AnyEvent]:
         try:

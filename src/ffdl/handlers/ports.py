@@ -59,6 +59,10 @@ class BusUnavailable(ConnectionError):
     """The log cannot be reached now; callers retry with backoff."""
 
 
+class RecordTooLarge(ValueError):
+    """A record the log refuses for its size: sending it again can never succeed."""
+
+
 class CommitFailed(RuntimeError):
     """A commit for partitions this member no longer owns (a rebalance took them)."""
 

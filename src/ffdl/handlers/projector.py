@@ -17,6 +17,7 @@ from prometheus_client import Histogram
 from ffdl.events.codec import DecodeError, any_event_from_json
 from ffdl.handlers.messaging import Topics, dead_letter
 from ffdl.handlers.ports import Bus, Record, TopicPartition
+from ffdl.handlers.runtime import UNREACHABLE, where
 from ffdl.projections.store import LoggedEvent, Projection
 
 log = structlog.get_logger(__name__)
@@ -55,13 +56,34 @@ class Projector:
                 batch.append(LoggedEvent(any_event_from_json(record.value), record.partition, record.offset))
             except DecodeError as exc:
                 await dead_letter(self._bus, self._topics, record, exc.reason)
-        applied = await asyncio.to_thread(self.projection.apply, batch)
+        try:
+            applied = await asyncio.to_thread(self.projection.apply, batch)
+        except UNREACHABLE:
+            raise
+        except Exception:  # one event of the batch is poison: the batch was rolled back
+            log.exception("projecting a batch failed; projecting its events one by one")
+            applied = await self._one_by_one(batch, {(r.partition, r.offset): r for r in records})
         self.applied += applied
         now = self._clock()
         for logged in batch:
             self.latency.observe(max(0.0, now - logged.event.occurred_at.timestamp()))
         async with self.changed:
             self.changed.notify_all()
+
+    async def _one_by_one(self, batch: list[LoggedEvent], records: dict[tuple[int, int], Record]) -> int:
+        """Apply each event on its own; one that fails is dead-lettered with the reason (the
+        projection's position moves past it with the next one), so it never blocks the partition."""
+        applied = 0
+        for logged in batch:
+            try:
+                applied += await asyncio.to_thread(self.projection.apply, [logged])
+            except UNREACHABLE:
+                raise
+            except Exception as exc:
+                record = records[(logged.partition, logged.offset)]
+                log.exception("event dead-lettered: projecting it failed", **where(record))
+                await dead_letter(self._bus, self._topics, record, f"internal error: {exc!r}")
+        return applied
 
     async def wait_for_change(self, timeout_s: float) -> None:
         """Return after the next applied batch, or after ``timeout_s`` (the projector may run elsewhere)."""

@@ -6,6 +6,16 @@ next offsets only after the processor returned, i.e. after every effect it await
 appended, commands sent) was acknowledged by the log: at-least-once, never at-most-once.
 A processor error never stops a partition: the processor dead-letters what it cannot handle.
 
+Poison records: whatever one record makes a role raise while it is decoded, folded or handled
+(a bug, a value no check foresaw: RecursionError, IndexError, KeyError ...), the role logs it with
+the record's position, counts it and goes on with the next record; the partition never stalls and
+the role never crash-loops on it (the owner and the projector also park it on the dead-letter
+topic with the reason, once). What is *not* poison is the world being unreachable
+(:data:`UNREACHABLE`: the log, a store, a broker): that propagates, so the batch is not committed
+and is handled again once the world answers. A fold of newly assigned partitions that fails that
+way is done again, from scratch, before any record of them is handled: no role decides or reacts
+on a partly folded partition.
+
 The roles that keep aggregates (the owner, the reactors, the scheduler, the notifier) share one
 runtime, as the followers of the ``eventsourcing`` library share ``pull_and_process``: on gaining
 partitions a :class:`Follower` folds them to their end, on losing them it forgets them; an
@@ -33,6 +43,10 @@ from ffdl.handlers.aio import Backoff, sleep_or_stop
 from ffdl.handlers.ports import Bus, BusUnavailable, CommitFailed, Record, TopicPartition
 
 log = structlog.get_logger(__name__)
+
+#: What a failure of the world looks like (the log, a store, a broker unreachable or too slow): the
+#: work is retried, never taken for a poison record.
+UNREACHABLE: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError)
 
 S = TypeVar("S", bound=AggregateState)
 
@@ -91,6 +105,11 @@ async def consume(
         await subscription.close()
 
 
+def where(record: Record) -> dict[str, object]:
+    """A record's position, for logs."""
+    return {"topic": record.topic, "partition": record.partition, "offset": record.offset}
+
+
 def decode_event(record: Record) -> AnyEvent | None:
     """The job or node event in ``record``, or None (logged) when it cannot be decoded."""
     try:
@@ -147,9 +166,15 @@ class AggregateBook(Aggregates):
             self._folded_until[partition] = 0
             async for record in self._bus.read(self._topic, partition):
                 self._folded_until[partition] = record.offset + 1
-                event = decode_event(record)
-                if event is not None:
-                    self.apply(event, partition)
+                try:
+                    event = decode_event(record)
+                    if event is not None:
+                        self.apply(event, partition)
+                except UNREACHABLE:
+                    raise
+                except Exception:  # a poison record: skipped and counted, the fold goes on
+                    self.ignored += 1
+                    log.exception("event skipped: folding it failed", **where(record))
 
     def folded(self, record: Record) -> bool:
         """Whether ``load`` already folded this record (a redelivery the caller must skip)."""
@@ -209,7 +234,16 @@ class Follower:
 
     async def on_assigned(self, partitions: frozenset[TopicPartition]) -> None:
         mine = sorted(tp.partition for tp in partitions if tp.topic == self._topic)
-        await self.book.load(mine)
+        backoff = Backoff(0.1, 5.0)
+        while True:  # until folded whole: nothing of these partitions is handled on a partial fold
+            try:
+                await self.book.load(mine)
+                break
+            except UNREACHABLE as exc:
+                delay = backoff.next_delay()
+                log.warning("folding assigned partitions failed; folding again", partitions=mine,
+                            error=str(exc), retry_in_s=delay)  # fmt: skip
+                await asyncio.sleep(delay)
         await self.loaded(mine)
 
     async def on_revoked(self, partitions: frozenset[TopicPartition]) -> None:
@@ -230,15 +264,22 @@ class EventFollower(Follower, ABC):
 
     def __init__(self, bus: Bus, events_topic: str, kinds: Kinds = KINDS) -> None:
         super().__init__(bus, events_topic, events_topic, kinds)
+        self.poisoned = 0  # records skipped because handling them raised
 
     async def process(self, records: Sequence[Record]) -> None:
         for record in records:
             if self.book.folded(record):
                 continue
-            event = decode_event(record)
-            applied = self.book.apply(event, record.partition) if event is not None else None
-            if applied is not None:
-                await self.policy(applied)
+            try:
+                event = decode_event(record)
+                applied = self.book.apply(event, record.partition) if event is not None else None
+                if applied is not None:
+                    await self.policy(applied)
+            except UNREACHABLE:
+                raise
+            except Exception:  # a poison record: logged and counted, the partition goes on
+                self.poisoned += 1
+                log.exception("record skipped: handling it failed", **where(record))
         await self.processed()
 
     @abstractmethod

@@ -67,6 +67,7 @@ from aiokafka.errors import (
     KafkaConnectionError,
     KafkaError,
     KafkaTimeoutError,
+    MessageSizeTooLargeError,
     NoBrokersAvailable,
     NodeNotReadyError,
     RequestTimedOutError,
@@ -84,6 +85,7 @@ from ffdl.handlers.ports import (
     OutgoingRecord,
     RebalanceListener,
     Record,
+    RecordTooLarge,
     TopicPartition,
 )
 
@@ -542,6 +544,8 @@ class KafkaBus:
             acknowledged = await asyncio.gather(*sent)
         except UNREACHABLE as exc:
             raise BusUnavailable(f"appending to {topic!r} failed: {exc}") from exc
+        except MessageSizeTooLargeError as exc:
+            raise RecordTooLarge(f"appending to {topic!r} refused: {exc}") from exc
         return [Position(topic, metadata.partition, metadata.offset) for metadata in acknowledged]
 
     async def subscribe(
