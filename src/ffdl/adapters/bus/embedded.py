@@ -82,6 +82,7 @@ from typing import Literal, TypeVar
 
 import structlog
 
+from ffdl.adapters.bus.listening import partition_names, tell_listener
 from ffdl.adapters.bus.partitioning import partition_for
 from ffdl.events.position import Position
 from ffdl.handlers.ports import (
@@ -154,11 +155,6 @@ _RECORD_COLUMNS = "topic, partition, offset, key, value, headers, timestamp_ms"
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-def _names(partitions: frozenset[TopicPartition]) -> list[str]:
-    """Partitions as ``topic[p]`` strings, sorted, for log lines."""
-    return [f"{tp.topic}[{tp.partition}]" for tp in sorted(partitions)]
 
 
 def _range_assignment(
@@ -530,7 +526,8 @@ def _commit(
         taken = frozenset(offsets) - _claims_of(connection, member.group, member.member_id)
         if taken:
             raise CommitFailed(
-                f"member {member.member_id} of group {member.group!r} no longer holds {_names(taken)}"
+                f"member {member.member_id} of group {member.group!r} "
+                f"no longer holds {partition_names(taken)}"
             )
         connection.executemany(
             "INSERT INTO group_offsets (group_id, topic, partition, next_offset) VALUES (?, ?, ?, ?)"
@@ -692,7 +689,8 @@ class EmbeddedSubscription:
         not_owned = set(offsets) - set(self._fetching)
         if not_owned:
             raise CommitFailed(
-                f"member {self.member_id} of group {self.group!r} does not own {_names(frozenset(not_owned))}"
+                f"member {self.member_id} of group {self.group!r} "
+                f"does not own {partition_names(frozenset(not_owned))}"
             )
         if any(offset < 0 for offset in offsets.values()):
             raise ValueError(f"offsets are never negative: {dict(offsets)}")
@@ -759,7 +757,7 @@ class EmbeddedSubscription:
         lost = fetching if view.rejoined else fetching - view.held
         moving = (fetching - lost) - view.target
         if lost or moving:
-            self._log.info("partitions revoked", lost=_names(lost), moving=_names(moving))
+            self._log.info("partitions revoked", lost=partition_names(lost), moving=partition_names(moving))
             await self._call_listener("on_revoked", lost | moving)
             for where in lost | moving:
                 del self._fetching[where]
@@ -769,7 +767,9 @@ class EmbeddedSubscription:
         gained = (view.held & view.target) - frozenset(self._fetching)
         if gained:
             self._log.info(
-                "partitions assigned", gained=_names(gained), pending=_names(view.target - view.held)
+                "partitions assigned",
+                gained=partition_names(gained),
+                pending=partition_names(view.target - view.held),
             )
             await self._call_listener("on_assigned", gained)
             for where in gained:
@@ -778,15 +778,7 @@ class EmbeddedSubscription:
     async def _call_listener(
         self, callback: Literal["on_assigned", "on_revoked"], partitions: frozenset[TopicPartition]
     ) -> None:
-        if self._listener is None:
-            return
-        try:
-            if callback == "on_assigned":
-                await self._listener.on_assigned(partitions)
-            else:
-                await self._listener.on_revoked(partitions)
-        except Exception:
-            self._log.exception("rebalance listener failed", callback=callback, partitions=_names(partitions))
+        await tell_listener(self._listener, callback, partitions, self._log)
 
 
 class EmbeddedBus:

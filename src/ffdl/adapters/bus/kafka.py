@@ -54,7 +54,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from operator import itemgetter
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, ConsumerRecord
@@ -77,6 +77,7 @@ from aiokafka.helpers import create_ssl_context
 from aiokafka.protocol.commit import OffsetCommitRequest
 
 from ffdl.adapters.bus.kafka_config import KafkaConfig
+from ffdl.adapters.bus.listening import partition_names, tell_listener
 from ffdl.adapters.bus.partitioning import partition_for
 from ffdl.events.position import Position
 from ffdl.handlers.ports import (
@@ -106,10 +107,6 @@ READ_PAGE = 5_000
 
 
 _header_value = itemgetter(1)
-
-
-def _names(partitions: Iterable[TopicPartition]) -> list[str]:
-    return [f"{tp.topic}[{tp.partition}]" for tp in sorted(partitions)]
 
 
 def _to_record(message: ConsumerRecord[bytes, bytes]) -> Record:
@@ -197,7 +194,9 @@ class KafkaSubscription:
     async def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
         not_owned = set(offsets) - self._owned
         if not_owned:
-            raise CommitFailed(f"this member of group {self.group!r} does not own {_names(not_owned)}")
+            raise CommitFailed(
+                f"this member of group {self.group!r} does not own {partition_names(not_owned)}"
+            )
         if any(offset < 0 for offset in offsets.values()):
             raise ValueError(f"offsets are never negative: {dict(offsets)}")
         if not offsets:
@@ -208,7 +207,7 @@ class KafkaSubscription:
             )
         except (CommitFailedError, IllegalStateError) as exc:
             raise CommitFailed(
-                f"group {self.group!r} refused the commit of {_names(offsets)}: {exc}"
+                f"group {self.group!r} refused the commit of {partition_names(offsets)}: {exc}"
             ) from exc
 
     async def close(self) -> None:
@@ -247,7 +246,7 @@ class KafkaSubscription:
             mine = frozenset(TopicPartition(tp.topic, tp.partition) for tp in partitions) & self._owned
             if self._closed or not mine:
                 return
-            self._log.info("partitions revoked", partitions=_names(mine))
+            self._log.info("partitions revoked", partitions=partition_names(mine))
             try:
                 await self._call_listener("on_revoked", mine)
             finally:
@@ -259,23 +258,17 @@ class KafkaSubscription:
             gained = frozenset(TopicPartition(tp.topic, tp.partition) for tp in partitions) - self._owned
             if self._closed or not gained:
                 return
-            self._log.info("partitions assigned", partitions=_names(gained))
+            self._log.info("partitions assigned", partitions=partition_names(gained))
             try:
                 await self._call_listener("on_assigned", gained)
             finally:
                 self._owned |= gained
                 self._told.set()
 
-    async def _call_listener(self, callback: str, partitions: frozenset[TopicPartition]) -> None:
-        if self._listener is None:
-            return
-        try:
-            if callback == "on_assigned":
-                await self._listener.on_assigned(partitions)
-            else:
-                await self._listener.on_revoked(partitions)
-        except Exception:
-            self._log.exception("rebalance listener failed", callback=callback, partitions=_names(partitions))
+    async def _call_listener(
+        self, callback: Literal["on_assigned", "on_revoked"], partitions: frozenset[TopicPartition]
+    ) -> None:
+        await tell_listener(self._listener, callback, partitions, self._log)
 
 
 class _Bridge(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka is untyped
