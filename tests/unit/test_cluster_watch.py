@@ -72,8 +72,11 @@ async def test_the_view_catches_up_with_every_partition_and_skips_what_it_does_n
 
         assert watch.view.nodes["node-a"].spec == SPEC
         assert watch.view.holders == {("node-a", 0): "job-1", ("node-a", 1): "job-1"}
-        assert [entry["event"] for entry in logs] == ["undecodable event skipped", "cluster view caught up"]
-        assert logs[0]["partition"] == bus.partition_for("job-1")
+        # Once only: the second catch-up read nothing again. (Debug lines are left out: whether they
+        # are emitted depends on the logging an earlier test of the session configured.)
+        warnings = [entry for entry in logs if entry["log_level"] != "debug"]
+        assert [entry["event"] for entry in warnings] == ["undecodable event skipped"]
+        assert warnings[0]["partition"] == bus.partition_for("job-1")
 
         released = job_event("job-1", 5, ev.GpusReleased(placement=HELD))
         watch.apply(released)  # decided by this owner: in the view at once
