@@ -78,6 +78,15 @@ def test_the_codec_refuses_deep_nesting_with_a_reason_instead_of_raising_anythin
             any_event_from_json(nested(levels))
 
 
+@pytest.mark.parametrize("type_value", [["SubmitJob"], {"a": 1}, 7])
+def test_a_type_that_is_no_string_is_refused_with_a_reason(type_value: object) -> None:
+    record = json.dumps({"type": type_value, "data": {}})
+    with pytest.raises(DecodeError, match="'type' must be a string"):
+        any_command_from_json(record)
+    with pytest.raises(DecodeError, match="'type' must be a string"):
+        any_event_from_json(record)
+
+
 def test_an_event_for_a_rank_the_job_does_not_have_is_skipped_by_the_fold_not_raised() -> None:
     first = submitted("job-r")
     placement = Placement(learners=(LearnerPlacement(rank=0, node="node-a", gpus=(0,)),))

@@ -120,10 +120,19 @@ def _depth_exceeds(value: object, limit: int) -> bool:
     return False
 
 
+def _type_of(raw: JsonObject) -> str | None:
+    """The record's ``type`` (None when absent: the payload decoder says so); anything but a string
+    is refused here, before it is looked up in a registry."""
+    type_name = raw.get("type")
+    if type_name is not None and not isinstance(type_name, str):
+        raise DecodeError(f"'type' must be a string, got {type(type_name).__name__}")
+    return type_name
+
+
 def any_event_from_dict(raw: JsonObject) -> AnyEvent:
     """Decode one job or node event from its JSON object form (as in an exported log line)."""
     raw = dict(raw)
-    if raw.get("type") in NODE_EVENT_TYPES:
+    if _type_of(raw) in NODE_EVENT_TYPES:
         raw["data"] = _decode_payload(NODE_EVENT_TYPES, raw)
         return _envelope(NodeEvent, raw, "node event")
     raw["data"] = _decode_payload(EVENT_TYPES, raw)
@@ -148,7 +157,7 @@ def event_from_json(value: bytes | str) -> Event:
 
 def any_command_from_json(value: bytes | str) -> AnyCommand:
     raw = _loads(value)
-    if raw.get("type") in NODE_COMMAND_TYPES:
+    if _type_of(raw) in NODE_COMMAND_TYPES:
         raw["data"] = _decode_payload(NODE_COMMAND_TYPES, raw)
         return _envelope(NodeCommand, raw, "node command")
     raw["data"] = _decode_payload(COMMAND_TYPES, raw)
