@@ -299,7 +299,9 @@ class LauncherContract:
 
     async def test_a_new_launcher_sees_and_stops_the_learners_of_the_old_one(self, rig: LauncherRig) -> None:
         job_id = new_job_id()
-        await rig.launcher.launch(launch_request(job_id, "echo ready; while :; do sleep 0.05; done"))
+        # ``exec``: the command is the process the stop signal kills. A shell loop stopped between two of
+        # its commands would exit with the last one's status (the agent's trap), not by the signal.
+        await rig.launcher.launch(launch_request(job_id, "echo ready; exec sleep 600"))
         for rank in range(2):
             await wait_for_output(rig, job_id, 1, rank, "ready")
 
