@@ -47,6 +47,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,8 +99,10 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 def start_platform(
-    broker: TansuBroker, prefix: str, data_dir: Path, layout: Sequence[str]
+    broker: TansuBroker, prefix: str, data_dir: Path, layout: Sequence[str], profile: Path | None = None
 ) -> list[subprocess.Popen[bytes]]:
+    """The platform's processes; with ``profile``, each runs under cProfile and writes
+    ``<profile>/<roles>.prof`` as it exits."""
     env = {
         **os.environ,
         "FFDL_DATA_DIR": str(data_dir),
@@ -113,10 +116,11 @@ def start_platform(
     }
     processes = []
     for index, roles in enumerate(layout):
+        profiler = ["-m", "cProfile", "-o", str(profile / f"{roles}.prof")] if profile else []
         with (data_dir.parent / f"platform-{index}.log").open("wb") as out:
             processes.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "ffdl.cli", "up", "--open", "--roles", roles],
+                    [sys.executable, *profiler, "-m", "ffdl.cli", "up", "--open", "--roles", roles],
                     env=env,
                     stdout=out,
                     stderr=subprocess.STDOUT,
@@ -312,16 +316,18 @@ async def raw_consume(bootstrap: str, topic: str, count: int) -> None:
 
 @contextlib.asynccontextmanager
 async def running_platform(
-    broker: TansuBroker, prefix: str, data_dir: Path, layout: Sequence[str]
+    broker: TansuBroker, prefix: str, data_dir: Path, layout: Sequence[str], profile: Path | None
 ) -> AsyncIterator[list[int]]:
-    processes = start_platform(broker, prefix, data_dir, layout)
+    processes = start_platform(broker, prefix, data_dir, layout, profile)
     try:
         yield [process.pid for process in processes]
     finally:
         stop_platform(processes)
 
 
-async def benchmark(jobs: int, latency_seconds: float, layout: Sequence[str], work: Path) -> dict[str, Any]:
+async def benchmark(
+    jobs: int, latency_seconds: float, layout: Sequence[str], work: Path, profile: Path | None = None
+) -> dict[str, Any]:
     broker = TansuBroker()
     broker.start()
     broker_pid = broker.pid
@@ -333,7 +339,7 @@ async def benchmark(jobs: int, latency_seconds: float, layout: Sequence[str], wo
         await bus.start()
         sender = CommandSender(bus, topics, "bench", Principal.tenant("default"))
         prefix = topics.commands.removesuffix(".commands")
-        async with running_platform(broker, prefix, data_dir, layout) as pids:
+        async with running_platform(broker, prefix, data_dir, layout, profile) as pids:
             progress(f"platform starting: {' | '.join(layout)}")
             await run_jobs(sender, broker.bootstrap, topics, 1, rate=None)  # warm-up: every role is up
             progress(f"warm-up job done; {jobs} jobs at once")
@@ -370,6 +376,7 @@ async def benchmark(jobs: int, latency_seconds: float, layout: Sequence[str], wo
     platform_rate, raw_rate = messages / elapsed, messages / raw["seconds"]
     size = sum(len(k) + len(v) + sum(len(n) + len(x) for n, x in h) for k, v, h in records) / messages
     platform_cpu = sum(cpu_used[pid] for pid in pids)
+    by_type = Counter(dict(h).get("ce_type", b"?").decode() for _, _, h in records)
     return {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "broker": "tansu (memory)"},
         "layout": list(layout),
@@ -390,6 +397,9 @@ async def benchmark(jobs: int, latency_seconds: float, layout: Sequence[str], wo
                 "broker": round(cpu_used[broker_pid] / jobs * 1000, 1),
             },
             "platform_cpu_us_per_message": round(platform_cpu / messages * 1e6),
+            "messages_per_job_by_type": {
+                name.removeprefix("io.ffdl."): round(n / jobs, 2) for name, n in by_type.most_common()
+            },
         },
         "raw_pipeline": {
             "seconds": round(raw["seconds"], 2),
@@ -412,6 +422,7 @@ async def benchmark(jobs: int, latency_seconds: float, layout: Sequence[str], wo
 def render(report: Mapping[str, Any]) -> str:
     life, raw, latency = report["lifecycles"], report["raw_pipeline"], report["latency"]
     cpu = ", ".join(f"{name} {ms} ms" for name, ms in life["cpu_ms_per_job"].items())
+    by_type = ", ".join(f"{name} {n}" for name, n in life["messages_per_job_by_type"].items())
     return "\n".join(
         [
             f"platform processes: {' | '.join(report['layout'])}; {report['machine']}",
@@ -420,6 +431,7 @@ def render(report: Mapping[str, Any]) -> str:
             f"{life['messages_per_s']} messages/s "
             f"({life['messages']} messages, {life['mean_message_bytes']} B mean)",
             f"  CPU per job: {cpu}; platform {life['platform_cpu_us_per_message']} us per message",
+            f"  messages per job: {by_type}",
             f"raw aiokafka, the same {life['messages']} records: {raw['seconds']} s, "
             f"{raw['messages_per_s']} messages/s; CPU per message: clients {raw['cpu_us_per_message']} us, "
             f"broker {raw['broker_cpu_us_per_message']} us",
@@ -441,6 +453,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--json", action="store_true")
     parser.add_argument(
+        "--profile", type=Path, help="run each platform process under cProfile, writing DIR/<roles>.prof"
+    )
+    parser.add_argument(
         "--raw-produce", nargs=3, metavar=("BOOTSTRAP", "TOPIC", "DUMP"), help=argparse.SUPPRESS
     )
     parser.add_argument(
@@ -456,7 +471,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         asyncio.run(raw_consume(bootstrap, topic, int(count)))
     else:
         with tempfile.TemporaryDirectory(prefix="ffdl-bench-") as work:
-            report = asyncio.run(benchmark(args.jobs, args.latency_seconds, args.layout, Path(work)))
+            report = asyncio.run(
+                benchmark(args.jobs, args.latency_seconds, args.layout, Path(work), args.profile)
+            )
         print(json.dumps(report, indent=2) if args.json else render(report))
 
 

@@ -24,23 +24,10 @@ import structlog
 
 from ffdl.core.cluster_view import VIEW_EVENT_TYPES, ClusterView
 from ffdl.events.codec import AnyEvent
-from ffdl.handlers.ports import Bus, Record
-from ffdl.handlers.runtime import decode_event
+from ffdl.handlers.ports import Bus
+from ffdl.handlers.runtime import decode_event, may_hold
 
 log = structlog.get_logger(__name__)
-
-CE_TYPE_HEADER = "ce_type"
-_CE_TYPE_PREFIX = "io.ffdl."
-
-
-def may_concern_the_view(record: Record) -> bool:
-    """Whether ``record`` may hold an event the view folds, by its ``ce_type`` header
-    (``io.ffdl.<Type>.v<version>``); a record without one is decoded to find out."""
-    for name, value in record.headers:
-        if name == CE_TYPE_HEADER:
-            type_name = value.decode(errors="replace").removeprefix(_CE_TYPE_PREFIX).rpartition(".v")[0]
-            return type_name in VIEW_EVENT_TYPES
-    return True
 
 
 class ClusterWatch:
@@ -60,7 +47,7 @@ class ClusterWatch:
             if end <= start:
                 continue
             async for record in self._bus.read(self._topic, partition, start, end):
-                if may_concern_the_view(record):
+                if may_hold(record, VIEW_EVENT_TYPES):
                     event = decode_event(record)
                     if event is not None:
                         self.view.apply(event)

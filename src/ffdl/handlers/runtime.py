@@ -22,6 +22,13 @@ partitions a :class:`Follower` folds them to their end, on losing them it forget
 :class:`EventFollower` then skips each record already folded, decodes and folds the others, and
 hands each applied event to the role's ``policy``. The owner follows the commands topic instead and
 decides each command against the aggregates of its partitions.
+
+Reading only what is needed: a record's ``ce_type`` header (the CloudEvents type every producer of
+the platform writes) names its event type, so a reader skips, without decoding it, every record of a
+type it does not fold (:func:`record_type`; the book of the reactor and of the notifier folds jobs
+only, the cluster view of the owner node and GPU events only); its offset is committed with the rest.
+A record without the header (an older producer's) is decoded to find out. And a process decodes each
+record once, however many of its roles read it (:class:`DecodedEvents`).
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from __future__ import annotations
 import asyncio
 from abc import ABC, abstractmethod
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any, Protocol, TypeVar
 
 import structlog
@@ -39,6 +46,8 @@ from ffdl.core.job import Job
 from ffdl.core.kinds import JOBS, KINDS, NODES
 from ffdl.core.nodes import NodeRecord
 from ffdl.events.codec import AnyEvent, DecodeError, any_event_from_json
+from ffdl.events.job_events import EVENT_TYPES
+from ffdl.events.nodes import NODE_EVENT_TYPES
 from ffdl.handlers.aio import Backoff, sleep_or_stop
 from ffdl.handlers.ports import Bus, BusUnavailable, CommitFailed, Record, TopicPartition
 
@@ -110,10 +119,84 @@ def where(record: Record) -> dict[str, object]:
     return {"topic": record.topic, "partition": record.partition, "offset": record.offset}
 
 
+#: The record header that names the type of what a record holds (CloudEvents' Kafka binding).
+CE_TYPE_HEADER = "ce_type"
+_CE_TYPE_PREFIX = "io.ffdl."
+#: The event types of each aggregate kind, by the kind's name: what a book of that kind folds.
+_EVENT_TYPES_OF_KIND: dict[str, frozenset[str]] = {
+    JOBS.name: frozenset(EVENT_TYPES),
+    NODES.name: frozenset(NODE_EVENT_TYPES),
+}
+
+
+def record_type(record: Record) -> str | None:
+    """The event type ``record``'s ``ce_type`` header names (``io.ffdl.<Type>.v<version>``), or None
+    when it has none (a record of a producer older than the header)."""
+    for name, value in record.headers:
+        if name == CE_TYPE_HEADER:
+            return value.decode(errors="replace").removeprefix(_CE_TYPE_PREFIX).rpartition(".v")[0]
+    return None
+
+
+def may_hold(record: Record, types: Collection[str] | None) -> bool:
+    """Whether ``record`` may hold an event of ``types`` (None: any type), by its ``ce_type`` header:
+    a record without one may hold anything, and is decoded to find out."""
+    if types is None:
+        return True
+    named = record_type(record)
+    return named is None or named in types
+
+
+def event_types(kinds: Kinds) -> frozenset[str] | None:
+    """The event types a book of ``kinds`` folds; None (every type) if one of the kinds is unknown here."""
+    types: set[str] = set()
+    for kind in kinds:
+        known = _EVENT_TYPES_OF_KIND.get(kind.name)
+        if known is None:
+            return None
+        types |= known
+    return frozenset(types)
+
+
+class DecodedEvents:
+    """The events this process decoded last, by the bytes of their record's value: each role of the
+    process that reads a record finds it decoded if another just did (the owner's fold, its cluster
+    view and the reactor read the same records; with every role in one process, five readers do).
+
+    Keyed by the value's bytes, not the record's position: decoding is a function of the bytes, so an
+    entry is right whichever log, topic or offset the same bytes come from. The events are immutable,
+    so readers share them. FIFO, at most ``size`` entries: the readers of one process trail each other
+    by about a fetch, and a miss only costs the decode.
+    """
+
+    def __init__(self, size: int = 4096) -> None:
+        self._size = size
+        self._events: dict[bytes, AnyEvent] = {}
+        self.hits = 0
+        self.misses = 0
+
+    def decode(self, value: bytes) -> AnyEvent:
+        """The event in ``value``; raises :class:`DecodeError` (never cached) when it holds none."""
+        event = self._events.get(value)
+        if event is not None:
+            self.hits += 1
+            return event
+        self.misses += 1
+        event = any_event_from_json(value)
+        if len(self._events) >= self._size:
+            del self._events[next(iter(self._events))]
+        self._events[value] = event
+        return event
+
+
+#: The events the roles of this process decoded last.
+DECODED = DecodedEvents()
+
+
 def decode_event(record: Record) -> AnyEvent | None:
     """The job or node event in ``record``, or None (logged) when it cannot be decoded."""
     try:
-        return any_event_from_json(record.value)
+        return DECODED.decode(record.value)
     except DecodeError as exc:
         log.error(
             "undecodable event skipped",
@@ -130,13 +213,16 @@ class AggregateBook(Aggregates):
 
     Events whose seq is already taken are duplicates (redelivery) or conflicts (a stale owner
     wrote too): either way they are ignored and counted, never applied twice, as is an event that
-    does not apply (architecture §5). A book built for some kinds only does not fold the others' events.
+    does not apply (architecture §5). A book built for some kinds only does not fold the others' events,
+    nor decode them when their record's header names their type (:attr:`types`).
     """
 
     def __init__(self, bus: Bus, events_topic: str, kinds: Kinds = KINDS) -> None:
         super().__init__(kinds)
         self._bus = bus
         self._topic = events_topic
+        #: The event types this book folds (None: every type); records of others are not decoded.
+        self.types = event_types(kinds)
         self._partition_of: dict[tuple[str, str], int] = {}  # (kind, id) -> partition
         self._folded_until: dict[int, int] = {}
         self.ignored = 0
@@ -166,6 +252,8 @@ class AggregateBook(Aggregates):
             self._folded_until[partition] = 0
             async for record in self._bus.read(self._topic, partition):
                 self._folded_until[partition] = record.offset + 1
+                if not may_hold(record, self.types):
+                    continue
                 try:
                     event = decode_event(record)
                     if event is not None:
@@ -257,9 +345,10 @@ class Follower:
 
 
 class EventFollower(Follower, ABC):
-    """A role that follows the events topic: each record not folded yet is decoded, folded, and, if
-    it applied, handed to the role's :meth:`policy` (a duplicate, a conflict or an event that does
-    not apply is ignored and counted by the book, an undecodable one logged).
+    """A role that follows the events topic: each record not folded yet and of a type its book folds
+    is decoded, folded, and, if it applied, handed to the role's :meth:`policy` (a duplicate, a
+    conflict or an event that does not apply is ignored and counted by the book, an undecodable one
+    logged).
     """
 
     def __init__(self, bus: Bus, events_topic: str, kinds: Kinds = KINDS) -> None:
@@ -267,8 +356,9 @@ class EventFollower(Follower, ABC):
         self.poisoned = 0  # records skipped because handling them raised
 
     async def process(self, records: Sequence[Record]) -> None:
+        types = self.book.types
         for record in records:
-            if self.book.folded(record):
+            if self.book.folded(record) or not may_hold(record, types):
                 continue
             try:
                 event = decode_event(record)
