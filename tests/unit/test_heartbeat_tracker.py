@@ -133,6 +133,30 @@ def test_a_learner_s_first_heartbeat_reports_it_started_and_its_progress() -> No
     assert reports(tracked.put(learner_key(JOB_ID, 0), beat(step=3), 2.0)) == [], "said once"
 
 
+def test_progress_the_job_already_records_is_not_reported() -> None:
+    """A learner at step 0 with no metrics (an instant job, or one that never reports) tells its
+    owner nothing new: only that it started and, when it exits, how."""
+    tracked = following(launching())
+
+    started = tracked.put(learner_key(JOB_ID, 0), beat(step=0), 1.0)
+    exited = tracked.put(exit_key(JOB_ID, 1, 0), encode_exit(0), 1.1)
+
+    assert reports(started) == [cmd.ReportLearnerStarted(rank=0, attempt=1, pid=42, host="node-a")]
+    assert reports(exited) == [cmd.ReportLearnerExited(rank=0, attempt=1, exit_code=0)]
+
+
+def test_a_watched_job_s_recorded_progress_is_not_reported_again() -> None:
+    job = then(running(), ev.LearnerProgressed(rank=0, attempt=1, step=7))
+    tracked = tracker()
+    tracked.resync({}, 0.0, revision=1)
+    tracked.observe(job, adopted=True, now=0.0)  # another monitor reported step 7
+
+    assert reports(tracked.put(learner_key(JOB_ID, 0), beat(step=7), 1.0)) == []
+    assert reports(tracked.put(learner_key(JOB_ID, 0), beat(step=8), 2.0)) == [
+        cmd.ReportProgress(rank=0, attempt=1, step=8)
+    ]
+
+
 def test_progress_is_reported_at_most_every_interval_and_the_last_one_on_the_next_tick() -> None:
     tracked = following(running())
     key = learner_key(JOB_ID, 0)

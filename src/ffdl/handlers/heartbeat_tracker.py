@@ -5,7 +5,8 @@ and turns what happens into reports for the jobs' owners:
 
 * a learner's first heartbeat of an attempt -> ``ReportLearnerStarted``;
 * a change of step or metrics -> ``ReportProgress`` (at most every ``progress_interval_s`` per
-  learner, flushed before an exit so final metrics are never lost);
+  learner, flushed before an exit so final metrics are never lost); a change from what the job
+  already records, that is: a learner at step 0 with no metrics yet reports nothing;
 * a new checkpoint in the heartbeat -> ``ReportCheckpoint``;
 * an exit record -> ``ReportLearnerExited`` with the code (also when the record was read before
   the job was observed: a monitor that starts reads the store before its jobs are folded from the log);
@@ -95,8 +96,17 @@ class _Watched:
     def learner(self, rank: int) -> _Learner:
         entry = self.learners.get(rank)
         if entry is None or entry.attempt != self.job.attempt:
-            entry = self.learners[rank] = _Learner(attempt=self.job.attempt)
+            entry = _Learner(attempt=self.job.attempt, sent_progress=self._recorded(rank))
+            self.learners[rank] = entry
         return entry
+
+    def _recorded(self, rank: int) -> tuple[int, tuple[tuple[str, float], ...]] | None:
+        """The progress the job records for ``rank``'s learner: reporting it again would tell its
+        owner nothing (a new attempt's learners start at step 0 with no metrics)."""
+        if rank >= len(self.job.learners):
+            return None
+        learner = self.job.learners[rank]
+        return (learner.step, learner.metrics)
 
 
 class HeartbeatTracker:
