@@ -26,9 +26,22 @@ class ReactionContext:
     #: Where else a job's results may be measured (absolute result places).
     result_roots: tuple[Path, ...] = ()
 
-    async def send(self, job: Job, action: Action, data: CommandData) -> None:
-        """Send the command an action calls for, with an id fixed by the job, action and state entry,
-        so re-running the action after a crash or redelivery sends the very same command."""
-        command_id = reaction_command_id(job.job_id, action.kind, action.attempt, action.since_seq)
-        command = self.sender.make(JOBS.address(job.job_id, job.tenant), data, command_id=command_id)
-        await self.sender.send(command)
+    async def send(self, job: Job, action: Action, *data: CommandData) -> None:
+        """Send the commands an action calls for, in one append, each with an id fixed by the job,
+        action, state entry and its place among them, so re-running the action after a crash or
+        redelivery sends the very same commands."""
+        address = JOBS.address(job.job_id, job.tenant)
+        commands = [
+            self.sender.make(
+                address,
+                item,
+                command_id=reaction_command_id(
+                    job.job_id,
+                    f"{action.kind}/{index}" if index else action.kind,
+                    action.attempt,
+                    action.since_seq,
+                ),
+            )
+            for index, item in enumerate(data)
+        ]
+        await self.sender.send(*commands)

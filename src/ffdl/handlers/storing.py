@@ -1,4 +1,11 @@
-"""Storing: every learner exited 0; record what the job left in its result place, then complete it.
+"""Storing: every learner exited 0; record what the job left in its result place, then complete it
+and free its GPUs.
+
+The release goes with the completion, in one append: STORING means every learner exited, and what
+is left of them (a pod object) is stopped first, so nothing learnt between the completion and the
+release would change it (architecture §5: GPUs are freed once the job has ended and its learners
+are gone; the owner frees them only for a job ended by then, the completion just before). A lifecycle
+saves the hop the reactor took to see the completion before it asked for the release.
 
 The platform records results, it does not move them: the summary counts files and bytes in the
 result directory (when it is a local path) and keeps the learners' final metrics.
@@ -86,4 +93,5 @@ async def store_results(job: Job, action: Action, ctx: ReactionContext) -> None:
         metrics.update(dict(learner.metrics))
     shown = str(directory) if directory is not None else job.spec.result_dir
     summary = ResultSummary(result_dir=shown, files=files, size_bytes=size, metrics=metrics)
-    await ctx.send(job, action, cmd.FinishStoring(result=summary))
+    await ctx.launcher.stop(job.job_id, ctx.stop_grace_s)
+    await ctx.send(job, action, cmd.FinishStoring(result=summary), cmd.ReleaseGpus())

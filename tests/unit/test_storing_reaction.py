@@ -1,0 +1,114 @@
+"""The storing reaction stops what is left of the learners, then asks for the completion and the
+release in one append, with ids that a re-run of the action sends again; the owner decides the pair
+into ``JobCompleted`` and ``GpusReleased``."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+from ffdl.adapters.bus import open_bus
+from ffdl.core.authorization import Principal
+from ffdl.core.decider import decide
+from ffdl.core.job import Job, evolve, start
+from ffdl.core.reconcile import ActionKind, next_action
+from ffdl.events import job_commands as cmd
+from ffdl.events import job_events as ev
+from ffdl.events.codec import any_command_from_json
+from ffdl.events.envelope import Command, Event, EventData
+from ffdl.events.model import JobSpec, LearnerPlacement, Placement
+from ffdl.handlers.context import ReactionContext
+from ffdl.handlers.driver import REACTIONS
+from ffdl.handlers.messaging import CommandSender, Topics
+from ffdl.handlers.ports import LaunchRequest, LearnerHandle
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+PLACEMENT = Placement(learners=(LearnerPlacement(rank=0, node="node-a", gpus=(0,)),))
+
+
+def storing() -> Job:
+    datas: list[EventData] = [
+        ev.JobSubmitted(spec=JobSpec(name="j", command="true", gpus=1)),
+        ev.JobAccepted(),
+        ev.JobQueued(),
+        ev.GpusAllocated(placement=PLACEMENT),
+        ev.JobLaunching(attempt=1),
+        ev.LearnerStarted(rank=0, attempt=1),
+        ev.JobRunning(attempt=1),
+        ev.LearnerExited(rank=0, attempt=1, exit_code=0),
+        ev.JobStoring(attempt=1),
+    ]
+    events = [
+        Event(
+            event_id=uuid.uuid4(),
+            job_id="job-1",
+            tenant="acme",
+            seq=seq,
+            occurred_at=NOW,
+            producer="o",
+            data=d,
+        )
+        for seq, d in enumerate(datas, start=1)
+    ]
+    job = start(events[0])
+    for event in events[1:]:
+        job = evolve(job, event)
+    return job
+
+
+class StopRecorder:
+    """A launcher that notes the stops it was asked for."""
+
+    def __init__(self) -> None:
+        self.stopped: list[str] = []
+
+    async def launch(self, request: LaunchRequest) -> None:
+        raise AssertionError("a stored job launches nothing")
+
+    async def stop(self, job_id: str, grace_s: float) -> None:
+        self.stopped.append(job_id)
+
+    async def running(self) -> list[LearnerHandle]:
+        return []
+
+    async def close(self) -> None:
+        return None
+
+
+async def test_storing_asks_for_the_completion_and_the_release_in_one_append(tmp_path: Path) -> None:
+    bus = open_bus(f"embedded://{tmp_path}", 1)
+    await bus.start()
+    topics = Topics()
+    launcher = StopRecorder()
+    ctx = ReactionContext(
+        sender=CommandSender(bus, topics, "reactor@test", Principal.platform("reactor")), launcher=launcher
+    )
+    job = storing()
+    action = next_action(job, NOW)
+    assert action is not None and action.kind is ActionKind.STORE
+    try:
+        await REACTIONS[action.kind](job, action, ctx)
+        await REACTIONS[action.kind](job, action, ctx)  # run again (a crash, a redelivery)
+        records = [record async for record in bus.read(topics.commands, 0)]
+    finally:
+        await bus.close()
+
+    assert launcher.stopped == ["job-1", "job-1"]
+    commands = [any_command_from_json(record.value) for record in records]
+    assert [type(c.data) for c in commands] == [cmd.FinishStoring, cmd.ReleaseGpus] * 2
+    first, again = commands[:2], commands[2:]
+    assert [c.command_id for c in first] == [c.command_id for c in again], "the same commands again"
+    assert first[0].command_id != first[1].command_id
+
+    owner_events: list[Event] = []
+    decided = job
+    for command in first:
+        assert isinstance(command, Command)
+        events = decide(decided, command, NOW, producer="owner")
+        for event in events:
+            decided = evolve(decided, event)
+        owner_events.extend(events)
+    assert [type(e.data) for e in owner_events] == [ev.JobCompleted, ev.GpusReleased]
+    assert decided.placement is None
+    assert next_action(decided, NOW) is None, "nothing left to release"
