@@ -230,6 +230,7 @@ async def test_a_stale_owner_cannot_corrupt_a_job_its_conflicting_events_are_ign
     cancel = cancel.model_copy(update={"tenant": done["tenant"]})
     record = Record(platform.topics.commands, partition, 0, job_id, command_to_json(cancel), AS_TENANT)
     await stale.process([record])
+    await stale.flush()
 
     async def counted() -> bool:
         text = (await api.http.get("/metrics")).text

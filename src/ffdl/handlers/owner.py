@@ -3,8 +3,9 @@
 It is a member of the owners' consumer group on the commands topic. For each partition it gains
 it first folds that partition of the events topic to its end, then decides every command of the
 partition against the folded state and appends the resulting events (keyed by job id, so to the
-same partition number). A batch's events are appended in one publish and the command offsets are
-committed only after the log acknowledged them. Bad input never stops the partition: undecodable
+same partition number). A fetch's events, whatever their partitions, are appended in one publish
+(the owner is a :class:`~ffdl.handlers.runtime.FetchProcessor`) and the command offsets are committed
+only after the log acknowledged them. Bad input never stops the partition: undecodable
 commands, commands for unknown jobs or nodes, commands on another partition than their key's (whose job
 another owner serves) and internal errors go to the dead-letter topic with their reason; illegal
 commands become ``CommandRejected`` (``NodeCommandRejected``) events. Nodes are keyed like jobs
@@ -64,21 +65,31 @@ class JobOwner(Follower):
         self._clock = clock
         self.cluster = ClusterWatch(bus, topics.events)
         self._caught_up = False
+        self._pending: list[AnyEvent] = []  # decided since the last flush, not appended yet
         self.dead_letters = 0
 
     async def loaded(self, partitions: list[int]) -> None:
         log.info("owning partitions", partitions=partitions, jobs=len(self.book.jobs))
 
     async def process(self, records: Sequence[Record]) -> None:
-        decided: list[AnyEvent] = []
+        """Decide the records of one partition; their events wait for :meth:`flush`."""
         self._caught_up = False
         try:
             for record in records:
-                decided.extend(await self._guarded(record))
-            if decided:
-                await self._bus.publish(self._topics.events, event_records(decided, self._producer))
+                self._pending.extend(await self._guarded(record))
         except BaseException:
-            self.cluster.reset()  # it holds what this batch decided, which may never reach the log
+            self._forget_pending()
+            raise
+
+    async def flush(self) -> None:
+        """Append every event the fetch's commands decided, in one publish."""
+        decided, self._pending = self._pending, []
+        if not decided:
+            return
+        try:
+            await self._bus.publish(self._topics.events, event_records(decided, self._producer))
+        except BaseException:
+            self._forget_pending()
             raise
         for event in decided:
             log.info(
@@ -89,6 +100,12 @@ class JobOwner(Follower):
                 event_id=str(event.event_id),
                 causation_id=str(event.causation_id),
             )
+
+    def _forget_pending(self) -> None:
+        """The fetch failed: nothing it decided may reach the log, so the cluster view, which holds
+        it, starts again from the log (the book is folded again when the partitions are)."""
+        self._pending = []
+        self.cluster.reset()
 
     async def _guarded(self, record: Record) -> list[AnyEvent]:
         """Decide one record; one whose decoding, checks or decision raises (a poison record) is

@@ -37,7 +37,7 @@ import asyncio
 from abc import ABC, abstractmethod
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import structlog
 
@@ -66,7 +66,20 @@ class PartitionProcessor(Protocol):
     async def on_revoked(self, partitions: frozenset[TopicPartition]) -> None: ...
 
     async def process(self, records: Sequence[Record]) -> None:
-        """Handle records of one partition, in order; return once their effects are durable."""
+        """Handle records of one partition, in order; return once their effects are durable (or,
+        for a :class:`FetchProcessor`, once they are pending for its :meth:`~FetchProcessor.flush`)."""
+
+
+@runtime_checkable
+class FetchProcessor(PartitionProcessor, Protocol):
+    """A processor that makes the effects of a whole fetch durable at once: ``consume`` calls
+    :meth:`flush` once it handed every partition of a fetch to :meth:`process`, and commits their
+    offsets only after it returned. One append for the fetch instead of one per partition, each
+    awaited before the next partition is handled. No rebalance callback runs between a fetch's
+    ``process`` calls and its ``flush`` (the member holds its turn until its next fetch)."""
+
+    async def flush(self) -> None:
+        """Make durable what ``process`` left pending since the last flush; raise if it cannot be."""
 
 
 async def consume(
@@ -80,6 +93,7 @@ async def consume(
 ) -> None:
     """Run ``processor`` as a member of ``group`` until ``stop`` is set."""
     subscription = await bus.subscribe(group, topics, processor)
+    flush = processor.flush if isinstance(processor, FetchProcessor) else None
     backoff = Backoff(0.1, 5.0)
     try:
         while not stop.is_set():
@@ -102,6 +116,8 @@ async def consume(
                     continue  # revoked while we were fetching: the new owner reads them again
                 await processor.process(batch)
                 offsets[where] = batch[-1].offset + 1
+            if flush is not None:
+                await flush()
             try:
                 await subscription.commit(offsets)
             except CommitFailed as exc:
