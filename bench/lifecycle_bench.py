@@ -215,14 +215,26 @@ async def run_jobs(
 
 async def recorded(
     bus: KafkaBus, topics: Sequence[str], since: Mapping[str, Mapping[int, int]]
-) -> list[RawRecord]:
-    """Every record of ``topics`` from the offsets in ``since`` to their ends."""
-    return [
-        (r.key.encode(), r.value, list(r.headers))
-        for topic in topics
-        for partition in range(PARTITIONS)
+) -> tuple[list[RawRecord], dict[str, list[float]]]:
+    """Every record of ``topics`` from the offsets in ``since`` to their ends; and, for each type of
+    event, the seconds from the previous record of the same key to it (its hop's latency)."""
+    found = [
+        r for topic in topics for partition in range(PARTITIONS)
         async for r in bus.read(topic, partition, since[topic][partition])
-    ]
+    ]  # fmt: skip
+    hops: dict[str, list[float]] = {}
+    last: dict[str, int] = {}
+    for r in sorted(found, key=lambda r: (r.timestamp_ms, r.topic != bus_commands(topics))):
+        kind = dict(r.headers).get("ce_type", b"?").decode().removeprefix("io.ffdl.")
+        if r.key in last:
+            hops.setdefault(kind, []).append((r.timestamp_ms - last[r.key]) / 1000)
+        last[r.key] = r.timestamp_ms
+    return [(r.key.encode(), r.value, list(r.headers)) for r in found], hops
+
+
+def bus_commands(topics: Sequence[str]) -> str:
+    """The commands topic among ``topics`` (a command precedes the events it causes at equal times)."""
+    return next(topic for topic in topics if topic.endswith(".commands"))
 
 
 def poll_projection(path: Path, stop: asyncio.Event, applied_at: dict[tuple[int, int], float]) -> None:
@@ -348,7 +360,7 @@ async def benchmark(
             elapsed, watch = await run_jobs(sender, broker.bootstrap, topics, jobs, rate=None)
             cpu_used = {pid: cpu_seconds(pid) - before for pid, before in cpu_before.items()}
             progress(f"{jobs} lifecycles in {elapsed:.1f} s")
-            records = await recorded(bus, [topics.commands, topics.events], since)
+            records, hops = await recorded(bus, [topics.commands, topics.events], since)
             rate = jobs / elapsed
             paced = max(1, round(rate / 2 * latency_seconds))
             progress(f"latency run: {paced} jobs at {rate / 2:.1f} jobs/s")
@@ -400,6 +412,11 @@ async def benchmark(
             "messages_per_job_by_type": {
                 name.removeprefix("io.ffdl."): round(n / jobs, 2) for name, n in by_type.most_common()
             },
+            "hop_ms_p50_by_type": {
+                kind: round(percentile(seconds, 0.5) * 1000, 1)
+                for kind, seconds in hops.items()
+                if len(seconds) >= jobs / 2
+            },
         },
         "raw_pipeline": {
             "seconds": round(raw["seconds"], 2),
@@ -423,6 +440,7 @@ def render(report: Mapping[str, Any]) -> str:
     life, raw, latency = report["lifecycles"], report["raw_pipeline"], report["latency"]
     cpu = ", ".join(f"{name} {ms} ms" for name, ms in life["cpu_ms_per_job"].items())
     by_type = ", ".join(f"{name} {n}" for name, n in life["messages_per_job_by_type"].items())
+    hop_ms = ", ".join(f"{name} {ms}" for name, ms in life["hop_ms_p50_by_type"].items())
     return "\n".join(
         [
             f"platform processes: {' | '.join(report['layout'])}; {report['machine']}",
@@ -432,6 +450,7 @@ def render(report: Mapping[str, Any]) -> str:
             f"({life['messages']} messages, {life['mean_message_bytes']} B mean)",
             f"  CPU per job: {cpu}; platform {life['platform_cpu_us_per_message']} us per message",
             f"  messages per job: {by_type}",
+            f"  median ms since the key's previous record: {hop_ms}",
             f"raw aiokafka, the same {life['messages']} records: {raw['seconds']} s, "
             f"{raw['messages_per_s']} messages/s; CPU per message: clients {raw['cpu_us_per_message']} us, "
             f"broker {raw['broker_cpu_us_per_message']} us",

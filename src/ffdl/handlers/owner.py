@@ -64,6 +64,8 @@ class JobOwner(Follower):
         self._producer = producer
         self._clock = clock
         self.cluster = ClusterWatch(bus, topics.events)
+        #: Whether the view caught up in this fetch: the scheduler sent each of the fetch's allocations
+        #: before the fetch, so once is enough (what the fetch decides enters the view at once).
         self._caught_up = False
         self._pending: list[AnyEvent] = []  # decided since the last flush, not appended yet
         self.dead_letters = 0
@@ -73,7 +75,6 @@ class JobOwner(Follower):
 
     async def process(self, records: Sequence[Record]) -> None:
         """Decide the records of one partition; their events wait for :meth:`flush`."""
-        self._caught_up = False
         try:
             for record in records:
                 self._pending.extend(await self._guarded(record))
@@ -84,6 +85,7 @@ class JobOwner(Follower):
     async def flush(self) -> None:
         """Append every event the fetch's commands decided, in one publish."""
         decided, self._pending = self._pending, []
+        self._caught_up = False
         if not decided:
             return
         try:
@@ -105,6 +107,7 @@ class JobOwner(Follower):
         """The fetch failed: nothing it decided may reach the log, so the cluster view, which holds
         it, starts again from the log (the book is folded again when the partitions are)."""
         self._pending = []
+        self._caught_up = False
         self.cluster.reset()
 
     async def _guarded(self, record: Record) -> list[AnyEvent]:
