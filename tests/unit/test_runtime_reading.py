@@ -151,3 +151,14 @@ def test_what_cannot_be_decoded_is_refused_every_time() -> None:
         with pytest.raises(DecodeError):
             decoded.decode(b"garbage")
     assert decoded.misses == 2
+
+
+def test_what_a_writer_remembers_is_never_decoded() -> None:
+    decoded = DecodedEvents()
+    event = submitted("written-here")
+    value = event_to_json(event)
+
+    decoded.remember(value, event)
+
+    assert decoded.decode(bytes(value)) is event
+    assert (decoded.hits, decoded.misses) == (1, 0)

@@ -39,7 +39,7 @@ from ffdl.events.codec import AnyCommand, AnyEvent, DecodeError, any_command_fro
 from ffdl.handlers.cluster_watch import ClusterWatch
 from ffdl.handlers.messaging import Topics, dead_letter, event_records, misrouted, principal_of, utcnow
 from ffdl.handlers.ports import Bus, Election, Record
-from ffdl.handlers.runtime import UNREACHABLE, Follower, where
+from ffdl.handlers.runtime import DECODED, UNREACHABLE, Follower, where
 
 log = structlog.get_logger(__name__)
 
@@ -88,11 +88,14 @@ class JobOwner(Follower):
         self._caught_up = False
         if not decided:
             return
+        records = event_records(decided, self._producer)
         try:
-            await self._bus.publish(self._topics.events, event_records(decided, self._producer))
+            await self._bus.publish(self._topics.events, records)
         except BaseException:
             self._forget_pending()
             raise
+        for record, event in zip(records, decided, strict=True):
+            DECODED.remember(record.value, event)  # the reactor of this process reads them next
         for event in decided:
             log.info(
                 "event appended",

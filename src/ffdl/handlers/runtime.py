@@ -181,8 +181,10 @@ class DecodedEvents:
 
     Keyed by the value's bytes, not the record's position: decoding is a function of the bytes, so an
     entry is right whichever log, topic or offset the same bytes come from. The events are immutable,
-    so readers share them. FIFO, at most ``size`` entries: the readers of one process trail each other
-    by about a fetch, and a miss only costs the decode.
+    so readers share them. A writer remembers what it encoded (an event round-trips through
+    its JSON: the codec's tests hold it to that), so the readers of a process do not decode what the
+    process itself appended. FIFO, at most ``size`` entries: the readers of one process trail each
+    other by about a fetch, and a miss only costs the decode.
     """
 
     def __init__(self, size: int = 4096) -> None:
@@ -199,10 +201,14 @@ class DecodedEvents:
             return event
         self.misses += 1
         event = any_event_from_json(value)
+        self.remember(value, event)
+        return event
+
+    def remember(self, value: bytes, event: AnyEvent) -> None:
+        """Note that ``value`` decodes to ``event`` (it is ``event``'s encoding)."""
         if len(self._events) >= self._size:
             del self._events[next(iter(self._events))]
         self._events[value] = event
-        return event
 
 
 #: The events the roles of this process decoded last.
