@@ -89,13 +89,15 @@ class JobOwner(Follower):
         if not decided:
             return
         records = event_records(decided, self._producer)
+        # The reactor of this process reads them next, maybe before the append's acknowledgement is
+        # handled here; should the append fail, the entries are still true (a record's bytes decode so).
+        for record, event in zip(records, decided, strict=True):
+            DECODED.remember(record.value, event)
         try:
             await self._bus.publish(self._topics.events, records)
         except BaseException:
             self._forget_pending()
             raise
-        for record, event in zip(records, decided, strict=True):
-            DECODED.remember(record.value, event)  # the reactor of this process reads them next
         for event in decided:
             log.info(
                 "event appended",
