@@ -5,7 +5,11 @@ in it (this is what re-drives work interrupted by a crash), and skips the record
 when the consumer redelivers them. Every applied event is shown to the observers (the monitor), who
 need to know which learners to expect; the driver is asked once per job per batch, after the batch's
 events are folded. The events of one decision are appended together, so a state the owner passes
-through within a decision (SCHEDULED, on the way to LAUNCHING with the allocation) starts nothing.
+through within a decision (SCHEDULED, on the way to LAUNCHING with the allocation) starts nothing;
+and since a fetch may end between two records of one decision, a job left in SCHEDULED by a batch
+is not driven then either: its ``JobLaunching`` is the next record. Only a job an older owner left
+in SCHEDULED (it launched on the reactor's ``BeginLaunch``) stays there; it is driven when its
+partition is loaded and by the reconcile pass.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import structlog
 from ffdl.core.aggregate import Aggregates, Applied, Kinds
 from ffdl.core.job import Job
 from ffdl.core.kinds import JOBS
+from ffdl.core.states import JobState
 from ffdl.events.envelope import Event
 from ffdl.handlers.aio import sleep_or_stop
 from ffdl.handlers.driver import Driver
@@ -68,7 +73,8 @@ class ReactorHost(EventFollower):
     async def processed(self) -> None:
         touched, self._touched = self._touched, {}
         for job in touched.values():
-            self.driver.update(job)
+            if job.state is not JobState.SCHEDULED:
+                self.driver.update(job)
 
     def _notify(self, event: Event | None, job: Job) -> None:
         for observer in self._observers:
