@@ -34,6 +34,7 @@ from ffdl.api.followers import Followers
 from ffdl.api.heartbeats import HeartbeatView
 from ffdl.api.manifest import ManifestError, parse_manifest
 from ffdl.api.metrics import PlatformCollector, registry_for
+from ffdl.api.progress import ProjectionProgress
 from ffdl.api.redaction import Redactor, mentioned_jobs
 from ffdl.core.kinds import KINDS
 from ffdl.core.places import place_problem
@@ -123,6 +124,7 @@ class PlatformBackend:
         platform: Platform,
         *,
         open_api: bool = False,
+        processes: int = 1,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], datetime] = utcnow,
     ) -> None:
@@ -137,8 +139,12 @@ class PlatformBackend:
         self._clock = clock
         self.registry = registry_for(self.collector, platform.projector.latency)
         self.readiness = Readiness()
+        self.progress = ProjectionProgress(self.projection.version)
+        # each of the API's processes admits its share of the streams, so that together they stay
+        # within the caps (a process cannot count another's)
         self.followers = Followers(
-            platform.settings.max_followers, platform.settings.max_followers_per_tenant
+            -(-platform.settings.max_followers // processes),
+            -(-platform.settings.max_followers_per_tenant // processes),
         )
 
     async def wait_for(self, token: str | None) -> None:
@@ -160,12 +166,15 @@ class PlatformBackend:
             return
         await self._on_the_log(position)
         deadline = self._clock() + READ_WAIT_MAX_S
-        while not await read(self.projection.reached, position.partition, position.offset):
+        while True:
+            version = self.progress.version()
+            if await read(self.projection.reached, position.partition, position.offset):
+                return
             if self._clock() > deadline:
                 raise problem(
                     504, f"the projection has not reached {token} yet", "after", headers={"Retry-After": "1"}
                 )
-            await self.platform.projector.wait_for_change(0.05)
+            await self.progress.wait_for_change(version, 0.05)
 
     async def _on_the_log(self, position: Position) -> None:
         """422 if ``position`` lies beyond the end of its partition (when the log can tell)."""
@@ -216,6 +225,7 @@ class PlatformBackend:
         # the end of the command's events partition once the owners had decided the command
         decided_below: int | None = None
         while True:
+            version = self.progress.version()
             if decided_below is None:
                 decided_below = await self._decided_below(sent)
             # looked at before the projection is asked, so that "applied that far" covers its answer
@@ -233,7 +243,8 @@ class PlatformBackend:
                 return Written(command_id, decided=True)
             if self._clock() >= deadline:
                 return Written(command_id)
-            await self.platform.projector.wait_for_change(0.05)
+            # the owners' commit is not the projection's: look again soon even if it did not change
+            await self.progress.wait_for_change(version, 0.05)
 
     async def _decided_below(self, sent: Position) -> int | None:
         """Once the owners have committed past the command ``sent``, the end of the events partition

@@ -25,6 +25,7 @@ from fastapi.responses import FileResponse, StreamingResponse
 
 from ffdl.adapters.tenants import Principal
 from ffdl.api.dependencies import Backend, Caller, PlatformBackend, principal, problem, read
+from ffdl.api.followers import KEEP_ALIVE_S
 from ffdl.projections.timemachine import cluster_at, hide_others, tenant_rows, utilisation
 
 router = APIRouter()
@@ -83,10 +84,11 @@ async def _job_changes(
 ) -> AsyncIterator[bytes]:
     yield f"id: {cursor}\nevent: ready\ndata: {{}}\n\n".encode()
     while not await request.is_disconnected():
+        version = backend.progress.version()
         cursor_after, documents, gone = await read(backend.projection.changed_jobs, cursor, FOLLOW_BATCH)
         if cursor_after == cursor:
             yield b": keep-alive\n\n"
-            await backend.platform.projector.wait_for_change(1.0)
+            await backend.progress.wait_for_change(version, KEEP_ALIVE_S)
             continue
         cursor = cursor_after
         mine = [document for document in documents if caller.may_see(document["tenant"])]

@@ -17,6 +17,7 @@ from fastapi.responses import StreamingResponse
 
 from ffdl.adapters.tenants import Principal
 from ffdl.api.dependencies import MAX_OFFSET, Backend, Caller, PlatformBackend, problem, read
+from ffdl.api.followers import KEEP_ALIVE_S
 from ffdl.core.kinds import JOBS
 from ffdl.core.states import JobState
 
@@ -58,6 +59,7 @@ async def follow_events(
     released its GPUs or the client has gone."""
     seq = after_seq
     while not await request.is_disconnected():
+        version = backend.progress.version()
         batch = await read(backend.projection.history, JOBS, job_id, seq, 200)
         for event in await backend.redacted(caller, batch):
             seq = event["seq"]
@@ -68,4 +70,4 @@ async def follow_events(
         if document is None or (JobState(document["state"]).terminal and document["placement"] is None):
             return
         yield b": keep-alive\n\n"
-        await backend.platform.projector.wait_for_change(1.0)
+        await backend.progress.wait_for_change(version, KEEP_ALIVE_S)
