@@ -1,0 +1,56 @@
+"""One API worker process of ``ffdl up`` (see :mod:`ffdl.cli.serve`): ``python -m ffdl.cli.api_worker FD``.
+
+It serves the API on the listening socket FD it inherited, with a platform of its own running the
+``api`` role. Its parent writes the settings to its stdin and keeps the pipe open: the end of stdin
+means the parent is gone, and the worker stops as on SIGTERM, its socket closed first, so that a
+platform started again can bind the port. Every request is authenticated and redacted exactly as
+in a single process: the app is the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pickle
+import signal
+import socket
+import sys
+
+from ffdl.cli.serve import api_server
+from ffdl.wiring.config import Settings
+from ffdl.wiring.logging import configure_logging
+from ffdl.wiring.platform import Platform
+
+
+async def serve_worker(
+    settings: Settings, listening: socket.socket, *, open_api: bool, processes: int
+) -> None:
+    """Serve the API on ``listening`` until SIGINT/SIGTERM or the end of stdin."""
+    async with Platform(settings, frozenset({"api"})) as platform:
+        server = api_server(platform, settings.api, open_api=open_api, processes=processes)
+        loop = asyncio.get_running_loop()
+
+        def stop() -> None:
+            server.should_exit = True
+
+        def parent_gone() -> None:
+            if not os.read(sys.stdin.fileno(), 4096):
+                loop.remove_reader(sys.stdin.fileno())
+                stop()
+
+        # uvicorn takes SIGINT/SIGTERM while it serves and raises them again once stopped: then here
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop)
+        loop.add_reader(sys.stdin.fileno(), parent_gone)
+        await server.serve(sockets=[listening])
+
+
+def main() -> None:
+    settings, open_api, processes = pickle.load(sys.stdin.buffer)
+    configure_logging(settings.log_format, settings.log_level)
+    listening = socket.socket(fileno=int(sys.argv[1]))
+    asyncio.run(serve_worker(settings, listening, open_api=open_api, processes=processes))
+
+
+if __name__ == "__main__":
+    main()
