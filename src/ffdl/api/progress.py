@@ -42,8 +42,11 @@ class ProjectionProgress:
         """Return once the projection has changed past ``since`` (at once if it has already), or after
         ``timeout_s``; waking early by a change that was already read is harmless."""
         if self._polling is None:
-            self._seen = since
+            now = self._probe()
+            if now is not None and now != since:
+                return
             self._polling = asyncio.create_task(self._poll())
+            self._seen = since if now is None else now
         elif since != self._seen:
             return
         changed = self._changed

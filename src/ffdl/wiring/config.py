@@ -43,7 +43,6 @@ from ffdl.core.restart import RestartPolicy
 from ffdl.core.scheduling import SchedulerPolicy
 from ffdl.core.tenancy import TenancyPolicy, TenantQuota
 
-
 #: API processes by default on a machine with many CPUs: each is a whole Python process with its own
 #: connections, and a few already serve thousands of requests a second from one projection file.
 MAX_DEFAULT_API_WORKERS = 8
