@@ -1,7 +1,7 @@
 """Status API under load: 100,000 jobs in the projections, reads by ``wrk`` and an open-loop client, SSE.
 
     python bench/api_bench.py [--jobs 100000] [--seconds 10] [--connections 1,2,4,16,64] [--rate 500]
-                              [--followers 500]
+                              [--followers 500] [--api-workers N]
 
 Needs ``wrk`` on the PATH (``apt-get install -y wrk``).
 
@@ -9,7 +9,9 @@ Needs ``wrk`` on the PATH (``apt-get install -y wrk``).
    histories the real decider made, into the projection file of a fresh data directory, and
    creates one admin tenant: every request carries its bearer token, as a deployed API needs.
 2. Starts the API as users deploy it for reads, ``ffdl up --roles api`` in a process of its own
-   (the read role alone: it serves from the projection file and needs only the bus to exist).
+   (the read role alone: it serves from the projection file and needs only the bus to exist), with
+   ffdl's default number of API worker processes (one per usable CPU) or ``--api-workers``
+   (``FFDL_API_WORKERS``); the figures' server CPU is that of the process and its workers.
    The request mix everywhere is 70 % ``GET /v1/jobs/{id}`` over random ids and 30 % list pages
    (``limit=50``, a state filter and a cursor collected beforehand by walking pages).
 
@@ -25,8 +27,9 @@ Needs ``wrk`` on the PATH (``apt-get install -y wrk``).
      the achieved rate, p50/p99 per kind and errors; it is the figure comparable to earlier runs.
 3. Stops it and starts ``ffdl up`` with every role (the earlier runs' set-up): the same open-loop
    client as the baseline, then one busy job (8 learners reporting progress) followed by
-   ``--followers`` SSE streams; reports the delivery lag (receipt time - the event's
-   ``occurred_at``) past the backlog replayed at connect.
+   ``--followers`` SSE streams (the caps on open streams raised to admit them all; any refused
+   are counted); reports the delivery lag (receipt time - the event's ``occurred_at``) past the
+   backlog replayed at connect.
 
 The benchmark runs one server at a time and nothing else while it measures; each result line
 carries the server's and the load generator's CPU (cores busy) so that a load generator that
@@ -149,10 +152,34 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
+def process_and_children(pid: int) -> Iterator[tuple[int, list[str]]]:
+    """Process ``pid`` and its living children (the API workers), each with the fields of its
+    ``/proc/PID/stat`` after the command name (state, ppid, ...)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        if int(entry.name) == pid or int(fields[1]) == pid:
+            yield int(entry.name), fields
+
+
 def cpu_seconds(pid: int) -> float:
-    """User plus system CPU time of process ``pid`` so far (fields 14 and 15 of ``/proc/PID/stat``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    """User plus system CPU time so far of process ``pid`` and its living children (fields 14 and 15
+    of ``/proc/PID/stat``)."""
+    return sum(int(fields[11]) + int(fields[12]) for _, fields in process_and_children(pid)) / CLOCK_TICKS
+
+
+def api_processes(pid: int) -> int:
+    """How many processes serve the API of ``ffdl up`` process ``pid``: its API workers, or itself."""
+    workers = [
+        child
+        for child, _ in process_and_children(pid)
+        if child != pid and b"ffdl.cli.api_worker" in Path(f"/proc/{child}/cmdline").read_bytes()
+    ]
+    return len(workers) or 1
 
 
 def stolen_seconds() -> float:
@@ -327,6 +354,7 @@ async def fan_out(api: str, token: str, followers: int, seconds: float) -> dict[
     manifest = f"name: busy\nlearners: 8\ngpus: 0\ncpus: 0.1\nmemory_mb: 64\ncommand: {command}\n"
     lags: list[float] = []
     received = 0
+    refused = 0
     limits = httpx.Limits(max_connections=followers + 10)
     headers = {"Authorization": f"Bearer {token}"}
     async with httpx.AsyncClient(base_url=api, headers=headers, timeout=60, limits=limits) as client:
@@ -334,8 +362,11 @@ async def fan_out(api: str, token: str, followers: int, seconds: float) -> dict[
         deadline = time.monotonic() + seconds
 
         async def follow() -> None:
-            nonlocal received
+            nonlocal received, refused
             async with client.stream("GET", f"/v1/jobs/{job_id}/events", params={"follow": "true"}) as stream:
+                if stream.status_code != 200:
+                    refused += 1
+                    return
                 async for line in stream.aiter_lines():
                     if line.startswith("data: "):
                         event = json.loads(line[6:])
@@ -350,6 +381,7 @@ async def fan_out(api: str, token: str, followers: int, seconds: float) -> dict[
         await client.delete(f"/v1/jobs/{job_id}")
     return {
         "followers": followers,
+        "followers_refused": refused,
         "events_delivered": received,
         "lag_p50_ms": round(percentile(lags, 0.5), 1),
         "lag_p99_ms": round(percentile(lags, 0.99), 1),
@@ -398,11 +430,18 @@ def measure(args: argparse.Namespace, data_dir: Path) -> None:
         "FFDL_API": api,
         "FFDL_LOG_LEVEL": "warning",
         "FFDL_NODES": '[{"name": "node", "gpus": 0, "cpus": 64}]',
+        # every follower admitted (the default caps, 256 in all and 16 a tenant, would refuse most)
+        "FFDL_MAX_FOLLOWERS": str(args.followers),
+        "FFDL_MAX_FOLLOWERS_PER_TENANT": str(args.followers),
     }
+    if args.api_workers is not None:
+        env["FFDL_API_WORKERS"] = str(args.api_workers)
+
     gets = [f"/v1/jobs/{job_id}" for job_id in ids]
     list_file, script = data_dir / "lists.txt", data_dir / "mix.lua"
     script.write_text(WRK_SCRIPT)
     with running_platform(env, "api") as server:
+        emit("api_processes", api_processes(server))
         lists = list_paths(api, {"Authorization": f"Bearer {token}"})
         list_file.write_text("\n".join(lists) + "\n")
         warm_up = run_wrk(api, token, script, args.jobs, list_file, WARM_UP_CONNECTIONS, args.seconds, server)
@@ -433,6 +472,9 @@ def main() -> None:
     parser.add_argument("--connections", default="1,2,4,16,64", help="wrk connection counts, comma-separated")
     parser.add_argument("--rate", type=float, default=500, help="of the open-loop client, requests/s")
     parser.add_argument("--followers", type=int, default=500)
+    parser.add_argument(
+        "--api-workers", type=int, default=None, help="API processes (FFDL_API_WORKERS); default: ffdl's own"
+    )
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         parser.error("wrk is not on the PATH: apt-get install -y wrk")

@@ -1,9 +1,10 @@
 """One API worker process of ``ffdl up`` (see :mod:`ffdl.cli.serve`): ``python -m ffdl.cli.api_worker FD``.
 
 It serves the API on the listening socket FD it inherited, with a platform of its own running the
-``api`` role. Its parent writes the settings to its stdin and keeps the pipe open: the end of stdin
-means the parent is gone, and the worker stops as on SIGTERM, its socket closed first, so that a
-platform started again can bind the port. Every request is authenticated and redacted exactly as
+``api`` role, until SIGINT/SIGTERM. Its parent writes the settings to its stdin and keeps the pipe
+open: the end of stdin means the parent died without stopping it (killed, crashed), and the worker
+exits at once, as if it had died with it: no request is served past the platform's death, and a
+platform started again finds the port free. Every request is authenticated and redacted exactly as
 in a single process: the app is the same.
 """
 
@@ -16,10 +17,17 @@ import signal
 import socket
 import sys
 
+import structlog
+
 from ffdl.cli.serve import api_server
 from ffdl.wiring.config import Settings
 from ffdl.wiring.logging import configure_logging
 from ffdl.wiring.platform import Platform
+
+log = structlog.get_logger(__name__)
+
+#: The exit status of a worker whose parent died (nobody reads it, but a process tree view shows it).
+PARENT_GONE_EXIT = 70
 
 
 async def serve_worker(
@@ -35,8 +43,8 @@ async def serve_worker(
 
         def parent_gone() -> None:
             if not os.read(sys.stdin.fileno(), 4096):
-                loop.remove_reader(sys.stdin.fileno())
-                stop()
+                log.warning("the platform process is gone; exiting", pid=os.getpid())
+                os._exit(PARENT_GONE_EXIT)
 
         # uvicorn takes SIGINT/SIGTERM while it serves and raises them again once stopped: then here
         for sig in (signal.SIGINT, signal.SIGTERM):

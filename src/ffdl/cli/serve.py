@@ -7,7 +7,8 @@ role (a reader of the projection file, a sender of commands), while the other ro
 kernel hands each connection to a worker that is waiting in ``accept``, so an idle worker takes the
 next one. Workers are supervised like roles: one that exits unasked is started again after a
 backoff. Stopping sends each SIGTERM (SIGKILL after :data:`WORKER_STOP_S`); a worker whose parent
-died reads the end of its stdin, a pipe only the parent holds, and stops too: none outlives it.
+died unasked reads the end of its stdin, a pipe only the parent holds, and exits at once: none
+outlives it, nor serves for a platform that is gone.
 """
 
 from __future__ import annotations
