@@ -3,10 +3,11 @@
 * :data:`Caller` is who calls: the tenant of the bearer token (401 without a valid one once a
   tenant exists); :data:`Admin` the caller if an admin (403 otherwise).
 * :data:`Backend` is the platform the app serves, as the routes reach it: reads from the projection
-  run off the event loop; ``wait_for`` makes a read wait (bounded) for a log position the reader
-  was given by a write; ``send_and_wait`` sends a command and waits (bounded) until the projection
-  has applied what it caused, so the writer reads its own write, or until the owner is known to have
-  decided it to nothing, and answers the owner's rejection as 409 with its reason.
+  run off the event loop (but a job by its id, see :func:`read`); ``wait_for`` makes a read wait
+  (bounded) for a log position the reader was given by a write; ``send_and_wait`` sends a command
+  and waits (bounded) until the projection has applied what it caused, so the writer reads its own
+  write, or until the owner is known to have decided it to nothing, and answers the owner's
+  rejection as 409 with its reason. Both wake on the projection's progress (:mod:`ffdl.api.progress`).
 * :data:`Manifest` is a job manifest parsed from the request body (JSON or YAML, ours or FfDL's),
   off the event loop and bounded in time, its data and result places checked against the roots.
 
@@ -90,7 +91,11 @@ class Written:
 
 
 async def read(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """``fn`` (a blocking read of the projection or a file) run off the event loop."""
+    """``fn`` (a blocking read of the projection or a file) run off the event loop.
+
+    A job's document by its id is read on the loop instead (:meth:`PlatformBackend.visible_job`): one
+    primary-key lookup takes microseconds and a reader never waits for the writer (WAL), while the
+    hop to a thread and back costs the loop more than the read."""
     return await asyncio.to_thread(fn, *args, **kwargs)
 
 
@@ -203,7 +208,7 @@ class PlatformBackend:
 
     async def visible_job(self, job_id: str, caller: Principal) -> dict[str, Any]:
         """The job's document, if the caller may see it; another tenant's job is a 404 like a missing one."""
-        document = await read(self.projection.get, job_id)
+        document = self.projection.get(job_id)  # on the loop: see read()
         if document is None or not caller.may_see(document["tenant"]):
             raise problem(404, f"no job {job_id}", "job_id")
         return dict(document)
@@ -271,8 +276,11 @@ async def _backend(request: Request) -> PlatformBackend:
 Backend = Annotated[PlatformBackend, Depends(_backend)]
 
 
-def principal(request: Request) -> Principal:
-    """Who calls: the tenant of the bearer token, or the open default while no tenant exists."""
+async def principal(request: Request) -> Principal:
+    """Who calls: the tenant of the bearer token, or the open default while no tenant exists.
+
+    On the event loop (a hash, and a look at the tenants file's stamp): FastAPI would run a plain
+    function in a thread, and the hop there and back costs more than the check."""
     tenants: TenantRegistry = request.app.state.backend.tenants
     if tenants.open:
         return OPEN
@@ -290,7 +298,7 @@ def principal(request: Request) -> Principal:
 Caller = Annotated[Principal, Depends(principal)]
 
 
-def admin(caller: Caller) -> Principal:
+async def admin(caller: Caller) -> Principal:
     """The caller, if an admin (SREs): the inventory is the whole platform's, not a tenant's."""
     if not caller.admin:
         raise problem(403, "only an admin may change the inventory", "Authorization")

@@ -54,7 +54,7 @@ async def whoami(request: Request, backend: Backend) -> dict[str, Any]:
     """Whether the platform runs open (no tenants) and, for a valid token, its tenant and whether an
     admin (``tenant`` None without one: the page asks for a token without a failed request)."""
     try:
-        caller = principal(request)
+        caller = await principal(request)
     except HTTPException:
         return {"tenant": None, "admin": False, "open": False}
     return {"tenant": caller.tenant, "admin": caller.admin, "open": backend.tenants.open}
