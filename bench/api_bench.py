@@ -422,6 +422,7 @@ def measure(args: argparse.Namespace, data_dir: Path) -> None:
     token = TenantRegistry(data_dir / "tenants.json").add("bench", admin=True)
     emit("setup", {"jobs": args.jobs, "projected_s": round(time.perf_counter() - started, 1)})
     emit("machine", {"cpus": os.cpu_count(), "load_average": [round(x, 2) for x in os.getloadavg()]})
+    stream_cap = args.followers * max(args.api_workers or 0, os.cpu_count() or 1)
     port = 18000 + os.getpid() % 1000
     api = f"http://127.0.0.1:{port}"
     env = {
@@ -430,9 +431,10 @@ def measure(args: argparse.Namespace, data_dir: Path) -> None:
         "FFDL_API": api,
         "FFDL_LOG_LEVEL": "warning",
         "FFDL_NODES": '[{"name": "node", "gpus": 0, "cpus": 64}]',
-        # every follower admitted (the default caps, 256 in all and 16 a tenant, would refuse most)
-        "FFDL_MAX_FOLLOWERS": str(args.followers),
-        "FFDL_MAX_FOLLOWERS_PER_TENANT": str(args.followers),
+        # every follower admitted (the default caps, 256 in all and 16 a tenant, would refuse most),
+        # however the connections spread over the API processes (each admits its share of a cap)
+        "FFDL_MAX_FOLLOWERS": str(stream_cap),
+        "FFDL_MAX_FOLLOWERS_PER_TENANT": str(stream_cap),
     }
     if args.api_workers is not None:
         env["FFDL_API_WORKERS"] = str(args.api_workers)

@@ -93,9 +93,10 @@ class Written:
 async def read(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """``fn`` (a blocking read of the projection or a file) run off the event loop.
 
-    A job's document by its id is read on the loop instead (:meth:`PlatformBackend.visible_job`): one
-    primary-key lookup takes microseconds and a reader never waits for the writer (WAL), while the
-    hop to a thread and back costs the loop more than the read."""
+    A job's document by its id, and a batch of its events a follower reads, are read on the loop
+    instead (:meth:`PlatformBackend.visible_job`, :func:`ffdl.api.routes.events.follow_events`): a
+    lookup by key takes microseconds and a reader never waits for the writer (WAL), while the hop to
+    a thread and back costs the loop more than the read."""
     return await asyncio.to_thread(fn, *args, **kwargs)
 
 
