@@ -22,6 +22,7 @@ to the job's own directory, or absolute paths under ``data_roots`` / ``result_ro
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -46,6 +47,19 @@ from ffdl.core.tenancy import TenancyPolicy, TenantQuota
 #: API processes by default on a machine with many CPUs: each is a whole Python process with its own
 #: connections, and a few already serve thousands of requests a second from one projection file.
 MAX_DEFAULT_API_WORKERS = 8
+
+
+def usable_cpus(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
+    """The CPUs this process may use: those it may run on, fewer under a cgroup's CPU quota (a
+    container's CPU limit, which the affinity does not show), rounded up."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        quota, period = (cgroup / "cpu.max").read_text().split()
+        if quota != "max":
+            usable = min(usable, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass  # no cgroup v2 quota to read: the affinity it is
+    return usable
 
 
 class NodeConfig(BaseModel):
@@ -169,12 +183,11 @@ class Settings(BaseSettings):
 
     @property
     def api_processes(self) -> int:
-        """How many processes serve the API: ``api_workers``, or one per CPU this process may run on
+        """How many processes serve the API: ``api_workers``, or one per CPU this process may use
         (at most :data:`MAX_DEFAULT_API_WORKERS`). One serves in the platform's own process."""
         if self.api_workers is not None:
             return self.api_workers
-        usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        return min(usable, MAX_DEFAULT_API_WORKERS)
+        return min(usable_cpus(), MAX_DEFAULT_API_WORKERS)
 
     @property
     def restart_policy(self) -> RestartPolicy:
