@@ -328,7 +328,10 @@ class Connection:
             yield line
 
     async def _head_of_answer(self) -> tuple[int, int]:
-        status = int((await self._reader.readline()).split()[1])
+        status_line = await self._reader.readline()
+        if not status_line:
+            raise ConnectionResetError("closed by the server")
+        status = int(status_line.split()[1])
         length = 0
         while (line := await self._reader.readline()) not in (b"\r\n", b""):
             name, _, value = line.partition(b":")
@@ -353,13 +356,18 @@ async def drive_load(
     async def one(kind: str, path: str) -> None:
         nonlocal errors
         started = time.perf_counter()
+        connection = idle.pop() if idle else None
         try:
-            if idle:
-                connection = idle.pop()
-            else:
+            if connection is not None:
+                try:
+                    status = await asyncio.wait_for(connection.request(path), 10)
+                except ConnectionResetError:  # closed while idle (the server's keep-alive timeout)
+                    connection.close()
+                    connection = None
+            if connection is None:  # the time to connect counts in the request's latency
                 connection = await Connection.open(api, token)
                 opened.append(connection)
-            status = await asyncio.wait_for(connection.request(path), 10)
+                status = await asyncio.wait_for(connection.request(path), 10)
         except (OSError, TimeoutError, asyncio.IncompleteReadError):
             errors += 1
             return

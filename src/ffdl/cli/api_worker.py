@@ -33,23 +33,25 @@ PARENT_GONE_EXIT = 70
 async def serve_worker(
     settings: Settings, listening: socket.socket, *, open_api: bool, processes: int
 ) -> None:
-    """Serve the API on ``listening`` until SIGINT/SIGTERM or the end of stdin."""
+    """Serve the API on ``listening`` until SIGINT/SIGTERM; exit at once at the end of stdin."""
+    loop = asyncio.get_running_loop()
+
+    def parent_gone() -> None:
+        if not os.read(sys.stdin.fileno(), 4096):
+            log.warning("the platform process is gone; exiting", pid=os.getpid())
+            os._exit(PARENT_GONE_EXIT)
+
+    # watched from the start: the platform's start may wait for the event log as long as it takes
+    loop.add_reader(sys.stdin.fileno(), parent_gone)
     async with Platform(settings, frozenset({"api"})) as platform:
         server = api_server(platform, settings.api, open_api=open_api, processes=processes)
-        loop = asyncio.get_running_loop()
 
         def stop() -> None:
             server.should_exit = True
 
-        def parent_gone() -> None:
-            if not os.read(sys.stdin.fileno(), 4096):
-                log.warning("the platform process is gone; exiting", pid=os.getpid())
-                os._exit(PARENT_GONE_EXIT)
-
         # uvicorn takes SIGINT/SIGTERM while it serves and raises them again once stopped: then here
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop)
-        loop.add_reader(sys.stdin.fileno(), parent_gone)
         await server.serve(sockets=[listening])
 
 

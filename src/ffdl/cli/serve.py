@@ -71,7 +71,6 @@ class ApiWorkers:
         self._listening = listening
         self._count = count
         self._open_api = open_api
-        self.pids: dict[int, int] = {}
 
     async def run(self, stop: asyncio.Event) -> None:
         """Run every worker until ``stop``; returns once all have exited."""
@@ -97,7 +96,6 @@ class ApiWorkers:
             pass_fds=(fd,),
         )
         assert worker.stdin is not None
-        self.pids[index] = worker.pid
         # what the worker serves with; then the pipe stays open: its end is this process's end
         worker.stdin.write(pickle.dumps((self._settings, self._open_api, self._count)))
         await worker.stdin.drain()
@@ -114,7 +112,6 @@ class ApiWorkers:
                 worker.kill()
                 await exited
         worker.stdin.close()
-        del self.pids[index]
         if not stop.is_set():
             raise RuntimeError(f"API worker {index} (pid {worker.pid}) exited with status {exited.result()}")
 
