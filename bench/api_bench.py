@@ -1,7 +1,7 @@
 """Status API under load: 100,000 jobs in the projections, reads by ``wrk`` and an open-loop client, SSE.
 
     python bench/api_bench.py [--jobs 100000] [--seconds 10] [--connections 1,2,4,16,64] [--rate 500]
-                              [--followers 500]
+                              [--followers 500] [--api-workers N]
 
 Needs ``wrk`` on the PATH (``apt-get install -y wrk``).
 
@@ -9,7 +9,9 @@ Needs ``wrk`` on the PATH (``apt-get install -y wrk``).
    histories the real decider made, into the projection file of a fresh data directory, and
    creates one admin tenant: every request carries its bearer token, as a deployed API needs.
 2. Starts the API as users deploy it for reads, ``ffdl up --roles api`` in a process of its own
-   (the read role alone: it serves from the projection file and needs only the bus to exist).
+   (the read role alone: it serves from the projection file and needs only the bus to exist), with
+   ffdl's default number of API worker processes (one per usable CPU) or ``--api-workers``
+   (``FFDL_API_WORKERS``); the figures' server CPU is that of the process and its workers.
    The request mix everywhere is 70 % ``GET /v1/jobs/{id}`` over random ids and 30 % list pages
    (``limit=50``, a state filter and a cursor collected beforehand by walking pages).
 
@@ -20,13 +22,16 @@ Needs ``wrk`` on the PATH (``apt-get install -y wrk``).
      Closed loop hides queueing (coordinated omission): a slow answer delays the requests behind
      it instead of making them wait, so these latencies are what N busy clients see, not what
      requests arriving at that rate would see.
-   * The old in-process client (httpx, asyncio) open-loop at ``--rate``: requests are sent on a
-     fixed schedule, so a slow server cannot slow the load down and hide its own latency. Reports
-     the achieved rate, p50/p99 per kind and errors; it is the figure comparable to earlier runs.
+   * A Python client (asyncio, keep-alive HTTP/1.1 written by hand: httpx, used before 2026-12-03,
+     ran out of CPU at about 150 requests/s) open-loop at ``--rate``: requests are sent on a fixed
+     schedule, each on an idle connection or a new one, so a slow server cannot slow the load down
+     and hide its own latency. Reports the achieved rate, p50/p99 per kind and errors.
 3. Stops it and starts ``ffdl up`` with every role (the earlier runs' set-up): the same open-loop
    client as the baseline, then one busy job (8 learners reporting progress) followed by
-   ``--followers`` SSE streams; reports the delivery lag (receipt time - the event's
-   ``occurred_at``) past the backlog replayed at connect.
+   ``--followers`` SSE streams (the caps on open streams raised to admit them all; any refused
+   are counted), each on a connection of its own read by the same hand-written client; reports
+   the delivery lag (receipt time - the event's ``occurred_at``) past the backlog replayed at
+   connect, and the CPU of the server and of the client meanwhile.
 
 The benchmark runs one server at a time and nothing else while it measures; each result line
 carries the server's and the load generator's CPU (cores busy) so that a load generator that
@@ -49,7 +54,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -149,10 +154,31 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
+def server_processes(pid: int) -> Iterator[tuple[int, list[str]]]:
+    """``ffdl up`` process ``pid`` and its API workers (not its learners), each with the fields of its
+    ``/proc/PID/stat`` after the command name (state, ppid, ...)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(entry.name) == pid or (
+                int(fields[1]) == pid and b"ffdl.cli.api_worker" in (entry / "cmdline").read_bytes()
+            ):
+                yield int(entry.name), fields
+        except OSError:  # gone meanwhile
+            continue
+
+
 def cpu_seconds(pid: int) -> float:
-    """User plus system CPU time of process ``pid`` so far (fields 14 and 15 of ``/proc/PID/stat``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    """User plus system CPU time so far of ``ffdl up`` process ``pid`` and its living API workers
+    (fields 14 and 15 of ``/proc/PID/stat``)."""
+    return sum(int(fields[11]) + int(fields[12]) for _, fields in server_processes(pid)) / CLOCK_TICKS
+
+
+def api_processes(pid: int) -> int:
+    """How many processes serve the API of ``ffdl up`` process ``pid``: its API workers, or itself."""
+    return sum(1 for worker, _ in server_processes(pid) if worker != pid) or 1
 
 
 def stolen_seconds() -> float:
@@ -269,49 +295,108 @@ def run_wrk(
     }
 
 
+class Connection:
+    """One keep-alive HTTP/1.1 connection of the Python load generators, written and read by hand: a
+    general client (httpx) costs the generator more CPU per request than the API costs the server,
+    so the generator, not the server, would set the figures."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, head: bytes) -> None:
+        self._reader, self._writer, self._head = reader, writer, head
+
+    @classmethod
+    async def open(cls, api: str, token: str) -> Connection:
+        address = httpx.URL(api)
+        reader, writer = await asyncio.open_connection(address.host, address.port)
+        head = f"Host: {address.host}\r\nAuthorization: Bearer {token}\r\n".encode()
+        return cls(reader, writer, head)
+
+    async def request(self, path: str) -> int:
+        """``GET path``: its status once the whole answer has been read (not a streamed one)."""
+        self._writer.write(b"GET " + path.encode() + b" HTTP/1.1\r\n" + self._head + b"\r\n")
+        status, length = await self._head_of_answer()
+        await self._reader.readexactly(length)
+        return status
+
+    async def stream(self, path: str) -> AsyncIterator[bytes]:
+        """``GET path`` answered by a stream: its lines as they come (200 only; chunk sizes included:
+        a Server-Sent Event never starts like one)."""
+        self._writer.write(b"GET " + path.encode() + b" HTTP/1.1\r\n" + self._head + b"\r\n")
+        status, _ = await self._head_of_answer()
+        if status != 200:
+            raise ConnectionRefusedError(f"answered {status}")
+        while line := await self._reader.readline():
+            yield line
+
+    async def _head_of_answer(self) -> tuple[int, int]:
+        status_line = await self._reader.readline()
+        if not status_line:
+            raise ConnectionResetError("closed by the server")
+        status = int(status_line.split()[1])
+        length = 0
+        while (line := await self._reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.partition(b":")
+            if name.lower() == b"content-length":
+                length = int(value)
+        return status, length
+
+    def close(self) -> None:
+        self._writer.close()
+
+
 async def drive_load(
     api: str, token: str, gets: list[str], lists: list[str], rate: float, seconds: float, server: int
 ) -> dict[str, object]:
-    """The open-loop client: ``rate`` requests/s on a fixed schedule, whatever the answers' latency."""
+    """The open-loop client: ``rate`` requests/s on a fixed schedule, whatever the answers' latency;
+    each request goes on an idle keep-alive connection, or on a new one if none is idle."""
     latencies: dict[str, list[float]] = {"get": [], "list": []}
     errors = 0
-    limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)
-    headers = {"Authorization": f"Bearer {token}"}
-    async with httpx.AsyncClient(base_url=api, headers=headers, timeout=10, limits=limits) as client:
+    idle: list[Connection] = []
+    opened: list[Connection] = []
 
-        async def one(kind: str) -> None:
-            nonlocal errors
-            started = time.perf_counter()
-            try:
-                response = await client.get(random.choice(gets if kind == "get" else lists))
-            except httpx.HTTPError:
-                errors += 1
-                return
-            if response.status_code != 200:
-                errors += 1
-                return
-            latencies[kind].append((time.perf_counter() - started) * 1000)
+    async def one(kind: str, path: str) -> None:
+        nonlocal errors
+        started = time.perf_counter()
+        connection = idle.pop() if idle else None
+        try:
+            if connection is not None:
+                try:
+                    status = await asyncio.wait_for(connection.request(path), 10)
+                except ConnectionResetError:  # closed while idle (the server's keep-alive timeout)
+                    connection.close()
+                    connection = None
+            if connection is None:  # the time to connect counts in the request's latency
+                connection = await Connection.open(api, token)
+                opened.append(connection)
+                status = await asyncio.wait_for(connection.request(path), 10)
+        except (OSError, TimeoutError, asyncio.IncompleteReadError):
+            errors += 1
+            return
+        idle.append(connection)
+        if status != 200:
+            errors += 1
+            return
+        latencies[kind].append((time.perf_counter() - started) * 1000)
 
-        tasks = []
-        server_before, client_before, stolen_before = (
-            cpu_seconds(server),
-            time.process_time(),
-            stolen_seconds(),
-        )
-        start = time.perf_counter()
-        total = int(rate * seconds)
-        for index in range(total):
-            # always yield, so requests already sent make progress while the schedule is behind
-            await asyncio.sleep(max(0.0, start + index / rate - time.perf_counter()))
-            tasks.append(asyncio.create_task(one("get" if random.random() < 0.7 else "list")))
-        await asyncio.gather(*tasks)
-        elapsed = time.perf_counter() - start
-        server_used, client_used = cpu_seconds(server) - server_before, time.process_time() - client_before
-        stolen = stolen_seconds() - stolen_before
+    tasks = []
+    server_before, client_before, stolen_before = cpu_seconds(server), time.process_time(), stolen_seconds()
+    start = time.perf_counter()
+    total = int(rate * seconds)
+    for index in range(total):
+        # always yield, so requests already sent make progress while the schedule is behind
+        await asyncio.sleep(max(0.0, start + index / rate - time.perf_counter()))
+        kind = "get" if random.random() < 0.7 else "list"
+        tasks.append(asyncio.create_task(one(kind, random.choice(gets if kind == "get" else lists))))
+    await asyncio.gather(*tasks)
+    elapsed = time.perf_counter() - start
+    server_used, client_used = cpu_seconds(server) - server_before, time.process_time() - client_before
+    stolen = stolen_seconds() - stolen_before
+    for connection in opened:
+        connection.close()
     return {
         "requests": total,
         "achieved_rate": round(total / elapsed, 1),
         "errors": errors,
+        "connections": len(opened),
         "get_p50_ms": round(percentile(latencies["get"], 0.5), 2),
         "get_p99_ms": round(percentile(latencies["get"], 0.99), 2),
         "list_p50_ms": round(percentile(latencies["list"], 0.5), 2),
@@ -322,22 +407,23 @@ async def drive_load(
     }
 
 
-async def fan_out(api: str, token: str, followers: int, seconds: float) -> dict[str, object]:
+async def fan_out(api: str, token: str, followers: int, seconds: float, server: int) -> dict[str, object]:
     command = f"{sys.executable} {LEARNER} --steps 100000 --delay 0.01"
     manifest = f"name: busy\nlearners: 8\ngpus: 0\ncpus: 0.1\nmemory_mb: 64\ncommand: {command}\n"
     lags: list[float] = []
     received = 0
-    limits = httpx.Limits(max_connections=followers + 10)
+    refused = 0
     headers = {"Authorization": f"Bearer {token}"}
-    async with httpx.AsyncClient(base_url=api, headers=headers, timeout=60, limits=limits) as client:
+    async with httpx.AsyncClient(base_url=api, headers=headers, timeout=60) as client:
         job_id = (await client.post("/v1/jobs", content=manifest)).json()["job_id"]
         deadline = time.monotonic() + seconds
 
         async def follow() -> None:
-            nonlocal received
-            async with client.stream("GET", f"/v1/jobs/{job_id}/events", params={"follow": "true"}) as stream:
-                async for line in stream.aiter_lines():
-                    if line.startswith("data: "):
+            nonlocal received, refused
+            connection = await Connection.open(api, token)
+            try:
+                async for line in connection.stream(f"/v1/jobs/{job_id}/events?follow=true"):
+                    if line.startswith(b"data: "):
                         event = json.loads(line[6:])
                         lag = time.time() - datetime.fromisoformat(event["occurred_at"]).timestamp()
                         if event["seq"] > 10:  # the backlog replayed at connect time is not delivery lag
@@ -345,14 +431,24 @@ async def fan_out(api: str, token: str, followers: int, seconds: float) -> dict[
                         received += 1
                     if time.monotonic() > deadline:
                         return
+            except ConnectionRefusedError:
+                refused += 1
+            finally:
+                connection.close()
 
+        server_before, client_before, started = cpu_seconds(server), time.process_time(), time.perf_counter()
         await asyncio.gather(*(follow() for _ in range(followers)), return_exceptions=True)
+        elapsed = time.perf_counter() - started
+        server_used, client_used = cpu_seconds(server) - server_before, time.process_time() - client_before
         await client.delete(f"/v1/jobs/{job_id}")
     return {
         "followers": followers,
+        "followers_refused": refused,
         "events_delivered": received,
         "lag_p50_ms": round(percentile(lags, 0.5), 1),
         "lag_p99_ms": round(percentile(lags, 0.99), 1),
+        "server_cores": round(server_used / elapsed, 2),
+        "client_cores": round(client_used / elapsed, 2),
     }
 
 
@@ -390,6 +486,7 @@ def measure(args: argparse.Namespace, data_dir: Path) -> None:
     token = TenantRegistry(data_dir / "tenants.json").add("bench", admin=True)
     emit("setup", {"jobs": args.jobs, "projected_s": round(time.perf_counter() - started, 1)})
     emit("machine", {"cpus": os.cpu_count(), "load_average": [round(x, 2) for x in os.getloadavg()]})
+    stream_cap = args.followers * max(args.api_workers or 0, os.cpu_count() or 1)
     port = 18000 + os.getpid() % 1000
     api = f"http://127.0.0.1:{port}"
     env = {
@@ -398,11 +495,19 @@ def measure(args: argparse.Namespace, data_dir: Path) -> None:
         "FFDL_API": api,
         "FFDL_LOG_LEVEL": "warning",
         "FFDL_NODES": '[{"name": "node", "gpus": 0, "cpus": 64}]',
+        # every follower admitted (the default caps, 256 in all and 16 a tenant, would refuse most),
+        # however the connections spread over the API processes (each admits its share of a cap)
+        "FFDL_MAX_FOLLOWERS": str(stream_cap),
+        "FFDL_MAX_FOLLOWERS_PER_TENANT": str(stream_cap),
     }
+    if args.api_workers is not None:
+        env["FFDL_API_WORKERS"] = str(args.api_workers)
+
     gets = [f"/v1/jobs/{job_id}" for job_id in ids]
     list_file, script = data_dir / "lists.txt", data_dir / "mix.lua"
     script.write_text(WRK_SCRIPT)
     with running_platform(env, "api") as server:
+        emit("api_processes", api_processes(server))
         lists = list_paths(api, {"Authorization": f"Bearer {token}"})
         list_file.write_text("\n".join(lists) + "\n")
         warm_up = run_wrk(api, token, script, args.jobs, list_file, WARM_UP_CONNECTIONS, args.seconds, server)
@@ -423,7 +528,7 @@ def measure(args: argparse.Namespace, data_dir: Path) -> None:
     with running_platform(env, None) as server:
         load = asyncio.run(drive_load(api, token, gets, lists, args.rate, args.seconds, server))
         emit("open_loop_all_roles", load)
-        emit("sse_all_roles", asyncio.run(fan_out(api, token, args.followers, args.seconds)))
+        emit("sse_all_roles", asyncio.run(fan_out(api, token, args.followers, args.seconds, server)))
 
 
 def main() -> None:
@@ -433,6 +538,9 @@ def main() -> None:
     parser.add_argument("--connections", default="1,2,4,16,64", help="wrk connection counts, comma-separated")
     parser.add_argument("--rate", type=float, default=500, help="of the open-loop client, requests/s")
     parser.add_argument("--followers", type=int, default=500)
+    parser.add_argument(
+        "--api-workers", type=int, default=None, help="API processes (FFDL_API_WORKERS); default: ffdl's own"
+    )
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         parser.error("wrk is not on the PATH: apt-get install -y wrk")

@@ -36,15 +36,16 @@ from ffdl.api.routes import cluster, dashboard, events, health, jobs, logs, node
 from ffdl.wiring.platform import Platform
 
 
-def create_app(platform: Platform, *, open_api: bool = False) -> FastAPI:
+def create_app(platform: Platform, *, open_api: bool = False, processes: int = 1) -> FastAPI:
     """The API of ``platform``: its routers, the problem format for invalid requests and the body limit.
 
     ``open_api``: with no tenant, every caller is the open default's admin (``ffdl up --open``, the
-    demo); without it, no tenant means nobody gets in."""
+    demo); without it, no tenant means nobody gets in. ``processes``: how many serve the API in all
+    (each admits its share of the open streams)."""
     app = FastAPI(
         title="ffdl", version="1", summary="Event-sourced multi-tenant deep-learning training platform"
     )
-    app.state.backend = PlatformBackend(platform, open_api=open_api)
+    app.state.backend = PlatformBackend(platform, open_api=open_api, processes=processes)
     app.exception_handler(RequestValidationError)(invalid_request)
     app.exception_handler(HTTPException)(http_problem)
     app.add_middleware(BodyLimit, limit=platform.settings.max_request_bytes)

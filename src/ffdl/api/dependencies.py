@@ -3,10 +3,11 @@
 * :data:`Caller` is who calls: the tenant of the bearer token (401 without a valid one once a
   tenant exists); :data:`Admin` the caller if an admin (403 otherwise).
 * :data:`Backend` is the platform the app serves, as the routes reach it: reads from the projection
-  run off the event loop; ``wait_for`` makes a read wait (bounded) for a log position the reader
-  was given by a write; ``send_and_wait`` sends a command and waits (bounded) until the projection
-  has applied what it caused, so the writer reads its own write, or until the owner is known to have
-  decided it to nothing, and answers the owner's rejection as 409 with its reason.
+  run off the event loop (but a job by its id, see :func:`read`); ``wait_for`` makes a read wait
+  (bounded) for a log position the reader was given by a write; ``send_and_wait`` sends a command
+  and waits (bounded) until the projection has applied what it caused, so the writer reads its own
+  write, or until the owner is known to have decided it to nothing, and answers the owner's
+  rejection as 409 with its reason. Both wake on the projection's progress (:mod:`ffdl.api.progress`).
 * :data:`Manifest` is a job manifest parsed from the request body (JSON or YAML, ours or FfDL's),
   off the event loop and bounded in time, its data and result places checked against the roots.
 
@@ -34,6 +35,7 @@ from ffdl.api.followers import Followers
 from ffdl.api.heartbeats import HeartbeatView
 from ffdl.api.manifest import ManifestError, parse_manifest
 from ffdl.api.metrics import PlatformCollector, registry_for
+from ffdl.api.progress import ProjectionProgress
 from ffdl.api.redaction import Redactor, mentioned_jobs
 from ffdl.core.kinds import KINDS
 from ffdl.core.places import place_problem
@@ -89,7 +91,12 @@ class Written:
 
 
 async def read(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """``fn`` (a blocking read of the projection or a file) run off the event loop."""
+    """``fn`` (a blocking read of the projection or a file) run off the event loop.
+
+    A job's document by its id, and a batch of its events a follower reads, are read on the loop
+    instead (:meth:`PlatformBackend.visible_job`, :func:`ffdl.api.routes.events.follow_events`): a
+    lookup by key takes microseconds and a reader never waits for the writer (WAL), while the hop to
+    a thread and back costs the loop more than the read."""
     return await asyncio.to_thread(fn, *args, **kwargs)
 
 
@@ -123,6 +130,7 @@ class PlatformBackend:
         platform: Platform,
         *,
         open_api: bool = False,
+        processes: int = 1,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], datetime] = utcnow,
     ) -> None:
@@ -137,8 +145,12 @@ class PlatformBackend:
         self._clock = clock
         self.registry = registry_for(self.collector, platform.projector.latency)
         self.readiness = Readiness()
+        self.progress = ProjectionProgress(self.projection.version)
+        # each of the API's processes admits its share of the streams, so that together they stay
+        # within the caps (a process cannot count another's)
         self.followers = Followers(
-            platform.settings.max_followers, platform.settings.max_followers_per_tenant
+            -(-platform.settings.max_followers // processes),
+            -(-platform.settings.max_followers_per_tenant // processes),
         )
 
     async def wait_for(self, token: str | None) -> None:
@@ -160,12 +172,15 @@ class PlatformBackend:
             return
         await self._on_the_log(position)
         deadline = self._clock() + READ_WAIT_MAX_S
-        while not await read(self.projection.reached, position.partition, position.offset):
+        while True:
+            version = self.progress.version()
+            if await read(self.projection.reached, position.partition, position.offset):
+                return
             if self._clock() > deadline:
                 raise problem(
                     504, f"the projection has not reached {token} yet", "after", headers={"Retry-After": "1"}
                 )
-            await self.platform.projector.wait_for_change(0.05)
+            await self.progress.wait_for_change(version, 0.05)
 
     async def _on_the_log(self, position: Position) -> None:
         """422 if ``position`` lies beyond the end of its partition (when the log can tell)."""
@@ -194,7 +209,7 @@ class PlatformBackend:
 
     async def visible_job(self, job_id: str, caller: Principal) -> dict[str, Any]:
         """The job's document, if the caller may see it; another tenant's job is a 404 like a missing one."""
-        document = await read(self.projection.get, job_id)
+        document = self.projection.get(job_id)  # on the loop: see read()
         if document is None or not caller.may_see(document["tenant"]):
             raise problem(404, f"no job {job_id}", "job_id")
         return dict(document)
@@ -216,6 +231,7 @@ class PlatformBackend:
         # the end of the command's events partition once the owners had decided the command
         decided_below: int | None = None
         while True:
+            version = self.progress.version()
             if decided_below is None:
                 decided_below = await self._decided_below(sent)
             # looked at before the projection is asked, so that "applied that far" covers its answer
@@ -233,7 +249,8 @@ class PlatformBackend:
                 return Written(command_id, decided=True)
             if self._clock() >= deadline:
                 return Written(command_id)
-            await self.platform.projector.wait_for_change(0.05)
+            # the owners' commit is not the projection's: look again soon even if it did not change
+            await self.progress.wait_for_change(version, 0.05)
 
     async def _decided_below(self, sent: Position) -> int | None:
         """Once the owners have committed past the command ``sent``, the end of the events partition
@@ -260,8 +277,11 @@ async def _backend(request: Request) -> PlatformBackend:
 Backend = Annotated[PlatformBackend, Depends(_backend)]
 
 
-def principal(request: Request) -> Principal:
-    """Who calls: the tenant of the bearer token, or the open default while no tenant exists."""
+async def principal(request: Request) -> Principal:
+    """Who calls: the tenant of the bearer token, or the open default while no tenant exists.
+
+    On the event loop (a hash, and a look at the tenants file's stamp): FastAPI would run a plain
+    function in a thread, and the hop there and back costs more than the check."""
     tenants: TenantRegistry = request.app.state.backend.tenants
     if tenants.open:
         return OPEN
@@ -279,7 +299,7 @@ def principal(request: Request) -> Principal:
 Caller = Annotated[Principal, Depends(principal)]
 
 
-def admin(caller: Caller) -> Principal:
+async def admin(caller: Caller) -> Principal:
     """The caller, if an admin (SREs): the inventory is the whole platform's, not a tenant's."""
     if not caller.admin:
         raise problem(403, "only an admin may change the inventory", "Authorization")

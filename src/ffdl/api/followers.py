@@ -17,6 +17,9 @@ from starlette.types import Receive, Scope, Send
 
 #: Seconds a refused follower is asked to wait before trying again.
 RETRY_AFTER_S = 5
+#: Seconds an open stream waits for the projection to change before it sends a keep-alive (which is
+#: how it notices a client gone) and looks again.
+KEEP_ALIVE_S = 1.0
 
 
 class Followers:

@@ -1,8 +1,9 @@
-"""The projector role: folds the events topic into the SQLite read models, and tells waiters.
+"""The projector role: folds the events topic into the SQLite read models.
 
 It is the one consumer that dead-letters an undecodable event (every other reader just skips
-it), so each bad record is parked once. After each applied batch it wakes whoever waits for a
-position (read-your-writes) or follows a job (SSE).
+it), so each bad record is parked once. Who waits for a position (read-your-writes) or follows a
+job (SSE) learns of its progress from the projection file, in whichever process it waits
+(:mod:`ffdl.api.progress`).
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ class Projector:
         self._topics = topics
         self._clock = clock
         self.projection = projection
-        self.changed = asyncio.Condition()
         self.applied = 0
         self.latency = Histogram(
             "ffdl_event_to_projection_seconds",
@@ -67,8 +67,6 @@ class Projector:
         now = self._clock()
         for logged in batch:
             self.latency.observe(max(0.0, now - logged.event.occurred_at.timestamp()))
-        async with self.changed:
-            self.changed.notify_all()
 
     async def _one_by_one(self, batch: list[LoggedEvent], records: dict[tuple[int, int], Record]) -> int:
         """Apply each event on its own; one that fails is dead-lettered with the reason (the
@@ -84,11 +82,3 @@ class Projector:
                 log.exception("event dead-lettered: projecting it failed", **where(record))
                 await dead_letter(self._bus, self._topics, record, f"internal error: {exc!r}")
         return applied
-
-    async def wait_for_change(self, timeout_s: float) -> None:
-        """Return after the next applied batch, or after ``timeout_s`` (the projector may run elsewhere)."""
-        async with self.changed:
-            try:
-                await asyncio.wait_for(self.changed.wait(), timeout_s)
-            except TimeoutError:
-                return

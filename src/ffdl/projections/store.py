@@ -158,6 +158,7 @@ class Projection:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
         self._folded = Aggregates(KINDS)  # what was folded last, so a batch need not fold it again
+        self._version_db: sqlite3.Connection | None = None
         with self._connection() as db:
             db.executescript(SCHEMA)
             db.execute("INSERT OR IGNORE INTO replica VALUES (0, ?)", (uuid.uuid4().hex[:12],))
@@ -499,11 +500,31 @@ class Projection:
                     lines.append(f"{table}\t{json.dumps(list(row))}")
         return "\n".join(lines)
 
+    def version(self) -> int | None:
+        """The file's version: it changes with every transaction another connection commits, whichever
+        process made it (SQLite's ``PRAGMA data_version``), so a reader in any process learns that the
+        projector folded something without asking it.
+
+        A read of the WAL index in shared memory (microseconds), on a connection of its own (one does
+        not see its own commits in ``data_version``), cheap enough to call on the event loop: it never
+        waits for a lock, and answers None (not known now) if the file is busy."""
+        if self._version_db is None:
+            self._version_db = sqlite3.connect(
+                self.path, timeout=0, isolation_level=None, check_same_thread=False
+            )
+        try:
+            return int(self._version_db.execute("PRAGMA data_version").fetchone()[0])
+        except sqlite3.OperationalError:
+            return None
+
     def close(self) -> None:
         db: sqlite3.Connection | None = getattr(self._local, "db", None)
         if db is not None:
             db.close()
             self._local.db = None
+        if self._version_db is not None:
+            self._version_db.close()
+            self._version_db = None
 
 
 def _history_columns(logged: LoggedEvent) -> tuple[Any, ...]:

@@ -10,8 +10,10 @@ fair share weight (tenants not named, like the API's ``default``, are unlimited 
 waiting jobs get nodes reserved. A node with ``schedulable: false`` is cordoned: its jobs run on,
 nothing new is placed there.
 
-Bounds on what API callers may ask for: ``max_request_bytes`` per request body, ``max_followers``
-open streams (events, logs) in all and ``max_followers_per_tenant`` per tenant. A job's
+The API is served by ``api_workers`` processes (one per usable CPU by default) sharing its port: the
+projection file takes any number of readers. Bounds on what API callers may ask for:
+``max_request_bytes`` per request body, ``max_followers`` open streams (events, logs) in all and
+``max_followers_per_tenant`` per tenant (each API process admits its share). A job's
 ``data_dir`` and ``result_dir`` are URIs the platform never opens (``s3://...``), paths relative
 to the job's own directory, or absolute paths under ``data_roots`` / ``result_roots``
 (``FFDL_DATA_ROOTS='["/data"]'``); with no roots configured no absolute path is accepted.
@@ -20,6 +22,7 @@ to the job's own directory, or absolute paths under ``data_roots`` / ``result_ro
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -40,6 +43,23 @@ from ffdl.core.allocator import Node
 from ffdl.core.restart import RestartPolicy
 from ffdl.core.scheduling import SchedulerPolicy
 from ffdl.core.tenancy import TenancyPolicy, TenantQuota
+
+#: API processes by default on a machine with many CPUs: each is a whole Python process with its own
+#: connections, and a few already serve thousands of requests a second from one projection file.
+MAX_DEFAULT_API_WORKERS = 8
+
+
+def usable_cpus(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
+    """The CPUs this process may use: those it may run on, fewer under a cgroup's CPU quota (a
+    container's CPU limit, which the affinity does not show), rounded up."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        quota, period = (cgroup / "cpu.max").read_text().split()
+        if quota != "max":
+            usable = min(usable, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass  # no cgroup v2 quota to read: the affinity it is
+    return usable
 
 
 class NodeConfig(BaseModel):
@@ -84,6 +104,12 @@ class Settings(BaseSettings):
         description="instant: learners complete at once (benchmarks, scale tests); kubernetes: pods (kube)",
     )
     api: str = "http://127.0.0.1:8080"
+    api_workers: int | None = Field(
+        default=None,
+        ge=1,
+        description="processes serving the API on its one port, each a reader of the one projection "
+        f"file; default: one per CPU this process may use, at most {MAX_DEFAULT_API_WORKERS}",
+    )
     token: str | None = None
     partitions: int = Field(default=8, ge=1, le=1024)
     topic_prefix: str = "ffdl"
@@ -154,6 +180,14 @@ class Settings(BaseSettings):
                 f"learners_dir {self.work_dir} is inside data_dir: learners could reach the platform's files"
             )
         return self
+
+    @property
+    def api_processes(self) -> int:
+        """How many processes serve the API: ``api_workers``, or one per CPU this process may use
+        (at most :data:`MAX_DEFAULT_API_WORKERS`). One serves in the platform's own process."""
+        if self.api_workers is not None:
+            return self.api_workers
+        return min(usable_cpus(), MAX_DEFAULT_API_WORKERS)
 
     @property
     def restart_policy(self) -> RestartPolicy:

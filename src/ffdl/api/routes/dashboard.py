@@ -25,6 +25,7 @@ from fastapi.responses import FileResponse, StreamingResponse
 
 from ffdl.adapters.tenants import Principal
 from ffdl.api.dependencies import Backend, Caller, PlatformBackend, principal, problem, read
+from ffdl.api.followers import KEEP_ALIVE_S
 from ffdl.projections.timemachine import cluster_at, hide_others, tenant_rows, utilisation
 
 router = APIRouter()
@@ -53,7 +54,7 @@ async def whoami(request: Request, backend: Backend) -> dict[str, Any]:
     """Whether the platform runs open (no tenants) and, for a valid token, its tenant and whether an
     admin (``tenant`` None without one: the page asks for a token without a failed request)."""
     try:
-        caller = principal(request)
+        caller = await principal(request)
     except HTTPException:
         return {"tenant": None, "admin": False, "open": False}
     return {"tenant": caller.tenant, "admin": caller.admin, "open": backend.tenants.open}
@@ -83,10 +84,11 @@ async def _job_changes(
 ) -> AsyncIterator[bytes]:
     yield f"id: {cursor}\nevent: ready\ndata: {{}}\n\n".encode()
     while not await request.is_disconnected():
+        version = backend.progress.version()
         cursor_after, documents, gone = await read(backend.projection.changed_jobs, cursor, FOLLOW_BATCH)
         if cursor_after == cursor:
             yield b": keep-alive\n\n"
-            await backend.platform.projector.wait_for_change(1.0)
+            await backend.progress.wait_for_change(version, KEEP_ALIVE_S)
             continue
         cursor = cursor_after
         mine = [document for document in documents if caller.may_see(document["tenant"])]

@@ -17,10 +17,14 @@ from fastapi.responses import StreamingResponse
 
 from ffdl.adapters.tenants import Principal
 from ffdl.api.dependencies import MAX_OFFSET, Backend, Caller, PlatformBackend, problem, read
+from ffdl.api.followers import KEEP_ALIVE_S
 from ffdl.core.kinds import JOBS
 from ffdl.core.states import JobState
 
 router = APIRouter()
+
+#: Events a follower reads at a time.
+FOLLOW_BATCH = 200
 
 
 @router.get("/v1/jobs/{job_id}/events", response_model=None)
@@ -58,14 +62,17 @@ async def follow_events(
     released its GPUs or the client has gone."""
     seq = after_seq
     while not await request.is_disconnected():
-        batch = await read(backend.projection.history, JOBS, job_id, seq, 200)
+        version = backend.progress.version()
+        # read on the loop, like a job by its id (see read()): one job's rows by key, at most a batch
+        batch = backend.projection.history(JOBS, job_id, seq, FOLLOW_BATCH)
         for event in await backend.redacted(caller, batch):
             seq = event["seq"]
             yield f"id: {seq}\nevent: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
-        if batch:
-            continue
-        document = await read(backend.projection.get, job_id)
+        if len(batch) == FOLLOW_BATCH:
+            continue  # more to read now
+        document = backend.projection.get(job_id)
         if document is None or (JobState(document["state"]).terminal and document["placement"] is None):
             return
-        yield b": keep-alive\n\n"
-        await backend.platform.projector.wait_for_change(1.0)
+        if not batch:
+            yield b": keep-alive\n\n"
+        await backend.progress.wait_for_change(version, KEEP_ALIVE_S)

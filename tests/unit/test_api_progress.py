@@ -1,0 +1,79 @@
+"""The projection's progress as the API sees it: a commit by another connection (any process) wakes
+every waiter within a tick, a commit between a waiter's read and its wait is not slept through, and
+nothing polls while nobody waits."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from ffdl.api.progress import ProjectionProgress
+from ffdl.projections.store import Projection
+
+TICK_S = 0.01
+
+
+def commit_elsewhere(path: Path) -> None:
+    """A transaction committed on another connection, as the projector's in another process."""
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("INSERT OR REPLACE INTO counters VALUES ('bump', random())")
+    db.close()
+
+
+@pytest.fixture
+def projection(tmp_path: Path) -> Projection:
+    return Projection(tmp_path / "projections.sqlite")
+
+
+async def test_a_commit_wakes_every_waiter_within_a_tick(projection: Projection) -> None:
+    progress = ProjectionProgress(projection.version, TICK_S)
+    since = progress.version()
+    waiters = [asyncio.create_task(progress.wait_for_change(since, 10)) for _ in range(500)]
+    await asyncio.sleep(5 * TICK_S)
+    assert not any(waiter.done() for waiter in waiters)
+    started = time.monotonic()
+    commit_elsewhere(projection.path)
+    await asyncio.gather(*waiters)
+    assert time.monotonic() - started < 20 * TICK_S
+
+
+async def test_a_commit_between_the_read_and_the_wait_ends_the_wait_at_once(projection: Projection) -> None:
+    progress = ProjectionProgress(projection.version, tick_s=10)  # no poll would notice in time
+    since = progress.version()  # taken before the read ...
+    commit_elsewhere(projection.path)  # ... which missed this commit
+    started = time.monotonic()
+    await progress.wait_for_change(since, 5)
+    assert time.monotonic() - started < 1
+
+
+async def test_a_commit_while_the_poll_runs_before_the_wait_ends_the_wait(projection: Projection) -> None:
+    progress = ProjectionProgress(projection.version, TICK_S)
+    other = asyncio.create_task(progress.wait_for_change(progress.version(), 10))  # the poll runs
+    await asyncio.sleep(2 * TICK_S)
+    since = progress.version()
+    commit_elsewhere(projection.path)
+    await asyncio.wait_for(progress.wait_for_change(since, 10), 20 * TICK_S)
+    await other
+
+
+async def test_without_a_change_a_wait_ends_at_its_timeout_and_then_nothing_polls(tmp_path: Path) -> None:
+    projection = Projection(tmp_path / "projections.sqlite")
+    probes = 0
+
+    def probe() -> int | None:
+        nonlocal probes
+        probes += 1
+        return projection.version()
+
+    progress = ProjectionProgress(probe, TICK_S)
+    started = time.monotonic()
+    await progress.wait_for_change(progress.version(), 10 * TICK_S)
+    assert time.monotonic() - started >= 10 * TICK_S
+    await asyncio.sleep(3 * TICK_S)
+    polled = probes
+    await asyncio.sleep(10 * TICK_S)
+    assert probes == polled
