@@ -38,7 +38,7 @@ from ffdl.core.aggregate import AggregateKind, Aggregates, AggregateState, Appli
 from ffdl.core.job import Job
 from ffdl.core.kinds import JOBS, KINDS, NODES
 from ffdl.core.nodes import NodeRecord
-from ffdl.events.codec import AnyEvent, DecodeError, any_event_from_json
+from ffdl.events.codec import AnyEvent, DecodeError, trusted_any_event_from_json
 from ffdl.handlers.aio import Backoff, sleep_or_stop
 from ffdl.handlers.ports import Bus, BusUnavailable, CommitFailed, Record, TopicPartition
 
@@ -113,7 +113,7 @@ def where(record: Record) -> dict[str, object]:
 def decode_event(record: Record) -> AnyEvent | None:
     """The job or node event in ``record``, or None (logged) when it cannot be decoded."""
     try:
-        return any_event_from_json(record.value)
+        return trusted_any_event_from_json(record.value)  # the events topic: written only by owners
     except DecodeError as exc:
         log.error(
             "undecodable event skipped",
