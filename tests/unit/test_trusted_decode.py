@@ -159,7 +159,7 @@ EVENTS: st.SearchStrategy[AnyEvent] = st.one_of(
 )
 
 
-@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(event=EVENTS)
 def test_a_generated_event_of_any_type_is_built_equal_to_its_validated_decoding(event: AnyEvent) -> None:
     record = event_to_json(event)
@@ -227,7 +227,7 @@ def damaged(draw: st.DrawFn) -> str:
     return json.dumps(raw, sort_keys=sort, separators=(",", ":"), allow_nan=True)
 
 
-@settings(max_examples=1500, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(record=damaged())
 def test_the_trusted_path_takes_no_record_validation_refuses_and_builds_only_its_equal(record: str) -> None:
     built = built_event(record)

@@ -249,19 +249,23 @@ class Projection:
         return applied
 
     def _apply(self, db: sqlite3.Connection, batch: Sequence[LoggedEvent]) -> int:
+        """Fold the batch, then write it with one prepared statement per table (``executemany``)."""
         stored = {p: o for p, o in db.execute("SELECT partition, next_offset FROM positions")}
         reached = dict(stored)
         changed = Aggregates(KINDS)
+        books = {kind.name: changed.of(kind) for kind in KINDS}
         history: dict[str, list[tuple[Any, ...]]] = {name: [] for name in _TABLES}
         ignored = 0
         for logged in batch:
-            if logged.offset < stored.get(logged.partition, 0):
+            partition, offset = logged.partition, logged.offset
+            if offset < stored.get(partition, 0):
                 continue
-            reached[logged.partition] = max(reached.get(logged.partition, 0), logged.offset + 1)
+            if offset >= reached.get(partition, 0):
+                reached[partition] = offset + 1
             event = logged.event
             kind = KINDS.of(event)
             identity = kind.identity(event)
-            states = changed.of(kind)
+            states = books[kind.name]
             before = states.get(identity)
             if before is None:
                 before = self._load(db, kind, identity)
@@ -270,10 +274,10 @@ class Projection:
                 ignored += 1
                 continue
             states[identity] = after
-            history[kind.name].append((identity, *_history_columns(logged)))
+            history[kind.name].append(_history_row(identity, logged))
         for name, tables in _TABLES.items():
             db.executemany(f"INSERT INTO {tables.history} VALUES (?, ?, ?, ?, ?, ?, ?, ?)", history[name])
-            tables.write(db, changed.of(tables.kind).values())
+            tables.write(db, books[name].values())
         db.executemany("INSERT OR REPLACE INTO positions VALUES (?, ?)", sorted(reached.items()))
         if ignored:
             db.execute(
@@ -282,7 +286,7 @@ class Projection:
                 (ignored,),
             )
         for kind in KINDS:
-            self._folded.of(kind).update(changed.of(kind))
+            self._folded.of(kind).update(books[kind.name])
         return sum(len(rows) for rows in history.values())
 
     def _load(self, db: sqlite3.Connection, kind: AggregateKind[S, Any, Any, Any], identity: str) -> S | None:
@@ -544,16 +548,18 @@ class Projection:
             self._local.db = None
 
 
-def _history_columns(logged: LoggedEvent) -> tuple[Any, ...]:
-    """A history row after its key: seq, event id, type, time, position, cause and JSON body."""
+def _history_row(identity: str, logged: LoggedEvent) -> tuple[Any, ...]:
+    """A history row: the aggregate, seq, event id, type, time, position, cause and JSON body."""
     event = logged.event
+    causation_id = event.causation_id
     return (
+        identity,
         event.seq,
         str(event.event_id),
         event.type,
         event.occurred_at.isoformat(),
         logged.position,
-        str(event.causation_id) if event.causation_id else None,
+        str(causation_id) if causation_id else None,
         logged.body if logged.body is not None else event_to_json(event).decode(),
     )
 

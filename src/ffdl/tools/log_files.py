@@ -218,7 +218,7 @@ class LogLine:
         version is not, and is serialised again after upcasting.
         """
         logged = self.logged
-        if self.schema_version != logged.event.schema_version:
+        if logged.body is not None or self.schema_version != logged.event.schema_version:
             return logged
         return LoggedEvent(logged.event, logged.partition, logged.offset, self.event_json)
 
@@ -236,7 +236,8 @@ def read_line(text: str, number: int) -> LogLine:
     if built is not None:
         logged, position, topic = built
         event_json = _event_json(text, position, topic)
-        if event_json is not None:
+        if event_json is not None:  # of the current version, as built: its JSON is the event's own
+            logged = LoggedEvent(logged.event, logged.partition, logged.offset, event_json)
             return LogLine(number, event_json, logged.event.schema_version, logged)
     raw, token = split_line(text, number)
     logged = _logged(raw, token, number)
