@@ -201,10 +201,10 @@ class Projection:
 
         The secondary indexes are dropped, and built again once at the end instead of updated row by
         row (the causation index, on random command ids, is the costliest part of a large rebuild:
-        its inserts land all over the tree). The file is written without a journal and without
-        syncing (a rebuild that fails leaves a file to throw away, as it was new), in WAL mode again
-        at the end. Aggregates are read from what this instance folded, never from the file. The
-        rows, and so :meth:`dump`, are the same; queries are slower until the end.
+        its inserts land all over the tree). The file is written without syncing (a rebuild cut short
+        by a crash leaves a file to throw away, as it was new). Aggregates are read from what this
+        instance folded, never from the file. The rows, and so :meth:`dump`, are the same; queries
+        are slower until the end.
         """
         with self._connection() as db:
             indexes = db.execute("SELECT name FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL")
@@ -216,14 +216,12 @@ class Projection:
                 for tables in _TABLES.values()
             )
             if self._folded_all:
-                db.execute("PRAGMA journal_mode=OFF")
                 db.execute("PRAGMA synchronous=OFF")
         try:
             yield
         finally:
             with self._connection() as db:
                 if self._folded_all:
-                    db.execute("PRAGMA journal_mode=WAL")
                     db.execute("PRAGMA synchronous=NORMAL")
                 db.executescript(SCHEMA)
             self._folded_all = False
