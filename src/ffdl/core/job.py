@@ -11,7 +11,6 @@ per event. The copiers hold no state: ``evolve`` stays a pure function, safe fro
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from datetime import datetime
@@ -113,7 +112,7 @@ class Job:
     waiting: WaitRecord | None = None
     waiting_since: datetime | None = None
     requeue_on_halt: bool = False
-    recent_commands: tuple[uuid.UUID, ...] = field(default=(), repr=False)
+    recent_commands: tuple[int, ...] = field(default=(), repr=False)  # the ids' ints (``remember``)
 
     @property
     def latest_checkpoint(self) -> Checkpoint | None:

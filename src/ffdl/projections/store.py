@@ -596,7 +596,7 @@ def cyclic_gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def rebuild(projection: Projection, events: Iterable[LoggedEvent], batch_size: int = 5000) -> int:
+def rebuild(projection: Projection, events: Iterable[LoggedEvent], batch_size: int = 10_000) -> int:
     """Fold a whole log into an empty projection; returns the number of events applied."""
     total = 0
     batch: list[LoggedEvent] = []
