@@ -24,6 +24,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -599,11 +600,8 @@ def cyclic_gc_paused() -> Iterator[None]:
 def rebuild(projection: Projection, events: Iterable[LoggedEvent], batch_size: int = 10_000) -> int:
     """Fold a whole log into an empty projection; returns the number of events applied."""
     total = 0
-    batch: list[LoggedEvent] = []
+    stream = iter(events)
     with projection.bulk_load(), cyclic_gc_paused():
-        for logged in events:
-            batch.append(logged)
-            if len(batch) >= batch_size:
-                total += projection.apply(batch)
-                batch = []
-        return total + projection.apply(batch)
+        while batch := list(islice(stream, batch_size)):
+            total += projection.apply(batch)
+    return total

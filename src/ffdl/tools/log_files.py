@@ -168,7 +168,7 @@ def _logged(raw: JsonObject, position: tuple[int, int], number: int) -> LoggedEv
 def numbered_lines(stream: TextIO) -> Iterator[tuple[int, str]]:
     """The non-blank lines of ``stream`` with their 1-based numbers."""
     for number, text in enumerate(stream, start=1):
-        if text.strip():
+        if text and not text.isspace():  # as ``text.strip()``, without copying the line
             yield number, text
 
 
