@@ -140,13 +140,15 @@ def decode_line(text: str, number: int = 0) -> LoggedEvent:
     """
     built = _built(text)
     if built is not None:
-        return built[0]
+        event, partition, offset, _, _ = built
+        return LoggedEvent(event, partition, offset)
     raw, position = split_line(text, number)
     return _logged(raw, position, number)
 
 
-def _built(text: str) -> tuple[LoggedEvent, str, str] | None:
-    """The event of a line as ``export`` writes it, with the line's ``position`` and ``topic`` tokens."""
+def _built(text: str) -> tuple[AnyEvent, int, int, str, str] | None:
+    """The event of a line as ``export`` writes it, where it sits, and the line's ``position`` and
+    ``topic`` as written."""
     built = built_line(text)
     if built is None:
         return None
@@ -155,7 +157,7 @@ def _built(text: str) -> tuple[LoggedEvent, str, str] | None:
         partition, offset = Position.parse_token(position)
     except ValueError:
         return None  # validation's path reports it
-    return LoggedEvent(event, partition, offset), position, topic
+    return event, partition, offset, position, topic
 
 
 def _logged(raw: JsonObject, position: tuple[int, int], number: int) -> LoggedEvent:
@@ -234,11 +236,11 @@ def read_line(text: str, number: int) -> LogLine:
     """One line with its decoded event (see :func:`decode_line`) and the event's JSON as written."""
     built = _built(text)
     if built is not None:
-        logged, position, topic = built
+        event, partition, offset, position, topic = built
         event_json = _event_json(text, position, topic)
         if event_json is not None:  # of the current version, as built: its JSON is the event's own
-            logged = LoggedEvent(logged.event, logged.partition, logged.offset, event_json)
-            return LogLine(number, event_json, logged.event.schema_version, logged)
+            logged = LoggedEvent(event, partition, offset, event_json)
+            return LogLine(number, event_json, event.schema_version, logged)
     raw, token = split_line(text, number)
     logged = _logged(raw, token, number)
     return LogLine(number, dumps(raw), raw.get("schema_version", 1), logged)
