@@ -246,8 +246,13 @@ def test_the_trusted_path_takes_no_record_validation_refuses_and_builds_only_its
     assert trusted_any_event_from_json(record) == validated
 
 
-def test_a_record_that_is_no_json_is_refused_with_validation_s_reason() -> None:
-    for record in (b"", b"{", b"[]", b'{"type": 3}', b"\xff\xfe", '{"type":"JobQueued"'):
+def test_a_record_that_is_no_json_or_nested_too_deep_is_refused_with_validation_s_reason() -> None:
+    submitted = next(text for _, _, text in GOLDEN_LINES if "JobSubmitted" in text)
+    nested = dumps(split_line(submitted, 1)[0]).replace('"env":{}', '"env":' + "[" * 100_000 + "]" * 100_000)
+    not_utf8 = (
+        dumps(split_line(submitted, 1)[0]).encode().replace(b'"submitted_by":"', b'"submitted_by":"\xff')
+    )
+    for record in (b"", b"{", b"[]", b'{"type": 3}', b"\xff\xfe", '{"type":"JobQueued"', nested, not_utf8):
         with pytest.raises(DecodeError) as refused:
             any_event_from_json(record)
         assert built_event(record) is None

@@ -11,7 +11,6 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, cast
 
-import msgspec
 from pydantic import ValidationError
 
 from ffdl.events.builders import wire_decoder
@@ -188,7 +187,7 @@ def _built(
         return None
     try:
         return decode(value)
-    except (msgspec.ValidationError, msgspec.DecodeError, ValueError):
+    except (ValueError, RecursionError):  # msgspec's errors are ValueErrors; nested beyond the stack
         return None
 
 
