@@ -11,8 +11,11 @@ an 8-partition log.
 
 Measured in one run, each over the whole file:
 
-* ``decode``: only decoding every line, the same JSON and pydantic path ``replay`` takes
-  (``decode_line``: ``json.loads`` then ``event_from_dict``), the limit for a rebuild;
+* ``decode``: only decoding every line, the path ``replay`` and ``verify`` take (``decode_line``:
+  the trusted decode of a line as ``export`` writes it, without validating it again), the limit
+  for a rebuild;
+* ``decode (validated)``: the same lines through ``json.loads`` and pydantic validation
+  (``any_event_from_dict``), the decode of every read before the trusted path, for comparison;
 * ``rebuild``: ``ffdl replay LOG --rebuild`` in process (``rebuild_file``: decode, fold, write
   SQLite), and its ratio to ``decode`` (target: at least 0.5, and 50,000 events/s);
 * ``verify``: the ``ffdl verify LOG --json`` command, as a subprocess, start-up included.
@@ -42,7 +45,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ffdl.tools.log_files import decode_line
+from ffdl.events.codec import any_event_from_dict
+from ffdl.tools.log_files import decode_line, split_line
 from ffdl.tools.sre import rebuild_file
 from tests.golden.record import GENERATED_LOG_VERSION, write_generated_log
 
@@ -86,6 +90,14 @@ def measure_decode(path: Path) -> Timing:
     return timing[0]
 
 
+def measure_validated_decode(path: Path) -> Timing:
+    timing: list[Timing] = []
+    with timed(timing), path.open(encoding="utf-8") as lines:
+        for number, text in enumerate(lines, start=1):
+            any_event_from_dict(split_line(text, number)[0])
+    return timing[0]
+
+
 def measure_rebuild(path: Path, work: Path) -> tuple[Timing, dict[str, Any]]:
     out = work / "projections.sqlite"
     for leftover in work.glob("projections.sqlite*"):
@@ -126,6 +138,7 @@ def main() -> None:
         events = sum(1 for _ in lines)
     load_before = os.getloadavg()[0]
     decode = measure_decode(log)
+    validated = measure_validated_decode(log)
     rebuild, rebuilt = measure_rebuild(log, args.work)
     verify, verified = measure_verify(log)
     figures = {
@@ -137,6 +150,7 @@ def main() -> None:
         "events": events,
         "jobs": rebuilt["jobs"],
         "decode": decode.figures(events),
+        "decode_validated": validated.figures(events),
         "rebuild": {
             **rebuild.figures(events),
             "ratio_to_decode": round(decode.wall_s / rebuild.wall_s, 3),
@@ -151,9 +165,15 @@ def main() -> None:
         return
     print(f"log: {events:,} events of {rebuilt['jobs']:,} jobs, {figures['log_bytes'] / 1e6:,.0f} MB ({log})")
     print(f"load average (1 min) before and after: {figures['load_average_1m']} on {os.cpu_count()} CPUs")
-    for name, timing in (("decode only", decode), ("rebuild", rebuild), ("verify (CLI)", verify)):
+    measured = (
+        ("decode only", decode),
+        ("decode (validated)", validated),
+        ("rebuild", rebuild),
+        ("verify (CLI)", verify),
+    )
+    for name, timing in measured:
         print(
-            f"{name:<13} {events / timing.wall_s:>9,.0f} events/s ({timing.wall_s:.1f} s), "
+            f"{name:<18} {events / timing.wall_s:>9,.0f} events/s ({timing.wall_s:.1f} s), "
             f"{events / timing.cpu_s:>9,.0f} events/CPU-s"
         )
     print(

@@ -142,7 +142,7 @@ class Quota:
     seq: int
     limit: int
     held: tuple[tuple[str, int], ...] = ()
-    recent_commands: tuple[uuid.UUID, ...] = ()
+    recent_commands: tuple[int, ...] = ()
 
     @property
     def reserved(self) -> int:

@@ -105,5 +105,5 @@ def test_the_copier_refuses_a_class_whose_constructor_does_more_than_set_slots()
 def test_a_redelivered_command_is_seen_by_value_not_identity() -> None:
     job = _folded("happy_path")[-1]
     remembered = job.recent_commands[0]
-    assert seen(job, uuid.UUID(str(remembered)))
+    assert seen(job, uuid.UUID(int=remembered))
     assert not seen(job, uuid.uuid4())

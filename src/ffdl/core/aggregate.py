@@ -62,7 +62,7 @@ class AggregateState(Protocol):
     def seq(self) -> int: ...
 
     @property
-    def recent_commands(self) -> tuple[uuid.UUID, ...]: ...
+    def recent_commands(self) -> tuple[int, ...]: ...
 
 
 class EventEnvelope(Protocol):
@@ -135,15 +135,21 @@ class CommandHead(TypedDict):
 
 def seen(state: AggregateState, command_id: uuid.UUID) -> bool:
     """Whether ``command_id`` caused one of the aggregate's recent events (a redelivery decides nothing)."""
-    # Comparing the ints skips UUID.__eq__, a Python call per remembered id, on every event folded.
-    return command_id.int in [recent.int for recent in state.recent_commands]
+    return command_id.int in state.recent_commands
 
 
-def remember(recent: tuple[uuid.UUID, ...], command_id: uuid.UUID | None) -> tuple[uuid.UUID, ...]:
-    """The recent-command window after an event caused by ``command_id`` (None: caused by no command)."""
-    if command_id is None or command_id.int in [known.int for known in recent]:
+def remember(recent: tuple[int, ...], command_id: uuid.UUID | None) -> tuple[int, ...]:
+    """The recent-command window after an event caused by ``command_id`` (None: caused by no command).
+
+    The window holds the ids' ints: looking one up compares ints in C, where comparing UUIDs calls
+    ``UUID.__eq__`` (Python) once per remembered id, on every event every reader folds.
+    """
+    if command_id is None:
         return recent
-    return (*recent[-(COMMAND_WINDOW - 1) :], command_id)
+    command = command_id.int
+    if command in recent:
+        return recent
+    return (*recent[-(COMMAND_WINDOW - 1) :], command)
 
 
 def is_deposed(token: int | None, aggregate_token: int | None, leader_token: int | None) -> bool:

@@ -14,7 +14,6 @@ learners, draining ones emptied.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -80,7 +79,7 @@ class NodeRecord:
     since: datetime  # when presence or cordon last changed
     reason: str  # why they did
     cordon: Cordon | None = None
-    recent_commands: tuple[uuid.UUID, ...] = field(default=(), repr=False)
+    recent_commands: tuple[int, ...] = field(default=(), repr=False)  # the ids' ints (``remember``)
 
     @property
     def status(self) -> NodeStatus:

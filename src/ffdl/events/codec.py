@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from pydantic import ValidationError
 
+from ffdl.events.builders import wire_decoder
 from ffdl.events.envelope import Command, Event, NodeCommand, NodeEvent, Payload
 from ffdl.events.job_commands import COMMAND_TYPES
 from ffdl.events.job_events import EVENT_TYPES
@@ -149,6 +150,69 @@ def event_from_dict(raw: JsonObject) -> Event:
 
 def any_event_from_json(value: bytes | str) -> AnyEvent:
     return any_event_from_dict(_loads(value))
+
+
+# -- the trusted path: events as their owners wrote them ------------------------------------------
+
+#: The wire decoder of each event type, for a record and for a log line (with position and topic).
+_RECORD_DECODERS: dict[str, Callable[[bytes | str], tuple[Any, Any]]] = {}
+_LINE_DECODERS: dict[str, Callable[[bytes | str], tuple[Any, Any]]] = {}
+for _envelope_cls, _registry in ((Event, EVENT_TYPES), (NodeEvent, NODE_EVENT_TYPES)):
+    for _name, _payload_cls in _registry.items():
+        _RECORD_DECODERS[_name] = wire_decoder(_envelope_cls, _payload_cls, _payload_cls.VERSION)
+        _LINE_DECODERS[_name] = wire_decoder(
+            _envelope_cls, _payload_cls, _payload_cls.VERSION, extra=("position", "topic")
+        )
+
+
+def _written_type(value: bytes | str) -> str:
+    """The event type a record names where the codec writes it, the last key (keys are sorted); "" if none."""
+    if isinstance(value, bytes):
+        start = value.rfind(b'"type":"') + 8
+        end = value.find(b'"', start)
+        return value[start:end].decode("ascii", errors="replace") if start >= 8 and end > 0 else ""
+    start = value.rfind('"type":"') + 8
+    end = value.find('"', start)
+    return value[start:end] if start >= 8 and end > 0 else ""
+
+
+def _built(
+    decoders: dict[str, Callable[[bytes | str], tuple[Any, Any]]], value: bytes | str
+) -> tuple[Any, Any] | None:
+    """The event of ``value`` and its decoded struct, made without validation, when ``value`` is an event
+    of the current schema version as the codec writes it; None for anything else, which only validation
+    may decide on (see :mod:`ffdl.events.builders`)."""
+    decode = decoders.get(_written_type(value))
+    if decode is None:
+        return None
+    try:
+        return decode(value)
+    except (ValueError, RecursionError):  # msgspec's errors are ValueErrors; nested beyond the stack
+        return None
+
+
+def built_event(value: bytes | str) -> AnyEvent | None:
+    """The event of a record as its owner wrote it (current schema version, the codec's JSON), made
+    without validating it again; None for a record only validation may decide on."""
+    built = _built(_RECORD_DECODERS, value)
+    return None if built is None else cast(AnyEvent, built[0])
+
+
+def built_line(text: str) -> tuple[AnyEvent, str, str] | None:
+    """The event of a log line as ``ffdl export`` writes it, with the line's ``position`` and
+    ``topic``, made without validation; None for a line only validation may decide on."""
+    built = _built(_LINE_DECODERS, text)
+    if built is None:
+        return None
+    event, wire = built
+    return cast(AnyEvent, event), wire.position, wire.topic
+
+
+def trusted_any_event_from_json(value: bytes | str) -> AnyEvent:
+    """:func:`any_event_from_json` for a trusted record (the events topic, written only by owners, who
+    validated what they appended): made without validating again when it is of the current version
+    as the codec writes it, else decoded through validation (upcast, or refused with the reason)."""
+    return built_event(value) or any_event_from_json(value)
 
 
 def event_from_json(value: bytes | str) -> Event:

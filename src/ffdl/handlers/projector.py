@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 import structlog
 from prometheus_client import Histogram
 
-from ffdl.events.codec import DecodeError, any_event_from_json
+from ffdl.events.codec import DecodeError
 from ffdl.handlers.messaging import Topics, dead_letter
 from ffdl.handlers.ports import Bus, Record, TopicPartition
 from ffdl.handlers.runtime import UNREACHABLE, where
@@ -53,7 +53,7 @@ class Projector:
         batch = []
         for record in records:
             try:
-                batch.append(LoggedEvent(any_event_from_json(record.value), record.partition, record.offset))
+                batch.append(LoggedEvent.of_record(record.value, record.partition, record.offset))
             except DecodeError as exc:
                 await dead_letter(self._bus, self._topics, record, exc.reason)
         try:

@@ -45,7 +45,7 @@ from ffdl.core.aggregate import AggregateKind, Aggregates, AggregateState, Appli
 from ffdl.core.job import Job
 from ffdl.core.kinds import JOBS, KINDS, NODES
 from ffdl.core.nodes import NodeRecord
-from ffdl.events.codec import AnyEvent, DecodeError, any_event_from_json
+from ffdl.events.codec import AnyEvent, DecodeError, trusted_any_event_from_json
 from ffdl.events.job_events import EVENT_TYPES
 from ffdl.events.nodes import NODE_EVENT_TYPES
 from ffdl.handlers.aio import Backoff, sleep_or_stop
@@ -200,7 +200,7 @@ class DecodedEvents:
             self.hits += 1
             return event
         self.misses += 1
-        event = any_event_from_json(value)
+        event = trusted_any_event_from_json(value)  # the events topic: written only by owners
         self.remember(value, event)
         return event
 

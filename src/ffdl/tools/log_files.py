@@ -27,7 +27,14 @@ from pathlib import Path
 from typing import TextIO
 
 from ffdl.core.kinds import JOBS, KINDS, NODES
-from ffdl.events.codec import AnyEvent, DecodeError, JsonObject, any_event_from_dict, event_to_dict
+from ffdl.events.codec import (
+    AnyEvent,
+    DecodeError,
+    JsonObject,
+    any_event_from_dict,
+    built_line,
+    event_to_dict,
+)
 from ffdl.events.position import Position
 from ffdl.projections.documents import dumps
 from ffdl.projections.store import LoggedEvent
@@ -125,9 +132,32 @@ def split_line(text: str, number: int) -> tuple[JsonObject, tuple[int, int]]:
 
 
 def decode_line(text: str, number: int = 0) -> LoggedEvent:
-    """The job's or node's event of one exported line, upcast to the current schema, with its position."""
+    """The job's or node's event of one exported line, upcast to the current schema, with its position.
+
+    The events of a log were validated by the owners that appended them: a line as ``export`` writes
+    it is decoded without validating it again (:func:`~ffdl.events.codec.built_line`), any other
+    through validation, which upcasts an older version or says what is wrong with the line.
+    """
+    built = _built(text)
+    if built is not None:
+        event, partition, offset, _, _ = built
+        return LoggedEvent(event, partition, offset)
     raw, position = split_line(text, number)
     return _logged(raw, position, number)
+
+
+def _built(text: str) -> tuple[AnyEvent, int, int, str, str] | None:
+    """The event of a line as ``export`` writes it, where it sits, and the line's ``position`` and
+    ``topic`` as written."""
+    built = built_line(text)
+    if built is None:
+        return None
+    event, position, topic = built
+    try:
+        partition, offset = Position.parse_token(position)
+    except ValueError:
+        return None  # validation's path reports it
+    return event, partition, offset, position, topic
 
 
 def _logged(raw: JsonObject, position: tuple[int, int], number: int) -> LoggedEvent:
@@ -140,7 +170,7 @@ def _logged(raw: JsonObject, position: tuple[int, int], number: int) -> LoggedEv
 def numbered_lines(stream: TextIO) -> Iterator[tuple[int, str]]:
     """The non-blank lines of ``stream`` with their 1-based numbers."""
     for number, text in enumerate(stream, start=1):
-        if text.strip():
+        if text and not text.isspace():  # as ``text.strip()``, without copying the line
             yield number, text
 
 
@@ -190,7 +220,7 @@ class LogLine:
         version is not, and is serialised again after upcasting.
         """
         logged = self.logged
-        if self.schema_version != logged.event.schema_version:
+        if logged.body is not None or self.schema_version != logged.event.schema_version:
             return logged
         return LoggedEvent(logged.event, logged.partition, logged.offset, self.event_json)
 
@@ -199,9 +229,42 @@ def read_lines(path: Path | str) -> Iterator[LogLine]:
     """Every line of a log file with its decoded event, for readers that keep the JSON as written."""
     with open_for_reading(path) as stream:
         for number, text in numbered_lines(stream):
-            raw, position = split_line(text, number)
-            logged = _logged(raw, position, number)
-            yield LogLine(number, dumps(raw), raw.get("schema_version", 1), logged)
+            yield read_line(text, number)
+
+
+def read_line(text: str, number: int) -> LogLine:
+    """One line with its decoded event (see :func:`decode_line`) and the event's JSON as written."""
+    built = _built(text)
+    if built is not None:
+        event, partition, offset, position, topic = built
+        event_json = _event_json(text, position, topic)
+        if event_json is not None:  # of the current version, as built: its JSON is the event's own
+            logged = LoggedEvent(event, partition, offset, event_json)
+            return LogLine(number, event_json, event.schema_version, logged)
+    raw, token = split_line(text, number)
+    logged = _logged(raw, token, number)
+    return LogLine(number, dumps(raw), raw.get("schema_version", 1), logged)
+
+
+_TOPIC_MEMBERS: dict[str, str] = {}
+
+
+def _event_json(text: str, position: str, topic: str) -> str | None:
+    """The line without its ``position`` and ``topic`` members: the event's JSON, cut out of a line as
+    ``export`` writes it (keys sorted, so ``position`` comes right before ``producer`` and ``topic``
+    right before ``type``, the last key) instead of parsed and serialised again; None for a line
+    written otherwise."""
+    topic_member = _TOPIC_MEMBERS.get(topic)
+    if topic_member is None:
+        topic_member = _TOPIC_MEMBERS.setdefault(topic, f',"topic":{json.dumps(topic)}')
+    position_member = f',"position":"{position}"'
+    line = text.rstrip("\r\n")
+    at_position = line.rfind(position_member + ',"producer":')
+    at_topic = line.rfind(topic_member + ',"type":')
+    if at_position < 0 or at_topic < at_position:
+        return None
+    after_position = at_position + len(position_member)
+    return line[:at_position] + line[after_position:at_topic] + line[at_topic + len(topic_member) :]
 
 
 def write_log(events: Iterable[LoggedEvent], stream: TextIO, topic: str) -> int:

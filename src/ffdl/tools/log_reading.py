@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from ffdl.events.codec import DecodeError, any_event_from_json
+from ffdl.events.codec import DecodeError
 from ffdl.events.position import Position
 from ffdl.handlers.ports import Bus
 from ffdl.projections.documents import JsonObject
@@ -59,7 +59,7 @@ async def read_partition(bus: Bus, topic: str, partition: int) -> TopicLog:
     events, undecodable = [], []
     async for record in bus.read(topic, partition):
         try:
-            events.append(LoggedEvent(any_event_from_json(record.value), record.partition, record.offset))
+            events.append(LoggedEvent.of_record(record.value, record.partition, record.offset))
         except DecodeError as exc:
             found = UndecodableRecord(record.partition, record.offset, record.key, exc.reason)
             log.warning(
