@@ -36,6 +36,9 @@ class Projector:
         self._clock = clock
         self.projection = projection
         self.applied = 0
+        # Decoded by process(), applied by flush(): the projector is a FetchProcessor.
+        self._pending: list[LoggedEvent] = []
+        self._pending_records: dict[tuple[int, int], Record] = {}
         self.latency = Histogram(
             "ffdl_event_to_projection_seconds",
             "Time from an event's occurrence to its projection being applied",
@@ -44,25 +47,35 @@ class Projector:
         )
 
     async def on_assigned(self, partitions: frozenset[TopicPartition]) -> None:
+        # A fetch cut short by a failure left its records uncommitted: they come again.
+        self._pending, self._pending_records = [], {}
         log.info("projecting partitions", partitions=sorted(tp.partition for tp in partitions))
 
     async def on_revoked(self, partitions: frozenset[TopicPartition]) -> None:
         return None
 
     async def process(self, records: Sequence[Record]) -> None:
-        batch = []
+        """Decode one partition's records; they are applied with the rest of the fetch by :meth:`flush`."""
         for record in records:
             try:
-                batch.append(LoggedEvent.of_record(record.value, record.partition, record.offset))
+                self._pending.append(LoggedEvent.of_record(record.value, record.partition, record.offset))
+                self._pending_records[(record.partition, record.offset)] = record
             except DecodeError as exc:
                 await dead_letter(self._bus, self._topics, record, exc.reason)
+
+    async def flush(self) -> None:
+        """Apply a whole fetch, every partition of it, in one transaction (one commit, one fsync)."""
+        batch, records = self._pending, self._pending_records
+        self._pending, self._pending_records = [], {}
+        if not batch:
+            return
         try:
             applied = await asyncio.to_thread(self.projection.apply, batch)
         except UNREACHABLE:
             raise
         except Exception:  # one event of the batch is poison: the batch was rolled back
             log.exception("projecting a batch failed; projecting its events one by one")
-            applied = await self._one_by_one(batch, {(r.partition, r.offset): r for r in records})
+            applied = await self._one_by_one(batch, records)
         self.applied += applied
         now = self._clock()
         for logged in batch:
