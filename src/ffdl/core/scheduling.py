@@ -36,9 +36,10 @@ is never wasted. Only a higher priority class can overtake a head.
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections.abc import Iterable, Iterator, Set
 from dataclasses import dataclass, field
-from heapq import heappop, heappush
+from heapq import heappop, heappush, merge
 
 from ffdl.core.cluster import ClusterState, Demand, Gang, HeldJob
 from ffdl.core.job import WaitRecord
@@ -60,6 +61,92 @@ class WaitingJob:
     priority: int
     queued_order: tuple[float, str]  # (when it was queued, a tie-breaker): first queued, first served
     wait: WaitRecord | None = None
+
+
+class WaitingQueue:
+    """The waiting jobs as the planner walks them, kept up to date as jobs come and go.
+
+    Per priority class, each tenant's jobs first queued first (by ``queued_order``, then id), and
+    the class's *claimants* (jobs whose recorded reason is their own preemption under way) apart:
+    a planning step reads the classes and queues as they are instead of sorting every waiting job
+    again, and a job whose reason changes moves only if it becomes or stops being a claimant."""
+
+    def __init__(self, jobs: Iterable[WaitingJob] = ()) -> None:
+        self._jobs: dict[str, WaitingJob] = {}
+        # priority -> tenant -> (queued order, job id) of its waiting jobs, sorted
+        self._fifos: dict[int, dict[str, list[tuple[tuple[float, str], str]]]] = {}
+        self._claimants: dict[int, set[str]] = {}
+        for job in jobs:
+            self.put(job)
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._jobs
+
+    def __iter__(self) -> Iterator[WaitingJob]:
+        return iter(self._jobs.values())
+
+    def get(self, job_id: str) -> WaitingJob | None:
+        return self._jobs.get(job_id)
+
+    def put(self, job: WaitingJob) -> None:
+        """Queue ``job``, or replace the job of that id (its reason changed, say)."""
+        old = self._jobs.get(job.job_id)
+        if old is not None and (old.priority, old.tenant, old.queued_order) != (
+            job.priority,
+            job.tenant,
+            job.queued_order,
+        ):
+            self.remove(job.job_id)
+            old = None
+        self._jobs[job.job_id] = job
+        if old is None:
+            insort(self._fifos.setdefault(job.priority, {}).setdefault(job.tenant, []), _key(job))
+        claimants = self._claimants.setdefault(job.priority, set())
+        if job.wait is not None and job.wait.code is W.PREEMPTION:
+            claimants.add(job.job_id)
+        else:
+            claimants.discard(job.job_id)
+
+    def remove(self, job_id: str) -> WaitingJob | None:
+        job = self._jobs.pop(job_id, None)
+        if job is None:
+            return None
+        tenants = self._fifos[job.priority]
+        fifo = tenants[job.tenant]
+        del fifo[bisect_left(fifo, _key(job))]
+        if not fifo:
+            del tenants[job.tenant]
+            if not tenants:
+                del self._fifos[job.priority]
+        self._claimants[job.priority].discard(job_id)
+        return job
+
+    def priorities(self) -> list[int]:
+        """The priority classes with waiting jobs, highest first."""
+        return sorted(self._fifos, reverse=True)
+
+    def claimants(self, priority: int) -> list[WaitingJob]:
+        """The class's jobs whose preemption is under way, in queue order."""
+        jobs = [self._jobs[job_id] for job_id in self._claimants.get(priority, ())]
+        jobs.sort(key=_key)
+        return jobs
+
+    def fifos(self, priority: int) -> dict[str, list[tuple[tuple[float, str], str]]]:
+        """Each tenant's jobs of the class, first queued first, as (order, job id); read only."""
+        return self._fifos.get(priority, {})
+
+    def in_order(self, priority: int) -> Iterator[WaitingJob]:
+        """The class's jobs in queue order, whatever their tenant (lazily: a walk may stop early)."""
+        jobs = self._jobs
+        for _, job_id in merge(*self.fifos(priority).values()):
+            yield jobs[job_id]
+
+
+def _key(job: WaitingJob) -> tuple[tuple[float, str], str]:
+    return (job.queued_order, job.job_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +198,7 @@ class Planner:
     ) -> None:
         self._state = state
         self._room = state.room
-        self._waiting = sorted(waiting, key=lambda job: (-job.priority, job.queued_order, job.job_id))
+        self._queue = waiting if isinstance(waiting, WaitingQueue) else WaitingQueue(waiting)
         self._now = now
         self._policy = policy
         self._claimed: dict[str, int] = {}  # tenant -> GPUs its preempting jobs will take
@@ -125,6 +212,11 @@ class Planner:
         self._no_victims: set[tuple[Demand, int, str | None]] = set()
         self._cordoned: dict[str | None, int] = {}  # GPU type -> free GPUs on cordoned nodes
         self._pool: VictimPool | None = None
+        # What the planner has done so far: bumped by every placement, preemption and reservation.
+        # Until it moves, a job that neither heads nor claims gets the verdict the last job of its
+        # tenant, class and demand got (see :meth:`_decide`).
+        self._version = 0
+        self._verdicts: dict[tuple[int, str, Demand], tuple[int, WaitRecord]] = {}
         self.evictions = self._evacuate()
 
     def _evacuate(self) -> list[Eviction]:
@@ -158,32 +250,42 @@ class Planner:
         """Priority classes high to low; in each, first the jobs whose preemptions are under way,
         then the heads (they get reservations), then the rest by fair share, FIFO per tenant.
         A generator: each class's heads are chosen once the classes above it have been decided."""
-        start = 0
-        while start < len(self._waiting):
-            priority = self._waiting[start].priority
-            end = start
-            while end < len(self._waiting) and self._waiting[end].priority == priority:
-                end += 1
-            level = self._waiting[start:end]
-            start = end
-            claimants = [job for job in level if job.wait is not None and job.wait.code is W.PREEMPTION]
+        queue = self._queue
+        for priority in queue.priorities():
+            claimants = queue.claimants(priority)
             yield from claimants
             first = {job.job_id for job in claimants}
-            heads = self._heads(job for job in level if job.job_id not in first)
+            heads = self._heads(job for job in queue.in_order(priority) if job.job_id not in first)
             yield from heads
             first.update(job.job_id for job in heads)
-            by_tenant: dict[str, list[WaitingJob]] = {}
-            for job in reversed(level):
-                if job.job_id not in first:
-                    by_tenant.setdefault(job.tenant, []).append(job)
-            heap = [(self._ledger.order_key(tenant), tenant) for tenant in by_tenant]
-            heap.sort()
-            while heap:
-                _, tenant = heappop(heap)
-                jobs = by_tenant[tenant]
-                yield jobs.pop()
-                if jobs:
-                    heappush(heap, (self._ledger.order_key(tenant), tenant))
+            yield from self._fair_share(queue.fifos(priority), first)
+
+    def _fair_share(
+        self, fifos: dict[str, list[tuple[tuple[float, str], str]]], first: Set[str]
+    ) -> Iterator[WaitingJob]:
+        """The class's jobs not in ``first``, the next one always from the tenant with the least
+        GPUs per weight (as it was when that tenant was last served), FIFO per tenant."""
+        cursors = dict.fromkeys(fifos, 0)
+
+        def next_of(tenant: str) -> WaitingJob | None:
+            """The tenant's next job not yet decided, or None."""
+            fifo = fifos[tenant]
+            at = cursors[tenant]
+            while at < len(fifo) and fifo[at][1] in first:
+                at += 1
+            cursors[tenant] = at
+            return self._queue.get(fifo[at][1]) if at < len(fifo) else None
+
+        heap = [(self._ledger.order_key(tenant), tenant) for tenant in fifos if next_of(tenant)]
+        heap.sort()
+        while heap:
+            _, tenant = heappop(heap)
+            job = next_of(tenant)
+            assert job is not None
+            cursors[tenant] += 1
+            yield job
+            if next_of(tenant) is not None:
+                heappush(heap, (self._ledger.order_key(tenant), tenant))
 
     def _heads(self, level: Iterable[WaitingJob]) -> list[WaitingJob]:
         """The oldest jobs of a class (queue order) that waited before and still do not fit, each
@@ -219,13 +321,29 @@ class Planner:
     # -- one job ----------------------------------------------------------------------------------
 
     def _decide(self, job: WaitingJob, position: int) -> Decision:
+        """The job's verdict. One that neither heads (no nodes of its own) nor claims (no preemption
+        under way) is decided by its tenant, class and demand alone, and what the planner has done:
+        quota, placement (the room's memo), victims (their memo) and the reason all read nothing
+        else. So while the planner has done nothing since the last such job of the same tenant,
+        class and demand, it gets that job's verdict without weighing it again (a long queue of
+        alike jobs costs a lookup each), and keeps its own recorded reason if that says the same."""
         demand = job.demand
+        alike = (job.priority, job.tenant, demand)
+        settled = job.job_id not in self._head_nodes and (
+            job.wait is None or job.wait.code is not W.PREEMPTION
+        )
+        if settled and (verdict := self._verdicts.get(alike)) is not None and verdict[0] == self._version:
+            return Decision(job, wait=self._kept(job, verdict[1]))
         if not self._ledger.within_limit(job.tenant, demand.total_gpus):
-            return Decision(job, wait=self._quota_wait(job))
+            wait = self._quota_wait(job)
+            if settled:
+                self._verdicts[alike] = (self._version, wait)
+            return Decision(job, wait=wait)
         gang = self._place(job)
         if gang is not None:
             self._state.hold(HeldJob(job.job_id, job.tenant, demand, job.priority, gang, self._now))
             self._held_back.clear()
+            self._version += 1
             reason = (
                 f"placed {demand.describe()} on {len(gang.nodes)} node(s) ({demand.policy}); "
                 f"considered {_ordinal(position)} in this cycle"
@@ -237,8 +355,21 @@ class Planner:
         if self._policy.preemption:
             preempted = self._preempt(job)
             if preempted is not None:
+                self._version += 1
                 return preempted
-        return Decision(job, wait=self._blocked_wait(job))
+        wait = self._blocked_wait(job)
+        if settled:
+            self._verdicts[alike] = (self._version, wait)
+        return Decision(job, wait=self._kept(job, wait))
+
+    @staticmethod
+    def _kept(job: WaitingJob, wait: WaitRecord) -> WaitRecord:
+        """The job's recorded reason if ``wait`` says the same (its wording stays), else ``wait``;
+        a quota wait is always given afresh."""
+        if wait.code is not W.QUOTA and wait.same_as(job.wait):
+            assert job.wait is not None
+            return job.wait
+        return wait
 
     def _place(self, job: WaitingJob) -> Gang | None:
         """A placement off the nodes reserved for others, or None (remembered for the cycle: the
@@ -336,9 +467,6 @@ class Planner:
         code, waiting_for = self._blocking_reason(job, held_back=not nodes)
         if code in _COMPETING:
             self._blocked.setdefault((job.priority, demand.gpu_type if demand.gpus else None), job.job_id)
-        record = WaitRecord(code, "", waiting_for, nodes)
-        if job.wait is not None and record.same_as(job.wait):
-            return job.wait  # the same reason: keep its wording, and spare the formatting
         detail = _DETAILS[code].format(need=demand.describe(), ahead=", ".join(waiting_for))
         if code in (W.CAPACITY, W.GPU_TYPE) and demand.gpus and (cordoned := self._cordoned_for(demand)):
             detail += f"; {cordoned} more are free on cordoned nodes"
@@ -413,6 +541,7 @@ class Planner:
         for node in nodes:
             self._reserved.setdefault(node, job.job_id)
         self._held_back.clear()
+        self._version += 1
 
     def _unreserve(self, job: WaitingJob) -> None:
         """A head that preempts instead: its reservation gives way to the nodes it preempts for."""
@@ -421,6 +550,7 @@ class Planner:
         self._reserved = {node: holder for node, holder in self._reserved.items() if holder != job.job_id}
         self._backfill_reservations -= 1
         self._held_back.clear()
+        self._version += 1
 
 
 _DETAILS: dict[WaitReason, str] = {
