@@ -26,7 +26,7 @@ operations applied to it since, so the same inputs always give the same placemen
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections.abc import Iterable, Iterator, Sequence, Set
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
 from heapq import heapify, heappop, heappush
 from typing import NamedTuple
@@ -232,6 +232,22 @@ class ClusterRoom:
             for free, bucket in enumerate(self._buckets[gpu_type])
             if free >= demand.gpus
         )
+
+    def slots_with(self, demand: Demand, freed: Mapping[str, int], excluded: Set[str]) -> int:
+        """How many learners of ``demand`` (which needs GPUs) could fit outside ``excluded`` with
+        ``freed`` more GPUs free on each named node: an upper bound by GPUs alone (CPUs and memory
+        not counted), without touching the room, so a search can rule a set of victims out cheaply."""
+        types = self._types_for(demand)
+        per = demand.gpus
+        total = self._slot_bound(demand, types)
+        for name in excluded | freed.keys():
+            room = self._rooms.get(name)
+            if room is None or not room.node.schedulable or room.node.gpu_type not in types:
+                continue
+            free = len(room.free)
+            after = 0 if name in excluded else free + freed.get(name, 0)
+            total += after // per - free // per
+        return total
 
     def _rooms_by_free(self, types: Sequence[str], lowest: int, ascending: bool) -> Iterator[NodeRoom]:
         """Schedulable rooms with at least ``lowest`` free GPUs, by free GPUs, then type, then name."""

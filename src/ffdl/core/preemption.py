@@ -20,7 +20,7 @@ What keeps preemption from looping:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Set
+from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass, field
 
 from ffdl.core.cluster import ClusterRoom, ClusterState, Demand, Gang, HeldJob
@@ -100,6 +100,8 @@ class VictimPool:
         freeable = sum(victim.gang.gpus for victim in eligible)
         if not eligible or freeable < demand.total_gpus - room.free_for(demand):
             return None
+        if demand.gpus and room.slots_with(demand, _gpus_per_node(eligible), excluded) < demand.learners:
+            return None  # not even halting every candidate would make room
         prefix = _Prefix(room, eligible)
         low, high = 0, 1  # the gang fits with ``high`` victims freed, not with ``low``
         while True:
@@ -153,6 +155,15 @@ class VictimPool:
                 eligible.append(victim)
                 taking[victim.tenant] = taking.get(victim.tenant, 0) + victim.gang.gpus
         return eligible
+
+
+def _gpus_per_node(jobs: Iterable[HeldJob]) -> dict[str, int]:
+    """The GPUs ``jobs`` hold on each node."""
+    held: dict[str, int] = {}
+    for job in jobs:
+        for node, gpus in job.gang.learners:
+            held[node] = held.get(node, 0) + len(gpus)
+    return held
 
 
 @dataclass(slots=True)
