@@ -37,7 +37,7 @@ is never wasted. Only a higher priority class can overtake a head.
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections.abc import Iterable, Iterator, Set
+from collections.abc import Generator, Iterable, Iterator, Set
 from dataclasses import dataclass, field
 from heapq import heappop, heappush, merge
 
@@ -74,8 +74,11 @@ class WaitingQueue:
     def __init__(self, jobs: Iterable[WaitingJob] = ()) -> None:
         self._jobs: dict[str, WaitingJob] = {}
         # priority -> tenant -> (queued order, job id) of its waiting jobs, sorted
-        self._fifos: dict[int, dict[str, list[tuple[tuple[float, str], str]]]] = {}
+        self._fifos: dict[int, dict[str, list[QueueKey]]] = {}
         self._claimants: dict[int, set[str]] = {}
+        # priority -> tenant -> demand -> what its recorded reason says -> (order, job id), sorted:
+        # where a planning step finds the jobs whose reason is not the one their kind gets now
+        self._by_reason: dict[int, dict[str, dict[Demand, dict[Said, list[QueueKey]]]]] = {}
         for job in jobs:
             self.put(job)
 
@@ -94,16 +97,22 @@ class WaitingQueue:
     def put(self, job: WaitingJob) -> None:
         """Queue ``job``, or replace the job of that id (its reason changed, say)."""
         old = self._jobs.get(job.job_id)
-        if old is not None and (old.priority, old.tenant, old.queued_order) != (
+        if old is not None and (old.priority, old.tenant, old.queued_order, old.demand) != (
             job.priority,
             job.tenant,
             job.queued_order,
+            job.demand,
         ):
             self.remove(job.job_id)
             old = None
         self._jobs[job.job_id] = job
         if old is None:
             insort(self._fifos.setdefault(job.priority, {}).setdefault(job.tenant, []), _key(job))
+            insort(self._reasons_of(job).setdefault(said(job.wait), []), _key(job))
+        elif (was := said(old.wait)) != (now := said(job.wait)):
+            reasons = self._reasons_of(job)
+            _discard(reasons, was, _key(job))
+            insort(reasons.setdefault(now, []), _key(job))
         claimants = self._claimants.setdefault(job.priority, set())
         if job.wait is not None and job.wait.code is W.PREEMPTION:
             claimants.add(job.job_id)
@@ -122,7 +131,20 @@ class WaitingQueue:
             if not tenants:
                 del self._fifos[job.priority]
         self._claimants[job.priority].discard(job_id)
+        demands = self._by_reason[job.priority][job.tenant]
+        _discard(demands[job.demand], said(job.wait), _key(job))
+        if not demands[job.demand]:
+            del demands[job.demand]
         return job
+
+    def _reasons_of(self, job: WaitingJob) -> dict[Said, list[QueueKey]]:
+        tenants = self._by_reason.setdefault(job.priority, {})
+        return tenants.setdefault(job.tenant, {}).setdefault(job.demand, {})
+
+    def by_reason(self, priority: int, tenant: str) -> dict[Demand, dict[Said, list[QueueKey]]]:
+        """The tenant's jobs of the class by demand, then by what their recorded reason says
+        (:func:`said`), each list in queue order; read only."""
+        return self._by_reason.get(priority, {}).get(tenant, {})
 
     def priorities(self) -> list[int]:
         """The priority classes with waiting jobs, highest first."""
@@ -134,7 +156,7 @@ class WaitingQueue:
         jobs.sort(key=_key)
         return jobs
 
-    def fifos(self, priority: int) -> dict[str, list[tuple[tuple[float, str], str]]]:
+    def fifos(self, priority: int) -> dict[str, list[QueueKey]]:
         """Each tenant's jobs of the class, first queued first, as (order, job id); read only."""
         return self._fifos.get(priority, {})
 
@@ -145,8 +167,24 @@ class WaitingQueue:
             yield jobs[job_id]
 
 
-def _key(job: WaitingJob) -> tuple[tuple[float, str], str]:
+QueueKey = tuple[tuple[float, str], str]  # (queued order, job id): a job's place in its queue
+Said = tuple[WaitReason, tuple[str, ...], tuple[str, ...]] | None
+
+
+def said(wait: WaitRecord | None) -> Said:
+    """What a reason says, its wording aside (see :meth:`WaitRecord.same_as`); None for no reason."""
+    return None if wait is None else (wait.code, wait.waiting_for, wait.reserved_nodes)
+
+
+def _key(job: WaitingJob) -> QueueKey:
     return (job.queued_order, job.job_id)
+
+
+def _discard(reasons: dict[Said, list[QueueKey]], what: Said, key: QueueKey) -> None:
+    keys = reasons[what]
+    del keys[bisect_left(keys, key)]
+    if not keys:
+        del reasons[what]
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,11 +232,19 @@ class Planner:
     """One planning step over ``state``, which it changes as it decides (see :class:`ClusterState`)."""
 
     def __init__(
-        self, state: ClusterState, waiting: Iterable[WaitingJob], now: float, policy: SchedulerPolicy
+        self,
+        state: ClusterState,
+        waiting: Iterable[WaitingJob],
+        now: float,
+        policy: SchedulerPolicy,
+        *,
+        weigh_all: bool = False,
     ) -> None:
         self._state = state
         self._room = state.room
         self._queue = waiting if isinstance(waiting, WaitingQueue) else WaitingQueue(waiting)
+        self._weigh_all = weigh_all  # weigh every job on its own (a baseline): no verdict reused
+        self._considered = 0  # jobs decided so far in this step, passed-over ones included
         self._now = now
         self._policy = policy
         self._claimed: dict[str, int] = {}  # tenant -> GPUs its preempting jobs will take
@@ -230,9 +276,23 @@ class Planner:
         return evictions
 
     def decisions(self) -> Iterator[Decision]:
-        """Decide for each waiting job in turn (the caller may time each step)."""
-        for position, job in enumerate(self._ordered(), start=1):
-            yield self._decide(job, position)
+        """Decide for each waiting job in turn (the caller may time each step). Priority classes
+        high to low; in each, first the jobs whose preemptions are under way, then the heads (they
+        get reservations), then the rest by fair share, FIFO per tenant. Unless it weighs every
+        job, a run of a tenant's jobs that verdicts already given settle (see :meth:`_decide`) is
+        passed over at once, and of those only the jobs whose recorded reason says something else
+        than their verdict are yielded: a step touches what changed and the head of each queue."""
+        queue = self._queue
+        for priority in queue.priorities():
+            claimants = queue.claimants(priority)
+            for job in claimants:
+                yield self._weigh(job)
+            first = {job.job_id for job in claimants}
+            heads = self._heads(job for job in queue.in_order(priority) if job.job_id not in first)
+            for job in heads:
+                yield self._weigh(job)
+            first.update(job.job_id for job in heads)
+            yield from self._fair_share(priority, first)
 
     def run(self) -> Plan:
         plan = Plan(evictions=list(self.evictions))
@@ -246,25 +306,14 @@ class Planner:
 
     # -- order ------------------------------------------------------------------------------------
 
-    def _ordered(self) -> Iterator[WaitingJob]:
-        """Priority classes high to low; in each, first the jobs whose preemptions are under way,
-        then the heads (they get reservations), then the rest by fair share, FIFO per tenant.
-        A generator: each class's heads are chosen once the classes above it have been decided."""
-        queue = self._queue
-        for priority in queue.priorities():
-            claimants = queue.claimants(priority)
-            yield from claimants
-            first = {job.job_id for job in claimants}
-            heads = self._heads(job for job in queue.in_order(priority) if job.job_id not in first)
-            yield from heads
-            first.update(job.job_id for job in heads)
-            yield from self._fair_share(queue.fifos(priority), first)
+    def _weigh(self, job: WaitingJob) -> Decision:
+        self._considered += 1
+        return self._decide(job, self._considered)
 
-    def _fair_share(
-        self, fifos: dict[str, list[tuple[tuple[float, str], str]]], first: Set[str]
-    ) -> Iterator[WaitingJob]:
+    def _fair_share(self, priority: int, first: Set[str]) -> Iterator[Decision]:
         """The class's jobs not in ``first``, the next one always from the tenant with the least
         GPUs per weight (as it was when that tenant was last served), FIFO per tenant."""
+        fifos = self._queue.fifos(priority)
         cursors = dict.fromkeys(fifos, 0)
 
         def next_of(tenant: str) -> WaitingJob | None:
@@ -283,9 +332,66 @@ class Planner:
             job = next_of(tenant)
             assert job is not None
             cursors[tenant] += 1
-            yield job
-            if next_of(tenant) is not None:
-                heappush(heap, (self._ledger.order_key(tenant), tenant))
+            yield self._weigh(job)
+            if next_of(tenant) is None:
+                continue
+            entry = (self._ledger.order_key(tenant), tenant)
+            if not self._weigh_all and (not heap or entry < heap[0]):
+                # The tenant stays first while nothing changes: its settled jobs come next.
+                cursors[tenant] = yield from self._settled_run(priority, tenant, cursors[tenant], first)
+                if next_of(tenant) is None:
+                    continue
+            heappush(heap, entry)
+
+    def _settled_run(
+        self, priority: int, tenant: str, at: int, first: Set[str]
+    ) -> Generator[Decision, None, int]:
+        """Pass over the tenant's jobs from its queue's ``at`` up to the first one of a demand that
+        has no verdict since the planner last did something (weighing them one by one would change
+        nothing: the same verdict each, no state touched), yielding those whose recorded reason
+        differs from their verdict; the position after them."""
+        fifo = self._queue.fifos(priority)[tenant]
+        start = fifo[at]
+        stop: QueueKey | None = None
+        settled: list[tuple[dict[Said, list[QueueKey]], WaitRecord]] = []
+        for demand, by_said in self._queue.by_reason(priority, tenant).items():
+            verdict = self._verdicts.get((priority, tenant, demand))
+            if verdict is not None and verdict[0] == self._version:
+                settled.append((by_said, verdict[1]))
+                continue
+            for keys in by_said.values():
+                index = bisect_left(keys, start)
+                if index < len(keys) and (stop is None or keys[index] < stop):
+                    stop = keys[index]
+        end = len(fifo) if stop is None else bisect_left(fifo, stop, at)
+        if end == at:
+            return at
+        self._considered += end - at - self._firsts_between(priority, tenant, start, stop, first)
+        for by_said, record in settled:
+            says = said(record)
+            for what, keys in by_said.items():
+                if what == says:
+                    continue
+                low = bisect_left(keys, start)
+                high = len(keys) if stop is None else bisect_left(keys, stop, low)
+                for _, job_id in keys[low:high]:
+                    job = self._queue.get(job_id)
+                    if job is not None and job_id not in first:
+                        yield Decision(job, wait=record)
+        return end
+
+    def _firsts_between(
+        self, priority: int, tenant: str, start: QueueKey, stop: QueueKey | None, first: Set[str]
+    ) -> int:
+        """How many of the jobs decided first (claimants, heads) are the tenant's, of the class, in
+        its queue from ``start`` up to ``stop``."""
+        count = 0
+        for job_id in first:
+            job = self._queue.get(job_id)
+            if job is not None and job.tenant == tenant and job.priority == priority:
+                key = _key(job)
+                count += start <= key and (stop is None or key < stop)
+        return count
 
     def _heads(self, level: Iterable[WaitingJob]) -> list[WaitingJob]:
         """The oldest jobs of a class (queue order) that waited before and still do not fit, each
@@ -329,8 +435,10 @@ class Planner:
         alike jobs costs a lookup each), and keeps its own recorded reason if that says the same."""
         demand = job.demand
         alike = (job.priority, job.tenant, demand)
-        settled = job.job_id not in self._head_nodes and (
-            job.wait is None or job.wait.code is not W.PREEMPTION
+        settled = (
+            not self._weigh_all
+            and job.job_id not in self._head_nodes
+            and (job.wait is None or job.wait.code is not W.PREEMPTION)
         )
         if settled and (verdict := self._verdicts.get(alike)) is not None and verdict[0] == self._version:
             return Decision(job, wait=self._kept(job, verdict[1]))
