@@ -223,6 +223,10 @@ class Decision:
 
 @dataclass(slots=True)
 class Plan:
+    """What one step decided. ``waits``: the reason of every waiting job the step weighed on its
+    own, and of every other one whose reason changed; a waiting job not named keeps its recorded
+    reason (it would have been given it again, wording and all)."""
+
     allocations: list[Allocation] = field(default_factory=list)
     evictions: list[Eviction] = field(default_factory=list)
     waits: dict[str, WaitRecord] = field(default_factory=dict)

@@ -83,6 +83,7 @@ class _Simulator:
     policy: SchedulerPolicy
     placement: PlacementPolicy | None
     halt_s: float
+    weigh_all: bool = False
     state: ClusterState = field(init=False)
     outcomes: dict[str, JobOutcome] = field(default_factory=dict)
     waiting: WaitingQueue = field(default_factory=WaitingQueue)
@@ -123,7 +124,7 @@ class _Simulator:
         self.waiting.put(WaitingJob(job_id, job.tenant, self.demand(job), job.priority, (now, job_id)))
 
     def step(self, now: float) -> None:
-        decided = Planner(self.state, self.waiting, now, self.policy).run()
+        decided = Planner(self.state, self.waiting, now, self.policy, weigh_all=self.weigh_all).run()
         for eviction in decided.evictions:
             running = self.running.pop(eviction.job_id)
             self.remaining[eviction.job_id] = max(0.0, running.remaining - (now - running.since))
@@ -139,7 +140,7 @@ class _Simulator:
             if outcome.first_start is None:
                 outcome.first_start = now
             heappush(self.timeline, (now + remaining, _FINISHED, job_id, self.generation))
-        for job_id, wait in decided.waits.items():
+        for job_id, wait in decided.waits.items():  # a job not named keeps its reason
             waiting = self.waiting.get(job_id)
             assert waiting is not None
             if not wait.same_as(waiting.wait):
@@ -155,10 +156,13 @@ def simulate(
     placement: PlacementPolicy | None = None,
     halt_s: float = 30.0,
     record: bool = False,
+    weigh_all: bool = False,
 ) -> SimulationResult:
     """Run ``trace`` on ``nodes`` until every job that can run has ended; see the module docstring.
-    With ``record`` the result keeps who held which node's GPUs over time (for a report's GPU map)."""
-    sim = _Simulator(nodes, policy or SchedulerPolicy(), placement, halt_s)
+    With ``record`` the result keeps who held which node's GPUs over time (for a report's GPU map);
+    with ``weigh_all`` each step weighs every waiting job on its own (the same decisions, slower:
+    a baseline for the benchmark)."""
+    sim = _Simulator(nodes, policy or SchedulerPolicy(), placement, halt_s, weigh_all)
     empty = ClusterRoom(nodes)
     arrivals = sorted(trace, key=lambda job: (job.submit_time, job.job_id))
     result = SimulationResult([], capacity_gpus=sum(n.gpus for n in nodes if n.schedulable))
