@@ -32,6 +32,13 @@ end. A head is never displaced by a younger job: its position in the queue only 
 walk that picks heads stops at the first job it cannot reserve for. The reserved nodes are
 recorded with the head's reason and kept from cycle to cycle while they stay valid, so draining
 is never wasted. Only a higher priority class can overtake a head.
+
+**What a step touches.** The waiting jobs come in a :class:`WaitingQueue` the caller keeps up to
+date, not sorted afresh. A job that neither heads nor claims is decided by its class, tenant and
+demand alone and what the step has done so far; so until the step does something more (places,
+preempts, reserves), the next such jobs get the verdict the last one got, and a tenant's run of
+them is passed over at once, yielding only the jobs whose recorded reason says something else.
+``weigh_all`` weighs every job on its own instead: the same decisions, the baseline.
 """
 
 from __future__ import annotations

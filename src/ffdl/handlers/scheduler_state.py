@@ -2,8 +2,10 @@
 
 :class:`SchedulerState` reads the jobs and nodes the scheduler folded (the role's aggregate book),
 is told each event folded into them, and keeps what a planning step needs beyond them: the queued
-jobs in order, the jobs holding GPUs, each job's demand and gang (a spec never changes, a placement
-rarely: both are costly to rebuild fifty times a second), the admission check of the present
+jobs in order, the jobs holding GPUs, the cluster state and the waiting queue a step plans over
+(kept between steps and refreshed for the jobs changed since, not rebuilt per step), each job's
+demand and gang (a spec never changes, a placement rarely: both are costly to rebuild fifty times
+a second), the admission check of the present
 inventory, the last diff of the inventory source against the folded nodes, and a ledger
 (:class:`~ffdl.handlers.outstanding.Outstanding`) per kind of command sent and not answered yet.
 :meth:`SchedulerState.decide` is one planning step: the commands to send now.
