@@ -175,6 +175,7 @@ class WaitingQueue:
 
 
 QueueKey = tuple[tuple[float, str], str]  # (queued order, job id): a job's place in its queue
+Grounds = tuple[object, ...]  # what a verdict rests on (see Planner._grounds)
 Said = tuple[WaitReason, tuple[str, ...], tuple[str, ...]] | None
 
 
@@ -271,9 +272,10 @@ class Planner:
         self._pool: VictimPool | None = None
         # What the planner has done so far: bumped by every placement, preemption and reservation.
         # Until it moves, a job that neither heads nor claims gets the verdict the last job of its
-        # tenant, class and demand got (see :meth:`_decide`).
+        # tenant, class and demand got; after, if what that verdict rests on is the same (see
+        # :meth:`_decide`).
         self._version = 0
-        self._verdicts: dict[tuple[int, str, Demand], tuple[int, WaitRecord]] = {}
+        self._verdicts: dict[tuple[int, str, Demand], tuple[int, WaitRecord, Grounds]] = {}
         self.evictions = self._evacuate()
 
     def _evacuate(self) -> list[Eviction]:
@@ -365,10 +367,12 @@ class Planner:
         start = fifo[at]
         stop: QueueKey | None = None
         settled: list[tuple[dict[Said, list[QueueKey]], WaitRecord]] = []
-        for demand, by_said in self._queue.by_reason(priority, tenant).items():
-            verdict = self._verdicts.get((priority, tenant, demand))
-            if verdict is not None and verdict[0] == self._version:
-                settled.append((by_said, verdict[1]))
+        for by_said in self._queue.by_reason(priority, tenant).values():
+            alike = self._queue.get(next(iter(by_said.values()))[0][1])
+            assert alike is not None
+            verdict = self._verdict(alike)
+            if verdict is not None:
+                settled.append((by_said, verdict))
                 continue
             for keys in by_said.values():
                 index = bisect_left(keys, start)
@@ -443,7 +447,9 @@ class Planner:
         quota, placement (the room's memo), victims (their memo) and the reason all read nothing
         else. So while the planner has done nothing since the last such job of the same tenant,
         class and demand, it gets that job's verdict without weighing it again (a long queue of
-        alike jobs costs a lookup each), and keeps its own recorded reason if that says the same."""
+        alike jobs costs a lookup each), and keeps its own recorded reason if that says the same.
+        After the planner did something, the verdict still holds if what it rests on does
+        (:meth:`_grounds`): checking that costs much less than weighing the job."""
         demand = job.demand
         alike = (job.priority, job.tenant, demand)
         settled = (
@@ -451,12 +457,12 @@ class Planner:
             and job.job_id not in self._head_nodes
             and (job.wait is None or job.wait.code is not W.PREEMPTION)
         )
-        if settled and (verdict := self._verdicts.get(alike)) is not None and verdict[0] == self._version:
-            return Decision(job, wait=self._kept(job, verdict[1]))
+        if settled and (verdict := self._verdict(job)) is not None:
+            return Decision(job, wait=self._kept(job, verdict))
         if not self._ledger.within_limit(job.tenant, demand.total_gpus):
             wait = self._quota_wait(job)
             if settled:
-                self._verdicts[alike] = (self._version, wait)
+                self._verdicts[alike] = (self._version, wait, (W.QUOTA,))
             return Decision(job, wait=wait)
         gang = self._place(job)
         if gang is not None:
@@ -478,8 +484,40 @@ class Planner:
                 return preempted
         wait = self._blocked_wait(job)
         if settled:
-            self._verdicts[alike] = (self._version, wait)
+            grounds = self._grounds(job)
+            assert grounds is not None  # it did not fit and found no victims: both memoised
+            self._verdicts[alike] = (self._version, wait, grounds)
         return Decision(job, wait=self._kept(job, wait))
+
+    def _verdict(self, job: WaitingJob) -> WaitRecord | None:
+        """The verdict the last settled job of ``job``'s class, tenant and demand got, if it holds."""
+        alike = (job.priority, job.tenant, job.demand)
+        kept = self._verdicts.get(alike)
+        if kept is None:
+            return None
+        version, record, grounds = kept
+        if version != self._version:
+            if self._grounds(job) != grounds:
+                return None
+            self._verdicts[alike] = (self._version, record, grounds)
+        return record
+
+    def _grounds(self, job: WaitingJob) -> Grounds | None:
+        """What a settled job's verdict rests on now: its tenant over quota; or, its gang having
+        found no room and no victims this step (both only ever stay so), the code and the jobs its
+        reason names, which with the kind of job fix the reason's wording. None where it must be
+        weighed: it might fit, or find victims."""
+        demand = job.demand
+        need = demand.total_gpus
+        if not self._ledger.within_limit(job.tenant, need):
+            return (W.QUOTA,)
+        if demand not in self._no_fit:
+            return None
+        if self._policy.preemption:
+            reclaims = self._ledger.within_guarantee(job.tenant, need)
+            if (demand, job.priority, job.tenant if reclaims else None) not in self._no_victims:
+                return None
+        return self._blocking_reason(job, held_back=True)
 
     @staticmethod
     def _kept(job: WaitingJob, wait: WaitRecord) -> WaitRecord:
