@@ -44,6 +44,7 @@ def test_passing_over_settled_jobs_decides_as_weighing_each(
     inventory = [Node(f"n{index}", 8) for index in range(nodes)]
     passing, weighing = ClusterState(inventory), ClusterState(inventory)
     queue = WaitingQueue()
+    waiting: list[str] = []  # the queue's job ids
     stopping: list[str] = []
     now = 0.0
     submitted = 0
@@ -54,6 +55,7 @@ def test_passing_over_settled_jobs_decides_as_weighing_each(
             weighing.release(job_id)
             assert held is not None
             queue.put(WaitingJob(job_id, held.tenant, held.demand, held.priority, (now, job_id)))
+            waiting.append(job_id)
         stopping = []
         running = sorted(job_id for job_id, held in passing.held.items() if not held.stopping)
         if ends and running:
@@ -64,6 +66,7 @@ def test_passing_over_settled_jobs_decides_as_weighing_each(
             submitted += 1
             job_id = f"job-{submitted}"
             queue.put(WaitingJob(job_id, tenant, Demand(learners, gpus), priority, (now, job_id)))
+            waiting.append(job_id)
 
         passed = Planner(passing, queue, now, POLICY).run()
         weighed = Planner(weighing, queue, now, POLICY, weigh_all=True).run()
@@ -71,9 +74,12 @@ def test_passing_over_settled_jobs_decides_as_weighing_each(
         assert passed.allocations == weighed.allocations
         assert passed.evictions == weighed.evictions
         placed = {allocation.job_id for allocation in passed.allocations}
-        for job in list(queue):
-            if job.job_id in placed:
-                queue.remove(job.job_id)
+        for job_id in list(waiting):
+            job = queue.get(job_id)
+            assert job is not None
+            if job_id in placed:
+                queue.remove(job_id)
+                waiting.remove(job_id)
                 continue
             expected = weighed.waits[job.job_id]
             got = passed.waits.get(job.job_id)

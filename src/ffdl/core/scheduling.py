@@ -92,12 +92,6 @@ class WaitingQueue:
     def __len__(self) -> int:
         return len(self._jobs)
 
-    def __contains__(self, job_id: object) -> bool:
-        return job_id in self._jobs
-
-    def __iter__(self) -> Iterator[WaitingJob]:
-        return iter(self._jobs.values())
-
     def get(self, job_id: str) -> WaitingJob | None:
         return self._jobs.get(job_id)
 
@@ -246,7 +240,7 @@ class Planner:
     def __init__(
         self,
         state: ClusterState,
-        waiting: Iterable[WaitingJob],
+        waiting: WaitingQueue | Iterable[WaitingJob],
         now: float,
         policy: SchedulerPolicy,
         *,
@@ -724,6 +718,8 @@ def _ordinal(n: int) -> str:
     return f"{n}{suffix}"
 
 
-def plan(state: ClusterState, waiting: Iterable[WaitingJob], now: float, policy: SchedulerPolicy) -> Plan:
+def plan(
+    state: ClusterState, waiting: WaitingQueue | Iterable[WaitingJob], now: float, policy: SchedulerPolicy
+) -> Plan:
     """Decide one cycle: allocations, evictions and wait reasons; ``state`` is left as the plan leaves it."""
     return Planner(state, waiting, now, policy).run()
