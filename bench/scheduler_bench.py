@@ -14,17 +14,25 @@ node with room, scanning the node list, in priority-then-FIFO order, without quo
 reservations or preemption. Each cycle runs three times from scratch and the fastest run counts
 (the machine is shared: the slower runs measure the neighbours); its CPU time is reported beside
 the wall time, and the load average with the figures. Peak memory is measured by ``tracemalloc``
-in a separate cold cycle (tracing slows the code, so the timed runs go without it). Last, the
-simulator's speed: a 100,000-job trace through ``ffdl.core.simulation`` on the same cluster.
+in a separate cold cycle (tracing slows the code, so the timed runs go without it).
 
-Run from the repository root (takes a minute or two):
+Last, the simulator's speed (``ffdl simulate``'s engine, ``ffdl.core.simulation``) on the same
+cluster: 100,000-job traces at offered load 0.9 and at 1.3 (overload: queues form and preemptions
+follow), in simulated jobs per wall second and per CPU second. The baseline for it, in the same
+run, is the planner weighing every waiting job on its own each step (``weigh_all``: the same
+decisions, checked by the digest of every job's outcome) on a shorter trace at load 1.3
+(``--baseline-jobs``, 20,000 by default; it grows with the queue, so 100,000 would take many minutes).
+
+Run from the repository root (takes a few minutes):
 
     .venv/bin/python bench/scheduler_bench.py [--json]
+    .venv/bin/python bench/scheduler_bench.py --only simulator [--simulated-jobs 20000 --baseline-jobs 5000]
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -186,31 +194,60 @@ def peak_memory_mib(nodes: list[Node], queue: list[WaitingJob]) -> float:
     return peak / 2**20
 
 
-def simulator_speed(nodes: list[Node]) -> dict[str, Any]:
-    trace = generate_trace(SIMULATED_JOBS, nodes=NODES, gpus_per_node=GPUS_PER_NODE, load=0.9, seed=SEED)
+def simulator_speed(nodes: list[Node], jobs: int, load: float, weigh_all: bool = False) -> dict[str, Any]:
+    trace = generate_trace(jobs, nodes=NODES, gpus_per_node=GPUS_PER_NODE, load=load, seed=SEED)
     started = time.perf_counter()
     cpu_started = time.process_time()
-    result = simulate(trace, nodes)
+    result = simulate(trace, nodes, weigh_all=weigh_all)
     seconds = time.perf_counter() - started
     cpu_seconds = time.process_time() - cpu_started
+    digest = hashlib.sha256()
+    for outcome in result.outcomes:
+        wait = outcome.last_wait
+        said = None if wait is None else (wait.code, wait.detail, wait.waiting_for, wait.reserved_nodes)
+        digest.update(repr((outcome.job.job_id, outcome.first_start, outcome.end, said)).encode())
     return {
-        "jobs": SIMULATED_JOBS,
+        "jobs": jobs,
+        "load": load,
+        "planner": "weighs every job" if weigh_all else "passes over settled jobs",
         "seconds": round(seconds, 2),
         "cpu_seconds": round(cpu_seconds, 2),
-        "jobs_per_s": round(SIMULATED_JOBS / seconds),
-        "jobs_per_cpu_s": round(SIMULATED_JOBS / cpu_seconds),
+        "jobs_per_s": round(jobs / seconds),
+        "jobs_per_cpu_s": round(jobs / cpu_seconds),
         "scheduling_cycles": result.cycles,
         "preemptions": result.preemptions,
         "max_gpus_in_use": result.max_gpus_in_use,
+        "outcomes_digest": digest.hexdigest()[:16],
     }
+
+
+def simulator_runs(nodes: list[Node], jobs: int, baseline_jobs: int) -> list[dict[str, Any]]:
+    runs = [simulator_speed(nodes, jobs, 0.9), simulator_speed(nodes, jobs, 1.3)]
+    if baseline_jobs:
+        runs.append(simulator_speed(nodes, baseline_jobs, 1.3))
+        runs.append(simulator_speed(nodes, baseline_jobs, 1.3, weigh_all=True))
+    return runs
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--only", choices=["simulator"], help="run only the simulator part")
+    parser.add_argument("--simulated-jobs", type=int, default=SIMULATED_JOBS, help="jobs per simulated trace")
+    parser.add_argument(
+        "--baseline-jobs", type=int, default=20_000, help="jobs of the load-1.3 baseline trace (0: none)"
+    )
     args = parser.parse_args()
     load_at_start = os.getloadavg()[0]
     nodes = homogeneous_cluster(NODES, GPUS_PER_NODE)
+    if args.only == "simulator":
+        runs = simulator_runs(nodes, args.simulated_jobs, args.baseline_jobs)
+        if args.json:
+            print(json.dumps({"simulator": runs}, indent=2))
+        else:
+            print_simulator(runs)
+        print(f"load average {load_at_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end")
+        return
     queue = waiting_jobs(generate_trace(QUEUED_JOBS, nodes=NODES, gpus_per_node=GPUS_PER_NODE, seed=SEED))
     cold, churn = fastest(lambda: planner_cycles(nodes, queue))
     naive_cold, naive_churn = fastest(lambda: baseline_cycles(nodes, queue))
@@ -226,7 +263,7 @@ def main() -> None:
             "churn": round(naive_churn.seconds / churn.seconds, 1),
         },
         "planner_peak_memory_mib": round(peak_memory_mib(nodes, queue), 1),
-        "simulator": simulator_speed(nodes),
+        "simulator": simulator_runs(nodes, args.simulated_jobs, args.baseline_jobs),
     }
     report["machine"] += f" (at the start: {load_at_start:.1f})"
     if args.json:
@@ -241,12 +278,18 @@ def main() -> None:
             )
     print(f"speed-up over first fit: {report['speedup_over_baseline']}")
     print(f"planner peak memory (tracemalloc, cold cycle): {report['planner_peak_memory_mib']} MiB")
-    sim = report["simulator"]
-    print(
-        f"simulator: {sim['jobs']} jobs in {sim['seconds']} s ({sim['cpu_seconds']} s CPU) = "
-        f"{sim['jobs_per_s']} jobs/s ({sim['scheduling_cycles']} cycles, {sim['preemptions']} preemptions)"
-    )
+    print_simulator(report["simulator"])
     print(report["machine"])
+
+
+def print_simulator(runs: list[dict[str, Any]]) -> None:
+    for sim in runs:
+        print(
+            f"simulator, load {sim['load']}, {sim['planner']}: {sim['jobs']} jobs in {sim['seconds']} s "
+            f"({sim['cpu_seconds']} s CPU) = {sim['jobs_per_s']} jobs/s, {sim['jobs_per_cpu_s']} per CPU s "
+            f"({sim['scheduling_cycles']} cycles, {sim['preemptions']} preemptions, "
+            f"outcomes {sim['outcomes_digest']})"
+        )
 
 
 if __name__ == "__main__":

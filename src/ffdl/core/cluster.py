@@ -4,7 +4,10 @@ The scheduler weighs thousands of waiting gangs per cycle against a thousand nod
 node for every learner (what :func:`ffdl.core.allocator.place_gang` does; it stays the reference
 that the tests hold this index to) costs about a millisecond per gang there. Here each GPU type
 keeps its schedulable nodes in buckets by free GPU count, so every placement is a walk over at
-most "GPUs per node" buckets that usually stops at the first node it looks at.
+most "GPUs per node" buckets that usually stops at the first node it looks at. A bucket lists its
+nodes by name, whatever order they came into it: a placement depends only on what is free now,
+not on the takes and releases that led there, so a room kept up to date across cycles decides
+exactly as one built afresh from the same holdings.
 
 The learners of a gang are identical, so what a node can take of a gang is a number of *slots*:
 the least of its free GPUs, milli-CPUs and memory over one learner's need. A placement chooses a
@@ -22,7 +25,8 @@ operations applied to it since, so the same inputs always give the same placemen
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence, Set
+from bisect import bisect_left, insort
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
 from heapq import heapify, heappop, heappush
 from typing import NamedTuple
@@ -92,10 +96,11 @@ class Gang:
 class NodeRoom:
     """What is free on one node now."""
 
-    __slots__ = ("free", "mcpus", "memory_mb", "node")
+    __slots__ = ("free", "index", "mcpus", "memory_mb", "node")
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: Node, index: int) -> None:
         self.node = node
+        self.index = index  # its place among the room's nodes by name: the order within a bucket
         self.free = list(range(node.gpus))
         self.mcpus = milli_cpus(node.cpus)
         self.memory_mb = node.memory_mb
@@ -118,15 +123,18 @@ class ClusterRoom:
 
     def __init__(self, nodes: Iterable[Node]) -> None:
         self._rooms: dict[str, NodeRoom] = {}
-        self._buckets: dict[str, list[dict[str, NodeRoom]]] = {}
+        self._by_index: list[NodeRoom] = []
+        # GPU type -> free GPU count -> the indices of the schedulable nodes with that many free, sorted
+        self._buckets: dict[str, list[list[int]]] = {}
         self._free: dict[str, int] = {}
-        for node in sorted(nodes, key=lambda n: n.name):
-            room = NodeRoom(node)
+        for index, node in enumerate(sorted(nodes, key=lambda n: n.name)):
+            room = NodeRoom(node, index)
             self._rooms[node.name] = room
+            self._by_index.append(room)
             if node.schedulable:
                 buckets = self._buckets.setdefault(node.gpu_type, [])
-                buckets.extend({} for _ in range(len(buckets), node.gpus + 1))
-                buckets[node.gpus][node.name] = room
+                buckets.extend([] for _ in range(len(buckets), node.gpus + 1))
+                buckets[node.gpus].append(index)
                 self._free[node.gpu_type] = self._free.get(node.gpu_type, 0) + node.gpus
         self._types = tuple(sorted(self._buckets))
         self._max_gpus = max((len(b) - 1 for b in self._buckets.values()), default=0)
@@ -195,8 +203,9 @@ class ClusterRoom:
         if not node.schedulable or after == before:
             return
         buckets = self._buckets[node.gpu_type]
-        del buckets[before][node.name]
-        buckets[after][node.name] = room
+        leaving = buckets[before]
+        del leaving[bisect_left(leaving, room.index)]
+        insort(buckets[after], room.index)
         self._free[node.gpu_type] += after - before
 
     # -- placing ----------------------------------------------------------------------------------
@@ -224,14 +233,32 @@ class ClusterRoom:
             if free >= demand.gpus
         )
 
+    def slots_with(self, demand: Demand, freed: Mapping[str, int], excluded: Set[str]) -> int:
+        """How many learners of ``demand`` (which needs GPUs) could fit outside ``excluded`` with
+        ``freed`` more GPUs free on each named node: an upper bound by GPUs alone (CPUs and memory
+        not counted), without touching the room, so a search can rule a set of victims out cheaply."""
+        types = self._types_for(demand)
+        per = demand.gpus
+        total = self._slot_bound(demand, types)
+        for name in excluded | freed.keys():
+            room = self._rooms.get(name)
+            if room is None or not room.node.schedulable or room.node.gpu_type not in types:
+                continue
+            free = len(room.free)
+            after = 0 if name in excluded else free + freed.get(name, 0)
+            total += after // per - free // per
+        return total
+
     def _rooms_by_free(self, types: Sequence[str], lowest: int, ascending: bool) -> Iterator[NodeRoom]:
-        """Schedulable rooms with at least ``lowest`` free GPUs, by free GPUs, then bucket order."""
+        """Schedulable rooms with at least ``lowest`` free GPUs, by free GPUs, then type, then name."""
         levels = range(lowest, self._max_gpus + 1)
+        rooms = self._by_index
         for free in levels if ascending else reversed(levels):
             for gpu_type in types:
                 buckets = self._buckets[gpu_type]
                 if free < len(buckets):
-                    yield from buckets[free].values()
+                    for index in buckets[free]:
+                        yield rooms[index]
 
     def _pack(self, demand: Demand, types: Sequence[str], excluded: Set[str]) -> Gang | None:
         need = demand.learners
@@ -305,7 +332,7 @@ class ClusterRoom:
             room
             for gpu_type in self._types_for(demand)
             for bucket in self._buckets[gpu_type]
-            for room in bucket.values()
+            for room in map(self._by_index.__getitem__, bucket)
             if room.node.name not in excluded and room.slots_when_empty(demand) > 0
         ]
         rooms.sort(key=lambda room: (-len(room.free), room.node.name))
@@ -397,6 +424,8 @@ class ClusterState:
         self.usage: dict[str, int] = {}
         self.releasing: dict[str, int] = {}
         self.gpus_by_priority: dict[int, int] = {}  # GPUs of running (not stopping) jobs per priority
+        #: the running (not stopping) jobs of each priority: where preemption looks for victims
+        self.running: dict[int, dict[str, HeldJob]] = {}
         #: jobs to move off their nodes, with why: a node of theirs left the inventory or is draining
         self.evacuees: dict[str, str] = {}
 
@@ -411,6 +440,7 @@ class ClusterState:
             self.releasing[job.tenant] = self.releasing.get(job.tenant, 0) + gpus
         else:
             self.gpus_by_priority[job.priority] = self.gpus_by_priority.get(job.priority, 0) + gpus
+            self.running.setdefault(job.priority, {})[job.job_id] = job
         if (why := self._evacuation(job.gang)) is not None:
             self.evacuees[job.job_id] = why
 
@@ -436,6 +466,7 @@ class ClusterState:
             self.releasing[job.tenant] -= gpus
         else:
             self.gpus_by_priority[job.priority] -= gpus
+            del self.running[job.priority][job_id]
         self.evacuees.pop(job_id, None)
         return job
 
@@ -446,4 +477,5 @@ class ClusterState:
             self.held[job_id] = replace(job, stopping=True)
             self.releasing[job.tenant] = self.releasing.get(job.tenant, 0) + job.gang.gpus
             self.gpus_by_priority[job.priority] -= job.gang.gpus
+            del self.running[job.priority][job_id]
         return self.held[job_id]

@@ -20,7 +20,7 @@ What keeps preemption from looping:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Set
+from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass, field
 
 from ffdl.core.cluster import ClusterRoom, ClusterState, Demand, Gang, HeldJob
@@ -40,22 +40,39 @@ class Preemptor:
 
 @dataclass(slots=True)
 class VictimPool:
-    """The running jobs that may be preempted in this cycle, lowest priority and youngest first."""
+    """The running jobs that may be preempted in this cycle, lowest priority and youngest first.
+
+    The running jobs of each priority are noted when the pool is made (the cycle's first search)
+    and each class is sorted only when a search first reaches it: a preemptor that only outranks
+    the lowest class never pays for sorting the others."""
 
     state: ClusterState
     ledger: TenantLedger
-    candidates: list[HeldJob] = field(default_factory=list)
+    now: float
+    min_runtime_s: float
+    running: dict[int, list[HeldJob]]
+    priorities: list[int]  # ascending
+    sorted_classes: dict[int, list[HeldJob]] = field(default_factory=dict)
     chosen: set[str] = field(default_factory=set)
 
     @classmethod
     def of(cls, state: ClusterState, ledger: TenantLedger, now: float, min_runtime_s: float) -> VictimPool:
-        candidates = [
-            job
-            for job in state.held.values()
-            if not job.stopping and job.gang.gpus > 0 and job.started_at + min_runtime_s <= now
-        ]
-        candidates.sort(key=lambda job: (job.priority, -job.started_at, job.job_id))
-        return cls(state, ledger, candidates)
+        running = {priority: list(jobs.values()) for priority, jobs in state.running.items() if jobs}
+        return cls(state, ledger, now, min_runtime_s, running, sorted(running))
+
+    def candidates(self, priority: int) -> list[HeldJob]:
+        """The class's jobs that may be victims (holding GPUs, past their minimum runtime), youngest first."""
+        ordered = self.sorted_classes.get(priority)
+        if ordered is None:
+            now, min_runtime_s = self.now, self.min_runtime_s
+            ordered = [
+                job
+                for job in self.running[priority]
+                if job.gang.gpus > 0 and job.started_at + min_runtime_s <= now
+            ]
+            ordered.sort(key=lambda job: (-job.started_at, job.job_id))
+            self.sorted_classes[priority] = ordered
+        return ordered
 
     def may_preempt(self, preemptor: Preemptor, victim: HeldJob, taking: Mapping[str, int]) -> bool:
         """Whether ``victim`` may be halted for ``preemptor``, with ``taking`` GPUs per tenant already
@@ -72,21 +89,29 @@ class VictimPool:
         """The fewest victims found whose GPUs let the preemptor's gang fit (outside ``excluded``),
         with the placement it would then get; ``None`` if halting every candidate would not do.
 
-        It frees the eligible candidates in order, finds the shortest prefix of them that makes
-        the gang fit (by bisection: a few placement attempts, however many candidates), then drops
-        every victim of that prefix the gang fits without. The room is left exactly as it was."""
+        It frees the eligible candidates in order and finds the shortest prefix of them that makes
+        the gang fit: freeing more never makes a gang fit less, so it doubles the prefix until the
+        gang fits and then bisects the last step (a few placement attempts, and only the victims up
+        to about twice that prefix are ever freed). Then it drops every victim of that prefix the
+        gang fits without. The room is left exactly as it was."""
         room = self.state.room
         demand = preemptor.demand
         eligible = self._eligible(preemptor)
         freeable = sum(victim.gang.gpus for victim in eligible)
         if not eligible or freeable < demand.total_gpus - room.free_for(demand):
             return None
+        if demand.gpus and room.slots_with(demand, _gpus_per_node(eligible), excluded) < demand.learners:
+            return None  # not even halting every candidate would make room
         prefix = _Prefix(room, eligible)
-        prefix.move_to(len(eligible))
-        if room.find(demand, excluded) is None:
-            prefix.move_to(0)
-            return None
-        low, high = 0, len(eligible)  # the gang fits with ``high`` victims freed, not with ``low``
+        low, high = 0, 1  # the gang fits with ``high`` victims freed, not with ``low``
+        while True:
+            prefix.move_to(high)
+            if room.find(demand, excluded) is not None:
+                break
+            if high == len(eligible):
+                prefix.move_to(0)
+                return None
+            low, high = high, min(2 * high, len(eligible))
         while high - low > 1:
             middle = (low + high) // 2
             prefix.move_to(middle)
@@ -110,20 +135,35 @@ class VictimPool:
         return victims, gang
 
     def _eligible(self, preemptor: Preemptor) -> list[HeldJob]:
-        """The candidates that may be halted for ``preemptor`` and hold GPUs of a type it can use."""
+        """The candidates that may be halted for ``preemptor`` and hold GPUs of a type it can use,
+        lowest priority first (classes it does not outrank only when it reclaims its guarantee)."""
         room = self.state.room
         demand = preemptor.demand
         gpu_type = demand.gpu_type if demand.gpus else None
         taking: dict[str, int] = {}
         eligible = []
-        for victim in self.candidates:
-            if not self.may_preempt(preemptor, victim, taking):
-                continue
-            if gpu_type is not None and all(room.gpu_type(node) != gpu_type for node in victim.gang.nodes):
-                continue
-            eligible.append(victim)
-            taking[victim.tenant] = taking.get(victim.tenant, 0) + victim.gang.gpus
+        for priority in self.priorities:
+            if priority >= preemptor.priority and not preemptor.reclaims:
+                break
+            for victim in self.candidates(priority):
+                if not self.may_preempt(preemptor, victim, taking):
+                    continue
+                if gpu_type is not None and all(
+                    room.gpu_type(node) != gpu_type for node in victim.gang.nodes
+                ):
+                    continue
+                eligible.append(victim)
+                taking[victim.tenant] = taking.get(victim.tenant, 0) + victim.gang.gpus
         return eligible
+
+
+def _gpus_per_node(jobs: Iterable[HeldJob]) -> dict[str, int]:
+    """The GPUs ``jobs`` hold on each node."""
+    held: dict[str, int] = {}
+    for job in jobs:
+        for node, gpus in job.gang.learners:
+            held[node] = held.get(node, 0) + len(gpus)
+    return held
 
 
 @dataclass(slots=True)

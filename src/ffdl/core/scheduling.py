@@ -32,13 +32,21 @@ end. A head is never displaced by a younger job: its position in the queue only 
 walk that picks heads stops at the first job it cannot reserve for. The reserved nodes are
 recorded with the head's reason and kept from cycle to cycle while they stay valid, so draining
 is never wasted. Only a higher priority class can overtake a head.
+
+**What a step touches.** The waiting jobs come in a :class:`WaitingQueue` the caller keeps up to
+date, not sorted afresh. A job that neither heads nor claims is decided by its class, tenant and
+demand alone and what the step has done so far; so until the step does something more (places,
+preempts, reserves), the next such jobs get the verdict the last one got, and a tenant's run of
+them is passed over at once, yielding only the jobs whose recorded reason says something else.
+``weigh_all`` weighs every job on its own instead: the same decisions, the baseline.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Set
+from bisect import bisect_left, insort
+from collections.abc import Generator, Iterable, Iterator, Set
 from dataclasses import dataclass, field
-from heapq import heappop, heappush
+from heapq import heappop, heappush, merge
 
 from ffdl.core.cluster import ClusterState, Demand, Gang, HeldJob
 from ffdl.core.job import WaitRecord
@@ -60,6 +68,125 @@ class WaitingJob:
     priority: int
     queued_order: tuple[float, str]  # (when it was queued, a tie-breaker): first queued, first served
     wait: WaitRecord | None = None
+
+
+class WaitingQueue:
+    """The waiting jobs as the planner walks them, kept up to date as jobs come and go.
+
+    Per priority class, each tenant's jobs first queued first (by ``queued_order``, then id), and
+    the class's *claimants* (jobs whose recorded reason is their own preemption under way) apart:
+    a planning step reads the classes and queues as they are instead of sorting every waiting job
+    again, and a job whose reason changes moves only if it becomes or stops being a claimant."""
+
+    def __init__(self, jobs: Iterable[WaitingJob] = ()) -> None:
+        self._jobs: dict[str, WaitingJob] = {}
+        # priority -> tenant -> (queued order, job id) of its waiting jobs, sorted
+        self._fifos: dict[int, dict[str, list[QueueKey]]] = {}
+        self._claimants: dict[int, set[str]] = {}
+        # priority -> tenant -> demand -> what its recorded reason says -> (order, job id), sorted:
+        # where a planning step finds the jobs whose reason is not the one their kind gets now
+        self._by_reason: dict[int, dict[str, dict[Demand, dict[Said, list[QueueKey]]]]] = {}
+        for job in jobs:
+            self.put(job)
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def get(self, job_id: str) -> WaitingJob | None:
+        return self._jobs.get(job_id)
+
+    def put(self, job: WaitingJob) -> None:
+        """Queue ``job``, or replace the job of that id (its reason changed, say)."""
+        old = self._jobs.get(job.job_id)
+        if old is not None and (old.priority, old.tenant, old.queued_order, old.demand) != (
+            job.priority,
+            job.tenant,
+            job.queued_order,
+            job.demand,
+        ):
+            self.remove(job.job_id)
+            old = None
+        self._jobs[job.job_id] = job
+        if old is None:
+            insort(self._fifos.setdefault(job.priority, {}).setdefault(job.tenant, []), _key(job))
+            insort(self._reasons_of(job).setdefault(said(job.wait), []), _key(job))
+        elif (was := said(old.wait)) != (now := said(job.wait)):
+            reasons = self._reasons_of(job)
+            _discard(reasons, was, _key(job))
+            insort(reasons.setdefault(now, []), _key(job))
+        claimants = self._claimants.setdefault(job.priority, set())
+        if job.wait is not None and job.wait.code is W.PREEMPTION:
+            claimants.add(job.job_id)
+        else:
+            claimants.discard(job.job_id)
+
+    def remove(self, job_id: str) -> WaitingJob | None:
+        job = self._jobs.pop(job_id, None)
+        if job is None:
+            return None
+        tenants = self._fifos[job.priority]
+        fifo = tenants[job.tenant]
+        del fifo[bisect_left(fifo, _key(job))]
+        if not fifo:
+            del tenants[job.tenant]
+            if not tenants:
+                del self._fifos[job.priority]
+        self._claimants[job.priority].discard(job_id)
+        demands = self._by_reason[job.priority][job.tenant]
+        _discard(demands[job.demand], said(job.wait), _key(job))
+        if not demands[job.demand]:
+            del demands[job.demand]
+        return job
+
+    def _reasons_of(self, job: WaitingJob) -> dict[Said, list[QueueKey]]:
+        tenants = self._by_reason.setdefault(job.priority, {})
+        return tenants.setdefault(job.tenant, {}).setdefault(job.demand, {})
+
+    def by_reason(self, priority: int, tenant: str) -> dict[Demand, dict[Said, list[QueueKey]]]:
+        """The tenant's jobs of the class by demand, then by what their recorded reason says
+        (:func:`said`), each list in queue order; read only."""
+        return self._by_reason.get(priority, {}).get(tenant, {})
+
+    def priorities(self) -> list[int]:
+        """The priority classes with waiting jobs, highest first."""
+        return sorted(self._fifos, reverse=True)
+
+    def claimants(self, priority: int) -> list[WaitingJob]:
+        """The class's jobs whose preemption is under way, in queue order."""
+        jobs = [self._jobs[job_id] for job_id in self._claimants.get(priority, ())]
+        jobs.sort(key=_key)
+        return jobs
+
+    def fifos(self, priority: int) -> dict[str, list[QueueKey]]:
+        """Each tenant's jobs of the class, first queued first, as (order, job id); read only."""
+        return self._fifos.get(priority, {})
+
+    def in_order(self, priority: int) -> Iterator[WaitingJob]:
+        """The class's jobs in queue order, whatever their tenant (lazily: a walk may stop early)."""
+        jobs = self._jobs
+        for _, job_id in merge(*self.fifos(priority).values()):
+            yield jobs[job_id]
+
+
+QueueKey = tuple[tuple[float, str], str]  # (queued order, job id): a job's place in its queue
+Grounds = tuple[object, ...]  # what a verdict rests on (see Planner._grounds)
+Said = tuple[WaitReason, tuple[str, ...], tuple[str, ...]] | None
+
+
+def said(wait: WaitRecord | None) -> Said:
+    """What a reason says, its wording aside (see :meth:`WaitRecord.same_as`); None for no reason."""
+    return None if wait is None else (wait.code, wait.waiting_for, wait.reserved_nodes)
+
+
+def _key(job: WaitingJob) -> QueueKey:
+    return (job.queued_order, job.job_id)
+
+
+def _discard(reasons: dict[Said, list[QueueKey]], what: Said, key: QueueKey) -> None:
+    keys = reasons[what]
+    del keys[bisect_left(keys, key)]
+    if not keys:
+        del reasons[what]
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +225,10 @@ class Decision:
 
 @dataclass(slots=True)
 class Plan:
+    """What one step decided. ``waits``: the reason of every waiting job the step weighed on its
+    own, and of every other one whose reason changed; a waiting job not named keeps its recorded
+    reason (it would have been given it again, wording and all)."""
+
     allocations: list[Allocation] = field(default_factory=list)
     evictions: list[Eviction] = field(default_factory=list)
     waits: dict[str, WaitRecord] = field(default_factory=dict)
@@ -107,11 +238,19 @@ class Planner:
     """One planning step over ``state``, which it changes as it decides (see :class:`ClusterState`)."""
 
     def __init__(
-        self, state: ClusterState, waiting: Iterable[WaitingJob], now: float, policy: SchedulerPolicy
+        self,
+        state: ClusterState,
+        waiting: WaitingQueue | Iterable[WaitingJob],
+        now: float,
+        policy: SchedulerPolicy,
+        *,
+        weigh_all: bool = False,
     ) -> None:
         self._state = state
         self._room = state.room
-        self._waiting = sorted(waiting, key=lambda job: (-job.priority, job.queued_order, job.job_id))
+        self._queue = waiting if isinstance(waiting, WaitingQueue) else WaitingQueue(waiting)
+        self._weigh_all = weigh_all  # weigh every job on its own (a baseline): no verdict reused
+        self._considered = 0  # jobs decided so far in this step, passed-over ones included
         self._now = now
         self._policy = policy
         self._claimed: dict[str, int] = {}  # tenant -> GPUs its preempting jobs will take
@@ -125,6 +264,12 @@ class Planner:
         self._no_victims: set[tuple[Demand, int, str | None]] = set()
         self._cordoned: dict[str | None, int] = {}  # GPU type -> free GPUs on cordoned nodes
         self._pool: VictimPool | None = None
+        # What the planner has done so far: bumped by every placement, preemption and reservation.
+        # Until it moves, a job that neither heads nor claims gets the verdict the last job of its
+        # tenant, class and demand got; after, if what that verdict rests on is the same (see
+        # :meth:`_decide`).
+        self._version = 0
+        self._verdicts: dict[tuple[int, str, Demand], tuple[int, WaitRecord, Grounds]] = {}
         self.evictions = self._evacuate()
 
     def _evacuate(self) -> list[Eviction]:
@@ -138,9 +283,23 @@ class Planner:
         return evictions
 
     def decisions(self) -> Iterator[Decision]:
-        """Decide for each waiting job in turn (the caller may time each step)."""
-        for position, job in enumerate(self._ordered(), start=1):
-            yield self._decide(job, position)
+        """Decide for each waiting job in turn (the caller may time each step). Priority classes
+        high to low; in each, first the jobs whose preemptions are under way, then the heads (they
+        get reservations), then the rest by fair share, FIFO per tenant. Unless it weighs every
+        job, a run of a tenant's jobs that verdicts already given settle (see :meth:`_decide`) is
+        passed over at once, and of those only the jobs whose recorded reason says something else
+        than their verdict are yielded: a step touches what changed and the head of each queue."""
+        queue = self._queue
+        for priority in queue.priorities():
+            claimants = queue.claimants(priority)
+            for job in claimants:
+                yield self._weigh(job)
+            first = {job.job_id for job in claimants}
+            heads = self._heads(job for job in queue.in_order(priority) if job.job_id not in first)
+            for job in heads:
+                yield self._weigh(job)
+            first.update(job.job_id for job in heads)
+            yield from self._fair_share(priority, first)
 
     def run(self) -> Plan:
         plan = Plan(evictions=list(self.evictions))
@@ -154,36 +313,94 @@ class Planner:
 
     # -- order ------------------------------------------------------------------------------------
 
-    def _ordered(self) -> Iterator[WaitingJob]:
-        """Priority classes high to low; in each, first the jobs whose preemptions are under way,
-        then the heads (they get reservations), then the rest by fair share, FIFO per tenant.
-        A generator: each class's heads are chosen once the classes above it have been decided."""
-        start = 0
-        while start < len(self._waiting):
-            priority = self._waiting[start].priority
-            end = start
-            while end < len(self._waiting) and self._waiting[end].priority == priority:
-                end += 1
-            level = self._waiting[start:end]
-            start = end
-            claimants = [job for job in level if job.wait is not None and job.wait.code is W.PREEMPTION]
-            yield from claimants
-            first = {job.job_id for job in claimants}
-            heads = self._heads(job for job in level if job.job_id not in first)
-            yield from heads
-            first.update(job.job_id for job in heads)
-            by_tenant: dict[str, list[WaitingJob]] = {}
-            for job in reversed(level):
-                if job.job_id not in first:
-                    by_tenant.setdefault(job.tenant, []).append(job)
-            heap = [(self._ledger.order_key(tenant), tenant) for tenant in by_tenant]
-            heap.sort()
-            while heap:
-                _, tenant = heappop(heap)
-                jobs = by_tenant[tenant]
-                yield jobs.pop()
-                if jobs:
-                    heappush(heap, (self._ledger.order_key(tenant), tenant))
+    def _weigh(self, job: WaitingJob) -> Decision:
+        self._considered += 1
+        return self._decide(job, self._considered)
+
+    def _fair_share(self, priority: int, first: Set[str]) -> Iterator[Decision]:
+        """The class's jobs not in ``first``, the next one always from the tenant with the least
+        GPUs per weight (as it was when that tenant was last served), FIFO per tenant."""
+        fifos = self._queue.fifos(priority)
+        cursors = dict.fromkeys(fifos, 0)
+
+        def next_of(tenant: str) -> WaitingJob | None:
+            """The tenant's next job not yet decided, or None."""
+            fifo = fifos[tenant]
+            at = cursors[tenant]
+            while at < len(fifo) and fifo[at][1] in first:
+                at += 1
+            cursors[tenant] = at
+            return self._queue.get(fifo[at][1]) if at < len(fifo) else None
+
+        heap = [(self._ledger.order_key(tenant), tenant) for tenant in fifos if next_of(tenant)]
+        heap.sort()
+        while heap:
+            _, tenant = heappop(heap)
+            job = next_of(tenant)
+            assert job is not None
+            cursors[tenant] += 1
+            yield self._weigh(job)
+            if next_of(tenant) is None:
+                continue
+            entry = (self._ledger.order_key(tenant), tenant)
+            if not self._weigh_all and (not heap or entry < heap[0]):
+                # The tenant stays first while nothing changes: its settled jobs come next.
+                cursors[tenant] = yield from self._settled_run(priority, tenant, cursors[tenant], first)
+                if next_of(tenant) is None:
+                    continue
+            heappush(heap, entry)
+
+    def _settled_run(
+        self, priority: int, tenant: str, at: int, first: Set[str]
+    ) -> Generator[Decision, None, int]:
+        """Pass over the tenant's jobs from its queue's ``at`` up to the first one of a demand that
+        has no verdict since the planner last did something (weighing them one by one would change
+        nothing: the same verdict each, no state touched), yielding those whose recorded reason
+        differs from their verdict; the position after them."""
+        fifo = self._queue.fifos(priority)[tenant]
+        start = fifo[at]
+        stop: QueueKey | None = None
+        settled: list[tuple[dict[Said, list[QueueKey]], WaitRecord]] = []
+        for by_said in self._queue.by_reason(priority, tenant).values():
+            alike = self._queue.get(next(iter(by_said.values()))[0][1])
+            assert alike is not None
+            verdict = self._verdict(alike)
+            if verdict is not None:
+                settled.append((by_said, verdict))
+                continue
+            for keys in by_said.values():
+                index = bisect_left(keys, start)
+                if index < len(keys) and (stop is None or keys[index] < stop):
+                    stop = keys[index]
+        end = len(fifo) if stop is None else bisect_left(fifo, stop, at)
+        if end == at:
+            return at
+        self._considered += end - at - self._firsts_between(priority, tenant, start, stop, first)
+        for by_said, record in settled:
+            says = said(record)
+            for what, keys in by_said.items():
+                if what == says:
+                    continue
+                low = bisect_left(keys, start)
+                high = len(keys) if stop is None else bisect_left(keys, stop, low)
+                for _, job_id in keys[low:high]:
+                    job = self._queue.get(job_id)
+                    if job is not None and job_id not in first:
+                        yield Decision(job, wait=record)
+        return end
+
+    def _firsts_between(
+        self, priority: int, tenant: str, start: QueueKey, stop: QueueKey | None, first: Set[str]
+    ) -> int:
+        """How many of the jobs decided first (claimants, heads) are the tenant's, of the class, in
+        its queue from ``start`` up to ``stop``."""
+        count = 0
+        for job_id in first:
+            job = self._queue.get(job_id)
+            if job is not None and job.tenant == tenant and job.priority == priority:
+                key = _key(job)
+                count += start <= key and (stop is None or key < stop)
+        return count
 
     def _heads(self, level: Iterable[WaitingJob]) -> list[WaitingJob]:
         """The oldest jobs of a class (queue order) that waited before and still do not fit, each
@@ -219,13 +436,33 @@ class Planner:
     # -- one job ----------------------------------------------------------------------------------
 
     def _decide(self, job: WaitingJob, position: int) -> Decision:
+        """The job's verdict. One that neither heads (no nodes of its own) nor claims (no preemption
+        under way) is decided by its tenant, class and demand alone, and what the planner has done:
+        quota, placement (the room's memo), victims (their memo) and the reason all read nothing
+        else. So while the planner has done nothing since the last such job of the same tenant,
+        class and demand, it gets that job's verdict without weighing it again (a long queue of
+        alike jobs costs a lookup each), and keeps its own recorded reason if that says the same.
+        After the planner did something, the verdict still holds if what it rests on does
+        (:meth:`_grounds`): checking that costs much less than weighing the job."""
         demand = job.demand
+        alike = (job.priority, job.tenant, demand)
+        settled = (
+            not self._weigh_all
+            and job.job_id not in self._head_nodes
+            and (job.wait is None or job.wait.code is not W.PREEMPTION)
+        )
+        if settled and (verdict := self._verdict(job)) is not None:
+            return Decision(job, wait=self._kept(job, verdict))
         if not self._ledger.within_limit(job.tenant, demand.total_gpus):
-            return Decision(job, wait=self._quota_wait(job))
+            wait = self._quota_wait(job)
+            if settled:
+                self._verdicts[alike] = (self._version, wait, (W.QUOTA,))
+            return Decision(job, wait=wait)
         gang = self._place(job)
         if gang is not None:
             self._state.hold(HeldJob(job.job_id, job.tenant, demand, job.priority, gang, self._now))
             self._held_back.clear()
+            self._version += 1
             reason = (
                 f"placed {demand.describe()} on {len(gang.nodes)} node(s) ({demand.policy}); "
                 f"considered {_ordinal(position)} in this cycle"
@@ -237,8 +474,53 @@ class Planner:
         if self._policy.preemption:
             preempted = self._preempt(job)
             if preempted is not None:
+                self._version += 1
                 return preempted
-        return Decision(job, wait=self._blocked_wait(job))
+        wait = self._blocked_wait(job)
+        if settled:
+            grounds = self._grounds(job)
+            assert grounds is not None  # it did not fit and found no victims: both memoised
+            self._verdicts[alike] = (self._version, wait, grounds)
+        return Decision(job, wait=self._kept(job, wait))
+
+    def _verdict(self, job: WaitingJob) -> WaitRecord | None:
+        """The verdict the last settled job of ``job``'s class, tenant and demand got, if it holds."""
+        alike = (job.priority, job.tenant, job.demand)
+        kept = self._verdicts.get(alike)
+        if kept is None:
+            return None
+        version, record, grounds = kept
+        if version != self._version:
+            if self._grounds(job) != grounds:
+                return None
+            self._verdicts[alike] = (self._version, record, grounds)
+        return record
+
+    def _grounds(self, job: WaitingJob) -> Grounds | None:
+        """What a settled job's verdict rests on now: its tenant over quota; or, its gang having
+        found no room and no victims this step (both only ever stay so), the code and the jobs its
+        reason names, which with the kind of job fix the reason's wording. None where it must be
+        weighed: it might fit, or find victims."""
+        demand = job.demand
+        need = demand.total_gpus
+        if not self._ledger.within_limit(job.tenant, need):
+            return (W.QUOTA,)
+        if demand not in self._no_fit:
+            return None
+        if self._policy.preemption:
+            reclaims = self._ledger.within_guarantee(job.tenant, need)
+            if (demand, job.priority, job.tenant if reclaims else None) not in self._no_victims:
+                return None
+        return self._blocking_reason(job, held_back=True)
+
+    @staticmethod
+    def _kept(job: WaitingJob, wait: WaitRecord) -> WaitRecord:
+        """The job's recorded reason if ``wait`` says the same (its wording stays), else ``wait``;
+        a quota wait is always given afresh."""
+        if wait.code is not W.QUOTA and wait.same_as(job.wait):
+            assert job.wait is not None
+            return job.wait
+        return wait
 
     def _place(self, job: WaitingJob) -> Gang | None:
         """A placement off the nodes reserved for others, or None (remembered for the cycle: the
@@ -336,9 +618,6 @@ class Planner:
         code, waiting_for = self._blocking_reason(job, held_back=not nodes)
         if code in _COMPETING:
             self._blocked.setdefault((job.priority, demand.gpu_type if demand.gpus else None), job.job_id)
-        record = WaitRecord(code, "", waiting_for, nodes)
-        if job.wait is not None and record.same_as(job.wait):
-            return job.wait  # the same reason: keep its wording, and spare the formatting
         detail = _DETAILS[code].format(need=demand.describe(), ahead=", ".join(waiting_for))
         if code in (W.CAPACITY, W.GPU_TYPE) and demand.gpus and (cordoned := self._cordoned_for(demand)):
             detail += f"; {cordoned} more are free on cordoned nodes"
@@ -413,6 +692,7 @@ class Planner:
         for node in nodes:
             self._reserved.setdefault(node, job.job_id)
         self._held_back.clear()
+        self._version += 1
 
     def _unreserve(self, job: WaitingJob) -> None:
         """A head that preempts instead: its reservation gives way to the nodes it preempts for."""
@@ -421,6 +701,7 @@ class Planner:
         self._reserved = {node: holder for node, holder in self._reserved.items() if holder != job.job_id}
         self._backfill_reservations -= 1
         self._held_back.clear()
+        self._version += 1
 
 
 _DETAILS: dict[WaitReason, str] = {
@@ -437,6 +718,8 @@ def _ordinal(n: int) -> str:
     return f"{n}{suffix}"
 
 
-def plan(state: ClusterState, waiting: Iterable[WaitingJob], now: float, policy: SchedulerPolicy) -> Plan:
+def plan(
+    state: ClusterState, waiting: WaitingQueue | Iterable[WaitingJob], now: float, policy: SchedulerPolicy
+) -> Plan:
     """Decide one cycle: allocations, evictions and wait reasons; ``state`` is left as the plan leaves it."""
     return Planner(state, waiting, now, policy).run()

@@ -22,7 +22,7 @@ from typing import Any
 from ffdl.core.allocator import Node, PlacementPolicy
 from ffdl.core.cluster import ClusterRoom, ClusterState, Demand, HeldJob
 from ffdl.core.job import WaitRecord
-from ffdl.core.scheduling import Planner, SchedulerPolicy, WaitingJob
+from ffdl.core.scheduling import Planner, SchedulerPolicy, WaitingJob, WaitingQueue
 
 _FINISHED = 0  # ends before halts and arrivals at the same instant, so their GPUs are free for the step
 _HALTED = 1
@@ -83,9 +83,10 @@ class _Simulator:
     policy: SchedulerPolicy
     placement: PlacementPolicy | None
     halt_s: float
+    weigh_all: bool = False
     state: ClusterState = field(init=False)
     outcomes: dict[str, JobOutcome] = field(default_factory=dict)
-    waiting: dict[str, WaitingJob] = field(default_factory=dict)
+    waiting: WaitingQueue = field(default_factory=WaitingQueue)
     running: dict[str, _Running] = field(default_factory=dict)
     remaining: dict[str, float] = field(default_factory=dict)
     timeline: list[tuple[float, int, str, int]] = field(default_factory=list)
@@ -107,9 +108,7 @@ class _Simulator:
             outcome.never_runs = f"needs {job.gpus} GPUs; tenant {job.tenant} may hold at most {limit}"
         else:
             self.remaining[job.job_id] = job.runtime
-            self.waiting[job.job_id] = WaitingJob(
-                job.job_id, job.tenant, demand, job.priority, (now, job.job_id)
-            )
+            self.waiting.put(WaitingJob(job.job_id, job.tenant, demand, job.priority, (now, job.job_id)))
 
     def happen(self, kind: int, job_id: str, generation: int, now: float) -> None:
         running = self.running.get(job_id)
@@ -122,10 +121,10 @@ class _Simulator:
         self.state.release(job_id)
         outcome = self.outcomes[job_id]
         job = outcome.job
-        self.waiting[job_id] = WaitingJob(job_id, job.tenant, self.demand(job), job.priority, (now, job_id))
+        self.waiting.put(WaitingJob(job_id, job.tenant, self.demand(job), job.priority, (now, job_id)))
 
     def step(self, now: float) -> None:
-        decided = Planner(self.state, self.waiting.values(), now, self.policy).run()
+        decided = Planner(self.state, self.waiting, now, self.policy, weigh_all=self.weigh_all).run()
         for eviction in decided.evictions:
             running = self.running.pop(eviction.job_id)
             self.remaining[eviction.job_id] = max(0.0, running.remaining - (now - running.since))
@@ -133,7 +132,7 @@ class _Simulator:
             heappush(self.timeline, (now + self.halt_s, _HALTED, eviction.job_id, running.generation))
         for allocation in decided.allocations:
             job_id = allocation.job_id
-            del self.waiting[job_id]
+            self.waiting.remove(job_id)
             self.generation += 1
             remaining = self.remaining[job_id]
             self.running[job_id] = _Running(now, remaining, self.generation)
@@ -141,10 +140,11 @@ class _Simulator:
             if outcome.first_start is None:
                 outcome.first_start = now
             heappush(self.timeline, (now + remaining, _FINISHED, job_id, self.generation))
-        for job_id, wait in decided.waits.items():
-            waiting = self.waiting[job_id]
+        for job_id, wait in decided.waits.items():  # a job not named keeps its reason
+            waiting = self.waiting.get(job_id)
+            assert waiting is not None
             if not wait.same_as(waiting.wait):
-                self.waiting[job_id] = replace(waiting, wait=wait)
+                self.waiting.put(replace(waiting, wait=wait))
             self.outcomes[job_id].last_wait = wait
 
 
@@ -156,10 +156,13 @@ def simulate(
     placement: PlacementPolicy | None = None,
     halt_s: float = 30.0,
     record: bool = False,
+    weigh_all: bool = False,
 ) -> SimulationResult:
     """Run ``trace`` on ``nodes`` until every job that can run has ended; see the module docstring.
-    With ``record`` the result keeps who held which node's GPUs over time (for a report's GPU map)."""
-    sim = _Simulator(nodes, policy or SchedulerPolicy(), placement, halt_s)
+    With ``record`` the result keeps who held which node's GPUs over time (for a report's GPU map);
+    with ``weigh_all`` each step weighs every waiting job on its own (the same decisions, slower:
+    a baseline for the benchmark)."""
+    sim = _Simulator(nodes, policy or SchedulerPolicy(), placement, halt_s, weigh_all)
     empty = ClusterRoom(nodes)
     arrivals = sorted(trace, key=lambda job: (job.submit_time, job.job_id))
     result = SimulationResult([], capacity_gpus=sum(n.gpus for n in nodes if n.schedulable))

@@ -2,8 +2,10 @@
 
 :class:`SchedulerState` reads the jobs and nodes the scheduler folded (the role's aggregate book),
 is told each event folded into them, and keeps what a planning step needs beyond them: the queued
-jobs in order, the jobs holding GPUs, each job's demand and gang (a spec never changes, a placement
-rarely: both are costly to rebuild fifty times a second), the admission check of the present
+jobs in order, the jobs holding GPUs, the cluster state and the waiting queue a step plans over
+(kept between steps and refreshed for the jobs changed since, not rebuilt per step), each job's
+demand and gang (a spec never changes, a placement rarely: both are costly to rebuild fifty times
+a second), the admission check of the present
 inventory, the last diff of the inventory source against the folded nodes, and a ledger
 (:class:`~ffdl.handlers.outstanding.Outstanding`) per kind of command sent and not answered yet.
 :meth:`SchedulerState.decide` is one planning step: the commands to send now.
@@ -25,7 +27,7 @@ from ffdl.core.cluster import Admission, ClusterState, Demand, Gang, HeldJob
 from ffdl.core.job import Job, WaitRecord
 from ffdl.core.kinds import JOBS, NODES
 from ffdl.core.nodes import InventoryObservation, inventory_changes, schedulable_inventory
-from ffdl.core.scheduling import Plan, SchedulerPolicy, WaitingJob, plan
+from ffdl.core.scheduling import Plan, SchedulerPolicy, WaitingJob, WaitingQueue, plan
 from ffdl.core.states import JobState
 from ffdl.events import job_commands as cmd
 from ffdl.events.codec import AnyCommand
@@ -88,6 +90,13 @@ class SchedulerState:
         self._demands: dict[str, Demand] = {}  # job -> its gang's demand (a spec never changes)
         self._gangs: dict[str, tuple[Placement, Gang]] = {}  # job -> its placement, as a gang
         self._admission: Admission | None = None
+        # What a planning step plans over, kept up to date between steps rather than rebuilt for
+        # each (None: to rebuild, after a (re)load, a revocation or an inventory change): the jobs
+        # whose holding or waiting may have changed since are brought up to date at the next step.
+        self._cluster: ClusterState | None = None
+        self._queue = WaitingQueue()
+        self._changed: set[str] = set()
+        self._dated_now: set[str] = set()  # jobs held as of the step's time: refreshed every step
         self._nodes_folded = 0  # node events folded so far: a version of the folded inventory
         self._inventory_diff: tuple[InventoryObservation, int, dict[str, NodeCommandData]] | None = None
 
@@ -98,6 +107,7 @@ class SchedulerState:
         for job in self._jobs.values():
             self._track(job, None)
         self._forget_inventory()
+        self._cluster = None
 
     def revoked(self) -> None:
         """Some aggregates were forgotten: forget what was kept about them."""
@@ -110,12 +120,13 @@ class SchedulerState:
         self._submitted &= jobs
         self._holding &= jobs
         self._forget_inventory()
+        self._cluster = None
 
     def folded(self, applied: Applied[Any, Any]) -> None:
         """An event was folded into one of the aggregates."""
         node = applied.of(NODES)
         if node is not None:
-            self._admission = None  # the inventory changed
+            self._admission = self._cluster = None  # the inventory changed
             self._nodes_folded += 1
             self._node_changes.answered(node.event.node, node.event.causation_id)
         job = applied.of(JOBS)
@@ -128,6 +139,7 @@ class SchedulerState:
 
     def _track(self, job: Job, event: Event | None) -> None:
         """Forget what the owner has answered (``event`` caused by it) or what the job's state settles."""
+        self._changed.add(job.job_id)
         if event is not None:
             for ledger in (self._allocations, self._halts, self._reasons, self._admissions):
                 ledger.answered(job.job_id, event.causation_id)
@@ -156,54 +168,89 @@ class SchedulerState:
 
     # -- what a planning step sees ---------------------------------------------------------------
 
-    def cluster_state(self, now: float) -> ClusterState:
-        """The inventory with every GPU held: by the folded jobs and by allocations sent but unanswered.
-        Only those jobs are visited, not every job ever folded, so a cycle's cost does not grow with
-        the log's history."""
+    def rebuilt(self, now: float) -> tuple[ClusterState, WaitingQueue]:
+        """The cluster state and the waiting queue built afresh from the folded jobs and the commands
+        sent but unanswered: the inventory with every GPU held (by the folded jobs and by
+        allocations on their way), and the queued jobs that hold no GPUs and have none on the way,
+        with their latest reason. Only those jobs are visited, not every job ever folded."""
+        self._dated_now.clear()
         state = ClusterState(schedulable_inventory(self._nodes.values()))
         for job_id in sorted(self._holding | self._allocations.keys()):
-            job = self._jobs[job_id]
-            placement = job.placement or self._allocations.promised(job_id)
-            if placement is None:
-                continue
-            allocated_at = job.allocated_at if job.placement is not None else None
-            stopping = (job.placement is not None and not job.state.preemptible) or job_id in self._halts
-            state.hold(
-                HeldJob(
-                    job_id=job_id,
-                    tenant=job.tenant,
-                    demand=self._demand(job),
-                    priority=job.spec.priority,
-                    gang=self._gang(job_id, placement),
-                    started_at=allocated_at.timestamp() if allocated_at else now,
-                    stopping=stopping,
-                )
-            )
-        return state
+            held = self._held(job_id, now)
+            if held is not None:
+                state.hold(held)
+        queue = WaitingQueue()
+        for job_id in self._queued_order:
+            waiting = self._waiting(job_id)
+            if waiting is not None:
+                queue.put(waiting)
+        return state, queue
 
-    def waiting(self) -> list[WaitingJob]:
-        """Queued jobs that hold no GPUs and have no allocation on the way, with their latest reason."""
-        waiting = []
-        for job_id, order in self._queued_order.items():
-            job = self._jobs[job_id]
-            if job.placement is not None or job_id in self._allocations:
-                continue
-            waiting.append(
-                WaitingJob(
-                    job_id,
-                    job.tenant,
-                    self._demand(job),
-                    job.spec.priority,
-                    order,
-                    self._current_reason(job),
-                )
-            )
-        return waiting
+    def _held(self, job_id: str, now: float) -> HeldJob | None:
+        """What the job holds, as the planner sees it: its GPUs (folded, or allocated and on their
+        way: those date from ``now``) and whether it is being stopped; None if it holds none."""
+        job = self._jobs.get(job_id)
+        if job is None:
+            return None
+        placement = job.placement or self._allocations.promised(job_id)
+        if placement is None:
+            return None
+        allocated_at = job.allocated_at if job.placement is not None else None
+        if allocated_at is None:
+            self._dated_now.add(job_id)
+        stopping = (job.placement is not None and not job.state.preemptible) or job_id in self._halts
+        return HeldJob(
+            job_id=job_id,
+            tenant=job.tenant,
+            demand=self._demand(job),
+            priority=job.spec.priority,
+            gang=self._gang(job_id, placement),
+            started_at=allocated_at.timestamp() if allocated_at else now,
+            stopping=stopping,
+        )
+
+    def _waiting(self, job_id: str) -> WaitingJob | None:
+        """The job as the queue holds it, if it waits: queued, with no GPUs and none on the way."""
+        order = self._queued_order.get(job_id)
+        job = self._jobs.get(job_id)
+        if order is None or job is None or job.placement is not None or job_id in self._allocations:
+            return None
+        return WaitingJob(
+            job_id, job.tenant, self._demand(job), job.spec.priority, order, self._current_reason(job)
+        )
+
+    def _brought_up_to_date(self, now: float) -> tuple[ClusterState, WaitingQueue]:
+        """The kept cluster state and queue with every job changed since the last step (and every
+        holding dated from the step's time) made as a rebuild would make them."""
+        if self._cluster is None:
+            self._changed.clear()
+            self._cluster, self._queue = self.rebuilt(now)
+            return self._cluster, self._queue
+        state, queue = self._cluster, self._queue
+        changed, self._changed = self._changed | self._dated_now, set()
+        self._dated_now = set()
+        for job_id in sorted(changed):
+            held = self._held(job_id, now)
+            if state.held.get(job_id) != held:
+                state.release(job_id)
+                if held is not None:
+                    state.hold(held)
+            waiting = self._waiting(job_id)
+            if waiting is None:
+                queue.remove(job_id)
+            elif queue.get(job_id) != waiting:
+                queue.put(waiting)
+        return state, queue
 
     def next_plan(self, now: float) -> tuple[ClusterState, Plan]:
-        """What the scheduler would decide at ``now`` from what it has folded (and sent) so far."""
-        state = self.cluster_state(now)
-        return state, plan(state, self.waiting(), now, self._policy)
+        """What the scheduler would decide at ``now`` from what it has folded (and sent) so far.
+        The plan applies its decisions to the kept cluster state; the jobs it decided for are
+        brought back in line with what was folded and sent at the next step."""
+        state, queue = self._brought_up_to_date(now)
+        decided = plan(state, queue, now, self._policy)
+        self._changed.update(allocation.job_id for allocation in decided.allocations)
+        self._changed.update(eviction.job_id for eviction in decided.evictions)
+        return state, decided
 
     def _demand(self, job: Job) -> Demand:
         demand = self._demands.get(job.job_id)
@@ -266,6 +313,7 @@ class SchedulerState:
             )
             commands.append(self._command(job, data))
             self._reasons.sent(job_id, commands[-1].command_id, wait)
+            self._changed.add(job_id)
             log.debug("job waits", job_id=job_id, code=str(wait.code), detail=wait.detail)
         return commands
 

@@ -1,0 +1,94 @@
+"""Passing over settled jobs decides exactly what weighing every job one by one decides.
+
+A planning step passes over runs of a tenant's jobs whose verdict is already settled and yields
+only those whose recorded reason changes (:meth:`ffdl.core.scheduling.Planner.decisions`). Over
+random sequences of arrivals, jobs ending, preemptions and requeues, carried from step to step as
+the log carries them, it must give the same placements, the same preemptions (with their
+positions and wording) and, for every waiting job, the same reason as the step that weighs all.
+"""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ffdl.core.allocator import Node
+from ffdl.core.cluster import ClusterState, Demand
+from ffdl.core.scheduling import Planner, SchedulerPolicy, WaitingJob, WaitingQueue
+from ffdl.core.tenancy import TenancyPolicy, TenantQuota
+
+TENANTS = ("a", "b", "c")
+POLICY = SchedulerPolicy(
+    tenancy=TenancyPolicy(
+        {"a": TenantQuota(8, None), "b": TenantQuota(4, 12, weight=2.0), "c": TenantQuota(0, 8)}
+    ),
+    min_runtime_s=10.0,
+)
+arrivals = st.lists(
+    st.tuples(
+        st.sampled_from(TENANTS),
+        st.integers(1, 3),
+        st.sampled_from([1, 2, 4, 8]),
+        st.sampled_from([-5, 0, 5]),
+    ),
+    max_size=12,
+)
+rounds = st.lists(st.tuples(arrivals, st.integers(0, 1000), st.booleans()), min_size=1, max_size=12)
+
+
+@settings(max_examples=120, deadline=None)
+@given(nodes=st.integers(1, 5), rounds=rounds)
+def test_passing_over_settled_jobs_decides_as_weighing_each(
+    nodes: int, rounds: list[tuple[list[tuple[str, int, int, int]], int, bool]]
+) -> None:
+    inventory = [Node(f"n{index}", 8) for index in range(nodes)]
+    passing, weighing = ClusterState(inventory), ClusterState(inventory)
+    queue = WaitingQueue()
+    waiting: list[str] = []  # the queue's job ids
+    stopping: list[str] = []
+    now = 0.0
+    submitted = 0
+    for jobs, pick, ends in rounds:
+        now += 15.0
+        for job_id in stopping:  # preempted or drained last step: halted now, requeued
+            held = passing.release(job_id)
+            weighing.release(job_id)
+            assert held is not None
+            queue.put(WaitingJob(job_id, held.tenant, held.demand, held.priority, (now, job_id)))
+            waiting.append(job_id)
+        stopping = []
+        running = sorted(job_id for job_id, held in passing.held.items() if not held.stopping)
+        if ends and running:
+            ended = running[pick % len(running)]
+            passing.release(ended)
+            weighing.release(ended)
+        for tenant, learners, gpus, priority in jobs:
+            submitted += 1
+            job_id = f"job-{submitted}"
+            queue.put(WaitingJob(job_id, tenant, Demand(learners, gpus), priority, (now, job_id)))
+            waiting.append(job_id)
+
+        passed = Planner(passing, queue, now, POLICY).run()
+        weighed = Planner(weighing, queue, now, POLICY, weigh_all=True).run()
+
+        assert passed.allocations == weighed.allocations
+        assert passed.evictions == weighed.evictions
+        placed = {allocation.job_id for allocation in passed.allocations}
+        for job_id in list(waiting):
+            job = queue.get(job_id)
+            assert job is not None
+            if job_id in placed:
+                queue.remove(job_id)
+                waiting.remove(job_id)
+                continue
+            expected = weighed.waits[job.job_id]
+            got = passed.waits.get(job.job_id)
+            if got is None:
+                assert expected.same_as(job.wait), f"{job.job_id}'s reason changed unseen"
+            else:
+                assert got == expected
+            if not expected.same_as(job.wait):
+                queue.put(
+                    WaitingJob(job.job_id, job.tenant, job.demand, job.priority, job.queued_order, expected)
+                )
+        stopping = [eviction.job_id for eviction in passed.evictions]
