@@ -22,11 +22,13 @@ import pytest
 from ffdl.adapters.bus.embedded import EmbeddedBus
 from ffdl.adapters.bus.partitioning import partition_for
 from ffdl.handlers.ports import (
+    MAX_RECORD_BYTES,
     BusUnavailable,
     CommitFailed,
     OutgoingRecord,
     Position,
     Record,
+    RecordTooLarge,
     TopicPartition,
 )
 from tests.contract.bus_contract import (
@@ -142,6 +144,18 @@ async def test_headers_values_and_timestamps_round_trip(bus_factory: BusFactory)
     ]
     # The record's time is the producer's (or broker's) wall clock: allow for skew, not for garbage.
     assert all(before_ms - 60_000 <= r.timestamp_ms <= after_ms + 60_000 for r in read)
+
+
+async def test_a_record_over_the_size_limit_is_refused_and_the_log_stays_usable(
+    bus_factory: BusFactory,
+) -> None:
+    topic = unique("events")
+    async with bus_factory.open(partitions=4) as bus:
+        with pytest.raises(RecordTooLarge):
+            await bus.publish(topic, [OutgoingRecord("job-1", b"x" * (MAX_RECORD_BYTES + 1))])
+        (position,) = await bus.publish(topic, [OutgoingRecord("job-1", b"small")])
+        read = [r async for r in bus.read(topic, position.partition)]
+    assert [(r.key, r.value) for r in read] == [("job-1", b"small")]
 
 
 async def test_end_offsets_are_the_next_offset_of_every_partition(bus_factory: BusFactory) -> None:

@@ -63,6 +63,11 @@ class RecordTooLarge(ValueError):
     """A record the log refuses for its size: sending it again can never succeed."""
 
 
+#: The largest record (key, value and headers) a bus appends: Kafka's default ``max.request.size``
+#: and ``message.max.bytes``, so that what the embedded log takes a Kafka cluster takes too.
+MAX_RECORD_BYTES = 1_048_576
+
+
 class CommitFailed(RuntimeError):
     """A commit for partitions this member no longer owns (a rebalance took them)."""
 

@@ -86,11 +86,13 @@ from ffdl.adapters.bus.listening import partition_names, tell_listener
 from ffdl.adapters.bus.partitioning import partition_for
 from ffdl.events.position import Position
 from ffdl.handlers.ports import (
+    MAX_RECORD_BYTES,
     BusUnavailable,
     CommitFailed,
     OutgoingRecord,
     RebalanceListener,
     Record,
+    RecordTooLarge,
     TopicPartition,
 )
 
@@ -239,6 +241,12 @@ def _end_offset(connection: sqlite3.Connection, topic: str, partition: int) -> i
         (topic, partition),
     ).fetchone()
     return 0 if row is None else int(row[0]) + 1
+
+
+def _record_size(record: OutgoingRecord) -> int:
+    """What a record weighs against :data:`MAX_RECORD_BYTES`: its key, value and headers."""
+    headers = sum(len(name.encode()) + len(value) for name, value in record.headers)
+    return len(record.key.encode()) + len(record.value) + headers
 
 
 def _append(
@@ -836,6 +844,13 @@ class EmbeddedBus:
     async def publish(self, topic: str, records: Sequence[OutgoingRecord]) -> list[Position]:
         if not records:
             return []
+        for record in records:
+            size = _record_size(record)
+            if size > MAX_RECORD_BYTES:  # refused before anything of the publish is written
+                raise RecordTooLarge(
+                    f"appending to {topic!r} refused: the record for key {record.key!r} is {size} bytes,"
+                    f" more than the {MAX_RECORD_BYTES} a record may have"
+                )
         positions = await self._file.writer.run(
             partial(
                 _append,

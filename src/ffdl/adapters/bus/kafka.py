@@ -81,6 +81,7 @@ from ffdl.adapters.bus.listening import partition_names, tell_listener
 from ffdl.adapters.bus.partitioning import partition_for
 from ffdl.events.position import Position
 from ffdl.handlers.ports import (
+    MAX_RECORD_BYTES,
     BusUnavailable,
     CommitFailed,
     OutgoingRecord,
@@ -416,6 +417,7 @@ class KafkaBus:
             acks="all" if s.acks == "all" else int(s.acks),
             enable_idempotence=s.enable_idempotence,
             linger_ms=s.linger_ms,
+            max_request_size=MAX_RECORD_BYTES,
         )
         reader = _OffsetReader(self._consumer(None), s.request_timeout_s)
         try:
