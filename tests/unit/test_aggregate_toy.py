@@ -12,9 +12,11 @@ quota's commands are handed to the owner decoded.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -43,8 +45,10 @@ from ffdl.core.kinds import JOBS, KINDS, NODES
 from ffdl.events import job_commands as cmd
 from ffdl.events.ids import derived_id
 from ffdl.events.model import JobSpec
-from ffdl.handlers.messaging import CommandSender, Topics
+from ffdl.handlers import owner as owner_module
+from ffdl.handlers.messaging import CommandSender, Topics, event_records
 from ffdl.handlers.owner import JobOwner
+from ffdl.handlers.ports import OutgoingRecord
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 TENANT = "acme"
@@ -313,7 +317,21 @@ def test_the_registry_dispatches_a_third_kind_beside_jobs_and_nodes() -> None:
     assert book.of(QUOTAS)[TENANT].limit == 8 and book.of(NODES) == {}
 
 
-async def test_the_job_owner_decides_a_third_kind_through_the_same_path_as_jobs(tmp_path: Path) -> None:
+def records_with_toy_events(events: Sequence[Any], source: str) -> list[OutgoingRecord]:
+    """The owner's encoding of what it decided, for a registry with the toy kind, whose events have no
+    form in the wire codec: they are written as their ``repr``."""
+    return [
+        OutgoingRecord(e.tenant, repr(e).encode())
+        if isinstance(e, QuotaEvent)
+        else event_records([e], source)[0]
+        for e in events
+    ]
+
+
+async def test_the_job_owner_decides_a_third_kind_through_the_same_path_as_jobs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(owner_module, "event_records", records_with_toy_events)
     bus = open_bus(f"embedded://{tmp_path / 'log'}", 1)
     topics = Topics()
     owner = JobOwner(bus, topics, FileElection(tmp_path / "election"), kinds=WITH_QUOTAS, clock=lambda: NOW)

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from ffdl.adapters.bus import open_bus
 from ffdl.adapters.election import FileElection
 from ffdl.core.authorization import Principal
@@ -15,7 +17,8 @@ from ffdl.core.kinds import JOBS
 from ffdl.events import job_commands as cmd
 from ffdl.events.model import JobSpec
 from ffdl.events.position import Position
-from ffdl.handlers.messaging import CommandSender, Topics
+from ffdl.handlers import owner as owner_module
+from ffdl.handlers.messaging import DEAD_LETTER_REASON_HEADER, CommandSender, Topics
 from ffdl.handlers.owner import JobOwner
 from ffdl.handlers.ports import Bus, OutgoingRecord
 from ffdl.handlers.runtime import consume
@@ -66,3 +69,44 @@ async def test_one_publish_for_every_partition_of_a_fetch(tmp_path: Path) -> Non
 
     assert len({log.partition_for(j) for j in job_ids}) >= 2
     assert bus.appends == [(topics.events, len(job_ids), {})], "one append, before any commit"
+
+
+async def test_a_command_whose_events_the_log_would_refuse_is_dead_lettered_and_the_fetch_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the check, the one oversized event would fail the fetch's single append every time the
+    fetch is handled again: the partition would stall. The limit is lowered so a bounded spec reaches it."""
+    monkeypatch.setattr(owner_module, "MAX_RECORD_BYTES", 4_000)
+    log = open_bus(f"embedded://{tmp_path}", PARTITIONS)
+    await log.start()
+    topics = Topics()
+    sender = CommandSender(log, topics, "test", Principal.tenant("default"))
+    small = cmd.SubmitJob(spec=JobSpec(name="j", command="true"))
+    large = cmd.SubmitJob(spec=JobSpec(name="j", command="x" * 5_000))
+    await sender.send(
+        sender.make(JOBS.address("job-small-1", "default"), small),
+        sender.make(JOBS.address("job-large", "default"), large),
+        sender.make(JOBS.address("job-small-2", "default"), small),
+    )
+    owner = JobOwner(log, topics, FileElection(tmp_path / "election"))
+    stop = asyncio.Event()
+    running = asyncio.create_task(consume(log, "owners", [topics.commands], owner, stop))
+
+    async def all_handled() -> bool:
+        return len(owner.book.jobs) == 2 and owner.dead_letters == 1
+
+    try:
+        await wait_until_async(all_handled, 15, what="the small submissions decided, the large one parked")
+        decided = sorted(owner.book.jobs)  # the book is let go with the partitions when the owner stops
+        parked = [r for p in range(PARTITIONS) async for r in log.read(topics.deadletter, p)]
+        appended = [r.key for p in range(PARTITIONS) async for r in log.read(topics.events, p)]
+    finally:
+        stop.set()
+        await running
+        await log.close()
+
+    assert decided == sorted(appended) == ["job-small-1", "job-small-2"]
+    (record,) = parked
+    assert record.key == "job-large"
+    reason = dict(record.headers)[DEAD_LETTER_REASON_HEADER].decode()
+    assert "SubmitJob decided an event of" in reason and "more than the 4000" in reason

@@ -39,12 +39,16 @@ from ffdl.events import nodes as nd
 from ffdl.events.codec import AnyCommand, AnyEvent, DecodeError, any_command_from_json
 from ffdl.handlers.cluster_watch import ClusterWatch
 from ffdl.handlers.messaging import Topics, dead_letter, event_records, misrouted, principal_of, utcnow
-from ffdl.handlers.ports import Bus, Election, Record
+from ffdl.handlers.ports import MAX_RECORD_BYTES, Bus, Election, OutgoingRecord, Record, record_size
 from ffdl.handlers.runtime import DECODED, UNREACHABLE, Follower, where
 
 log = structlog.get_logger(__name__)
 
 SCHEDULER_ROLE = "scheduler"
+
+
+class DecisionTooLarge(ValueError):
+    """A command whose events the log would refuse for their size: it is dead-lettered, not decided."""
 
 
 class JobOwner(Follower):
@@ -68,7 +72,8 @@ class JobOwner(Follower):
         #: Whether the view caught up in this fetch: the scheduler sent each of the fetch's allocations
         #: before the fetch, so once is enough (what the fetch decides enters the view at once).
         self._caught_up = False
-        self._pending: list[AnyEvent] = []  # decided since the last flush, not appended yet
+        #: Decided since the last flush, not appended yet: each event with the record that carries it.
+        self._pending: list[tuple[AnyEvent, OutgoingRecord]] = []
         self.dead_letters = 0
 
     async def loaded(self, partitions: list[int]) -> None:
@@ -78,7 +83,7 @@ class JobOwner(Follower):
         """Decide the records of one partition; their events wait for :meth:`flush`."""
         try:
             for record in records:
-                self._pending.extend(await self._guarded(record))
+                await self._guarded(record)
         except BaseException:
             self._forget_pending()
             raise
@@ -89,19 +94,18 @@ class JobOwner(Follower):
         self._caught_up = False
         if not decided:
             return
-        records = event_records(decided, self._producer)
         # The reactor of this process reads them next, maybe before the append's acknowledgement is
         # handled here; should the append fail, the entries are still true (a record's bytes decode so).
-        for record, event in zip(records, decided, strict=True):
+        for event, record in decided:
             DECODED.remember(record.value, event)
         try:
-            await self._bus.publish(self._topics.events, records)
+            await self._bus.publish(self._topics.events, [record for _, record in decided])
         except BaseException:
             self._forget_pending()
             raise
         if not log.is_enabled_for(logging.INFO):
             return  # the lines' fields cost more than the filtered calls (a few % of the owner's time)
-        for event in decided:
+        for event, _ in decided:
             log.info(
                 "event appended",
                 **self.book.kinds.of(event).ids(event),
@@ -118,30 +122,33 @@ class JobOwner(Follower):
         self._caught_up = False
         self.cluster.reset()
 
-    async def _guarded(self, record: Record) -> list[AnyEvent]:
+    async def _guarded(self, record: Record) -> None:
         """Decide one record; one whose decoding, checks or decision raises (a poison record) is
         dead-lettered with the reason and the partition goes on. An unreachable world is no poison:
         it propagates, and the batch is decided again."""
         try:
-            return await self._decide(record)
+            await self._decide(record)
         except UNREACHABLE:
             raise
         except Exception as exc:
             log.exception("command dead-lettered: deciding it failed", **where(record))
-            return await self._dead_letter(record, f"internal error: {exc!r}")
+            await self._dead_letter(record, f"internal error: {exc!r}")
 
-    async def _decide(self, record: Record) -> list[AnyEvent]:
+    async def _decide(self, record: Record) -> None:
         try:
             command = any_command_from_json(record.value)
         except DecodeError as exc:
-            return await self._dead_letter(record, exc.reason)
+            await self._dead_letter(record, exc.reason)
+            return
         wrong = misrouted(record, command, self._bus.partition_for(record.key))
         if wrong:
-            return await self._dead_letter(record, wrong)
+            await self._dead_letter(record, wrong)
+            return
         try:
             principal = principal_of(record, command)
         except ValueError as exc:
-            return await self._dead_letter(record, str(exc))
+            await self._dead_letter(record, str(exc))
+            return
         leader = await self._leader_token(command)
         if isinstance(command.data, cmd.AllocateGpus) and not self._caught_up:
             await self.cluster.catch_up()
@@ -158,12 +165,15 @@ class JobOwner(Follower):
                 producer=command.producer,
                 reason=str(exc),
             )
-            return await self._dead_letter(record, str(exc))
-        except UnknownAggregate as exc:
-            return await self._dead_letter(record, str(exc))
+            await self._dead_letter(record, str(exc))
+            return
+        except (UnknownAggregate, DecisionTooLarge) as exc:
+            await self._dead_letter(record, str(exc))
+            return
         except Exception as exc:  # a decider bug must not stall the partition
             log.exception("decider failed", key=command.key, command_id=str(command.command_id))
-            return await self._dead_letter(record, f"internal error: {exc!r}")
+            await self._dead_letter(record, f"internal error: {exc!r}")
+            return
         for event in events:
             if isinstance(event.data, ev.CommandRejected | nd.NodeCommandRejected):
                 log.warning(
@@ -175,14 +185,16 @@ class JobOwner(Follower):
                     producer=command.producer,
                     reason=event.data.reason,
                 )
-        return events
 
     def decide(
         self, command: CommandEnvelope, partition: int, principal: Principal, leader_token: int | None
     ) -> list[Any]:
         """Decide ``command`` sent by ``principal`` against its aggregate as folded and the cluster as
-        the owner sees it, and fold the events decided into the book and the view; raises
-        :class:`UnknownAggregate` for a command that names no aggregate it can decide (or may create)."""
+        the owner sees it, fold the events decided into the book and the view, and keep them with
+        their records for :meth:`flush`; raises :class:`UnknownAggregate` for a command that names no
+        aggregate it can decide (or may create), and :class:`DecisionTooLarge`, before folding
+        anything, for one whose events the log would refuse for their size (which would otherwise
+        fail every append of the fetch, again and again)."""
         kind = self.book.kinds.of(command)
         state = self.book.of(kind).get(kind.identity(command))
         events = decide_as(
@@ -195,9 +207,17 @@ class JobOwner(Follower):
             leader_token=leader_token,
             outside=self.cluster.view.refusal,
         )
-        for event in events:
+        records = event_records(events, self._producer)
+        largest = max((record_size(record) for record in records), default=0)
+        if largest > MAX_RECORD_BYTES:
+            raise DecisionTooLarge(
+                f"{command.type} decided an event of {largest} bytes, more than the"
+                f" {MAX_RECORD_BYTES} a record of the log may have"
+            )
+        for event, record in zip(events, records, strict=True):
             self.book.apply(event, partition)
             self.cluster.apply(event)
+            self._pending.append((event, record))
         return events
 
     async def _leader_token(self, command: AnyCommand) -> int | None:
@@ -211,7 +231,6 @@ class JobOwner(Follower):
             # stall every other key of the partition until the election store is back.
             return -1
 
-    async def _dead_letter(self, record: Record, reason: str) -> list[AnyEvent]:
+    async def _dead_letter(self, record: Record, reason: str) -> None:
         self.dead_letters += 1
         await dead_letter(self._bus, self._topics, record, reason)
-        return []

@@ -68,6 +68,12 @@ class RecordTooLarge(ValueError):
 MAX_RECORD_BYTES = 1_048_576
 
 
+def record_size(record: OutgoingRecord) -> int:
+    """What a record weighs against :data:`MAX_RECORD_BYTES`: its key, value and headers."""
+    headers = sum(len(name.encode()) + len(value) for name, value in record.headers)
+    return len(record.key.encode()) + len(record.value) + headers
+
+
 class CommitFailed(RuntimeError):
     """A commit for partitions this member no longer owns (a rebalance took them)."""
 

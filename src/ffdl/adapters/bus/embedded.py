@@ -94,6 +94,7 @@ from ffdl.handlers.ports import (
     Record,
     RecordTooLarge,
     TopicPartition,
+    record_size,
 )
 
 log = structlog.get_logger(__name__)
@@ -241,12 +242,6 @@ def _end_offset(connection: sqlite3.Connection, topic: str, partition: int) -> i
         (topic, partition),
     ).fetchone()
     return 0 if row is None else int(row[0]) + 1
-
-
-def _record_size(record: OutgoingRecord) -> int:
-    """What a record weighs against :data:`MAX_RECORD_BYTES`: its key, value and headers."""
-    headers = sum(len(name.encode()) + len(value) for name, value in record.headers)
-    return len(record.key.encode()) + len(record.value) + headers
 
 
 def _append(
@@ -845,7 +840,7 @@ class EmbeddedBus:
         if not records:
             return []
         for record in records:
-            size = _record_size(record)
+            size = record_size(record)
             if size > MAX_RECORD_BYTES:  # refused before anything of the publish is written
                 raise RecordTooLarge(
                     f"appending to {topic!r} refused: the record for key {record.key!r} is {size} bytes,"
