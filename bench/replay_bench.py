@@ -48,6 +48,7 @@ from typing import Any
 from ffdl.events.codec import any_event_from_dict
 from ffdl.tools.log_files import decode_line, split_line
 from ffdl.tools.sre import rebuild_file
+from ffdl.wiring.logging import configure_logging
 from tests.golden.record import GENERATED_LOG_VERSION, write_generated_log
 
 
@@ -125,6 +126,7 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "ffdl-replay-bench")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args()
+    configure_logging("console", "warning")  # stdout carries only the report
     args.work.mkdir(parents=True, exist_ok=True)
     log = args.work / f"events-{args.events}-v{GENERATED_LOG_VERSION}.jsonl"
     if not log.exists():
