@@ -21,7 +21,7 @@ import pytest
 from ffdl.adapters.bus import open_bus
 from ffdl.adapters.heartbeats import EtcdHeartbeatStore, exit_key, learner_key
 from ffdl.core.authorization import Principal
-from ffdl.core.job import Job, evolve, start
+from ffdl.core.job import Job, evolve
 from ffdl.events import job_commands as cmd
 from ffdl.events import job_events as ev
 from ffdl.events.codec import command_from_json
@@ -31,6 +31,7 @@ from ffdl.handlers.heartbeat_keys import JOBS_PREFIX, LearnerBeat, encode_exit
 from ffdl.handlers.messaging import CommandSender, Topics
 from ffdl.handlers.monitoring import Monitor
 from ffdl.handlers.ports import Bus
+from tests.job_history import folded_job
 from tests.services import EtcdServer, wait_until_async
 
 pytestmark = pytest.mark.integration
@@ -102,21 +103,7 @@ def running_job(learners: int = 1) -> tuple[Job, Event]:
         *[ev.LearnerStarted(rank=rank, attempt=1) for rank in range(learners)],
         ev.JobRunning(attempt=1),
     ]
-    events = [
-        Event(
-            event_id=uuid.uuid4(),
-            job_id=job_id,
-            tenant="acme",
-            seq=seq,
-            occurred_at=datetime.now(UTC),
-            producer="test",
-            data=data,
-        )
-        for seq, data in enumerate(datas, start=1)
-    ]
-    job = start(events[0])
-    for event in events[1:]:
-        job = evolve(job, event)
+    job, events = folded_job(datas, datetime.now(UTC), job_id=job_id)
     return job, events[-1]
 
 

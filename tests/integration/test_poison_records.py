@@ -43,6 +43,7 @@ from ffdl.handlers.ports import OutgoingRecord, Record, RecordTooLarge
 from ffdl.wiring.config import KafkaConfig, Settings
 from ffdl.wiring.platform import Platform
 from tests.harness import Api, fast_settings
+from tests.job_history import submission
 from tests.services import TansuBroker, wait_until_async
 
 pytestmark = pytest.mark.integration
@@ -58,16 +59,7 @@ def nested(levels: int) -> bytes:
 
 
 def submitted(job_id: str) -> Event:
-    spec = JobSpec(name="poison", command="true")
-    return Event(
-        event_id=uuid.uuid4(),
-        job_id=job_id,
-        tenant="default",
-        seq=1,
-        occurred_at=AT,
-        producer="test",
-        data=ev.JobSubmitted(spec=spec, submitted_by="test"),
-    )
+    return submission(job_id, AT)
 
 
 def test_the_codec_refuses_deep_nesting_with_a_reason_instead_of_raising_anything_else() -> None:

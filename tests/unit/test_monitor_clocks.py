@@ -7,14 +7,13 @@ and the injected clocks are an hour ahead: only a monitor that asks them decides
 from __future__ import annotations
 
 import asyncio
-import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from ffdl.adapters.bus import open_bus
 from ffdl.adapters.heartbeats import EmbeddedHeartbeatStore
 from ffdl.core.authorization import Principal
-from ffdl.core.job import Job, evolve, start
+from ffdl.core.job import Job
 from ffdl.events import job_commands as cmd
 from ffdl.events import job_events as ev
 from ffdl.events.codec import command_from_json
@@ -22,6 +21,7 @@ from ffdl.events.envelope import Event, EventData
 from ffdl.events.model import JobSpec, LearnerPlacement, LossReason, Placement
 from ffdl.handlers.messaging import CommandSender, Topics
 from ffdl.handlers.monitoring import Monitor
+from tests.job_history import folded_job
 from tests.services import wait_until_async
 
 GRACE_S = 15.0
@@ -39,21 +39,7 @@ def launching_since(at: datetime) -> tuple[Job, Event]:
         ev.GpusAllocated(placement=placement),
         ev.JobLaunching(attempt=1),
     ]
-    events = [
-        Event(
-            event_id=uuid.uuid4(),
-            job_id="job-1",
-            tenant="acme",
-            seq=seq,
-            occurred_at=at,
-            producer="test",
-            data=data,
-        )
-        for seq, data in enumerate(datas, start=1)
-    ]
-    job = start(events[0])
-    for event in events[1:]:
-        job = evolve(job, event)
+    job, events = folded_job(datas, at)
     return job, events[-1]
 
 

@@ -4,9 +4,7 @@ and a fold of newly assigned partitions that fails is done again before anything
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -14,27 +12,14 @@ import pytest
 
 from ffdl.adapters.bus import open_bus
 from ffdl.core.aggregate import Applied
-from ffdl.events import job_events as ev
 from ffdl.events.codec import event_to_json
 from ffdl.events.envelope import Event
-from ffdl.events.model import JobSpec
 from ffdl.handlers.messaging import event_records
 from ffdl.handlers.ports import Bus, BusUnavailable, OutgoingRecord, Record, TopicPartition
 from ffdl.handlers.runtime import EventFollower
+from tests.job_history import submission
 
 TOPIC = "ffdl.events"
-
-
-def submitted(job_id: str) -> Event:
-    return Event(
-        event_id=uuid.uuid4(),
-        job_id=job_id,
-        tenant="default",
-        seq=1,
-        occurred_at=datetime(2026, 1, 1, tzinfo=UTC),
-        producer="test",
-        data=ev.JobSubmitted(spec=JobSpec(name="j", command="true"), submitted_by="test"),
-    )
 
 
 def record(offset: int, event: Event) -> Record:
@@ -70,7 +55,11 @@ async def bus(tmp_path: Path) -> AsyncIterator[Bus]:
 
 async def test_a_record_the_policy_raises_on_is_skipped_and_the_partition_goes_on(bus: Bus) -> None:
     role = Picky(bus, IndexError("rank 99"))
-    records = [record(0, submitted("before")), record(1, submitted("poison")), record(2, submitted("after"))]
+    records = [
+        record(0, submission("before")),
+        record(1, submission("poison")),
+        record(2, submission("after")),
+    ]
 
     await role.process(records)
 
@@ -82,7 +71,7 @@ async def test_an_unreachable_world_is_no_poison_it_propagates_for_the_batch_to_
     role = Picky(bus, BusUnavailable("the log is down"))
 
     with pytest.raises(BusUnavailable):
-        await role.process([record(0, submitted("poison")), record(1, submitted("after"))])
+        await role.process([record(0, submission("poison")), record(1, submission("after"))])
 
     assert role.poisoned == 0
     assert role.handled == []
@@ -109,7 +98,7 @@ class FlakyRead:
 async def test_a_fold_that_breaks_off_on_assignment_is_done_again_before_anything_is_handled(
     bus: Bus,
 ) -> None:
-    await bus.publish(TOPIC, [_outgoing(submitted("first")), _outgoing(submitted("second"))])
+    await bus.publish(TOPIC, [_outgoing(submission("first")), _outgoing(submission("second"))])
     flaky = FlakyRead(bus)
     role = Picky(flaky, IndexError())  # type: ignore[arg-type]
 

@@ -5,9 +5,7 @@ header as before, and a process decodes the same record once however many of its
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -17,29 +15,15 @@ import structlog
 from ffdl.adapters.bus import open_bus
 from ffdl.core.aggregate import Applied, Kinds
 from ffdl.core.kinds import JOBS, KINDS
-from ffdl.events import job_events as ev
 from ffdl.events import nodes as nd
 from ffdl.events.codec import DecodeError, event_to_json
-from ffdl.events.envelope import Event
-from ffdl.events.model import JobSpec
 from ffdl.handlers.messaging import event_records
 from ffdl.handlers.ports import Bus, OutgoingRecord, Record
 from ffdl.handlers.runtime import DecodedEvents, EventFollower, consume, event_types, record_type
+from tests.job_history import submission
 
 TOPIC = "ffdl.events"
 GROUP = "readers"
-
-
-def submitted(job_id: str) -> Event:
-    return Event(
-        event_id=uuid.uuid4(),
-        job_id=job_id,
-        tenant="default",
-        seq=1,
-        occurred_at=datetime(2026, 1, 1, tzinfo=UTC),
-        producer="test",
-        data=ev.JobSubmitted(spec=JobSpec(name="j", command="true"), submitted_by="test"),
-    )
 
 
 class Recorder(EventFollower):
@@ -95,11 +79,11 @@ async def test_a_role_skips_undecoded_what_it_does_not_fold_and_commits_past_it(
             role,
             stop,
             bus,
-            *event_records([submitted("first")], "test"),
+            *event_records([submission("first")], "test"),
             # Garbage that says it is a node event: a role that folds jobs only never decodes it.
             OutgoingRecord("node:a", b"garbage", (("ce_type", b"io.ffdl.NodeJoined.v1"),)),
             # No header (an older producer): decoded, as before.
-            OutgoingRecord("old", event_to_json(submitted("old"))),
+            OutgoingRecord("old", event_to_json(submission("old"))),
         )
 
     assert role.handled == ["first", "old"]
@@ -116,7 +100,7 @@ async def test_a_role_that_folds_the_type_decodes_it_and_says_when_it_cannot(bus
             stop,
             bus,
             OutgoingRecord("node:a", b"garbage", (("ce_type", b"io.ffdl.NodeJoined.v1"),)),
-            *event_records([submitted("after")], "test"),
+            *event_records([submission("after")], "test"),
         )
 
     assert role.handled == ["after"]
@@ -125,7 +109,7 @@ async def test_a_role_that_folds_the_type_decodes_it_and_says_when_it_cannot(bus
 
 
 def test_the_type_comes_from_the_cloudevents_header() -> None:
-    record = event_records([submitted("a")], "test")[0]
+    record = event_records([submission("a")], "test")[0]
     assert dict(record.headers)["ce_type"] == b"io.ffdl.JobSubmitted.v1"
     assert record_type(Record(TOPIC, 0, 0, record.key, record.value, record.headers)) == "JobSubmitted"
     assert record_type(Record(TOPIC, 0, 0, record.key, record.value)) is None
@@ -133,7 +117,7 @@ def test_the_type_comes_from_the_cloudevents_header() -> None:
 
 def test_the_same_bytes_are_decoded_once_and_the_oldest_entry_goes_first() -> None:
     decoded = DecodedEvents(size=2)
-    one, two, three = (event_to_json(submitted(name)) for name in ("one", "two", "three"))
+    one, two, three = (event_to_json(submission(name)) for name in ("one", "two", "three"))
 
     first = decoded.decode(one)
     assert decoded.decode(bytes(one)) is first  # another reader's copy of the same record
@@ -155,7 +139,7 @@ def test_what_cannot_be_decoded_is_refused_every_time() -> None:
 
 def test_what_a_writer_remembers_is_never_decoded() -> None:
     decoded = DecodedEvents()
-    event = submitted("written-here")
+    event = submission("written-here")
     value = event_to_json(event)
 
     decoded.remember(value, event)

@@ -4,14 +4,13 @@ into ``JobCompleted`` and ``GpusReleased``."""
 
 from __future__ import annotations
 
-import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
 from ffdl.adapters.bus import open_bus
 from ffdl.core.authorization import Principal
 from ffdl.core.decider import decide
-from ffdl.core.job import Job, evolve, start
+from ffdl.core.job import Job, evolve
 from ffdl.core.reconcile import ActionKind, next_action
 from ffdl.events import job_commands as cmd
 from ffdl.events import job_events as ev
@@ -22,6 +21,7 @@ from ffdl.handlers.context import ReactionContext
 from ffdl.handlers.driver import REACTIONS
 from ffdl.handlers.messaging import CommandSender, Topics
 from ffdl.handlers.ports import LaunchRequest, LearnerHandle
+from tests.job_history import folded_job
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 PLACEMENT = Placement(learners=(LearnerPlacement(rank=0, node="node-a", gpus=(0,)),))
@@ -39,22 +39,7 @@ def storing() -> Job:
         ev.LearnerExited(rank=0, attempt=1, exit_code=0),
         ev.JobStoring(attempt=1),
     ]
-    events = [
-        Event(
-            event_id=uuid.uuid4(),
-            job_id="job-1",
-            tenant="acme",
-            seq=seq,
-            occurred_at=NOW,
-            producer="o",
-            data=d,
-        )
-        for seq, d in enumerate(datas, start=1)
-    ]
-    job = start(events[0])
-    for event in events[1:]:
-        job = evolve(job, event)
-    return job
+    return folded_job(datas, NOW)[0]
 
 
 class StopRecorder:
