@@ -21,9 +21,9 @@ import json
 import sqlite3
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
 from typing import Any, TypeVar
@@ -112,41 +112,93 @@ class LoggedEvent:
 S = TypeVar("S", bound=AggregateState)
 
 
-def _write_jobs(db: sqlite3.Connection, jobs: Iterable[Job]) -> None:
-    """Store the jobs' rows; a deleted job has none."""
-    jobs = list(jobs)
-    db.executemany(
-        "INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        [_job_row(job) for job in jobs if not job.deleted],
-    )
-    db.executemany("DELETE FROM jobs WHERE job_id = ?", [(job.job_id,) for job in jobs if job.deleted])
-
-
-def _write_nodes(db: sqlite3.Connection, nodes: Iterable[NodeRecord]) -> None:
-    db.executemany(
-        "INSERT OR REPLACE INTO nodes VALUES (?, ?, ?)",
-        [(node.name, str(node.status), dumps(node_document(node))) for node in nodes],
-    )
-
-
 @dataclass(frozen=True, slots=True)
 class _Tables:
     """Where the projection keeps one aggregate kind: each aggregate's events in ``history``, keyed
-    by ``id_column`` and seq, and its current state, written by ``write``."""
+    by ``id_column`` and seq, and its current state in ``current`` (``columns`` wide), keyed by
+    ``current_key``, in the row ``row`` makes of it (None: the aggregate has no row, as a deleted job)."""
 
     kind: AggregateKind[Any, Any, Any, Any]
     history: str
     id_column: str
-    write: Callable[[sqlite3.Connection, Iterable[Any]], None]
+    current: str
+    current_key: str
+    columns: int
+    row: Callable[[Any], tuple[Any, ...] | None]
+
+
+def _job_row(job: Job) -> tuple[Any, ...] | None:
+    """A job's row; a deleted job has none."""
+    if job.deleted:
+        return None
+    document = job_document(job)
+    queued_at = next((e.at.isoformat() for e in reversed(job.history) if str(e.state) == "QUEUED"), None)
+    return (
+        job.job_id,
+        job.tenant,
+        job.spec.name,
+        str(job.state),
+        job.spec.priority,
+        job.submitted_at.isoformat(),
+        job.updated_at.isoformat(),
+        queued_at,
+        json.dumps(job.spec.labels, sort_keys=True),
+        dumps(document),
+    )
+
+
+def _node_row(node: NodeRecord) -> tuple[Any, ...]:
+    return (node.name, str(node.status), dumps(node_document(node)))
 
 
 _TABLES = {
     tables.kind.name: tables
     for tables in (
-        _Tables(JOBS, "history", "job_id", _write_jobs),
-        _Tables(NODES, "node_history", "node", _write_nodes),
+        _Tables(JOBS, "history", "job_id", "jobs", "job_id", 10, _job_row),
+        _Tables(NODES, "node_history", "node", "nodes", "name", 3, _node_row),
     )
 }
+
+#: An aggregate's id and the row of its current state (None: it has no row, as a deleted job).
+StateRow = tuple[str, tuple[Any, ...] | None]
+
+
+@dataclass(slots=True)
+class Rows:
+    """What folding a stretch of the log writes, by kind name: the history rows of the events applied,
+    in log order, and the rows of the aggregates they changed; and the positions reached per
+    partition, and how many events were ignored (a seq taken, one after a gap, an illegal one).
+
+    :meth:`Projection.apply` folds a batch into rows and writes them in one transaction; a rebuild
+    may fold elsewhere and hand its rows to :meth:`Projection.write`.
+    """
+
+    history: dict[str, list[tuple[Any, ...]]] = field(default_factory=lambda: {name: [] for name in _TABLES})
+    states: dict[str, list[StateRow]] = field(default_factory=lambda: {name: [] for name in _TABLES})
+    positions: dict[int, int] = field(default_factory=dict)
+    ignored: int = 0
+
+    def add_states(self, kind: AggregateKind[S, Any, Any, Any], states: Mapping[str, S]) -> None:
+        """The rows of ``kind``'s aggregates in ``states`` (by id), as they are now."""
+        row = _TABLES[kind.name].row
+        self.states[kind.name] += [(identity, row(state)) for identity, state in states.items()]
+
+
+class Positions:
+    """How far the log has been read per partition, from where a stretch of it began (``stored``):
+    a record below that was applied before (a redelivery) and is skipped, so each applies once."""
+
+    def __init__(self, stored: Mapping[int, int]) -> None:
+        self.stored = dict(stored)
+        self.reached = dict(stored)
+
+    def admits(self, partition: int, offset: int) -> bool:
+        """Whether the record at ``partition:offset`` is to be folded; ``reached`` counts it either way."""
+        if offset < self.stored.get(partition, 0):
+            return False
+        if offset >= self.reached.get(partition, 0):
+            self.reached[partition] = offset + 1
+        return True
 
 
 def _history_schema(tables: _Tables) -> str:
@@ -213,17 +265,18 @@ class Projection:
             names = [name for (name,) in indexes.fetchall()]
             for name in names:
                 db.execute(f'DROP INDEX "{name}"')
-            self._folded_all = not any(
+            fresh = not any(
                 db.execute(f"SELECT 1 FROM {tables.history} LIMIT 1").fetchone()
                 for tables in _TABLES.values()
             )
-            if self._folded_all:
+            self._folded_all = fresh
+            if fresh:
                 db.execute("PRAGMA synchronous=OFF")
         try:
             yield
         finally:
             with self._connection() as db:
-                if self._folded_all:
+                if fresh:
                     db.execute("PRAGMA synchronous=NORMAL")
                 db.executescript(SCHEMA)
             self._folded_all = False
@@ -239,29 +292,43 @@ class Projection:
         with self._connection() as db:
             db.execute("BEGIN IMMEDIATE")
             try:
-                applied = self._apply(db, batch)
+                rows, changed = self._fold(db, batch)
+                self._write(db, rows)
                 db.execute("COMMIT")
             except BaseException:
                 db.execute("ROLLBACK")
                 self._folded = Aggregates(KINDS)  # it may hold what the rollback undid
                 self._folded_all = False
                 raise
-        return applied
+        for kind in KINDS:
+            self._folded.of(kind).update(changed.of(kind))
+        return sum(len(history) for history in rows.history.values())
 
-    def _apply(self, db: sqlite3.Connection, batch: Sequence[LoggedEvent]) -> int:
-        """Fold the batch, then write it with one prepared statement per table (``executemany``)."""
-        stored = {p: o for p, o in db.execute("SELECT partition, next_offset FROM positions")}
-        reached = dict(stored)
+    def write(self, rows: Rows) -> None:
+        """Write rows folded elsewhere (by a rebuild's processes) in one transaction.
+
+        What this instance folded no longer describes the file, so it reads aggregates from the file
+        from now on."""
+        self._folded = Aggregates(KINDS)
+        self._folded_all = False
+        with self._connection() as db:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                self._write(db, rows)
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+
+    def _fold(self, db: sqlite3.Connection, batch: Sequence[LoggedEvent]) -> tuple[Rows, Aggregates]:
+        """The rows of the batch folded onto the file's aggregates, and the aggregates it changed."""
+        positions = Positions({p: o for p, o in db.execute("SELECT partition, next_offset FROM positions")})
         changed = Aggregates(KINDS)
         books = {kind.name: changed.of(kind) for kind in KINDS}
-        history: dict[str, list[tuple[Any, ...]]] = {name: [] for name in _TABLES}
-        ignored = 0
+        rows = Rows()
         for logged in batch:
-            partition, offset = logged.partition, logged.offset
-            if offset < stored.get(partition, 0):
+            if not positions.admits(logged.partition, logged.offset):
                 continue
-            if offset >= reached.get(partition, 0):
-                reached[partition] = offset + 1
             event = logged.event
             kind = KINDS.of(event)
             identity = kind.identity(event)
@@ -271,23 +338,39 @@ class Projection:
                 before = self._load(db, kind, identity)
             after = fold_step(kind, before, event)
             if isinstance(after, Skipped):
-                ignored += 1
+                rows.ignored += 1
                 continue
             states[identity] = after
-            history[kind.name].append(_history_row(identity, logged))
+            rows.history[kind.name].append(history_row(identity, logged))
+        for kind in KINDS:
+            rows.add_states(kind, changed.of(kind))
+        rows.positions = positions.reached
+        return rows, changed
+
+    @staticmethod
+    def _write(db: sqlite3.Connection, rows: Rows) -> None:
+        """Write rows with one prepared statement per table (``executemany``)."""
         for name, tables in _TABLES.items():
-            db.executemany(f"INSERT INTO {tables.history} VALUES (?, ?, ?, ?, ?, ?, ?, ?)", history[name])
-            tables.write(db, books[name].values())
-        db.executemany("INSERT OR REPLACE INTO positions VALUES (?, ?)", sorted(reached.items()))
-        if ignored:
+            db.executemany(
+                f"INSERT INTO {tables.history} VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows.history[name]
+            )
+            states = rows.states[name]
+            marks = ", ".join("?" * tables.columns)
+            db.executemany(
+                f"INSERT OR REPLACE INTO {tables.current} VALUES ({marks})",
+                [row for _, row in states if row is not None],
+            )
+            db.executemany(
+                f"DELETE FROM {tables.current} WHERE {tables.current_key} = ?",
+                [(identity,) for identity, row in states if row is None],
+            )
+        db.executemany("INSERT OR REPLACE INTO positions VALUES (?, ?)", sorted(rows.positions.items()))
+        if rows.ignored:
             db.execute(
                 "INSERT INTO counters VALUES ('ignored_events', ?) "
                 "ON CONFLICT(name) DO UPDATE SET value = value + excluded.value",
-                (ignored,),
+                (rows.ignored,),
             )
-        for kind in KINDS:
-            self._folded.of(kind).update(books[kind.name])
-        return sum(len(rows) for rows in history.values())
 
     def _load(self, db: sqlite3.Connection, kind: AggregateKind[S, Any, Any, Any], identity: str) -> S | None:
         """The aggregate as its projected events fold."""
@@ -568,7 +651,7 @@ class Projection:
             self._version_db = None
 
 
-def _history_row(identity: str, logged: LoggedEvent) -> tuple[Any, ...]:
+def history_row(identity: str, logged: LoggedEvent) -> tuple[Any, ...]:
     """A history row: the aggregate, seq, event id, type, time, position, cause and JSON body."""
     event = logged.event
     causation_id = event.causation_id
@@ -581,23 +664,6 @@ def _history_row(identity: str, logged: LoggedEvent) -> tuple[Any, ...]:
         logged.position,
         str(causation_id) if causation_id else None,
         logged.body if logged.body is not None else event_to_json(event).decode(),
-    )
-
-
-def _job_row(job: Job) -> tuple[Any, ...]:
-    document = job_document(job)
-    queued_at = next((e.at.isoformat() for e in reversed(job.history) if str(e.state) == "QUEUED"), None)
-    return (
-        job.job_id,
-        job.tenant,
-        job.spec.name,
-        str(job.state),
-        job.spec.priority,
-        job.submitted_at.isoformat(),
-        job.updated_at.isoformat(),
-        queued_at,
-        json.dumps(job.spec.labels, sort_keys=True),
-        dumps(document),
     )
 
 
