@@ -19,14 +19,19 @@ from __future__ import annotations
 
 import json
 import sys
+import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
+import msgspec
+
+from ffdl.core.aggregate import AnyKind
 from ffdl.core.kinds import JOBS, KINDS, NODES
+from ffdl.events.builders import instant
 from ffdl.events.codec import (
     AnyEvent,
     DecodeError,
@@ -265,6 +270,74 @@ def _event_json(text: str, position: str, topic: str) -> str | None:
         return None
     after_position = at_position + len(position_member)
     return line[:at_position] + line[after_position:at_topic] + line[at_topic + len(topic_member) :]
+
+
+class _Head(msgspec.Struct):
+    """The members of a line that its history row holds, read without decoding its event (the other
+    members are skipped by the parser)."""
+
+    causation_id: str | None
+    event_id: str
+    occurred_at: str
+    position: str
+    seq: int
+    topic: str
+    type: str
+    job_id: str | None = None
+    node: str | None = None
+
+
+_decode_head = msgspec.json.Decoder(_Head).decode
+
+
+def line_history_row(text: str) -> tuple[AnyKind, tuple[int, int], tuple[Any, ...]] | None:
+    """The history row of a line as ``export`` writes it, with its kind and position, read from the
+    line's own members: for a line :func:`read_line` decodes on the trusted path, the row
+    :func:`~ffdl.projections.store.history_row` makes of its event, without making the event (ids and
+    time as text, body cut out of the line). None for a line written otherwise.
+
+    A rebuild's writer makes the rows of the lines that processes of their own decode and fold.
+    """
+    try:
+        head = _decode_head(text)
+        partition, offset = Position.parse_token(head.position)
+        if (head.job_id is None) == (head.node is None):
+            return None
+        body = _event_json(text, head.position, head.topic)
+        if body is None:
+            return None
+        kind, identity = (JOBS, head.job_id) if head.job_id is not None else (NODES, head.node)
+        cause = head.causation_id
+        return (
+            kind,
+            (partition, offset),
+            (
+                identity,
+                head.seq,
+                _uuid_text(head.event_id),
+                head.type,
+                _instant_text(head.occurred_at),
+                Position.format_token(partition, offset),
+                None if cause is None else _uuid_text(cause),
+                body,
+            ),
+        )
+    except ValueError:  # msgspec's errors are ValueErrors
+        return None
+
+
+def _uuid_text(text: str) -> str:
+    """A UUID as ``str(UUID)`` writes it: already, when in lower case with its hyphens (a JSON UUID the
+    trusted decode takes is of 32 digits or of 36 characters with hyphens in their places)."""
+    return text if len(text) == 36 and text == text.lower() else str(uuid.UUID(text))
+
+
+def _instant_text(text: str) -> str:
+    """An instant as the trusted decode writes it, as ``datetime.isoformat`` writes what it decodes
+    to: a ``Z`` is ``+00:00``, and microseconds of 0 are left out (the general case decodes it)."""
+    if text[-1] == "Z" and not text.endswith(".000000Z"):
+        return text[:-1] + "+00:00"
+    return instant(text).isoformat()
 
 
 def write_log(events: Iterable[LoggedEvent], stream: TextIO, topic: str) -> int:

@@ -28,6 +28,7 @@ SQLite work of a bus rebuild, which runs in a worker thread like the projector's
 from __future__ import annotations
 
 import asyncio
+import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -50,7 +51,8 @@ from ffdl.handlers.messaging import Topics
 from ffdl.handlers.ports import Bus, OutgoingRecord
 from ffdl.projections.documents import JsonObject, job_document, node_document
 from ffdl.projections.store import LoggedEvent, Projection, cyclic_gc_paused, rebuild
-from ffdl.tools.log_files import EventFilter, LogLine, parse_time, read_lines, write_log
+from ffdl.tools.file_rebuild import rebuild_file_in_processes
+from ffdl.tools.log_files import STDIO, EventFilter, LogLine, parse_time, read_lines, write_log
 from ffdl.tools.log_reading import TopicLog, UndecodableRecord, read_topic
 from ffdl.wiring.config import Settings
 
@@ -542,16 +544,25 @@ def _summary(projection: Projection, path: Path, read: int, applied: int) -> Jso
     }
 
 
-def rebuild_file(log_path: Path | str, out: Path) -> JsonObject:
-    """Fold every event of a log file into a new projection file at ``out``; returns the counts."""
+def rebuild_file(log_path: Path | str, out: Path, workers: int | None = None) -> JsonObject:
+    """Fold every event of a log file into a new projection file at ``out``; returns the counts.
+
+    A file is folded by ``workers`` processes (default: one per CPU) while this one writes SQLite
+    (:mod:`ffdl.tools.file_rebuild`); standard input, which can be read only once, in this process.
+    """
     projection = _fresh(out)
-    read = _Tally(line.canonical for line in read_lines(log_path))
     try:
-        applied = rebuild(projection, read)
-        report = _summary(projection, out, read.count, applied)
+        if str(log_path) == STDIO:
+            tally = _Tally(line.canonical for line in read_lines(log_path))
+            applied = rebuild(projection, tally)
+            read = tally.count
+        else:
+            folders = workers or os.cpu_count() or 1
+            read, applied = rebuild_file_in_processes(projection, Path(log_path), folders)
+        report = _summary(projection, out, read, applied)
     finally:
         projection.close()
-    log.info("projections rebuilt", log=str(log_path), path=str(out), events=read.count, applied=applied)
+    log.info("projections rebuilt", log=str(log_path), path=str(out), events=read, applied=applied)
     return report
 
 
