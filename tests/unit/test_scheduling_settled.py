@@ -13,11 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ffdl.core.allocator import Node
-from ffdl.core.cluster import ClusterState, Demand
+from ffdl.core.cluster import ClusterState, Demand, HeldJob
 from ffdl.core.scheduling import Planner, SchedulerPolicy, WaitingJob, WaitingQueue
 from ffdl.core.tenancy import TenancyPolicy, TenantQuota
+from ffdl.events.model import WaitReason
 
-TENANTS = ("a", "b", "c")
+TENANTS = ("a", "b", "c", "d")  # d: the default quota (no guarantee, no limit)
 POLICY = SchedulerPolicy(
     tenancy=TenancyPolicy(
         {"a": TenantQuota(8, None), "b": TenantQuota(4, 12, weight=2.0), "c": TenantQuota(0, 8)}
@@ -92,3 +93,34 @@ def test_passing_over_settled_jobs_decides_as_weighing_each(
                     WaitingJob(job.job_id, job.tenant, job.demand, job.priority, job.queued_order, expected)
                 )
         stopping = [eviction.job_id for eviction in passed.evictions]
+
+
+def test_a_job_that_reclaims_its_guarantee_is_not_given_the_verdict_of_one_that_does_not() -> None:
+    """Settled jobs of one class and demand share a verdict across tenants, except a job that
+    reclaims its tenant's guarantee: it may preempt borrowers, which the other could not. Here
+    tenant x's job comes first (least GPUs per weight) and waits; tenant y's job of the same kind
+    reclaims y's guarantee from borrower z."""
+    policy = SchedulerPolicy(
+        tenancy=TenancyPolicy({"x": TenantQuota(8, None, weight=10.0), "y": TenantQuota(8, None)})
+    )
+    demand = Demand(4, 1)
+    plans = []
+    for weigh_all in (False, True):
+        state = ClusterState([Node("n0", 16)])
+        for job_id, tenant, learners in (("x-running", "x", 5), ("y-running", "y", 4), ("z-running", "z", 7)):
+            holding = Demand(learners, 1)
+            gang = state.room.find(holding)
+            assert gang is not None
+            state.hold(HeldJob(job_id, tenant, holding, 0, gang, started_at=0.0))
+        queue = WaitingQueue(
+            [
+                WaitingJob("x-waiting", "x", demand, 0, (1.0, "x-waiting")),
+                WaitingJob("y-waiting", "y", demand, 0, (2.0, "y-waiting")),
+            ]
+        )
+        plans.append(Planner(state, queue, 1000.0, policy, weigh_all=weigh_all).run())
+    passed, weighed = plans
+    assert [(e.job_id, e.preempted_by) for e in passed.evictions] == [("z-running", "y-waiting")]
+    assert passed.waits["x-waiting"].code is WaitReason.CAPACITY
+    assert passed.waits["y-waiting"].code is WaitReason.PREEMPTION
+    assert (passed.evictions, passed.waits) == (weighed.evictions, weighed.waits)

@@ -34,10 +34,11 @@ recorded with the head's reason and kept from cycle to cycle while they stay val
 is never wasted. Only a higher priority class can overtake a head.
 
 **What a step touches.** The waiting jobs come in a :class:`WaitingQueue` the caller keeps up to
-date, not sorted afresh. A job that neither heads nor claims is decided by its class, tenant and
-demand alone and what the step has done so far; so until the step does something more (places,
-preempts, reserves), the next such jobs get the verdict the last one got, and a tenant's run of
-them is passed over at once, yielding only the jobs whose recorded reason says something else.
+date, not sorted afresh. A job that neither heads nor claims is decided by its class and demand,
+where its tenant stands (over its quota, reclaiming its guarantee, or neither) and what the step
+has done so far; so until the step does something more (places, preempts, reserves), the next
+such jobs, of any tenant that stands alike, get the verdict the last one got, and a tenant's run
+of them is passed over at once, yielding only the jobs whose recorded reason says something else.
 ``weigh_all`` weighs every job on its own instead: the same decisions, the baseline.
 """
 
@@ -46,6 +47,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections.abc import Generator, Iterable, Iterator, Set
 from dataclasses import dataclass, field
+from functools import lru_cache
 from heapq import heappop, heappush, merge
 
 from ffdl.core.cluster import ClusterState, Demand, Gang, HeldJob
@@ -170,6 +172,7 @@ class WaitingQueue:
 
 QueueKey = tuple[tuple[float, str], str]  # (queued order, job id): a job's place in its queue
 Grounds = tuple[object, ...]  # what a verdict rests on (see Planner._grounds)
+Alike = tuple[int, Demand, str | None, bool]  # the settled jobs that share a verdict (Planner._alike)
 Said = tuple[WaitReason, tuple[str, ...], tuple[str, ...]] | None
 
 
@@ -265,11 +268,14 @@ class Planner:
         self._cordoned: dict[str | None, int] = {}  # GPU type -> free GPUs on cordoned nodes
         self._pool: VictimPool | None = None
         # What the planner has done so far: bumped by every placement, preemption and reservation.
-        # Until it moves, a job that neither heads nor claims gets the verdict the last job of its
-        # tenant, class and demand got; after, if what that verdict rests on is the same (see
-        # :meth:`_decide`).
+        # Until it moves, a job that neither heads nor claims gets the verdict the last alike job
+        # got (:meth:`_alike`); after, if what that verdict rests on is the same (see :meth:`_decide`).
         self._version = 0
-        self._verdicts: dict[tuple[int, str, Demand], tuple[int, WaitRecord, Grounds]] = {}
+        self._verdicts: dict[Alike, tuple[int, WaitRecord, Grounds]] = {}
+        # (class, tenant, demand) -> its Alike, as of version ``_alikes_at``: the ledger that
+        # decides it changes only with what bumps the version
+        self._alikes: dict[tuple[int, str, Demand], Alike] = {}
+        self._alikes_at = 0
         self.evictions = self._evacuate()
 
     def _evacuate(self) -> list[Eviction]:
@@ -362,9 +368,9 @@ class Planner:
         stop: QueueKey | None = None
         settled: list[tuple[dict[Said, list[QueueKey]], WaitRecord]] = []
         for by_said in self._queue.by_reason(priority, tenant).values():
-            alike = self._queue.get(next(iter(by_said.values()))[0][1])
-            assert alike is not None
-            verdict = self._verdict(alike)
+            sample = self._queue.get(next(iter(by_said.values()))[0][1])
+            assert sample is not None
+            verdict = self._verdict(sample, self._alike(sample))
             if verdict is not None:
                 settled.append((by_said, verdict))
                 continue
@@ -437,25 +443,25 @@ class Planner:
 
     def _decide(self, job: WaitingJob, position: int) -> Decision:
         """The job's verdict. One that neither heads (no nodes of its own) nor claims (no preemption
-        under way) is decided by its tenant, class and demand alone, and what the planner has done:
-        quota, placement (the room's memo), victims (their memo) and the reason all read nothing
-        else. So while the planner has done nothing since the last such job of the same tenant,
-        class and demand, it gets that job's verdict without weighing it again (a long queue of
+        under way) is decided by its class and demand, where its tenant stands (:meth:`_alike`) and
+        what the planner has done: quota, placement (the room's memo), victims (their memo) and the
+        reason all read nothing else. So while the planner has done nothing since the last alike
+        job, it gets that job's verdict without weighing it again (a long queue of
         alike jobs costs a lookup each), and keeps its own recorded reason if that says the same.
         After the planner did something, the verdict still holds if what it rests on does
         (:meth:`_grounds`): checking that costs much less than weighing the job."""
         demand = job.demand
-        alike = (job.priority, job.tenant, demand)
         settled = (
             not self._weigh_all
             and job.job_id not in self._head_nodes
             and (job.wait is None or job.wait.code is not W.PREEMPTION)
         )
-        if settled and (verdict := self._verdict(job)) is not None:
+        alike = self._alike(job) if settled else None
+        if alike is not None and (verdict := self._verdict(job, alike)) is not None:
             return Decision(job, wait=self._kept(job, verdict))
         if not self._ledger.within_limit(job.tenant, demand.total_gpus):
             wait = self._quota_wait(job)
-            if settled:
+            if alike is not None:
                 self._verdicts[alike] = (self._version, wait, (W.QUOTA,))
             return Decision(job, wait=wait)
         gang = self._place(job)
@@ -477,15 +483,36 @@ class Planner:
                 self._version += 1
                 return preempted
         wait = self._blocked_wait(job)
-        if settled:
-            grounds = self._grounds(job)
-            assert grounds is not None  # it did not fit and found no victims: both memoised
-            self._verdicts[alike] = (self._version, wait, grounds)
+        if alike is not None:
+            # It is within its quota, did not fit and found no victims (both memoised now), and it
+            # holds no nodes: what :meth:`_grounds` would find is what the wait says.
+            self._verdicts[alike] = (self._version, wait, (wait.code, wait.waiting_for))
         return Decision(job, wait=self._kept(job, wait))
 
-    def _verdict(self, job: WaitingJob) -> WaitRecord | None:
-        """The verdict the last settled job of ``job``'s class, tenant and demand got, if it holds."""
-        alike = (job.priority, job.tenant, job.demand)
+    def _alike(self, job: WaitingJob) -> Alike:
+        """Which settled jobs share ``job``'s verdict: those of its class and demand whose tenant
+        stands as its does. Over its quota, only its own tenant's (the wait names the tenant and its
+        quota). Inside it, the tenant matters only through whether the job reclaims its guarantee
+        (it may then preempt borrowers, so it has victims of its own): a job that reclaims shares
+        with its own tenant's, one that does not with every tenant's, as nothing else in its
+        verdict (room, victims of lower priority, the reason and its wording) reads the tenant."""
+        if self._alikes_at != self._version:
+            self._alikes.clear()
+            self._alikes_at = self._version
+        key = (job.priority, job.tenant, job.demand)
+        alike = self._alikes.get(key)
+        if alike is None:
+            need = job.demand.total_gpus
+            if not self._ledger.within_limit(job.tenant, need):
+                alike = (job.priority, job.demand, job.tenant, True)
+            else:
+                reclaims = self._ledger.within_guarantee(job.tenant, need)
+                alike = (job.priority, job.demand, job.tenant if reclaims else None, False)
+            self._alikes[key] = alike
+        return alike
+
+    def _verdict(self, job: WaitingJob, alike: Alike) -> WaitRecord | None:
+        """The verdict the last settled job ``alike`` (:meth:`_alike`) ``job`` got, if it holds."""
         kept = self._verdicts.get(alike)
         if kept is None:
             return None
@@ -618,12 +645,8 @@ class Planner:
         code, waiting_for = self._blocking_reason(job, held_back=not nodes)
         if code in _COMPETING:
             self._blocked.setdefault((job.priority, demand.gpu_type if demand.gpus else None), job.job_id)
-        detail = _DETAILS[code].format(need=demand.describe(), ahead=", ".join(waiting_for))
-        if code in (W.CAPACITY, W.GPU_TYPE) and demand.gpus and (cordoned := self._cordoned_for(demand)):
-            detail += f"; {cordoned} more are free on cordoned nodes"
-        if nodes:
-            detail += f"; {len(nodes)} node(s) are kept free for it, so jobs behind it cannot delay it"
-        return WaitRecord(code, detail, waiting_for, nodes)
+        cordoned = self._cordoned_for(demand) if code in (W.CAPACITY, W.GPU_TYPE) and demand.gpus else 0
+        return _blocked_record(code, demand, waiting_for, cordoned, nodes)
 
     def _blocking_reason(self, job: WaitingJob, held_back: bool) -> tuple[WaitReason, tuple[str, ...]]:
         """Why ``job`` does not fit; ``held_back``: whether to check if reservations are all that stop it."""
@@ -711,6 +734,20 @@ _DETAILS: dict[WaitReason, str] = {
     W.PRIORITY: "needs {need}; higher-priority job {ahead} waits ahead of it for the same GPUs",
     W.RESERVATION: "needs {need}; it would fit, but only on nodes kept free for {ahead}, ahead of it",
 }
+
+
+@lru_cache(maxsize=4096)
+def _blocked_record(
+    code: WaitReason, demand: Demand, waiting_for: tuple[str, ...], cordoned: int, nodes: tuple[str, ...]
+) -> WaitRecord:
+    """The wait of a job that does not fit, worded. A function of what it says alone, so it is
+    kept across steps: the same few reasons are given again and again, every step."""
+    detail = _DETAILS[code].format(need=demand.describe(), ahead=", ".join(waiting_for))
+    if cordoned:
+        detail += f"; {cordoned} more are free on cordoned nodes"
+    if nodes:
+        detail += f"; {len(nodes)} node(s) are kept free for it, so jobs behind it cannot delay it"
+    return WaitRecord(code, detail, waiting_for, nodes)
 
 
 def _ordinal(n: int) -> str:
