@@ -4,6 +4,7 @@ GPU types, cordons and reservations respected, and the same feasibility as the r
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -144,6 +145,33 @@ def test_release_gives_back_exactly_what_take_held(nodes: list[Node], earlier: l
     }
     assert after == before
     assert room.free_gpus() == free_before
+
+
+@given(nodes=clusters(), earlier=st.lists(demands, max_size=6), asked=demands)
+def test_free_gpus_on_cordoned_nodes_are_counted_through_takes_and_releases(
+    nodes: list[Node], earlier: list[Demand], asked: Demand
+) -> None:
+    """Jobs on a cordoned node (placed before its cordon) take and give back GPUs there too: the
+    room's running count of free GPUs on cordoned nodes is the count of what is free on them."""
+    uncordoned = ClusterRoom(replace(node, schedulable=True) for node in nodes)
+    room = ClusterRoom(nodes)
+    held = fill(uncordoned, earlier)
+
+    def counted() -> int:
+        return sum(
+            len(r.free)
+            for node in nodes
+            if not node.schedulable
+            and asked.gpu_type in (None, node.gpu_type)
+            and (r := room.room(node.name))
+        )
+
+    for demand, gang in held:
+        room.take(demand, gang)
+        assert room.cordoned_for(asked) == counted()
+    for demand, gang in reversed(held):
+        room.release(demand, gang)
+        assert room.cordoned_for(asked) == counted()
 
 
 def test_pack_puts_a_gang_on_the_one_node_that_fits_it_most_tightly() -> None:

@@ -96,13 +96,14 @@ class Gang:
 class NodeRoom:
     """What is free on one node now."""
 
-    __slots__ = ("free", "index", "mcpus", "memory_mb", "node")
+    __slots__ = ("free", "index", "mcpus", "mcpus_when_empty", "memory_mb", "node")
 
     def __init__(self, node: Node, index: int) -> None:
         self.node = node
         self.index = index  # its place among the room's nodes by name: the order within a bucket
         self.free = list(range(node.gpus))
-        self.mcpus = milli_cpus(node.cpus)
+        self.mcpus_when_empty = milli_cpus(node.cpus)
+        self.mcpus = self.mcpus_when_empty
         self.memory_mb = node.memory_mb
 
     def slots(self, demand: Demand) -> int:
@@ -113,9 +114,7 @@ class NodeRoom:
     def slots_when_empty(self, demand: Demand) -> int:
         """How many learners of ``demand`` fit here once every job on the node has gone."""
         by_gpus = self.node.gpus // demand.gpus if demand.gpus else _UNLIMITED
-        return min(
-            by_gpus, milli_cpus(self.node.cpus) // demand.mcpus, self.node.memory_mb // demand.memory_mb
-        )
+        return min(by_gpus, self.mcpus_when_empty // demand.mcpus, self.node.memory_mb // demand.memory_mb)
 
 
 class ClusterRoom:
@@ -127,11 +126,14 @@ class ClusterRoom:
         # GPU type -> free GPU count -> the indices of the schedulable nodes with that many free, sorted
         self._buckets: dict[str, list[list[int]]] = {}
         self._free: dict[str, int] = {}
+        self._cordoned_free: dict[str, int] = {}  # GPU type -> free GPUs on nodes not schedulable
         for index, node in enumerate(sorted(nodes, key=lambda n: n.name)):
             room = NodeRoom(node, index)
             self._rooms[node.name] = room
             self._by_index.append(room)
-            if node.schedulable:
+            if not node.schedulable:
+                self._cordoned_free[node.gpu_type] = self._cordoned_free.get(node.gpu_type, 0) + node.gpus
+            else:
                 buckets = self._buckets.setdefault(node.gpu_type, [])
                 buckets.extend([] for _ in range(len(buckets), node.gpus + 1))
                 buckets[node.gpus].append(index)
@@ -164,9 +166,7 @@ class ClusterRoom:
     def cordoned_for(self, demand: Demand) -> int:
         """Free GPUs that ``demand`` could use if their nodes were not cordoned."""
         return sum(
-            len(room.free)
-            for room in self._rooms.values()
-            if not room.node.schedulable and demand.gpu_type in (None, room.node.gpu_type)
+            free for gpu_type, free in self._cordoned_free.items() if demand.gpu_type in (None, gpu_type)
         )
 
     # -- changing it ------------------------------------------------------------------------------
@@ -200,7 +200,10 @@ class ClusterRoom:
     def _rebucket(self, room: NodeRoom, before: int) -> None:
         node = room.node
         after = len(room.free)
-        if not node.schedulable or after == before:
+        if after == before:
+            return
+        if not node.schedulable:
+            self._cordoned_free[node.gpu_type] += after - before
             return
         buckets = self._buckets[node.gpu_type]
         leaving = buckets[before]
