@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from ffdl.core.aggregate import Address, Aggregates, Applied
 from ffdl.core.allocator import Node
+from ffdl.core.cluster import ClusterState
 from ffdl.core.decider import decide
 from ffdl.core.job import Job, evolve
 from ffdl.core.kinds import KINDS
@@ -115,7 +116,13 @@ class World:
         now = self.clock.timestamp()
         fresh_state, fresh_queue = self.state.rebuilt(now)
         expected = plan(fresh_state, fresh_queue, now, POLICY)
-        assert self.state.next_plan(now)[1] == expected
+        kept, decided = self.state.next_plan(now)
+        assert decided == expected
+        for state in (kept, fresh_state):
+            assert held_on_nodes(state) == {
+                priority: on_nodes for priority, on_nodes in state.gpus_on_nodes.items() if on_nodes
+            }, "per class and node, what its running jobs hold"
+
         assert self.state.next_plan(now)[1] == expected, "a plan not sent leaves no trace"
         note(f"allocations {min(len(expected.allocations), 2)}")
         note(f"evictions {min(len(expected.evictions), 1)}")
@@ -135,6 +142,18 @@ class World:
     def job(self, pick: int) -> str | None:
         names = sorted(self.jobs)
         return names[pick % len(names)] if names else None
+
+
+def held_on_nodes(state: ClusterState) -> dict[int, dict[str, int]]:
+    """Per class, the GPUs its running jobs hold on each node, counted afresh."""
+    counted: dict[int, dict[str, int]] = {}
+    for priority, jobs in state.running.items():
+        for job in jobs.values():
+            for node, gpus in job.gang.learners:
+                if gpus:
+                    on_nodes = counted.setdefault(priority, {})
+                    on_nodes[node] = on_nodes.get(node, 0) + len(gpus)
+    return counted
 
 
 actions = st.lists(

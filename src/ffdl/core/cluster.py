@@ -429,6 +429,8 @@ class ClusterState:
         self.gpus_by_priority: dict[int, int] = {}  # GPUs of running (not stopping) jobs per priority
         #: the running (not stopping) jobs of each priority: where preemption looks for victims
         self.running: dict[int, dict[str, HeldJob]] = {}
+        #: per priority, the GPUs its running (not stopping) jobs hold on each node
+        self.gpus_on_nodes: dict[int, dict[str, int]] = {}
         #: jobs to move off their nodes, with why: a node of theirs left the inventory or is draining
         self.evacuees: dict[str, str] = {}
 
@@ -444,6 +446,7 @@ class ClusterState:
         else:
             self.gpus_by_priority[job.priority] = self.gpus_by_priority.get(job.priority, 0) + gpus
             self.running.setdefault(job.priority, {})[job.job_id] = job
+            self._count_on_nodes(job, 1)
         if (why := self._evacuation(job.gang)) is not None:
             self.evacuees[job.job_id] = why
 
@@ -470,8 +473,18 @@ class ClusterState:
         else:
             self.gpus_by_priority[job.priority] -= gpus
             del self.running[job.priority][job_id]
+            self._count_on_nodes(job, -1)
         self.evacuees.pop(job_id, None)
         return job
+
+    def _count_on_nodes(self, job: HeldJob, sign: int) -> None:
+        on_nodes = self.gpus_on_nodes.setdefault(job.priority, {})
+        for node, gpus in job.gang.learners:
+            count = on_nodes.get(node, 0) + sign * len(gpus)
+            if count:
+                on_nodes[node] = count
+            else:
+                on_nodes.pop(node, None)
 
     def stop(self, job_id: str) -> HeldJob:
         """The job is being stopped: it holds its GPUs until released, but they are on their way out."""
@@ -481,4 +494,5 @@ class ClusterState:
             self.releasing[job.tenant] = self.releasing.get(job.tenant, 0) + job.gang.gpus
             self.gpus_by_priority[job.priority] -= job.gang.gpus
             del self.running[job.priority][job_id]
+            self._count_on_nodes(job, -1)
         return self.held[job_id]

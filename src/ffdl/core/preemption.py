@@ -96,6 +96,12 @@ class VictimPool:
         gang fits without. The room is left exactly as it was."""
         room = self.state.room
         demand = preemptor.demand
+        if demand.gpus and not preemptor.reclaims:
+            # Ruled out cheaply first, by what the state keeps: not even halting every running job
+            # of the classes it outranks (young ones too: more than may be halted) makes room.
+            below = self._held_below(preemptor.priority)
+            if room.slots_with(demand, below, excluded) < demand.learners:
+                return None
         eligible = self._eligible(preemptor)
         freeable = sum(victim.gang.gpus for victim in eligible)
         if not eligible or freeable < demand.total_gpus - room.free_for(demand):
@@ -133,6 +139,17 @@ class VictimPool:
             room.take(victim.demand, victim.gang)
         self.chosen.update(victim.job_id for victim in victims)
         return victims, gang
+
+    def _held_below(self, priority: int) -> Mapping[str, int]:
+        """The GPUs running jobs of classes below ``priority`` hold on each node."""
+        maps = [on_nodes for p, on_nodes in self.state.gpus_on_nodes.items() if p < priority and on_nodes]
+        if len(maps) == 1:
+            return maps[0]
+        held: dict[str, int] = {}
+        for on_nodes in maps:
+            for node, gpus in on_nodes.items():
+                held[node] = held.get(node, 0) + gpus
+        return held
 
     def _eligible(self, preemptor: Preemptor) -> list[HeldJob]:
         """The candidates that may be halted for ``preemptor`` and hold GPUs of a type it can use,
