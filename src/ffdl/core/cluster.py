@@ -243,13 +243,18 @@ class ClusterRoom:
         types = self._types_for(demand)
         per = demand.gpus
         total = self._slot_bound(demand, types)
-        for name in excluded | freed.keys():
-            room = self._rooms.get(name)
-            if room is None or not room.node.schedulable or room.node.gpu_type not in types:
-                continue
-            free = len(room.free)
-            after = 0 if name in excluded else free + freed.get(name, 0)
-            total += after // per - free // per
+        rooms = self._rooms
+        for name, more in freed.items():
+            room = rooms.get(name)
+            if room is not None and name not in excluded:
+                node = room.node
+                if node.schedulable and node.gpu_type in types:
+                    free = len(room.free)
+                    total += (free + more) // per - free // per
+        for name in excluded:
+            room = rooms.get(name)
+            if room is not None and room.node.schedulable and room.node.gpu_type in types:
+                total -= len(room.free) // per
         return total
 
     def _rooms_by_free(self, types: Sequence[str], lowest: int, ascending: bool) -> Iterator[NodeRoom]:
