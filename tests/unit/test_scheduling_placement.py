@@ -174,6 +174,28 @@ def test_free_gpus_on_cordoned_nodes_are_counted_through_takes_and_releases(
         assert room.cordoned_for(asked) == counted()
 
 
+@given(
+    nodes=clusters(),
+    earlier=st.lists(demands, max_size=6),
+    demand=demands.filter(lambda demand: demand.gpus > 0),
+    freed=st.dictionaries(st.sampled_from([f"n{i}" for i in range(10)]), st.integers(0, 8)),
+    excluded=st.sets(st.sampled_from([f"n{i}" for i in range(10)])),
+)
+def test_slots_with_more_freed_counts_by_gpus_on_the_usable_nodes_left(
+    nodes: list[Node], earlier: list[Demand], demand: Demand, freed: dict[str, int], excluded: set[str]
+) -> None:
+    """The victim search's cheap test: learners of ``demand`` that GPUs alone would let fit outside
+    ``excluded`` with ``freed`` more GPUs free per node (names of unknown nodes included)."""
+    room = ClusterRoom(nodes)
+    fill(room, earlier)
+    expected = 0
+    for node in nodes:
+        usable = demand.gpu_type in (None, node.gpu_type) and node.schedulable and node.name not in excluded
+        if usable and (r := room.room(node.name)) is not None:
+            expected += (len(r.free) + freed.get(node.name, 0)) // demand.gpus
+    assert room.slots_with(demand, freed, excluded) == expected
+
+
 def test_pack_puts_a_gang_on_the_one_node_that_fits_it_most_tightly() -> None:
     room = ClusterRoom([Node("big", 8), Node("small", 4), Node("tight", 3)])
     gang = room.find(Demand(learners=3, gpus=1))
