@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
 
 async def test_the_demo_job_is_watched_on_the_dashboard_through_its_restart_to_completed(
-    browser: Browser, monkeypatch: pytest.MonkeyPatch
+    browser: Browser, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     port = free_port()
     monkeypatch.setattr(demo, "_free_port", lambda: port)
@@ -55,3 +55,6 @@ async def test_the_demo_job_is_watched_on_the_dashboard_through_its_restart_to_c
     await expect(page.locator("#job-reason")).not_to_contain_text("exited")  # not the restart's reason
     await screenshot(page, "demo-job", SCREENSHOTS / "demo-job.png")
     assert await running == 0
+    printed = " ".join(capsys.readouterr().out.split())  # the console wraps long lines
+    assert "the API runs OPEN on the loopback interface" in printed, "the open demo says so"
+    assert f"watch it in the dashboard: {base}/#/jobs/{job_id}" in printed
