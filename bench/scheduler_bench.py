@@ -242,11 +242,12 @@ def main() -> None:
     nodes = homogeneous_cluster(NODES, GPUS_PER_NODE)
     if args.only == "simulator":
         runs = simulator_runs(nodes, args.simulated_jobs, args.baseline_jobs)
-        if args.json:
-            print(json.dumps({"simulator": runs}, indent=2))
+        load = {"load_average_at_start": load_at_start, "load_average_at_end": os.getloadavg()[0]}
+        if args.json:  # one JSON object, as without --only
+            print(json.dumps({"simulator": runs, **load}, indent=2))
         else:
             print_simulator(runs)
-        print(f"load average {load_at_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end")
+            print(f"load average {load_at_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end")
         return
     queue = waiting_jobs(generate_trace(QUEUED_JOBS, nodes=NODES, gpus_per_node=GPUS_PER_NODE, seed=SEED))
     cold, churn = fastest(lambda: planner_cycles(nodes, queue))
