@@ -4,7 +4,7 @@ offsets are committed only after it."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +22,9 @@ from ffdl.events.position import Position
 from ffdl.handlers import owner as owner_module
 from ffdl.handlers.messaging import DEAD_LETTER_REASON_HEADER, CommandSender, Topics
 from ffdl.handlers.owner import JobOwner
-from ffdl.handlers.ports import Bus, BusUnavailable, OutgoingRecord, Record
+from ffdl.handlers.ports import Bus, OutgoingRecord
 from ffdl.handlers.runtime import consume
+from tests.flaky_log import BrokenRead
 from tests.services import wait_until_async
 
 PARTITIONS = 4
@@ -114,26 +115,6 @@ async def test_a_command_whose_events_the_log_would_refuse_is_dead_lettered_and_
     assert "SubmitJob decided an event of" in reason and "more than the 4000" in reason
 
 
-class BrokenFirstRead:
-    """The log, whose first read of the events topic breaks off after its first record (the broker
-    went away while a newly assigned owner folded its partitions)."""
-
-    def __init__(self, bus: Bus, topics: Topics) -> None:
-        self._bus = bus
-        self._topics = topics
-        self.breaks_left = 1
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._bus, name)
-
-    async def read(self, topic: str, partition: int, *args: Any) -> AsyncIterator[Record]:
-        async for record in self._bus.read(topic, partition, *args):
-            yield record
-            if topic == self._topics.events and self.breaks_left:
-                self.breaks_left -= 1
-                raise BusUnavailable("the broker went away mid-fold")
-
-
 async def test_an_owner_whose_fold_broke_off_decides_only_on_the_whole_history(tmp_path: Path) -> None:
     """Had the owner decided on the part it folded, it would not know the second job: the cancel
     would be dead-lettered as for an unknown job (and the API would have answered it with nothing
@@ -166,7 +147,7 @@ async def test_an_owner_whose_fold_broke_off_decides_only_on_the_whole_history(t
     first = JobOwner(log, topics, FileElection(tmp_path / "election"))
     await decided_by(first, log, "job-1", expected_seq=1)
     await sender.send(sender.make(JOBS.address("job-1", "default"), cmd.CancelJob(reason="for the test")))
-    flaky = BrokenFirstRead(log, topics)
+    flaky = BrokenRead(log, topics.events)
     second = JobOwner(flaky, topics, FileElection(tmp_path / "election"))  # type: ignore[arg-type]
     decided = await decided_by(second, flaky, "job-1", expected_seq=3)  # cancel requested, cancelled
     dead = [record async for record in log.read(topics.deadletter, 0)]

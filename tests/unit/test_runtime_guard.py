@@ -17,6 +17,7 @@ from ffdl.events.envelope import Event
 from ffdl.handlers.messaging import event_records
 from ffdl.handlers.ports import Bus, BusUnavailable, OutgoingRecord, Record, TopicPartition
 from ffdl.handlers.runtime import EventFollower
+from tests.flaky_log import BrokenRead
 from tests.job_history import submission
 
 TOPIC = "ffdl.events"
@@ -77,34 +78,16 @@ async def test_an_unreachable_world_is_no_poison_it_propagates_for_the_batch_to_
     assert role.handled == []
 
 
-class FlakyRead:
-    """The bus, whose first read of a partition breaks off halfway (the broker went away)."""
-
-    def __init__(self, bus: Bus) -> None:
-        self._bus = bus
-        self.failures = 1
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._bus, name)
-
-    async def read(self, topic: str, partition: int, *args: Any) -> AsyncIterator[Record]:
-        async for item in self._bus.read(topic, partition, *args):
-            yield item
-            if self.failures:
-                self.failures -= 1
-                raise BusUnavailable("the broker went away mid-read")
-
-
 async def test_a_fold_that_breaks_off_on_assignment_is_done_again_before_anything_is_handled(
     bus: Bus,
 ) -> None:
     await bus.publish(TOPIC, [_outgoing(submission("first")), _outgoing(submission("second"))])
-    flaky = FlakyRead(bus)
+    flaky = BrokenRead(bus)
     role = Picky(flaky, IndexError())  # type: ignore[arg-type]
 
     await role.on_assigned(frozenset({TopicPartition(TOPIC, 0)}))
 
-    assert flaky.failures == 0  # the first fold did break off
+    assert flaky.breaks_left == 0  # the first fold did break off
     assert role.loads == 1  # loaded (and so handed records) once, after the whole fold
     assert sorted(role.book.jobs) == ["first", "second"]
 
