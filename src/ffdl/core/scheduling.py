@@ -512,7 +512,7 @@ class Planner:
         return alike
 
     def _verdict(self, job: WaitingJob, alike: Alike) -> WaitRecord | None:
-        """The verdict the last settled job ``alike`` (:meth:`_alike`) ``job`` got, if it holds."""
+        """The verdict the last settled job alike to ``job`` got (``alike``: :meth:`_alike`), if it holds."""
         kept = self._verdicts.get(alike)
         if kept is None:
             return None
