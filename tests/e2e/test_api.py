@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -183,6 +184,8 @@ async def test_limits_and_bad_parameters_answer_4xx_naming_the_field(api: Api) -
     assert bad_limit.status_code == 422 and bad_limit.json()["detail"][0]["field"] == "limit"
     bad_label = await api.http.get("/v1/jobs", params={"label": "nolabel"})
     assert bad_label.status_code == 422 and bad_label.json()["detail"][0]["field"] == "label"
+    bad_time = await api.http.get("/v1/jobs", params={"submitted_since": "yesterday"})
+    assert bad_time.status_code == 422 and bad_time.json()["detail"][0]["field"] == "submitted_since"
 
 
 async def test_list_filters_and_pages_with_a_cursor(api: Api) -> None:
@@ -210,6 +213,16 @@ async def test_list_filters_and_pages_with_a_cursor(api: Api) -> None:
     assert {j["job_id"] for j in labelled} == {ids[1], ids[3]}
     completed = (await api.http.get("/v1/jobs", params={"state": "completed"})).json()["jobs"]
     assert len(completed) == 5
+    # submitted since the third job, in UTC to the millisecond or at another offset: both the same
+    # instant, though neither is the text the projection keeps ("...:05.123456+00:00")
+    third = datetime.fromisoformat((await api.job(ids[2]))["submitted_at"])
+    for since in (
+        third.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        third.astimezone(timezone(timedelta(hours=2))).isoformat(),
+    ):
+        params = {"submitted_since": since, "order": "oldest"}
+        body = (await api.http.get("/v1/jobs", params=params)).json()
+        assert [j["job_id"] for j in body["jobs"]] == ids[2:], since
 
 
 async def test_job_detail_shows_heartbeats_cluster_queues_metrics_and_readiness(api: Api) -> None:

@@ -500,13 +500,16 @@ class Projection:
         with self._connection() as db:
             for tables in _TABLES.values():
                 rows += db.execute(f"SELECT occurred_at, position, body FROM {tables.history}").fetchall()
-        events = []
-        for _, position, body in sorted(rows):
+        located = []
+        for occurred_at, position, body in rows:
             partition, _, offset = position.partition(":")
-            events.append(
-                LoggedEvent(trusted_any_event_from_json(body.encode()), int(partition), int(offset), body)
-            )
-        return events
+            located.append((occurred_at, int(partition), int(offset), body))
+        # one command's events share their instant: their offsets order them, as numbers ("2:10"
+        # sorts before "2:9" as text, and a job's fold would stop at the event out of its order)
+        return [
+            LoggedEvent(trusted_any_event_from_json(body.encode()), partition, offset, body)
+            for _, partition, offset, body in sorted(located)
+        ]
 
     def nodes(self) -> list[JsonObject]:
         """Every node the inventory ever had (removed ones too, with their status), by name."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Response
@@ -51,6 +52,19 @@ async def submit(caller: Caller, spec: Manifest, backend: Backend, response: Res
     return await write_job(backend, caller, job_id, caller.tenant, cmd.SubmitJob(spec=spec), response)
 
 
+def stored_instant(value: str | None, field: str) -> str | None:
+    """``value`` (ISO 8601; UTC without an offset) as the projection writes its times, UTC in
+    ``isoformat``: the filters compare them as text, so "12:00Z" or "14:00+02:00" must become the
+    same text as the jobs' own instants (else a job submitted 12:00:00.5 sorts before "12:00:00.5Z")."""
+    if value is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError as exc:
+        raise problem(422, f"not an ISO 8601 time: {value!r}", field) from exc
+    return (moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)).astimezone(UTC).isoformat()
+
+
 @router.get("/v1/jobs", response_model=None)
 async def list_jobs(
     caller: Caller,
@@ -89,8 +103,8 @@ async def list_jobs(
         tenant=scope,
         states=[s.upper() for s in state or []],
         label=label_filter,
-        submitted_since=submitted_since,
-        submitted_until=submitted_until,
+        submitted_since=stored_instant(submitted_since, "submitted_since"),
+        submitted_until=stored_instant(submitted_until, "submitted_until"),
         after=after_key,
         limit=limit,
         newest_first=order == "newest",

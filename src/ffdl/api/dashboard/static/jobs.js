@@ -16,7 +16,8 @@ function filtersFrom(hash) {
 function matches(job, f) {
   if (f.state && job.state !== f.state) return false;
   if (f.tenant && job.tenant !== f.tenant) return false;
-  if (f.since && job.submitted_at < new Date(f.since).toISOString()) return false;
+  // as instants: the API's "…:05.123456+00:00" sorts before the page's "…:05.123Z" as text
+  if (f.since && Date.parse(job.submitted_at) < new Date(f.since).getTime()) return false;
   if (f.label) {
     const [key, value] = f.label.split("=");
     if ((job.spec.labels || {})[key] !== value) return false;
