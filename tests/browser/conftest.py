@@ -7,6 +7,7 @@ extra) the browser tests fail and say what is missing, so a run never passes wit
 from __future__ import annotations
 
 import base64
+import contextlib
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,14 +19,21 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
 
 
-@pytest.fixture
-async def browser() -> AsyncIterator[object]:
+@contextlib.asynccontextmanager
+async def chromium() -> AsyncIterator[playwright_api.Browser]:
+    """The distribution's Chromium, driven by Playwright (no browser download)."""
     if not Path(CHROMIUM).exists():  # noqa: ASYNC240 - one stat before the browser starts
         pytest.fail("chromium is not installed: `make services` installs it (apt-get install chromium)")
     async with playwright_api.async_playwright() as driver:
         launched = await driver.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         yield launched
         await launched.close()
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[playwright_api.Browser]:
+    async with chromium() as launched:
+        yield launched
 
 
 async def screenshot(page: playwright_api.Page, name: str, path: Path | None = None) -> Path:

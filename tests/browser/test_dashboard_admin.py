@@ -15,20 +15,18 @@ import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import pytest_asyncio
-from playwright import async_api as playwright_api
 from playwright.async_api import Browser, Dialog, Page, expect
 
 from ffdl.adapters.tenants import TenantRegistry
 from ffdl.cli.serve import api_server
 from ffdl.wiring.config import NodeConfig, SchedulerConfig, TenantQuotaConfig
 from ffdl.wiring.platform import Platform
-from tests.browser.conftest import CHROMIUM, screenshot
+from tests.browser.conftest import chromium, screenshot
 from tests.browser.test_dashboard import WAIT_MS, WATCH_STATES, console_errors, sign_in, states_seen
 from tests.e2e.test_api import bearer
 from tests.harness import TERMINAL, Api, fast_settings, manifest
@@ -103,12 +101,8 @@ async def site(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Site]:
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def browser() -> AsyncIterator[Browser]:
     """One Chromium for the module (each test opens its own context: its own session storage)."""
-    if not Path(CHROMIUM).exists():  # noqa: ASYNC240 - one stat before the browser starts
-        pytest.fail("chromium is not installed: `make services` installs it (apt-get install chromium)")
-    async with playwright_api.async_playwright() as driver:
-        launched = await driver.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+    async with chromium() as launched:
         yield launched
-        await launched.close()
 
 
 @pytest_asyncio.fixture(autouse=True, loop_scope="module")
