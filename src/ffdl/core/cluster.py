@@ -483,6 +483,8 @@ class ClusterState:
         return job
 
     def _count_on_nodes(self, job: HeldJob, sign: int) -> None:
+        """Add (``sign`` 1) or take away (-1) the running ``job``'s GPUs in its class's per-node
+        counts, which a victim search reads to rule a preemptor out without listing victims."""
         on_nodes = self.gpus_on_nodes.setdefault(job.priority, {})
         for node, gpus in job.gang.learners:
             count = on_nodes.get(node, 0) + sign * len(gpus)
