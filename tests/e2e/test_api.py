@@ -186,6 +186,9 @@ async def test_limits_and_bad_parameters_answer_4xx_naming_the_field(api: Api) -
     assert bad_label.status_code == 422 and bad_label.json()["detail"][0]["field"] == "label"
     bad_time = await api.http.get("/v1/jobs", params={"submitted_since": "yesterday"})
     assert bad_time.status_code == 422 and bad_time.json()["detail"][0]["field"] == "submitted_since"
+    unwritable = await api.http.get("/v1/jobs", params={"submitted_until": "0001-01-01T00:00:00+05:00"})
+    assert unwritable.status_code == 422, "before year 1 in UTC: no time, not a 500"
+    assert unwritable.json()["detail"][0]["field"] == "submitted_until"
 
 
 async def test_list_filters_and_pages_with_a_cursor(api: Api) -> None:

@@ -24,6 +24,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from itertools import islice
 from pathlib import Path
 from typing import Any, TypeVar
@@ -222,6 +223,13 @@ CREATE INDEX IF NOT EXISTS {tables.history}_by_cause ON {tables.history} (causat
 SCHEMA = _STATE_SCHEMA + "".join(_history_schema(tables) for tables in _TABLES.values())
 
 
+def _as_stored(moment: datetime) -> str:
+    """The aware ``moment`` as the rows keep their instants (UTC, ``isoformat``), so that comparing
+    the text compares the times: a filter written another way ("...Z", another offset, fewer
+    digits) would sort against the rows by its spelling."""
+    return moment.astimezone(UTC).isoformat()
+
+
 class Projection:
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -404,13 +412,14 @@ class Projection:
         tenant: str | None = None,
         states: Sequence[str] = (),
         label: tuple[str, str] | None = None,
-        submitted_since: str | None = None,
-        submitted_until: str | None = None,
+        submitted_since: datetime | None = None,
+        submitted_until: datetime | None = None,
         after: tuple[str, str] | None = None,
         limit: int = 50,
         newest_first: bool = True,
     ) -> list[str]:
-        """Jobs matching the filters, in submission order, continuing after the cursor ``after``."""
+        """Jobs matching the filters (times aware), in submission order, continuing after the
+        cursor ``after``."""
         clauses, params = [], []  # type: tuple[list[str], list[Any]]
         if tenant is not None:
             clauses.append("tenant = ?")
@@ -423,10 +432,10 @@ class Projection:
             params.extend([f'$."{label[0]}"', label[1]])
         if submitted_since is not None:
             clauses.append("submitted_at >= ?")
-            params.append(submitted_since)
+            params.append(_as_stored(submitted_since))
         if submitted_until is not None:
             clauses.append("submitted_at < ?")
-            params.append(submitted_until)
+            params.append(_as_stored(submitted_until))
         if after is not None:
             clauses.append(
                 "(submitted_at, job_id) < (?, ?)" if newest_first else "(submitted_at, job_id) > (?, ?)"

@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Response
 from fastapi.responses import JSONResponse
+from pydantic import AfterValidator
 
 from ffdl.adapters.tenants import Principal
 from ffdl.api.dependencies import Backend, Caller, Manifest, PlatformBackend, problem, read
@@ -52,17 +53,20 @@ async def submit(caller: Caller, spec: Manifest, backend: Backend, response: Res
     return await write_job(backend, caller, job_id, caller.tenant, cmd.SubmitJob(spec=spec), response)
 
 
-def stored_instant(value: str | None, field: str) -> str | None:
-    """``value`` (ISO 8601; UTC without an offset) as the projection writes its times, UTC in
-    ``isoformat``: the filters compare them as text, so "12:00Z" or "14:00+02:00" must become the
-    same text as the jobs' own instants (else a job submitted 12:00:00.5 sorts before "12:00:00.5Z")."""
-    if value is None:
+def _in_utc(moment: datetime | None) -> datetime | None:
+    """The instant in UTC (a time without an offset is UTC). One that UTC cannot write (a time at
+    the edge of year 1 or 9999 with an offset) is refused here, naming its field, not in the query."""
+    if moment is None:
         return None
     try:
-        moment = datetime.fromisoformat(value)
-    except ValueError as exc:
-        raise problem(422, f"not an ISO 8601 time: {value!r}", field) from exc
-    return (moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)).astimezone(UTC).isoformat()
+        return (moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)).astimezone(UTC)
+    except OverflowError as exc:
+        raise ValueError("not a time UTC can write (years 1 to 9999)") from exc
+
+
+UtcTime = Annotated[
+    datetime | None, AfterValidator(_in_utc), Query(description="ISO 8601 time (no offset: UTC)")
+]
 
 
 @router.get("/v1/jobs", response_model=None)
@@ -72,8 +76,8 @@ async def list_jobs(
     state: Annotated[list[str] | None, Query(description="repeatable")] = None,
     tenant: Annotated[str | None, Query(description="admins only: another tenant's jobs")] = None,
     label: Annotated[str | None, Query(description="KEY=VALUE")] = None,
-    submitted_since: Annotated[str | None, Query(description="ISO 8601 time")] = None,
-    submitted_until: Annotated[str | None, Query(description="ISO 8601 time")] = None,
+    submitted_since: UtcTime = None,
+    submitted_until: UtcTime = None,
     cursor: str | None = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     order: Annotated[str, Query(pattern="^(newest|oldest)$")] = "newest",
@@ -103,8 +107,8 @@ async def list_jobs(
         tenant=scope,
         states=[s.upper() for s in state or []],
         label=label_filter,
-        submitted_since=stored_instant(submitted_since, "submitted_since"),
-        submitted_until=stored_instant(submitted_until, "submitted_until"),
+        submitted_since=submitted_since,
+        submitted_until=submitted_until,
         after=after_key,
         limit=limit,
         newest_first=order == "newest",
