@@ -157,17 +157,6 @@ class VictimPool:
         room = self.state.room
         demand = preemptor.demand
         gpu_type = demand.gpu_type if demand.gpus else None
-        if not preemptor.reclaims and gpu_type is None:
-            # The common case, in one pass: every candidate of a class it outranks not yet chosen
-            # (what may_preempt says of each when nothing is reclaimed, whatever the GPU type).
-            chosen = self.chosen
-            return [
-                victim
-                for priority in self.priorities
-                if priority < preemptor.priority
-                for victim in self.candidates(priority)
-                if victim.job_id not in chosen
-            ]
         taking: dict[str, int] = {}
         eligible = []
         for priority in self.priorities:
