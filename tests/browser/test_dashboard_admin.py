@@ -2,7 +2,8 @@
 an admin's view of every tenant's jobs, the job list's filters (in place, still live), cancelling
 with a confirmation and a refusal shown as the API words it, why a job waits, where its learners
 run and the reasons in its timeline, the cluster's cordoned and draining nodes with the queue and
-the tenants' quotas, and the way to a job by keyboard alone.
+the tenants' quotas, the way to a job by keyboard alone, and a live update that leaves the keyboard's
+focus where it was.
 
 Four nodes (8 GPUs) and no preemption, so nothing moves but what a test moves; ``acme`` may hold at
 most 2 GPUs (1 guaranteed, 1 borrowed), so a second job of acme's waits for its quota, not for a
@@ -412,7 +413,7 @@ async def test_a_tenant_reaches_a_job_by_keyboard_alone(site: Site, browser: Bro
                 ACTIONABLE,
             )
             stops.append(stop["what"])
-            assert stop["actionable"] and stop["shown"], stops
+            assert stop["actionable"] and stop["shown"], " | ".join(stops)  # the last one is the culprit
             if await page.locator(f"{selector}:focus").count():
                 return stops
         raise AssertionError(f"{selector} not reached in {most} tabs: {stops}")
@@ -428,4 +429,34 @@ async def test_a_tenant_reaches_a_job_by_keyboard_alone(site: Site, browser: Bro
         "aria-label", re.compile(r"^RUNNING from ")
     )
     await screenshot(page, "job-keyboard")
+    assert errors == [], errors
+
+
+async def test_a_live_update_leaves_the_keyboard_focus_where_it_was(site: Site, browser: Browser) -> None:
+    """The list and the job page redraw what changed as it changes; whatever had the focus keeps it
+    (found again by its link, or by its place when its label moved on), or a keyboard user is thrown
+    back to the top of the page by every progress report."""
+    job_id = await submit(site, site.acme, "focus-kept", LONG)
+    await site.api.wait(job_id, "RUNNING")
+    page = await new_page(browser)
+    errors = console_errors(page)
+    await sign_in(page, site.base, site.acme)
+
+    link = page.locator(f'#jobs a[href="#/jobs/{job_id}"]')
+    await link.focus()
+    assert (await site.api.http.post(f"/v1/jobs/{job_id}:halt")).status_code in (200, 202)
+    await expect(page.locator(f'#jobs tr[data-job="{job_id}"]')).to_have_attribute(
+        "data-state", "HALTED", timeout=WAIT_MS
+    )
+    await expect(link).to_be_focused()  # the row was rebuilt, its link has the focus again
+
+    await page.keyboard.press("Enter")
+    await expect(page.locator("#job-state")).to_have_attribute("data-state", "HALTED")
+    halted = page.locator("#gantt [data-state='HALTED']")
+    await halted.focus()
+    label = await halted.get_attribute("aria-label")
+    assert (await site.api.http.post(f"/v1/jobs/{job_id}:resume")).status_code in (200, 202)
+    await expect(page.locator("#job-state")).to_have_attribute("data-state", "RUNNING", timeout=WAIT_MS)
+    await expect(halted).not_to_have_attribute("aria-label", label or "")  # its label moved on (how long)
+    await expect(halted).to_be_focused()  # ...and it has the focus again, found by its place
     assert errors == [], errors

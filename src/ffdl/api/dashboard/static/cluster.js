@@ -1,6 +1,6 @@
 // The cluster now: the GPU map, utilisation over time, queues and tenants' shares; refreshed as jobs change.
 import { api, follow } from "./api.js";
-import { debounce, h } from "./dom.js";
+import { debounce, h, keepingFocus } from "./dom.js";
 import { gpuMap, queueTable, tenantTable, utilisationChart } from "./gpumap.js";
 
 export async function clusterPage({ main, signal }) {
@@ -14,12 +14,12 @@ export async function clusterPage({ main, signal }) {
       h("section", { class: "card", "aria-labelledby": "q-title" }, h("h2", { id: "q-title" }, "Queue"), queues),
       h("section", { class: "card", "aria-labelledby": "t-title" }, h("h2", { id: "t-title" }, "Tenants: quota, borrowing, fair share"), tenants)));
   let picture = null;
-  const draw = () => {
+  const draw = () => keepingFocus(main, () => {
     map.replaceChildren(gpuMap(picture, { byTenant }));
     queues.replaceChildren(queueTable(picture));
     tenants.replaceChildren(tenantTable(picture));
     utilisationChart(chart, picture, null);
-  };
+  });
   const refresh = async () => {
     picture = await api("/v1/timemachine");
     if (!signal.aborted) draw();

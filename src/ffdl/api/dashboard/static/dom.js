@@ -54,3 +54,20 @@ export function debounce(fn, ms) {
     timer = setTimeout(() => fn(...args), ms);
   };
 }
+
+const FOCUSABLE = "a[href], button, input, select, textarea, [tabindex]";
+
+// Live updates rebuild parts of a page; a keyboard user must not be thrown back to the top by one.
+// ``update`` may replace anything inside ``scope``; whatever had the focus there gets it back in its
+// new form: the element with the same id, link, label or name, else the one at the same place.
+export function keepingFocus(scope, update) {
+  const focused = document.activeElement;
+  if (!focused || focused === document.body || !scope.contains(focused)) { update(); return; }
+  const attr = ["id", "href", "aria-label", "name"].find((a) => focused.hasAttribute(a));
+  const key = attr ? `${focused.tagName}[${attr}="${CSS.escape(focused.getAttribute(attr))}"]` : null;
+  const place = [...scope.querySelectorAll(FOCUSABLE)].indexOf(focused);
+  update();
+  if (scope.contains(document.activeElement)) return;
+  const again = (key && scope.querySelector(key)) || scope.querySelectorAll(FOCUSABLE)[place];
+  again?.focus({ preventScroll: true });
+}

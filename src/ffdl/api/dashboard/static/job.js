@@ -1,7 +1,7 @@
 // One job: timeline (Gantt), learners, loss/metric curves per attempt, checkpoints, why pending, log tail.
 import { api, follow, stream } from "./api.js";
 import { actionsFor } from "./actions.js";
-import { colour, debounce, h, STATE_COLOURS, stateBadge, table, time } from "./dom.js";
+import { colour, debounce, h, keepingFocus, STATE_COLOURS, stateBadge, table, time } from "./dom.js";
 
 const TERMINAL = new Set(["COMPLETED", "FAILED", "CANCELLED"]);
 const LOG_LINES = 400;
@@ -104,7 +104,7 @@ export async function jobPage(jobId, { main, signal }) {
     h("section", { class: "card", "aria-labelledby": "lg" }, h("div", { class: "row" }, h("h2", { id: "lg" }, "Log"),
       h("label", {}, "Learner", rank)), log));
 
-  const draw = async () => {
+  const drawJob = () => {
     head.replaceChildren(h("div", { class: "card" },
       h("dl", { class: "kv" },
         h("dt", {}, "State"), h("dd", { id: "job-state", "data-state": job.state }, stateBadge(job.state)),
@@ -123,6 +123,9 @@ export async function jobPage(jobId, { main, signal }) {
       ? table(["Attempt", "Rank", "Step", "URI", "Size"], job.checkpoints.map((c) => h("tr", {}, h("td", {}, c.attempt),
         h("td", {}, c.rank), h("td", {}, c.step), h("td", {}, c.uri), h("td", {}, c.size_bytes))))
       : h("p", { class: "muted" }, "None yet."));
+  };
+  const draw = async () => {
+    keepingFocus(main, drawJob);
     if (job.state === "QUEUED" || job.state === "SUBMITTED") {
       const answer = await api(`/v1/jobs/${id}/why`);
       why.replaceChildren(h("p", { id: "why" }, answer.summary),

@@ -1,7 +1,7 @@
 // The job list: filters, pages of 50 (never every job at once), live over /v1/jobs:follow.
 import { api, follow } from "./api.js";
 import { actionsFor } from "./actions.js";
-import { age, h, stateBadge, table } from "./dom.js";
+import { age, h, keepingFocus, stateBadge, table } from "./dom.js";
 
 const PAGE = 50;
 const STATES = ["SUBMITTED", "QUEUED", "SCHEDULED", "LAUNCHING", "RUNNING", "RESTARTING", "HALTING", "HALTED",
@@ -65,7 +65,7 @@ export async function jobsPage({ main, me, signal, hash }) {
   const show = (job) => {
     const row = rowFor(job);
     const old = rows.get(job.job_id);
-    if (old) old.replaceWith(row);
+    if (old) keepingFocus(body, () => old.replaceWith(row));
     else body.prepend(row);
     rows.set(job.job_id, row);
     while (rows.size > PAGE) {

@@ -1,6 +1,6 @@
 // The time machine: the cluster as it was at any moment of the log, folded from the log by the server.
 import { api } from "./api.js";
-import { debounce, h, time } from "./dom.js";
+import { debounce, h, keepingFocus, time } from "./dom.js";
 import { gpuMap, jobStates, queueTable, tenantTable, utilisationChart } from "./gpumap.js";
 
 export async function timeMachinePage({ main, hash }) {
@@ -41,11 +41,13 @@ export async function timeMachinePage({ main, hash }) {
       : "The log is empty.";
     prev.disabled = !after;
     next.disabled = !p.next_event;
-    map.replaceChildren(gpuMap(p));
-    queues.replaceChildren(queueTable(p));
-    tenants.replaceChildren(tenantTable(p));
-    jobs.replaceChildren(jobStates(p));
-    utilisationChart(chart, p, p.at);
+    keepingFocus(main, () => {
+      map.replaceChildren(gpuMap(p));
+      queues.replaceChildren(queueTable(p));
+      tenants.replaceChildren(tenantTable(p));
+      jobs.replaceChildren(jobStates(p));
+      utilisationChart(chart, p, p.at);
+    });
     main.dataset.at = p.at || "";
   };
   const go = async (moment) => {
