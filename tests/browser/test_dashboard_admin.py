@@ -2,8 +2,8 @@
 an admin's view of every tenant's jobs, the job list's filters (in place, still live), cancelling
 with a confirmation and a refusal shown as the API words it, why a job waits, where its learners
 run and the reasons in its timeline, the cluster's cordoned and draining nodes with the queue and
-the tenants' quotas, the way to a job by keyboard alone, and a live update that leaves the keyboard's
-focus where it was.
+the tenants' quotas, a cordon shown while the cluster page is open, the way to a job by keyboard
+alone, and a live update that leaves the keyboard's focus where it was.
 
 Four nodes (8 GPUs) and no preemption, so nothing moves but what a test moves; ``acme`` may hold at
 most 2 GPUs (1 guaranteed, 1 borrowed), so a second job of acme's waits for its quota, not for a
@@ -382,10 +382,31 @@ async def test_the_cluster_marks_cordoned_and_draining_nodes_and_shows_quotas(
         acme = share.locator("tbody tr", has=page.get_by_role("cell", name="acme", exact=True))
         await expect(acme.locator("td")).to_have_text(["acme", "2", "1", "1", "1", "1", "2", "8"])
         await screenshot(page, "cluster-cordoned")
+
         assert errors == [], errors
     finally:
         for name in ("node-c", "node-d"):
             await site.api.http.post(f"/v1/nodes/{name}:uncordon", json={"reason": "done"})
+
+
+async def test_the_cluster_page_shows_a_cordon_made_while_it_is_open(site: Site, browser: Browser) -> None:
+    """No job moves (nothing runs), so only the node's own change can redraw the page."""
+    page = await new_page(browser)
+    errors = console_errors(page)
+    await sign_in(page, site.base, site.admin)
+    await page.get_by_role("link", name="Cluster").click()
+    mark = page.locator('.node[data-node="node-b"] .mark')
+    await expect(page.locator('.node[data-node="node-b"]')).to_be_visible()
+    await expect(mark).to_have_count(0)
+    try:
+        cordoned = await site.api.http.post("/v1/nodes/node-b:cordon", json={"reason": "bios update"})
+        assert cordoned.status_code == 200, cordoned.text
+        await expect(mark).to_have_text("CORDONED", timeout=WAIT_MS)
+        await expect(mark).to_have_attribute("title", "bios update")
+    finally:
+        await site.api.http.post("/v1/nodes/node-b:uncordon", json={"reason": "done"})
+    await expect(mark).to_have_count(0, timeout=WAIT_MS)
+    assert errors == [], errors
 
 
 async def test_a_tenant_reaches_a_job_by_keyboard_alone(site: Site, browser: Browser) -> None:

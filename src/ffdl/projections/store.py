@@ -502,6 +502,16 @@ class Projection:
             row = db.execute("SELECT MAX(rowid) FROM history").fetchone()
         return int(row[0] or 0)
 
+    def cluster_change(self) -> tuple[int, ...]:
+        """Where each kind's history ends now (jobs', nodes'): it moves whenever a job or a node
+        changes, which is when the cluster's picture may look different."""
+        with self._connection() as db:
+            ends = [
+                db.execute(f"SELECT MAX(rowid) FROM {tables.history}").fetchone()[0]
+                for tables in _TABLES.values()
+            ]
+        return tuple(int(end or 0) for end in ends)
+
     def logged_events(self) -> list[LoggedEvent]:
         """Every event the projection applied (jobs' and nodes'), as logged, in time order: the log
         as the API may read it for the time machine, without a bus reader of its own."""

@@ -7,6 +7,8 @@ storage. Its own reads follow the API's tenancy: a tenant sees its jobs, others'
 * ``/v1/whoami``: who the token is (and whether the platform runs open), for the sign-in.
 * ``/v1/jobs:follow``: Server-Sent Events of the jobs that change, as their documents, so the job
   list stays live without polling; ``id:`` is a cursor over the projection's changes.
+* ``/v1/cluster:follow``: Server-Sent Events that say the cluster changed (a job or a node did),
+  so the cluster page reads its picture again when there is something new, a cordon included.
 * ``/v1/timemachine?at=TIME``: the cluster as it was at TIME, folded from the events (as the
   projection keeps them) with the fold of ``ffdl replay --cluster``, with the utilisation over the
   log's span and the tenants' shares.
@@ -96,6 +98,34 @@ async def _job_changes(
         if mine or gone:
             data = json.dumps({"jobs": mine, "gone": gone})
             yield f"id: {cursor}\nevent: jobs\ndata: {data}\n\n".encode()
+
+
+@router.get("/v1/cluster:follow", response_model=None)
+async def follow_cluster(request: Request, caller: Caller, backend: Backend) -> StreamingResponse:
+    """Server-Sent Events (``event: cluster``, no data) each time a job or a node changed, from now
+    on: the page then reads ``/v1/timemachine``, which answers as the caller may see it. The signal
+    tells a tenant no more than that GPU map does."""
+    backend.followers.admit(caller.tenant)
+    return backend.followers.stream(
+        caller.tenant,
+        _cluster_changes(request, backend),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+async def _cluster_changes(request: Request, backend: PlatformBackend) -> AsyncIterator[bytes]:
+    seen = await read(backend.projection.cluster_change)
+    yield b"event: ready\ndata: {}\n\n"
+    while not await request.is_disconnected():
+        version = backend.progress.version()
+        now = await read(backend.projection.cluster_change)
+        if now == seen:
+            yield b": keep-alive\n\n"
+            await backend.progress.wait_for_change(version, KEEP_ALIVE_S)
+            continue
+        seen = now
+        yield b"event: cluster\ndata: {}\n\n"
 
 
 @router.get("/v1/timemachine")

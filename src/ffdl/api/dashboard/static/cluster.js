@@ -1,4 +1,4 @@
-// The cluster now: the GPU map, utilisation over time, queues and tenants' shares; refreshed as jobs change.
+// The cluster now: the GPU map, utilisation over time, queues and tenants' shares; refreshed as jobs and nodes change.
 import { api, follow } from "./api.js";
 import { debounce, h, keepingFocus } from "./dom.js";
 import { gpuMap, queueTable, tenantTable, utilisationChart } from "./gpumap.js";
@@ -31,5 +31,6 @@ export async function clusterPage({ main, signal }) {
   });
   await refresh();
   const later = debounce(() => refresh().catch(() => {}), 500);
-  follow("/v1/jobs:follow", (message) => { if (message.event === "jobs") later(); }, signal, { reconnect: true }).catch(() => {});
+  // a job or a node changed (a cordon too): read the picture again, at most twice a second
+  follow("/v1/cluster:follow", (message) => { if (message.event === "cluster") later(); }, signal, { reconnect: true }).catch(() => {});
 }
