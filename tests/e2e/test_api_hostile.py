@@ -274,21 +274,40 @@ async def test_metrics_need_an_admin(api: Api, settings: Settings) -> None:
     assert scraped.status_code == 200 and "ffdl_jobs" in scraped.text
 
 
-async def test_a_tenant_is_never_shown_another_tenants_job_id(api: Api, settings: Settings) -> None:
+def two_tenants_and_an_admin(settings: Settings) -> tuple[str, str, str]:
+    """The tokens of tenants acme and globex and of the admin sre."""
     registry = TenantRegistry(settings.tenants_path)
-    acme, globex, sre = registry.add("acme"), registry.add("globex"), registry.add("sre", admin=True)
+    return registry.add("acme"), registry.add("globex"), registry.add("sre", admin=True)
 
-    async def submit(token: str, name: str, priority: int, args: list[str]) -> str:
-        text = manifest(name, learners=1, gpus=4, args=args, priority=priority)
-        response = await api.http.post("/v1/jobs", content=text, headers=bearer(token))
-        assert response.status_code == 201, response.text
-        return str(response.json()["job_id"])
+
+async def submit_whole_node(api: Api, token: str, name: str, priority: int, args: list[str]) -> str:
+    """A job of ``token``'s tenant at ``priority`` that takes the whole 4-GPU node."""
+    text = manifest(name, learners=1, gpus=4, args=args, priority=priority)
+    response = await api.http.post("/v1/jobs", content=text, headers=bearer(token))
+    assert response.status_code == 201, response.text
+    return str(response.json()["job_id"])
+
+
+async def read_without(api: Api, token: str, paths: list[str], *hidden: str) -> dict[str, str]:
+    """What ``token``'s tenant reads at each of ``paths``, asserted to name none of ``hidden``."""
+    shown = {}
+    for path in paths:
+        response = await api.http.get(path, headers=bearer(token))
+        assert response.status_code == 200, (path, response.text)
+        for name in hidden:
+            assert name not in response.text, f"{path} names {name}"
+        shown[path] = response.text
+    return shown
+
+
+async def test_a_tenant_is_never_shown_another_tenants_job_id(api: Api, settings: Settings) -> None:
+    acme, globex, sre = two_tenants_and_an_admin(settings)
 
     async with as_admin(api, sre) as admin:
-        holder = await submit(acme, "holder", 0, LONG)
+        holder = await submit_whole_node(api, acme, "holder", 0, LONG)
         await admin.wait(holder, "RUNNING")
-        ahead = await submit(globex, "ahead", 10, ["--steps", "2"])
-        behind = await submit(acme, "behind", 5, ["--steps", "2"])
+        ahead = await submit_whole_node(api, globex, "ahead", 10, ["--steps", "2"])
+        behind = await submit_whole_node(api, acme, "behind", 5, ["--steps", "2"])
         admin_view = await admin.wait_for(
             behind,
             lambda job: ahead in (job["waiting"] or {}).get("waiting_for", []),
@@ -296,20 +315,15 @@ async def test_a_tenant_is_never_shown_another_tenants_job_id(api: Api, settings
         )
     assert ahead in admin_view["waiting"]["detail"], "the log and an admin keep the truth"
 
-    shown = []
-    for path in (
+    paths = [
         f"/v1/jobs/{behind}/why",
         f"/v1/jobs/{behind}",
         f"/v1/jobs/{behind}/events",
         "/v1/jobs",
         "/v1/queues",
-    ):
-        response = await api.http.get(path, headers=bearer(acme))
-        assert response.status_code == 200, (path, response.text)
-        shown.append(response.text)
-        assert ahead not in response.text, f"{path} names globex's job to acme"
-    why = json.loads(shown[0])
+    ]
+    shown = await read_without(api, acme, paths, ahead, "globex")
+    why = json.loads(shown[paths[0]])
     assert why["waiting"]["waiting_for"] == [ANOTHER_JOB] and ANOTHER_JOB in why["summary"]
-    assert "globex" not in "".join(shown)
     for job_id in (holder, ahead, behind):
         await api.http.delete(f"/v1/jobs/{job_id}", headers=bearer(sre))
