@@ -28,7 +28,7 @@ from ffdl.cli.serve import api_server
 from ffdl.wiring.config import NodeConfig, SchedulerConfig, TenantQuotaConfig
 from ffdl.wiring.platform import Platform
 from tests.browser.conftest import chromium, screenshot
-from tests.browser.test_dashboard import WAIT_MS, WATCH_STATES, console_errors, sign_in, states_seen
+from tests.browser.test_dashboard import BRIEF, WAIT_MS, WATCH_STATES, console_errors, sign_in, states_seen
 from tests.e2e.test_api import bearer
 from tests.harness import TERMINAL, Api, fast_settings, manifest
 from tests.services import wait_until_async
@@ -44,8 +44,6 @@ NODES = [
 ACME_QUOTA = TenantQuotaConfig(guaranteed_gpus=1, borrowing_limit_gpus=1, weight=2.0)
 LONG = ["--steps", "600", "--delay", "0.05"]
 QUICK = ["--steps", "6", "--delay", "0.05"]
-#: Long enough in RUNNING (about a second) for the job list to see it there.
-BRIEF = ["--steps", "20", "--delay", "0.05"]
 #: The tenants' table: quota (guaranteed, borrowing limit), what each borrows, and its fair share.
 SHARE_HEADINGS = [
     "Tenant",

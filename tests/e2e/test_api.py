@@ -26,10 +26,12 @@ def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-async def submit_as(api: Api, token: str, name: str, args: list[str] = QUICK) -> dict[str, Any]:
+async def submit_as(
+    api: Api, token: str, name: str, args: list[str] = QUICK, *, gpus: int = 1
+) -> dict[str, Any]:
     response = await api.http.post(
         "/v1/jobs",
-        content=manifest(name, learners=1, args=args),
+        content=manifest(name, learners=1, gpus=gpus, args=args),
         headers={"Content-Type": "application/yaml", **bearer(token)},
     )
     assert response.status_code == 201, response.text
