@@ -519,10 +519,9 @@ class Projection:
         with self._connection() as db:
             for tables in _TABLES.values():
                 rows += db.execute(f"SELECT occurred_at, position, body FROM {tables.history}").fetchall()
-        located = []
-        for occurred_at, position, body in rows:
-            partition, _, offset = position.partition(":")
-            located.append((occurred_at, int(partition), int(offset), body))
+        located = [
+            (occurred_at, *Position.parse_token(position), body) for occurred_at, position, body in rows
+        ]
         # one command's events share their instant: their offsets order them, as numbers ("2:10"
         # sorts before "2:9" as text, and a job's fold would stop at the event out of its order)
         return [
