@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from ffdl.adapters.tenants import Principal, TenantError, TenantRegistry
+from ffdl.core.tenancy import DEFAULT_MAX_PRIORITY
 
 
 def test_without_tenants_the_api_is_open_only_when_started_open(tmp_path: Path) -> None:
@@ -74,3 +75,24 @@ def test_the_file_is_replaced_whole_private_and_fsynced(
     # each write: the new file (the inode that then became tenants.json), then its directory
     assert synced[-2:] == [path.stat().st_ino, tmp_path.stat().st_ino]
     assert len(synced) == 4
+
+
+def test_a_tenants_priority_ceiling_is_its_records_or_the_default_and_an_admin_has_none(
+    tmp_path: Path,
+) -> None:
+    registry = TenantRegistry(tmp_path / "tenants.json")
+    registry.add("acme")
+    registry.add("globex", max_priority=500)
+    registry.add("sre", admin=True)
+    assert registry.max_priority("acme") == DEFAULT_MAX_PRIORITY
+    assert registry.max_priority("globex") == 500
+    assert registry.max_priority("sre") is None
+    assert registry.max_priority("stranger") == DEFAULT_MAX_PRIORITY, "a tenant not in the file"
+    registry.set_max_priority("acme", -5)
+    assert TenantRegistry(tmp_path / "tenants.json").max_priority("acme") == -5
+    with pytest.raises(TenantError, match="from -1000 to 1000"):
+        registry.set_max_priority("acme", 1001)
+    with pytest.raises(TenantError, match="no tenant 'nobody'"):
+        registry.set_max_priority("nobody", 1)
+    (tmp_path / "tenants.json").write_text("{not json")
+    assert registry.max_priority("globex") == DEFAULT_MAX_PRIORITY, "an unreadable file lifts no ceiling"
