@@ -495,12 +495,16 @@ class Projection:
             ).fetchall()
             found = [json.loads(doc) for (doc,) in documents]
             gone = sorted(set(changed) - {document["job_id"] for document in found})
-            owners = dict(
-                db.execute(
-                    f"SELECT job_id, json_extract(body, '$.tenant') FROM history"
-                    f" WHERE seq = 1 AND job_id IN ({','.join('?' * len(gone))})",
-                    gone,
-                ).fetchall()
+            owners = (
+                dict(
+                    db.execute(
+                        f"SELECT job_id, json_extract(body, '$.tenant') FROM history"
+                        f" WHERE seq = 1 AND job_id IN ({','.join('?' * len(gone))})",
+                        gone,
+                    ).fetchall()
+                )
+                if gone
+                else {}
             )
         return int(rows[-1][0]), found, {job_id: str(owners.get(job_id, "")) for job_id in gone}
 
