@@ -182,15 +182,18 @@ def test_every_role_logs_in_to_kafka_and_etcd_with_the_platforms_secrets() -> No
 
 
 def test_the_api_serves_the_tenants_of_a_secret_and_is_never_started_open() -> None:
+    """The API authenticates with the Secret's tenants, and the workers (the job owners) read the same
+    file for the tenants' priority ceilings, so a submission the API lets through the owner decides."""
     (config,) = of_kind("ConfigMap")
     tenants_file = Path(config["data"]["FFDL_TENANTS_FILE"])
-    (api,) = [d for d in of_kind("Deployment") if d["metadata"]["name"] == "ffdl-api"]
-    pod = api["spec"]["template"]["spec"]
-    (container,) = pod["containers"]
-    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == str(tenants_file.parent)]
-    assert mount["readOnly"] is True
-    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
-    assert volume["secret"]["secretName"] == "ffdl-tenants"
+    for name in ("ffdl-api", "ffdl-workers"):
+        (deployment,) = [d for d in of_kind("Deployment") if d["metadata"]["name"] == name]
+        pod = deployment["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == str(tenants_file.parent)]
+        assert mount["readOnly"] is True
+        (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+        assert volume["secret"]["secretName"] == "ffdl-tenants"
     for deployment in of_kind("Deployment"):
         assert "--open" not in deployment["spec"]["template"]["spec"]["containers"][0]["command"]
 

@@ -27,6 +27,7 @@ import uvicorn
 
 from ffdl.adapters.tenants import TenantError, TenantRegistry
 from ffdl.api.app import create_app
+from ffdl.cli.guarded_http import guarded_protocol
 from ffdl.handlers.aio import Backoff, supervise
 from ffdl.wiring.config import Settings
 from ffdl.wiring.platform import ALL_ROLES, HEALTHY_RUN_S, RETRY_MAX_S, Platform
@@ -42,12 +43,17 @@ WORKER_STOP_S = GRACEFUL_SHUTDOWN_S + 10.0
 def api_server(
     platform: Platform, api_url: str, *, open_api: bool = False, processes: int = 1
 ) -> uvicorn.Server:
-    """The API of ``platform`` served at ``api_url``; ``processes``: how many serve it in all."""
+    """The API of ``platform`` served at ``api_url``; ``processes``: how many serve it in all.
+
+    Its HTTP protocol closes connections that take over ``api_header_timeout_s`` to send a request's
+    headers and keeps at most ``api_max_connections`` open (:mod:`ffdl.cli.guarded_http`)."""
     address = urlparse(api_url)
+    settings = platform.settings
     config = uvicorn.Config(
         create_app(platform, open_api=open_api, processes=processes),
         host=address.hostname or "127.0.0.1",
         port=address.port or 8080,
+        http=guarded_protocol(settings.api_header_timeout_s, settings.api_max_connections),
         log_level="warning",
         lifespan="off",
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,

@@ -477,24 +477,36 @@ class Projection:
                     return str(row[0])
         return None
 
-    def changed_jobs(self, after: int, limit: int = 500) -> tuple[int, list[JsonObject], list[str]]:
+    def changed_jobs(self, after: int, limit: int = 500) -> tuple[int, list[JsonObject], dict[str, str]]:
         """Jobs that changed since history row ``after`` (its rowid; 0: from the start): the last
         row read (what a follower of the job list asks after next), the current documents of those
-        that changed, and the ids of those deleted from the listings.
+        that changed, and the ids of those deleted from the listings with their tenants (from their
+        first event: the document that named it is gone), so a follower is shown only its own.
         Rows only ever append, so the rowid is a cursor over every change in projection order."""
         with self._connection() as db:
             rows = db.execute(
                 "SELECT rowid, job_id FROM history WHERE rowid > ? ORDER BY rowid LIMIT ?", (after, limit)
             ).fetchall()
             if not rows:
-                return after, [], []
+                return after, [], {}
             changed = sorted({job_id for _, job_id in rows})
             documents = db.execute(
                 f"SELECT document FROM jobs WHERE job_id IN ({','.join('?' * len(changed))})", changed
             ).fetchall()
-        found = [json.loads(doc) for (doc,) in documents]
-        gone = sorted(set(changed) - {document["job_id"] for document in found})
-        return int(rows[-1][0]), found, gone
+            found = [json.loads(doc) for (doc,) in documents]
+            gone = sorted(set(changed) - {document["job_id"] for document in found})
+            owners = (
+                dict(
+                    db.execute(
+                        f"SELECT job_id, json_extract(body, '$.tenant') FROM history"
+                        f" WHERE seq = 1 AND job_id IN ({','.join('?' * len(gone))})",
+                        gone,
+                    ).fetchall()
+                )
+                if gone
+                else {}
+            )
+        return int(rows[-1][0]), found, {job_id: str(owners.get(job_id, "")) for job_id in gone}
 
     def last_change(self) -> int:
         """The cursor of :meth:`changed_jobs` at the present (the last history row)."""

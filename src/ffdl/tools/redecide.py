@@ -76,6 +76,7 @@ from ffdl.core.job import Job, evolve
 from ffdl.core.kinds import JOBS, KINDS, NODES, aggregate_kinds
 from ffdl.core.nodes import NodeRecord
 from ffdl.core.restart import RestartPolicy
+from ffdl.core.tenancy import PriorityCeilings
 from ffdl.events import job_commands as cmd
 from ffdl.events import job_events as ev
 from ffdl.events import nodes as nd
@@ -502,9 +503,10 @@ class _ClusterTimeline:
 class _Folded:
     """The jobs and nodes folded so far from the recorded events, and the one decision step on them."""
 
-    def __init__(self, policy: RestartPolicy) -> None:
+    def __init__(self, policy: RestartPolicy, ceilings: PriorityCeilings | None) -> None:
         self.kinds = aggregate_kinds(policy)
         self.book = Aggregates(self.kinds)
+        self.ceilings = ceilings
 
     def state(self, command: AnyCommand) -> State | None:
         kind = self.kinds.of(command)
@@ -531,6 +533,7 @@ class _Folded:
                 producer=way.by,
                 leader_token=way.leader_token,
                 outside=cluster.refusal,
+                ceilings=self.ceilings,
             )
             return [*decided]
         except UnknownAggregate:
@@ -546,9 +549,12 @@ def redecide(
     events: Iterable[LoggedEvent],
     policy: RestartPolicy,
     changes: Sequence[DecisionChange] = DECISION_CHANGES,
+    ceilings: PriorityCeilings | None = None,
 ) -> Redecided:
     """Decide every command again, each on its job or node folded from the recorded events before it,
-    and compare with the events the log records for it; ``changes``: the known changes of decision."""
+    and compare with the events the log records for it; ``changes``: the known changes of decision;
+    ``ceilings``: the tenants' priority ceilings the owner held submissions to (they are the tenants
+    file's, not the log's: without them a submission refused for its priority diverges)."""
     items = list(commands)
     logged_events = list(events)
     index_of = {(logged.partition, logged.offset): index for index, logged in enumerate(logged_events)}
@@ -558,7 +564,7 @@ def redecide(
     in_file = {item.command.command_id for item in items}
     maybe_undecided = _maybe_undecided(items, causes)
     found = Redecided(commands=len(items), events=read, skipped=skipped)
-    folded = _Folded(policy)
+    folded = _Folded(policy, ceilings)
     cursor = dict.fromkeys(histories, 0)
     owner = "owner"
     for index, item in enumerate(items):
@@ -646,10 +652,12 @@ def _explained(
     return None
 
 
-def redecide_files(events_path: Path | str, policy: RestartPolicy) -> JsonObject:
+def redecide_files(
+    events_path: Path | str, policy: RestartPolicy, ceilings: PriorityCeilings | None = None
+) -> JsonObject:
     """:func:`redecide` over ``NAME.events.jsonl`` and the ``NAME.commands.jsonl`` beside it."""
     commands_path = commands_beside(events_path)
-    found = redecide(read_commands(commands_path), read_log(events_path), policy)
+    found = redecide(read_commands(commands_path), read_log(events_path), policy, ceilings=ceilings)
     log.info("log re-decided", events=str(events_path), commands=found.commands, divergences=found.diverged)
     return {
         "events_file": str(events_path),

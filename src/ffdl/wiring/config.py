@@ -13,7 +13,8 @@ nothing new is placed there.
 The API is served by ``api_workers`` processes (one per usable CPU by default) sharing its port: the
 projection file takes any number of readers. Bounds on what API callers may ask for:
 ``max_request_bytes`` per request body, ``max_followers`` open streams (events, logs) in all and
-``max_followers_per_tenant`` per tenant (each API process admits its share). A job's
+``max_followers_per_tenant`` per tenant (each API process admits its share), ``api_header_timeout_s``
+for a connection to send a request's headers and ``api_max_connections`` open per process. A job's
 ``data_dir`` and ``result_dir`` are URIs the platform never opens (``s3://...``), paths relative
 to the job's own directory, or absolute paths under ``data_roots`` / ``result_roots``
 (``FFDL_DATA_ROOTS='["/data"]'``); with no roots configured no absolute path is accepted.
@@ -144,6 +145,12 @@ class Settings(BaseSettings):
         default=None, description="mqtt://HOST:PORT: retained job status out, telemetry in"
     )
     max_request_bytes: int = Field(default=256 * 1024, gt=0)
+    api_header_timeout_s: float = Field(
+        default=10.0, gt=0, description="seconds a connection has to send a request's headers, whole"
+    )
+    api_max_connections: int = Field(
+        default=1024, ge=1, description="open connections each API process keeps; more are closed at once"
+    )
     direct_tenants: list[Annotated[str, Field(pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")]] = Field(
         default_factory=list,
         description="tenants that write commands to the broker themselves, each to TOPIC_PREFIX.tenant."

@@ -42,6 +42,7 @@ from ffdl.adapters.election import open_election
 from ffdl.adapters.heartbeats import EtcdJobUsers, open_job_logins, open_store
 from ffdl.adapters.inventory import ConfiguredInventory
 from ffdl.adapters.launchers.isolation import protect_data_dir
+from ffdl.adapters.tenants import TenantRegistry
 from ffdl.core.authorization import ANONYMOUS, SCHEDULER, Principal
 from ffdl.core.kinds import aggregate_kinds
 from ffdl.handlers.aio import Backoff, supervise
@@ -180,6 +181,7 @@ class Platform:
                 self.election,
                 producer=f"owner@{self.instance}",
                 kinds=aggregate_kinds(self.policy),
+                ceilings=TenantRegistry(s.tenants_path).max_priority,
             )
             owner, reactor = self.owner, self.reactor
             owners, reactors = self.owners_group, self._group("reactors")

@@ -99,6 +99,9 @@ class PodSettings:
     service_account: str | None = None
     storage_claim: str | None = None
     run_as_user: int = 1000
+    #: The most each scratch volume (/tmp, the working directory) may hold: the kubelet evicts a pod
+    #: past it, so one job's learner cannot fill a node's disk under other tenants' pods.
+    scratch_limit_mb: int = 16384
     termination_grace_s: int = 30
     gpu_type_labels: tuple[str, ...] = ("ffdl.io/gpu-type", "nvidia.com/gpu.product")
     entrypoint: tuple[str, ...] = ("tini", "-s", "-g", "--")
@@ -322,6 +325,7 @@ def pod_manifest(
         **{LABEL_ATTEMPT: str(request.attempt), LABEL_RANK: str(learner.rank)},
     )
     metadata["ownerReferences"] = [owner_reference(owner)]
+    scratch = {"sizeLimit": f"{settings.scratch_limit_mb}Mi"}
     pod_spec: KubeObject = {
         "restartPolicy": "Never",
         "hostname": name,
@@ -375,8 +379,8 @@ def pod_manifest(
             }
         ],
         "volumes": [
-            {"name": "tmp", "emptyDir": {}},
-            {"name": "work", "emptyDir": {}},
+            {"name": "tmp", "emptyDir": scratch},
+            {"name": "work", "emptyDir": scratch},
             *_storage_volumes(settings),
         ],
     }

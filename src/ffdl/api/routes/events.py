@@ -16,7 +16,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
 from ffdl.adapters.tenants import Principal
-from ffdl.api.dependencies import MAX_OFFSET, Backend, Caller, PlatformBackend, problem, read
+from ffdl.api.dependencies import MAX_OFFSET, Backend, Caller, PlatformBackend, event_id, read
 from ffdl.api.followers import KEEP_ALIVE_S
 from ffdl.core.kinds import JOBS
 from ffdl.core.states import JobState
@@ -43,9 +43,7 @@ async def events(
         return {"events": await backend.redacted(caller, history)}
     start = after_seq
     if last := request.headers.get("last-event-id", ""):
-        if not (last.isascii() and last.isdigit() and len(last) <= 19 and int(last) <= MAX_OFFSET):
-            raise problem(422, f"must be the seq of an event: an integer up to {MAX_OFFSET}", "Last-Event-ID")
-        start = int(last)
+        start = event_id(last, "Last-Event-ID")
     backend.followers.admit(caller.tenant)
     return backend.followers.stream(
         caller.tenant,

@@ -21,6 +21,7 @@ from ffdl.adapters.tenants import Principal
 from ffdl.api.dependencies import Backend, Caller, Manifest, PlatformBackend, problem, read
 from ffdl.core.kinds import JOBS
 from ffdl.core.states import JobState
+from ffdl.core.tenancy import priority_problem
 from ffdl.events import job_commands as cmd
 from ffdl.events.envelope import CommandData
 
@@ -48,7 +49,12 @@ async def write_job(
 
 @router.post("/v1/jobs", status_code=201)
 async def submit(caller: Caller, spec: Manifest, backend: Backend, response: Response) -> dict[str, Any]:
-    """Submit a job: JSON or YAML, our manifest or FfDL's. Answers once the job is on the log."""
+    """Submit a job: JSON or YAML, our manifest or FfDL's. Answers once the job is on the log. A
+    tenant's job may not have a priority above its ceiling (403 naming ``priority``)."""
+    if not caller.admin:
+        ceiling = backend.tenants.max_priority(caller.tenant)
+        if above := priority_problem(caller.tenant, spec.priority, ceiling):
+            raise problem(403, above, "priority")
     job_id = f"{spec.name}-{uuid.uuid4().hex[:8]}"
     return await write_job(backend, caller, job_id, caller.tenant, cmd.SubmitJob(spec=spec), response)
 

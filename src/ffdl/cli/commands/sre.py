@@ -358,8 +358,10 @@ def verify(
 
     A record of the bus that is no event is a violation too (kind 'undecodable', at its position).
     With --redecide, LOG (NAME.events.jsonl) is decided again with today's deciders, command by command
-    from NAME.commands.jsonl ('ffdl export --commands'); exit 1 on a decision that differs.
+    from NAME.commands.jsonl ('ffdl export --commands'); exit 1 on a decision that differs. Tenants'
+    submissions are held to the priority ceilings of the tenants file (FFDL_TENANTS_FILE), if it exists.
     """
+    from ffdl.adapters.tenants import TenantRegistry  # noqa: PLC0415
     from ffdl.tools import sre  # noqa: PLC0415
     from ffdl.tools.redecide import redecide_files, report_lines  # noqa: PLC0415
 
@@ -367,7 +369,10 @@ def verify(
     if redecide:
         if log is None or bus is not None:
             raise _sre_usage("--redecide reads a LOG file (NAME.events.jsonl), not a bus")
-        report = _sre(lambda: redecide_files(log, settings.restart_policy))
+        # the owner held tenants' submissions to the ceilings of the tenants file: this one, if any
+        tenants = settings.tenants_path
+        ceilings = TenantRegistry(tenants).max_priority if tenants.exists() else None
+        report = _sre(lambda: redecide_files(log, settings.restart_policy, ceilings))
         if json_output:
             print_json(report)
         else:
