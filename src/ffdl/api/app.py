@@ -33,6 +33,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ffdl.api.dependencies import PlatformBackend, field_problems, problem
 from ffdl.api.routes import cluster, dashboard, events, health, jobs, logs, nodes
+from ffdl.api.strict_json import StrictJSONResponse
 from ffdl.wiring.platform import Platform
 
 
@@ -43,7 +44,10 @@ def create_app(platform: Platform, *, open_api: bool = False, processes: int = 1
     demo); without it, no tenant means nobody gets in. ``processes``: how many serve the API in all
     (each admits its share of the open streams)."""
     app = FastAPI(
-        title="ffdl", version="1", summary="Event-sourced multi-tenant deep-learning training platform"
+        title="ffdl",
+        version="1",
+        summary="Event-sourced multi-tenant deep-learning training platform",
+        default_response_class=StrictJSONResponse,
     )
     app.state.backend = PlatformBackend(platform, open_api=open_api, processes=processes)
     app.exception_handler(RequestValidationError)(invalid_request)

@@ -16,7 +16,6 @@ storage. Its own reads follow the API's tenancy: a tenant sees its jobs, others'
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,6 +27,7 @@ from fastapi.responses import FileResponse, StreamingResponse
 from ffdl.adapters.tenants import Principal
 from ffdl.api.dependencies import Backend, Caller, PlatformBackend, principal, problem, read
 from ffdl.api.followers import KEEP_ALIVE_S
+from ffdl.events.reports import strict_dumps
 from ffdl.projections.timemachine import cluster_at, hide_others, tenant_rows, utilisation
 
 router = APIRouter()
@@ -96,7 +96,7 @@ async def _job_changes(
         mine = [document for document in documents if caller.may_see(document["tenant"])]
         mine = await backend.redacted(caller, mine)
         if mine or gone:
-            data = json.dumps({"jobs": mine, "gone": gone})
+            data = strict_dumps({"jobs": mine, "gone": gone})
             yield f"id: {cursor}\nevent: jobs\ndata: {data}\n\n".encode()
 
 
