@@ -165,6 +165,7 @@ class Platform:
                 stop_grace_s=s.stop_grace_s,
                 job_dir=s.job_dir,
                 result_roots=tuple(s.result_roots),
+                checkpoints=s.checkpoint_places,
             )
             monitor = Monitor(
                 self.heartbeats,
@@ -179,7 +180,7 @@ class Platform:
                 self.topics,
                 self.election,
                 producer=f"owner@{self.instance}",
-                kinds=aggregate_kinds(self.policy),
+                kinds=aggregate_kinds(self.policy, s.checkpoint_places),
             )
             owner, reactor = self.owner, self.reactor
             owners, reactors = self.owners_group, self._group("reactors")
