@@ -96,10 +96,10 @@ def bound_metrics(raw: object) -> BoundedMetrics:
         names = sorted(kept)
         dropped.append(f"{len(names) - MAX_METRICS} metrics over the limit of {MAX_METRICS} dropped")
         kept = {name: kept[name] for name in names[:MAX_METRICS]}
-    return BoundedMetrics(dict(sorted(kept.items())), _few(dropped))
+    return BoundedMetrics(dict(sorted(kept.items())), few_reasons(dropped))
 
 
-def _few(reasons: list[str]) -> tuple[str, ...]:
+def few_reasons(reasons: list[str]) -> tuple[str, ...]:
     """At most :data:`MAX_DROP_REASONS` reasons, each at most 200 characters: a report that drops ten
     thousand metrics must not carry ten thousand reasons."""
     if len(reasons) > MAX_DROP_REASONS:

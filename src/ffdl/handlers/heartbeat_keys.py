@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ffdl.events.reports import MAX_STEP, bound_metrics, bound_step
+from ffdl.events.reports import MAX_STEP, bound_metrics, bound_step, few_reasons, finite_or_null
 
 JOBS_PREFIX = "/ffdl/jobs/"
 
@@ -140,6 +140,8 @@ class LearnerBeat:
         if checkpoint is not None and not isinstance(checkpoint, dict):
             dropped.append(f"checkpoint is not an object: {type(checkpoint).__name__}")
             checkpoint = None
+        # read as data only (the monitor validates it as a Checkpoint): a NaN in it is null
+        checkpoint = finite_or_null(checkpoint)
         host = raw.get("host", "")
         return cls(
             attempt=attempt,
@@ -151,7 +153,7 @@ class LearnerBeat:
             last_progress=_instant(raw.get("last_progress")),
             started_at=_instant(raw.get("started_at")),
             checkpoint=checkpoint,
-            dropped=(*dropped, *metrics.dropped),
+            dropped=few_reasons([*dropped, *metrics.dropped]),
         )
 
 
