@@ -266,22 +266,28 @@ class HeartbeatTracker:
         if parsed.kind == "exit":
             self._on_exit_record(parsed.job_id, parsed.attempt or 0, parsed.rank, value, now)
             return
+        watched = self._watched.get(parsed.job_id)
+        tenant = watched.job.tenant if watched is not None else None
         try:
             beat = LearnerBeat.from_json(value)
         except ValueError as exc:
             self._note(
-                "warning", "unreadable heartbeat ignored", key=key, job_id=parsed.job_id, error=str(exc)
+                "warning",
+                "unreadable heartbeat ignored",
+                key=key,
+                job_id=parsed.job_id,
+                tenant=tenant,
+                error=str(exc),
             )
             return
         previous = self._beats_by_key.get(key)
         self._beats_by_key[key] = beat
-        watched = self._watched.get(parsed.job_id)
         if beat.dropped and (previous is None or previous.dropped != beat.dropped):
             self._note(
                 "warning",
                 "learner report cut to the bounds",
                 job_id=parsed.job_id,
-                tenant=watched.job.tenant if watched is not None else None,
+                tenant=tenant,
                 rank=parsed.rank,
                 reasons=list(beat.dropped),
             )
