@@ -33,6 +33,7 @@ from ffdl.events.envelope import Event, EventData
 from ffdl.events.model import JobSpec, LearnerPlacement, Placement
 from ffdl.events.reports import MAX_DROP_REASONS, MAX_METRICS, MAX_STEP, loads_finite, strict_dumps
 from ffdl.handlers.heartbeat_keys import LearnerBeat, learner_key, parse_exit, parse_key
+from ffdl.handlers.heartbeat_tracker import HeartbeatTracker, Note, Report
 from ffdl.handlers.messaging import CommandSender, Topics
 from ffdl.handlers.monitoring import Monitor
 from ffdl.handlers.ports import Bus, OutgoingRecord, Position, RecordTooLarge
@@ -309,3 +310,23 @@ async def test_a_report_the_log_refuses_is_dropped_and_holds_up_no_other_jobs(tm
         await running_monitor
         await bus.close()
         await store.close()
+
+
+def test_the_monitor_logs_a_cut_report_with_job_tenant_and_reasons_and_sends_the_reasons_on() -> None:
+    tracked = HeartbeatTracker(grace_s=0.0, launch_timeout_s=60.0, progress_interval_s=0.0)
+    tracked.resync({}, 0.0, revision=1)
+    tracked.observe(running(), adopted=False, now=0.0)
+    raw = {"attempt": 1, "step": 4, "metrics": {"loss": math.nan, "acc": 0.5}}
+
+    effects = tracked.put(learner_key("job-1", 0), json.dumps(raw).encode(), 1.0)
+
+    (note,) = [effect for effect in effects if isinstance(effect, Note)]
+    reasons = ["metric 'loss' is not finite (nan)"]
+    assert (note.message, note.details) == (
+        "learner report cut to the bounds",
+        {"job_id": "job-1", "tenant": "acme", "rank": 0, "reasons": reasons},
+    )
+    progress = [effect.data for effect in effects if isinstance(effect, Report)]
+    assert progress == [
+        cmd.ReportProgress(rank=0, attempt=1, step=4, metrics={"acc": 0.5}, dropped=tuple(reasons))
+    ]
