@@ -75,7 +75,6 @@ from ffdl.core.decider import launch_on_allocation
 from ffdl.core.job import Job, evolve
 from ffdl.core.kinds import JOBS, KINDS, NODES, aggregate_kinds
 from ffdl.core.nodes import NodeRecord
-from ffdl.core.places import CheckpointPlaces
 from ffdl.core.restart import RestartPolicy
 from ffdl.events import job_commands as cmd
 from ffdl.events import job_events as ev
@@ -503,8 +502,8 @@ class _ClusterTimeline:
 class _Folded:
     """The jobs and nodes folded so far from the recorded events, and the one decision step on them."""
 
-    def __init__(self, policy: RestartPolicy, checkpoints: CheckpointPlaces | None) -> None:
-        self.kinds = aggregate_kinds(policy, checkpoints)
+    def __init__(self, policy: RestartPolicy) -> None:
+        self.kinds = aggregate_kinds(policy)
         self.book = Aggregates(self.kinds)
 
     def state(self, command: AnyCommand) -> State | None:
@@ -547,11 +546,9 @@ def redecide(
     events: Iterable[LoggedEvent],
     policy: RestartPolicy,
     changes: Sequence[DecisionChange] = DECISION_CHANGES,
-    checkpoints: CheckpointPlaces | None = None,
 ) -> Redecided:
     """Decide every command again, each on its job or node folded from the recorded events before it,
-    and compare with the events the log records for it; ``changes``: the known changes of decision;
-    ``checkpoints``: the jobs' checkpoint places the owner decided with (None: anywhere)."""
+    and compare with the events the log records for it; ``changes``: the known changes of decision."""
     items = list(commands)
     logged_events = list(events)
     index_of = {(logged.partition, logged.offset): index for index, logged in enumerate(logged_events)}
@@ -561,7 +558,7 @@ def redecide(
     in_file = {item.command.command_id for item in items}
     maybe_undecided = _maybe_undecided(items, causes)
     found = Redecided(commands=len(items), events=read, skipped=skipped)
-    folded = _Folded(policy, checkpoints)
+    folded = _Folded(policy)
     cursor = dict.fromkeys(histories, 0)
     owner = "owner"
     for index, item in enumerate(items):
@@ -649,12 +646,10 @@ def _explained(
     return None
 
 
-def redecide_files(
-    events_path: Path | str, policy: RestartPolicy, checkpoints: CheckpointPlaces | None = None
-) -> JsonObject:
+def redecide_files(events_path: Path | str, policy: RestartPolicy) -> JsonObject:
     """:func:`redecide` over ``NAME.events.jsonl`` and the ``NAME.commands.jsonl`` beside it."""
     commands_path = commands_beside(events_path)
-    found = redecide(read_commands(commands_path), read_log(events_path), policy, checkpoints=checkpoints)
+    found = redecide(read_commands(commands_path), read_log(events_path), policy)
     log.info("log re-decided", events=str(events_path), commands=found.commands, divergences=found.diverged)
     return {
         "events_file": str(events_path),

@@ -367,7 +367,7 @@ def verify(
     if redecide:
         if log is None or bus is not None:
             raise _sre_usage("--redecide reads a LOG file (NAME.events.jsonl), not a bus")
-        report = _sre(lambda: redecide_files(log, settings.restart_policy, settings.checkpoint_places))
+        report = _sre(lambda: redecide_files(log, settings.restart_policy))
         if json_output:
             print_json(report)
         else:
