@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
+from ffdl.cli.main import app
 from ffdl.events.codec import event_to_dict
 from ffdl.events.reports import MAX_METRICS
 from ffdl.handlers.heartbeat_keys import learner_key
@@ -194,7 +196,7 @@ def forged_checkpoints(place: Path) -> list[str]:
 
 
 async def test_a_forged_checkpoint_is_refused_and_never_resumed_from(
-    api: Api, platform: Platform, settings: Settings
+    api: Api, platform: Platform, settings: Settings, tmp_path: Path
 ) -> None:
     job_id = await api.submit(manifest("victim", learners=1, args=["--steps", "100000", "--delay", "0.05"]))
     await api.wait_for(job_id, lambda job: job["latest_checkpoint"] is not None, "a checkpoint of its own")
@@ -227,3 +229,21 @@ async def test_a_forged_checkpoint_is_refused_and_never_resumed_from(
     log = settings.work_dir / job_id / "logs" / "attempt-2" / "learner-0.log"
     assert "resumed from step" in log.read_text()
     await api.http.delete(f"/v1/jobs/{job_id}")
+    await api.wait(job_id, "CANCELLED", released=True)
+
+    # the check before an upgrade: the log decides again as the owner decided, refusals and all
+    report = await redecided(settings, tmp_path / "run.events.jsonl")
+    assert report["divergences"] == 0 and report["known_changes"] == {"checkpoint-places": len(forged)}
+
+
+async def redecided(settings: Settings, log: Path) -> Any:
+    """``ffdl export --commands`` of the platform's log, then ``ffdl verify --redecide`` of it."""
+    env = {"FFDL_DATA_DIR": str(settings.data_dir), "FFDL_PARTITIONS": str(settings.partitions)}
+
+    def ffdl(*args: str) -> Any:
+        result = CliRunner().invoke(app, [*args, "--json"], env=env)
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)
+
+    await asyncio.to_thread(ffdl, "export", "--commands", "-o", str(log))
+    return await asyncio.to_thread(ffdl, "verify", "--redecide", str(log))
