@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -127,6 +128,25 @@ async def test_a_nan_loss_leaves_every_read_strict_json(api: Api, platform: Plat
     assert job["learners"][0]["metrics"] == {"acc": 0.25}
     assert [doc["job_id"] for doc in listed["jobs"]] == [job_id]
     assert [event["seq"] for event in streamed] == [event["seq"] for event in events["events"]]
+
+
+async def test_a_document_an_older_platform_stored_with_nan_is_served_with_null(
+    api: Api, platform: Platform, settings: Settings
+) -> None:
+    job_id = await quiet_job(api, "stored")
+    await forge_beat(platform, job_id, step=5, metrics={"acc": 0.25})
+    await api.wait_for(job_id, lambda job: job["learners"][0]["step"] == 5, "the report")
+    await api.http.delete(f"/v1/jobs/{job_id}")
+    await api.wait(job_id, "CANCELLED", released=True)
+    with sqlite3.connect(settings.projection_path) as db:  # as a projection of an older platform holds it
+        db.execute("UPDATE jobs SET document = replace(document, '\"acc\":0.25', '\"acc\":NaN')")
+
+    for path in ("/v1/jobs", f"/v1/jobs/{job_id}"):
+        response = await api.http.get(path)
+        assert response.status_code == 200, response.text
+        body = strict_loads(response.content)
+        document = body["jobs"][0] if "jobs" in body else body
+        assert document["learners"][0]["metrics"] == {"acc": None}
 
 
 @pytest.fixture
