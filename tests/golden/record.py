@@ -27,9 +27,13 @@ decision ``launch-in-allocation`` (``ffdl.tools.redecide.DECISION_CHANGES``). Th
 by the owner that launches in the allocation's own decision are the ``NAME_direct_launch`` logs. Both
 were recorded before principals: their commands name none, the reactor admitted jobs, the scheduler's
 commands were checked against no leader and jobs were placed on nodes the log never had, all of which
-today's owner refuses; those decisions replay through the known change ``principals``. Today's
-stories, each command sent for its principal and every node observed before a job is placed on it,
+today's owner refuses; those decisions replay through the known change ``principals``. The stories
+told with each command sent for its principal and every node observed before a job is placed on it
 are the ``NAME_principals`` logs, with ``forged_commands_principals``: what a hostile sender tries.
+Today's stories, the same with learners' progress in its second version (bounded metrics and the reasons of
+what was dropped, ``LearnerProgressed`` and ``ReportProgress`` v2; ``JobCompleted`` and
+``FinishStoring`` v2), are the ``NAME_bounded_reports`` logs; the ``_principals`` logs replay through
+the upcasters.
 
 The :class:`Owner` here is the partition owner without I/O: the owner's gate and the job and node
 deciders, their folds and the cluster view, on a virtual clock, the way ``handlers/owner.py`` runs
@@ -731,21 +735,21 @@ def forged_commands(owner: Owner) -> None:
 
 #: Each scenario as today's platform tells it, with its owner's restart policy.
 SCENARIOS: dict[str, tuple[Callable[[Owner], None], RestartPolicy]] = {
-    "happy_path_principals": (happy_path, RestartPolicy()),
-    "restart_after_kill_principals": (
+    "happy_path_bounded_reports": (happy_path, RestartPolicy()),
+    "restart_after_kill_bounded_reports": (
         restart_after_kill,
         RestartPolicy(base_s=1.0, factor=2.0, max_backoff_s=60.0),
     ),
-    "halt_resume_principals": (halt_resume, RestartPolicy()),
-    "cancel_principals": (cancel, RestartPolicy()),
-    "max_restarts_failure_principals": (
+    "halt_resume_bounded_reports": (halt_resume, RestartPolicy()),
+    "cancel_bounded_reports": (cancel, RestartPolicy()),
+    "max_restarts_failure_bounded_reports": (
         max_restarts_failure,
         RestartPolicy(base_s=0.5, factor=3.0, max_backoff_s=30.0),
     ),
-    "rejected_commands_principals": (rejected_commands, RestartPolicy()),
-    "preemption_principals": (preemption, RestartPolicy()),
-    "node_drain_principals": (node_drain, RestartPolicy()),
-    "forged_commands_principals": (forged_commands, RestartPolicy()),
+    "rejected_commands_bounded_reports": (rejected_commands, RestartPolicy()),
+    "preemption_bounded_reports": (preemption, RestartPolicy()),
+    "node_drain_bounded_reports": (node_drain, RestartPolicy()),
+    "forged_commands_bounded_reports": (forged_commands, RestartPolicy()),
 }
 #: The instant every golden log starts at.
 START = datetime(2024, 5, 1, 9, 0, tzinfo=UTC)

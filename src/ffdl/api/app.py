@@ -37,6 +37,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ffdl.api.dependencies import PlatformBackend, field_problems, problem
 from ffdl.api.routes import cluster, dashboard, events, health, jobs, logs, nodes
+from ffdl.api.strict_json import StrictJSONResponse
 from ffdl.wiring.platform import Platform
 
 log = structlog.get_logger(__name__)
@@ -56,6 +57,7 @@ def create_app(platform: Platform, *, open_api: bool = False, processes: int = 1
         # The document stays at /openapi.json (and docs/openapi.json) for any viewer to read.
         docs_url=None,
         redoc_url=None,
+        default_response_class=StrictJSONResponse,
     )
     app.state.backend = PlatformBackend(platform, open_api=open_api, processes=processes)
     app.exception_handler(RequestValidationError)(invalid_request)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ffdl.core.job import Job
 from ffdl.core.kinds import JOBS
+from ffdl.core.places import CheckpointPlaces
 from ffdl.core.reconcile import Action
 from ffdl.events.envelope import CommandData
 from ffdl.events.ids import reaction_command_id
@@ -25,6 +26,8 @@ class ReactionContext:
     job_dir: Callable[[str], Path | None] = lambda job_id: None
     #: Where else a job's results may be measured (absolute result places).
     result_roots: tuple[Path, ...] = ()
+    #: Where a job's checkpoints must lie: an attempt is never launched from one elsewhere.
+    checkpoints: CheckpointPlaces | None = None
 
     async def send(self, job: Job, action: Action, *data: CommandData) -> None:
         """Send the commands an action calls for, in one append, each with an id fixed by the job,

@@ -180,9 +180,11 @@ class JobOwner(Follower):
             return
         for event in events:
             if isinstance(event.data, ev.CommandRejected | nd.NodeCommandRejected):
+                kind = self.book.kinds.of(command)
                 log.warning(
                     "command refused",
-                    **self.book.kinds.of(command).ids(command),
+                    **kind.ids(command),
+                    tenant=kind.tenant_of(command),
                     command=command.type,
                     command_id=str(command.command_id),
                     principal=str(principal),

@@ -38,7 +38,10 @@ Three things are told apart from a divergence:
   gate is such a change (``principals``): a command recorded without a principal that today's gate
   refuses (a reactor's admission, a scheduler's command checked against no leader, an allocation on
   a node the log never had) is decided again without the gate, as the release before it decided it,
-  and counted under its name when that is the recorded decision.
+  and counted under its name when that is the recorded decision. A checkpoint the owner refused as
+  outside the job's checkpoint place (``checkpoint-places``) is one too: the place is the owner's
+  configuration, not in the log, so checkpoints are decided with no place and such a refusal is
+  taken for the owner's decision.
 * **Commands not decided yet.** The owner decides a partition's commands in offset order and commits
   after appending their events, so every command before the last one of its partition that caused
   an event was decided. A command after it that caused nothing may not have been read yet when the
@@ -89,7 +92,7 @@ from ffdl.events.codec import (
     command_to_json,
     event_to_dict,
 )
-from ffdl.events.envelope import Event
+from ffdl.events.envelope import Command, Event
 from ffdl.events.ids import derived_id
 from ffdl.events.position import Position
 from ffdl.handlers.messaging import Topics, misrouted, principal_of
@@ -306,6 +309,29 @@ def _launch_in_the_allocation(
     return [allocated, launching]
 
 
+def _refused_outside_the_place(
+    before: State | None, command: AnyCommand, recorded: Sequence[AnyEvent]
+) -> list[AnyEvent] | None:
+    """A ``ReportCheckpoint`` the owner refused as outside the job's checkpoint place.
+
+    The place is the owner's configuration (the learners' root, ``FFDL_CHECKPOINT_PLACE``), which
+    the log does not hold, so the re-decider decides checkpoints with no place and takes the owner's
+    refusal, recognised by its reason, for the decision the owner made with its place.
+    """
+    if not (
+        isinstance(before, Job)
+        and isinstance(command, Command)
+        and isinstance(command.data, cmd.ReportCheckpoint)
+        and len(recorded) == 1
+        and isinstance(recorded[0], Event)
+        and isinstance(recorded[0].data, ev.CommandRejected)
+        and recorded[0].data.reason.startswith(f"checkpoint {command.data.checkpoint.uri!r:.300} refused: ")
+    ):
+        return None
+    at, owner = recorded[0].occurred_at, recorded[0].producer
+    return list(JOBS.decide(before, command, at, producer=owner, leader_token=None))
+
+
 #: The owner's gate (:func:`~ffdl.core.authorization.decide_as`): who may send what, the scheduler's
 #: commands only with the leader's token, allocations checked against the cluster. A command recorded
 #: without a principal was decided by a release without the gate.
@@ -315,6 +341,7 @@ PRINCIPALS = DecisionChange("principals")
 DECISION_CHANGES: tuple[DecisionChange, ...] = (
     DecisionChange("launch-in-allocation", _launch_in_the_allocation),
     PRINCIPALS,
+    DecisionChange("checkpoint-places", _refused_outside_the_place),
 )
 
 

@@ -39,8 +39,10 @@ from pydantic_settings import (
 
 from ffdl.adapters.bus.kafka_config import KafkaConfig
 from ffdl.adapters.heartbeats.etcd_auth import EtcdConfig
+from ffdl.adapters.launchers.k8s_manifests import CHECKPOINT_DIR
 from ffdl.adapters.launchers.kube_config import KubeConfig
 from ffdl.core.allocator import Node
+from ffdl.core.places import JOB_ID_FIELD, CheckpointPlaces
 from ffdl.core.restart import RestartPolicy
 from ffdl.core.scheduling import SchedulerPolicy
 from ffdl.core.tenancy import TenancyPolicy, TenantQuota
@@ -164,6 +166,11 @@ class Settings(BaseSettings):
     result_roots: list[Path] = Field(
         default_factory=list, description="absolute result_dir paths must be under one of these"
     )
+    checkpoint_place: str | None = Field(
+        default=None,
+        description="where each job's checkpoints must lie: a directory or URI prefix with {job_id} "
+        "(s3://bucket/ckpt/{job_id}); default: the launcher's checkpoint directory of the job",
+    )
 
     @classmethod
     def settings_customise_sources(
@@ -237,6 +244,18 @@ class Settings(BaseSettings):
         if not job_id or job_id in (".", "..") or "/" in job_id or "\0" in job_id:
             return None
         return self.work_dir / job_id
+
+    @property
+    def checkpoint_places(self) -> CheckpointPlaces:
+        """Where the owner believes a job's reported checkpoints, and resumes from (DESIGN §6a):
+        ``checkpoint_place``, else the launcher's checkpoint directory as its learners see it (on
+        Kubernetes the job's own volume at one path in every pod; locally ``checkpoints/`` in the
+        job's directory, as :mod:`ffdl.adapters.launchers.local` lays it out)."""
+        if self.checkpoint_place:
+            return CheckpointPlaces(self.checkpoint_place)
+        if self.launcher == "kubernetes":
+            return CheckpointPlaces(CHECKPOINT_DIR)
+        return CheckpointPlaces(f"{self.work_dir.resolve()}/{JOB_ID_FIELD}/checkpoints")
 
     @property
     def projection_path(self) -> Path:

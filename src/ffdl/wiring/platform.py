@@ -166,6 +166,7 @@ class Platform:
                 stop_grace_s=s.stop_grace_s,
                 job_dir=s.job_dir,
                 result_roots=tuple(s.result_roots),
+                checkpoints=s.checkpoint_places,
             )
             monitor = Monitor(
                 self.heartbeats,
@@ -180,7 +181,7 @@ class Platform:
                 self.topics,
                 self.election,
                 producer=f"owner@{self.instance}",
-                kinds=aggregate_kinds(self.policy),
+                kinds=aggregate_kinds(self.policy, s.checkpoint_places),
                 ceilings=TenantRegistry(s.tenants_path).max_priority,
             )
             owner, reactor = self.owner, self.reactor

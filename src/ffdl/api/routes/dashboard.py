@@ -16,7 +16,6 @@ storage. Its own reads follow the API's tenancy: a tenant sees its jobs, others'
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -37,6 +36,7 @@ from ffdl.api.dependencies import (
     read,
 )
 from ffdl.api.followers import KEEP_ALIVE_S
+from ffdl.events.reports import strict_dumps
 from ffdl.projections.timemachine import cluster_at, hide_others, tenant_rows, utilisation
 
 router = APIRouter()
@@ -110,7 +110,7 @@ async def _job_changes(
         mine = await backend.redacted(caller, mine)
         mine_gone = [job_id for job_id, tenant in gone.items() if caller.may_see(tenant)]
         if mine or mine_gone:
-            data = json.dumps({"jobs": mine, "gone": mine_gone})
+            data = strict_dumps({"jobs": mine, "gone": mine_gone})
             yield f"id: {cursor}\nevent: jobs\ndata: {data}\n\n".encode()
 
 

@@ -8,7 +8,6 @@ away is noticed and its stream closed; the open streams are capped in all and pe
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
@@ -20,6 +19,7 @@ from ffdl.api.dependencies import MAX_OFFSET, Backend, Caller, PlatformBackend, 
 from ffdl.api.followers import KEEP_ALIVE_S
 from ffdl.core.kinds import JOBS
 from ffdl.core.states import JobState
+from ffdl.events.reports import strict_dumps
 
 router = APIRouter()
 
@@ -65,7 +65,7 @@ async def follow_events(
         batch = backend.projection.history(JOBS, job_id, seq, FOLLOW_BATCH)
         for event in await backend.redacted(caller, batch):
             seq = event["seq"]
-            yield f"id: {seq}\nevent: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
+            yield f"id: {seq}\nevent: {event['type']}\ndata: {strict_dumps(event)}\n\n".encode()
         if len(batch) == FOLLOW_BATCH:
             continue  # more to read now
         document = backend.projection.get(job_id)

@@ -9,6 +9,7 @@ answers (still 201/202) with the command's id; an illegal one answers 409 with t
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from datetime import UTC, datetime
 from typing import Annotated, Any
@@ -19,11 +20,13 @@ from pydantic import AfterValidator
 
 from ffdl.adapters.tenants import Principal
 from ffdl.api.dependencies import Backend, Caller, Manifest, PlatformBackend, problem, read
+from ffdl.api.strict_json import StrictJSONResponse
 from ffdl.core.kinds import JOBS
 from ffdl.core.states import JobState
 from ffdl.core.tenancy import priority_problem
 from ffdl.events import job_commands as cmd
 from ffdl.events.envelope import CommandData
+from ffdl.events.reports import loads_finite, strict_dumps
 
 router = APIRouter()
 
@@ -124,11 +127,18 @@ async def list_jobs(
         last = json.loads(documents[-1])
         next_cursor = f"{last['submitted_at']}|{last['job_id']}"
     if not caller.admin:  # a tenant's documents are parsed: their reasons may name other tenants' jobs
-        shown = await backend.redacted(caller, [json.loads(document) for document in documents])
-        documents = [json.dumps(document) for document in shown]
-    # an admin's are JSON already: passed on without parsing and re-encoding each
+        shown = await backend.redacted(caller, [loads_finite(document) for document in documents])
+        documents = [strict_dumps(document) for document in shown]
+    else:  # an admin's are JSON already: passed on without parsing and re-encoding each, unless one
+        # stored by an older platform holds a non-finite number's token
+        documents = [strict_dumps(loads_finite(d)) if _NON_FINITE.search(d) else d for d in documents]
     body = f'{{"jobs":[{",".join(documents)}],"next_cursor":{json.dumps(next_cursor)}}}'
     return Response(body, media_type="application/json")
+
+
+#: The tokens Python's ``json`` writes for non-finite numbers (also inside strings: then a document
+#: is re-encoded that needed none, which is harmless).
+_NON_FINITE = re.compile(r"NaN|Infinity")
 
 
 @router.get("/v1/jobs/{job_id}", response_model=None)
@@ -139,7 +149,7 @@ async def get_job(job_id: str, caller: Caller, backend: Backend, after: str | No
     alive = await backend.heartbeats.of(job_id) if not JobState(document["state"]).terminal else {}
     for learner in document["learners"]:
         learner["heartbeat"] = alive.get(learner["rank"], {"alive": False})
-    return JSONResponse(await backend.redacted(caller, document))
+    return StrictJSONResponse(await backend.redacted(caller, document))
 
 
 @router.delete("/v1/jobs/{job_id}", status_code=202)
