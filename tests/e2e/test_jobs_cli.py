@@ -84,6 +84,14 @@ async def test_a_job_through_the_command_line_in_kubectls_habits(
     logged = await cli("logs", job_id, "--tail", "1")
     assert logged.exit_code == 0 and printed(logged) == "starting from step 0", logged.output
 
+    # a job that has not launched has no log yet: said so, not as a 404's field list
+    waiter = await api.submit(manifest("waiter", learners=1, gpus=4, args=LONG))  # node-a has 3 free
+    await api.wait(waiter, "QUEUED")
+    early = await cli("logs", waiter)
+    assert early.exit_code == 2, early.output
+    assert f"error: {waiter} is QUEUED: learner 0 has written no log yet" in early.output, early.output
+    assert (await cli("cancel", waiter)).exit_code == 0
+
     assert (await cli("cancel", job_id)).exit_code == 0
     await api.wait(job_id, "CANCELLED", released=True)
     again = await cli("cancel", job_id)

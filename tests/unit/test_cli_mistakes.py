@@ -106,3 +106,11 @@ def test_the_words_of_an_unreachable_api_and_of_a_missing_file(tmp_path: Path) -
     missing = tmp_path / "manifest.yaml"
     answer = runner.invoke(app, ["submit", str(missing)], env={"FFDL_API": NOWHERE})
     assert (answer.exit_code, answer.output) == (2, f"error: {missing}: No such file or directory\n")
+
+
+@pytest.mark.parametrize("path", sorted(MISTAKES))
+def test_help_texts_speak_to_users_not_to_the_design_notes(path: str) -> None:
+    """A command's help names no section of the design notes ("architecture §5"): its reader is a user."""
+    result = CliRunner().invoke(app, [*path.split(), "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "§" not in result.output and "architecture" not in result.output.lower()
