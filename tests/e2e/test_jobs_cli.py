@@ -100,7 +100,7 @@ async def test_a_job_through_the_command_line_in_kubectls_habits(
     assert kept.exit_code == 1 and f"{job_id} was not deleted" in kept.output, kept.output
     assert (await api.job(job_id))["state"] == "CANCELLED"
     deleted = await cli("delete", job_id, answer="y\n")
-    assert deleted.exit_code == 0, deleted.output
+    assert deleted.exit_code == 0 and f"{job_id}: deleted from the listings" in deleted.output, deleted.output
     await wait_until_async(lambda: gone(api, job_id), 10, what="the job to leave the listings")
 
 

@@ -185,14 +185,7 @@ def list_jobs(
 
     def show(page: dict[str, Any]) -> None:
         names = "\n".join(job["job_id"] for job in page["jobs"])
-        _show(
-            page,
-            chosen,
-            names,
-            lambda: print_table(
-                job_table(page["jobs"], wide=chosen is Output.WIDE), wide=chosen is Output.WIDE
-            ),
-        )
+        _show(page, chosen, names, lambda: _jobs_table(page["jobs"], wide=chosen is Output.WIDE))
 
     def read(client: ApiClient) -> dict[str, Any]:
         return client.list_jobs(state=state, label=label, limit=limit)
@@ -203,15 +196,24 @@ def list_jobs(
         show(call_api(read))
 
 
+def _jobs_table(jobs: list[dict[str, Any]], *, wide: bool) -> None:
+    if jobs:
+        print_table(job_table(jobs, wide=wide), wide=wide)
+    else:
+        console.print("no jobs", style="dim")
+
+
 def _steer(action: str, job_id: str, json_output: bool) -> None:
     result = call_api(lambda c: getattr(c, action)(job_id))
     if json_output:
         print_json(result)
     elif result.get("command_id"):
         console.print(f"{job_id}: asked; the platform has not decided yet (see `ffdl status {job_id}`)")
+    elif result["state"] is None:  # the job has left the listings: deleted
+        console.print(f"{job_id}: deleted from the listings (its events stay on the log)")
     else:
         unchanged = " (nothing changed)" if result.get("changed") is False else ""
-        console.print(f"{job_id}: {styled(result['state'] or 'SUBMITTED')}{unchanged}")
+        console.print(f"{job_id}: {styled(result['state'])}{unchanged}")
 
 
 @app.command()
