@@ -81,7 +81,7 @@ async def test_a_job_through_the_command_line_in_kubectls_habits(
     assert printed(await cli("status", job_id, "-o", "name")) == job_id
     assert "host" in (await cli("status", job_id, "-o", "wide")).output
 
-    logged = await cli("logs", job_id, "--tail", "1")
+    logged = await cli("logs", job_id, "--tail", "1", "--attempt", "1")
     assert logged.exit_code == 0 and printed(logged) == "starting from step 0", logged.output
 
     # a job that has not launched has no log yet: said so, not as a 404's field list
