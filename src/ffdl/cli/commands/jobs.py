@@ -83,7 +83,7 @@ def submit(
         raise fail(ValueError(f"{job['job_id']} can never run: {job['reason']}"), code=1)
 
 
-#: How long ``submit`` waits for the scheduler's admission (a platform without one: not at all longer).
+#: How long ``submit`` waits for the scheduler to admit or refuse the job (none runs: it says SUBMITTED).
 ADMISSION_WAIT_S = 10.0
 
 
