@@ -169,6 +169,24 @@ def kill_tree(pid: int) -> None:
     for member in reversed(tree):  # the deepest first: none of them outlives its parent to go on
         with contextlib.suppress(ProcessLookupError):
             os.kill(member, signal.SIGKILL)
+    # a signal is delivered, not done, when kill returns: a write under way may still land (a last
+    # report); the step the demo prints is read once every one of them has died
+    deadline = time.monotonic() + KILL_WAIT_S
+    while any(_running(member) for member in tree) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+#: How long ``kill_tree`` waits for the killed processes to die.
+KILL_WAIT_S = 5.0
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie has died: it only waits for its parent to reap it)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def reported_step(settings: Settings, job_id: str, attempt: int, rank: int) -> int | None:
