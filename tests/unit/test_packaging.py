@@ -84,9 +84,9 @@ def test_the_lock_pins_every_declared_dependency_within_its_bounds() -> None:
 
 def test_the_install_and_the_image_install_from_the_lock() -> None:
     makefile = (ROOT / "Makefile").read_text()
-    assert "-c $(LOCK) -e '.[$(EXTRAS)]'" in makefile and "LOCK := requirements.lock" in makefile
+    assert "-c $(LOCK) -e" in makefile and "LOCK := requirements.lock" in makefile
     dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
-    assert "pip install -c requirements.lock ." in dockerfile
+    assert re.search(r"pip install -c requirements\.lock '?\.", dockerfile), dockerfile
 
 
 def test_every_manifest_a_document_submits_exists() -> None:
