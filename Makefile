@@ -7,14 +7,24 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 APT_PACKAGES := etcd-server mosquitto mosquitto-clients tini chromium
 PYTEST_ARGS ?=
+# The extras `make test` installs (the project itself always, editable).
+EXTRAS ?= dev
+# Every package of the project and all its extras, pinned: what the venv and the image install
+# (as constraints: each installs only what it needs, at the locked version). `make lock` writes it.
+LOCK := requirements.lock
 
-.PHONY: demo test lint typecheck services schemas clean
+.PHONY: demo test lint typecheck services schemas lock clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -c $(LOCK) -e '.[$(EXTRAS)]'
 	touch $(STAMP)
+
+# Pin again after changing pyproject.toml's dependencies (needs only a Python and the package index).
+lock:
+	[ -x $(BIN)/uv ] || { $(PYTHON) -m venv $(VENV) && $(BIN)/pip install --quiet uv; }
+	$(BIN)/uv pip compile pyproject.toml --all-extras --universal --python-version 3.11 --no-header --quiet -o $(LOCK)
 
 services:
 	@missing=""; \

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import pwd
 import sys
@@ -13,7 +14,9 @@ from typing import Any
 import httpx
 import yaml
 from fastapi import FastAPI
+from typer.testing import CliRunner, Result
 
+from ffdl.cli.main import app
 from ffdl.wiring.config import NodeConfig, Settings
 from tests.services import free_port
 
@@ -106,3 +109,23 @@ class Api:
                 return job
             await asyncio.sleep(0.1)
         raise AssertionError(f"job {job_id}: {what} did not happen; last state {job.get('state')}")
+
+
+class Cli:
+    """``ffdl`` run in process, in a worker thread (the platform's event loop keeps running)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.env = {"FFDL_API": settings.api, "COLUMNS": "80"}  # a terminal of 80 columns
+        self.runner = CliRunner()
+
+    async def __call__(self, *args: str, answer: str | None = None) -> Result:
+        """The command's result; ``answer`` is what the user types when it asks."""
+        return await asyncio.to_thread(self.runner.invoke, app, list(args), input=answer, env=self.env)
+
+    async def json(self, *args: str) -> Any:
+        result = await self(*args, "--json")
+        assert result.exit_code == 0, result.output
+        text = "\n" + result.output  # the platform's own log lines may come before and after
+        start = min(i for i in (text.find("\n{"), text.find("\n[")) if i >= 0) + 1
+        value, _ = json.JSONDecoder().raw_decode(text, start)
+        return value

@@ -4,7 +4,7 @@ and where its checkpoints must lie (:class:`CheckpointPlaces`).
 A place is one of:
 
 * a URI (``s3://bucket/prefix``): the learners' business; the platform never opens it;
-* a path relative to the job's own directory (FfDL's data store containers, ``train-data``);
+* a path relative to the learners' working directory (FfDL's data store containers, ``train-data``);
 * an absolute path under one of the roots the operator configured for that kind of place.
 
 No place climbs out with ``..``. The API refuses a manifest whose places are none of these, and the

@@ -22,7 +22,7 @@ class ReactionContext:
     launcher: Launcher
     learner_env: Mapping[str, str] = field(default_factory=dict)
     stop_grace_s: float = 10.0
-    #: The job's own directory on this host (its learners' working directory), if it has one here.
+    #: The job's own directory on this host, if it has one here (its learners work in its ``work/``).
     job_dir: Callable[[str], Path | None] = lambda job_id: None
     #: Where else a job's results may be measured (absolute result places).
     result_roots: tuple[Path, ...] = ()

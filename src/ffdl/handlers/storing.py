@@ -50,7 +50,9 @@ def _local_place(job: Job, ctx: ReactionContext) -> Path | None:
     path = Path(place)
     if path.is_absolute():
         return path
-    return job_dir / path if job_dir is not None else None
+    # a relative place is where the learner finds it: under its working directory, ``work/`` of the
+    # job's directory (the local launcher's layout), since RESULT_DIR reaches the learner as written
+    return job_dir / "work" / path if job_dir is not None else None
 
 
 def _confined(directory: Path, job: Job, ctx: ReactionContext) -> bool:

@@ -1,7 +1,7 @@
-"""Jobs: submit, list, show, cancel or delete, halt and resume.
+"""Jobs: submit, list, show, cancel, delete, halt and resume.
 
 A write answers with the log position of the event it caused once the projection has applied it;
-one its owner decided to nothing (halting a halting job, cancelling a cancelled one) answers 200 with
+one its owner decided to nothing (halting a halting job, deleting a deleted one) answers 200 with
 the job as it is, ``position: null`` and ``changed: false``; one undecided when the wait ran out
 answers (still 201/202) with the command's id; an illegal one answers 409 with the owner's reason.
 """
@@ -152,14 +152,20 @@ async def get_job(job_id: str, caller: Caller, backend: Backend, after: str | No
     return StrictJSONResponse(await backend.redacted(caller, document))
 
 
-@router.delete("/v1/jobs/{job_id}", status_code=202)
-async def cancel_or_delete(
-    job_id: str, caller: Caller, backend: Backend, response: Response
-) -> dict[str, Any]:
-    """Cancel a live job; delete an ended one from the listings (its events stay on the log)."""
+@router.delete("/v1/jobs/{job_id}", status_code=202, responses={409: {"description": "the job has ended"}})
+async def cancel(job_id: str, caller: Caller, backend: Backend, response: Response) -> dict[str, Any]:
+    """Cancel a live job: its learners stop and its GPUs are freed. A job that has ended has nothing
+    left to cancel (409): removing it from the listings is ``POST /v1/jobs/{id}:delete``, a separate
+    call, so that cancelling twice never makes a job disappear."""
     document = await backend.visible_job(job_id, caller)
-    if JobState(document["state"]).terminal:
-        return await write_job(backend, caller, job_id, document["tenant"], cmd.DeleteJob(), response)
+    state = JobState(document["state"])
+    if state.terminal:
+        raise problem(
+            409,
+            f"{job_id} has ended ({state}): there is nothing to cancel; "
+            f"`ffdl delete {job_id}` (POST /v1/jobs/{job_id}:delete) removes it from the listings",
+            "state",
+        )
     return await write_job(
         backend,
         caller,
@@ -168,6 +174,14 @@ async def cancel_or_delete(
         cmd.CancelJob(reason="cancelled through the API"),
         response,
     )
+
+
+@router.post("/v1/jobs/{job_id}:delete", status_code=202, responses={409: {"description": "the job is live"}})
+async def delete(job_id: str, caller: Caller, backend: Backend, response: Response) -> dict[str, Any]:
+    """Remove an ended job from the listings (its events stay on the log, ``ffdl replay`` reads them).
+    A live job is refused (409): cancel it first."""
+    document = await backend.visible_job(job_id, caller)
+    return await write_job(backend, caller, job_id, document["tenant"], cmd.DeleteJob(), response)
 
 
 @router.post("/v1/jobs/{job_id}:halt", status_code=202)

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from ffdl.cli.commands.common import JsonFlag, fail
+from ffdl.cli.commands.common import JsonFlag, fail, usage
 from ffdl.cli.render import console, print_json
 from ffdl.wiring.config import Settings
 from ffdl.wiring.logging import configure_logging
@@ -19,7 +19,9 @@ app = typer.Typer()
 
 @app.command()
 def up(
-    roles: Annotated[str, typer.Option(help="Comma-separated roles: api,workers,scheduler,projector")] = "",
+    roles: Annotated[
+        str, typer.Option(help="Comma-separated roles: api,workers,scheduler,projector,notifier")
+    ] = "",
     open_api: Annotated[
         bool, typer.Option("--open", help="Serve the API with no tenant: every caller is admin (a laptop).")
     ] = False,
@@ -27,10 +29,14 @@ def up(
     """Run the platform (all roles by default) until interrupted."""
     from ffdl.adapters.tenants import TenantError  # noqa: PLC0415
     from ffdl.cli.serve import serve  # noqa: PLC0415 - heavy imports only for this command
+    from ffdl.wiring.platform import ALL_ROLES  # noqa: PLC0415
 
+    chosen = frozenset(r.strip() for r in roles.split(",") if r.strip()) or None
+    unknown = sorted((chosen or frozenset()) - ALL_ROLES)
+    if unknown:
+        raise usage(f"--roles: no role {', '.join(unknown)}; the roles are {', '.join(sorted(ALL_ROLES))}")
     settings = Settings()
     configure_logging(settings.log_format, settings.log_level)
-    chosen = frozenset(r.strip() for r in roles.split(",") if r.strip()) or None
     try:
         asyncio.run(serve(settings, chosen, open_api=open_api))
     except TenantError as exc:
@@ -40,7 +46,7 @@ def up(
 @app.command()
 def demo(
     chaos: Annotated[bool, typer.Option("--chaos/--no-chaos", help="Kill one learner partway.")] = True,
-    steps: Annotated[int, typer.Option(help="Training steps of the demo job.")] = 240,
+    steps: Annotated[int, typer.Option(min=1, help="Training steps of the demo job.")] = 240,
     keep: Annotated[bool, typer.Option(help="Keep the demo's data directory.")] = False,
     linger: Annotated[
         float, typer.Option(min=0, help="Seconds the dashboard stays up after the job ends.")
