@@ -41,6 +41,7 @@ MISTAKES: dict[str, list[list[str]]] = {
     "verify": [["{missing}"], ["{junk}"], ["--redecide", "{missing}"]],
     "tenants add": [["Not A Name!"], []],
     "tenants list": [["--no-such-flag"]],
+    "tenants set": [["no-such-tenant", "--max-priority", "5"], ["acme", "--max-priority", "5000"], ["acme"]],
     "nodes list": [[], ["-o", "csv"]],
     "nodes show": [["node-z"]],
     "nodes cordon": [["node-z"], ["node-z", "--reason", "fan"]],
