@@ -23,17 +23,27 @@ def up(
     open_api: Annotated[
         bool, typer.Option("--open", help="Serve the API with no tenant: every caller is admin (a laptop).")
     ] = False,
+    no_sandbox: Annotated[
+        bool,
+        typer.Option(
+            "--no-sandbox",
+            help="Run local learners unconfined, with no bubblewrap sandbox (a laptop; FFDL_SANDBOX=off).",
+        ),
+    ] = False,
 ) -> None:
     """Run the platform (all roles by default) until interrupted."""
+    from ffdl.adapters.launchers.sandbox import SandboxUnavailable  # noqa: PLC0415
     from ffdl.adapters.tenants import TenantError  # noqa: PLC0415
     from ffdl.cli.serve import serve  # noqa: PLC0415 - heavy imports only for this command
 
     settings = Settings()
+    if no_sandbox:
+        settings = settings.model_copy(update={"sandbox": "off"})
     configure_logging(settings.log_format, settings.log_level)
     chosen = frozenset(r.strip() for r in roles.split(",") if r.strip()) or None
     try:
         asyncio.run(serve(settings, chosen, open_api=open_api))
-    except TenantError as exc:
+    except (TenantError, SandboxUnavailable) as exc:
         raise fail(exc) from exc
 
 
