@@ -37,6 +37,10 @@ LEARNER_DIR_MODE = 0o700
 PLATFORM_DIR_MODE = 0o700
 
 
+class LearnersCannotRun(RuntimeError):
+    """No learner could run as this launcher is set up; the message names the cause and the fix."""
+
+
 @dataclass(frozen=True, slots=True)
 class LearnerUser:
     """The unprivileged user a learner's command runs as (the agent keeps the platform's user)."""
@@ -166,7 +170,7 @@ def check_interpreter_reachable(user: LearnerUser, python: str) -> None:
     needed = {Path(python).parent, Path(python).resolve().parent, Path(sys.prefix), Path(sys.base_prefix)}
     unreachable = sorted(str(directory) for directory in needed if not user.can_enter(directory))
     if unreachable:
-        raise ValueError(
+        raise LearnersCannotRun(
             f"the learner user {user.name} cannot reach this Python ({python}: {', '.join(unreachable)} "
             "closed to it), so no learner could run; run learners sandboxed (the default, FFDL_SANDBOX), "
             "install Python where others can reach it, or set FFDL_LEARNER_USER"

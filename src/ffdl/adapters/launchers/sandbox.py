@@ -45,6 +45,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ffdl.adapters.launchers.isolation import LearnersCannotRun
+
 #: Where the learner's report socket appears inside its sandbox (``FFDL_REPORT_SOCKET``).
 REPORT_SOCKET_INSIDE = "/run/ffdl/report.sock"
 #: The system's read-only top-level directories (or their symbolic links, on merged-/usr systems).
@@ -78,7 +80,7 @@ NVIDIA_CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia
 PROBE_TIMEOUT_S = 60.0
 
 
-class SandboxUnavailable(RuntimeError):
+class SandboxUnavailable(LearnersCannotRun):
     """The sandbox cannot be made on this host; the message names the cause and the fix."""
 
 

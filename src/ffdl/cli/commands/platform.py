@@ -32,7 +32,7 @@ def up(
     ] = False,
 ) -> None:
     """Run the platform (all roles by default) until interrupted."""
-    from ffdl.adapters.launchers.sandbox import SandboxUnavailable  # noqa: PLC0415
+    from ffdl.adapters.launchers.isolation import LearnersCannotRun  # noqa: PLC0415
     from ffdl.adapters.tenants import TenantError  # noqa: PLC0415
     from ffdl.cli.serve import serve  # noqa: PLC0415 - heavy imports only for this command
 
@@ -43,7 +43,7 @@ def up(
     chosen = frozenset(r.strip() for r in roles.split(",") if r.strip()) or None
     try:
         asyncio.run(serve(settings, chosen, open_api=open_api))
-    except (TenantError, SandboxUnavailable) as exc:
+    except (TenantError, LearnersCannotRun) as exc:
         raise fail(exc) from exc
 
 
