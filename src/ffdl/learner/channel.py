@@ -18,7 +18,8 @@ is parsed and kept. Whatever arrives is untrusted data, parsed as bounded data o
   inside :func:`~ffdl.events.reports.bound_metrics` (each drop with its reason);
 * at most :data:`MAX_CONNECTIONS` connections at a time; each is read in its own task, and the
   reader yields to the agent's other tasks after every line, so a flood of reports, an endless line
-  or a connection that stalls mid-line never holds up the heartbeat or the exit report.
+  or a connection that stalls mid-line never holds up the heartbeat or the exit report; a
+  connection that sent :data:`MAX_DROPS_PER_CONNECTION` bad lines is closed.
 
 Every drop is logged with the job, rank and reason (the first :data:`LOGGED_DROPS` of a connection;
 then only their count, when it closes), which is what the operator reads.
@@ -42,6 +43,9 @@ MAX_CONNECTIONS = 64
 READ_CHUNK_BYTES = 64 * 1024
 #: Drops logged one by one per connection; the rest are counted.
 LOGGED_DROPS = 20
+#: Drops after which a connection is closed: a program that sends that much garbage is broken or
+#: hostile, and reading it would only cost the agent the time its heartbeat needs.
+MAX_DROPS_PER_CONNECTION = 1000
 MAX_URI_LENGTH = 4096
 MAX_CHECKSUM_LENGTH = 200
 
@@ -203,6 +207,9 @@ class ReportChannel:
                         self._log.warning("learner report dropped", reason=str(dropped))
                     elif drops == LOGGED_DROPS + 1:
                         self._log.warning("learner reports dropped: further drops are only counted")
+                    if drops >= MAX_DROPS_PER_CONNECTION:
+                        self._log.warning("report connection closed: too many bad reports", dropped=drops)
+                        return
                 await asyncio.sleep(0)  # a flood of lines must not starve the heartbeat
         except (ConnectionError, OSError) as error:
             self._log.info("report connection broke", error=str(error))
