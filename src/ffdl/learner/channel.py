@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import json
 import os
+import socket
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -151,7 +152,8 @@ class ReportChannel:
         self._on_report = on_report
         self._log = logger
         self._owner = owner
-        self._server: asyncio.Server | None = None
+        self._listening: socket.socket | None = None
+        self._acceptor: asyncio.Task[None] | None = None
         self._connections: set[asyncio.Task[None]] = set()
 
     @property
@@ -161,18 +163,33 @@ class ReportChannel:
     async def start(self) -> None:
         with contextlib.suppress(FileNotFoundError):
             self._path.unlink()  # left by an agent of this learner that was killed
+        listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         # The path is relative to the agent's working directory when the launcher says so: a socket's
         # path may not exceed 107 bytes, and the learners' root can be deep.
-        self._server = await asyncio.start_unix_server(self._accept, path=str(self._path))
+        listening.bind(str(self._path))
         os.chmod(self._path, 0o600)
         if self._owner is not None:
             os.chown(self._path, *self._owner)
+        listening.listen(MAX_CONNECTIONS)
+        listening.setblocking(False)
+        self._listening = listening
+        self._acceptor = asyncio.create_task(self._accept_forever(listening))
 
     async def close(self, drain_s: float) -> None:
-        """Stop accepting; give open connections ``drain_s`` to deliver what was sent before the
-        learner ended, then cut them."""
-        if self._server is not None:
-            self._server.close()
+        """Stop accepting (taking in the connections already made: a learner may report and exit at
+        once); give open connections ``drain_s`` to deliver what was sent before the learner ended,
+        then cut them."""
+        if self._acceptor is not None:
+            self._acceptor.cancel()
+            await asyncio.gather(self._acceptor, return_exceptions=True)
+        if self._listening is not None:
+            while True:
+                try:
+                    connection, _ = self._listening.accept()
+                except (BlockingIOError, InterruptedError):
+                    break
+                self._take(connection)
+            self._listening.close()
         if self._connections:
             await asyncio.wait(set(self._connections), timeout=drain_s)
         for task in set(self._connections):
@@ -181,15 +198,23 @@ class ReportChannel:
         with contextlib.suppress(FileNotFoundError):
             self._path.unlink()
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _accept_forever(self, listening: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            connection, _ = await loop.sock_accept(listening)
+            self._take(connection)
+
+    def _take(self, connection: socket.socket) -> None:
         if len(self._connections) >= MAX_CONNECTIONS:
             self._log.warning("report connection refused: too many open", limit=MAX_CONNECTIONS)
-            writer.close()
+            connection.close()
             return
-        task = asyncio.current_task()
-        assert task is not None  # the server runs each connection in a task of its own
+        task = asyncio.create_task(self._read(connection))
         self._connections.add(task)
         task.add_done_callback(self._connections.discard)
+
+    async def _read(self, connection: socket.socket) -> None:
+        reader, writer = await asyncio.open_unix_connection(sock=connection)
         await self._serve(reader, writer)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

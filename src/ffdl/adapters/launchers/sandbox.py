@@ -149,7 +149,7 @@ class Sandbox:
         for path in self.interpreter:
             arguments += ["--ro-bind", str(path), str(path)]
         for path in self.protected:
-            if any(path.is_relative_to(bound) for bound in self.interpreter):
+            if path.exists() and any(path.is_relative_to(bound) for bound in self.interpreter):
                 arguments += (
                     ["--tmpfs", str(path)] if path.is_dir() else ["--ro-bind", "/dev/null", str(path)]
                 )
