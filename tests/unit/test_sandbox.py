@@ -6,8 +6,8 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import sys
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
