@@ -16,6 +16,7 @@ interpreter as the default learner user, which is what the sandbox makes possibl
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 import signal
@@ -189,6 +190,7 @@ async def test_a_learner_beyond_its_memory_is_stopped_by_the_kernel(api: Api) ->
 
     assert "allocated" not in (await api.http.get(f"/v1/jobs/{job_id}/logs")).text
     assert job["learners"][0]["exit_code"] in (-9, 128 + 9)  # SIGKILL, by the out-of-memory killer
+    assert glob.glob(f"/sys/fs/cgroup/*/ffdl/{job_id}-*") == []  # removed with the learner
 
 
 # --------------------------------------------------------------------------- ffdl up, as an operator runs it

@@ -12,7 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from ffdl.adapters.launchers.cgroups import CPU_PERIOD_US, PIDS_MAX, Limits, joining_command, make_group
+from ffdl.adapters.launchers.cgroups import (
+    CPU_PERIOD_US,
+    PIDS_MAX,
+    Limits,
+    joining_command,
+    make_group,
+    remove_job_groups,
+)
 from ffdl.adapters.launchers.sandbox import (
     REPORT_SOCKET_INSIDE,
     LearnerPlaces,
@@ -119,3 +126,14 @@ def test_a_v1_host_gets_each_limit_in_its_controller_and_says_which_it_lacks(tmp
     assert [problem.split(":")[0] for problem in group.not_enforced] == ["pids"]
     command = joining_command(group, ["bwrap", "--"])
     assert command[-2:] == ["bwrap", "--"] and str(memory / "cgroup.procs") in command
+
+
+def test_a_stopped_jobs_leftover_groups_are_removed_and_no_other_jobs(tmp_path: Path) -> None:
+    for controller in ("memory", "pids"):
+        for name in ("job-1-a1-r0", "job-1-a2-r3", "job-1-a1-r0x", "job-1-abc-a1-r0", "job-2-a1-r0"):
+            (tmp_path / controller / "ffdl" / name).mkdir(parents=True)
+
+    assert remove_job_groups("job-1", tmp_path) == []
+
+    left = sorted(path.name for path in (tmp_path / "memory" / "ffdl").iterdir())
+    assert left == ["job-1-a1-r0x", "job-1-abc-a1-r0", "job-2-a1-r0"]

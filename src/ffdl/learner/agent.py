@@ -101,6 +101,7 @@ OUTPUT_DRAIN_TIMEOUT_S = 2.0
 EXIT_REPORT_TIMEOUT_S = 30.0
 RETRY_INTERVAL_S = 0.5
 MIN_CALL_TIMEOUT_S = 2.0
+CGROUP_RETRY_S = 0.05
 
 SHELL = "/bin/sh"
 # On SIGTERM/SIGINT the shell runs the trap only after its foreground command finished, and then
@@ -309,8 +310,8 @@ class LearnerAgent:
                 if self._channel is not None:
                     # what the learner sent before it ended is still in the socket: read it
                     await self._channel.close(OUTPUT_DRAIN_TIMEOUT_S)
-                if group is not None and (problems := group.remove()):
-                    self._log.warning("learner cgroup left behind", problems=problems)
+                if group is not None:
+                    await self._remove_group(group)
         return await self._finish(exit_code_of(returncode))
 
     def _learner_group(self) -> LearnerGroup | None:
@@ -324,6 +325,16 @@ class LearnerAgent:
                 "learner limits not enforced on this host", controllers=list(group.not_enforced)
             )
         return group
+
+    async def _remove_group(self, group: LearnerGroup) -> None:
+        """Remove the learner's cgroup; what its sandbox's init left is killed as the init exits, and
+        may take a moment to leave the group."""
+        deadline = asyncio.get_running_loop().time() + OUTPUT_DRAIN_TIMEOUT_S
+        while problems := group.remove():
+            if asyncio.get_running_loop().time() >= deadline:
+                self._log.warning("learner cgroup left behind", problems=problems)
+                return
+            await asyncio.sleep(CGROUP_RETRY_S)
 
     def _start_command(self, group: LearnerGroup | None) -> subprocess.Popen[bytes]:
         """The learner's command under ``/bin/sh``, output on one pipe, with its own environment: in

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -154,6 +155,24 @@ def _make_v2(hierarchy: Path, limits: Limits) -> LearnerGroup:
     return LearnerGroup((directory,), ())
 
 
+def remove_job_groups(job_id: str, root: Path = CGROUP_ROOT) -> list[str]:
+    """Remove the (empty) groups of every learner of ``job_id`` that are left: an agent killed after
+    the stop grace could not remove its own. What could not be removed (a process still in it)."""
+    name = re.compile(rf"\A{re.escape(job_id)}-a\d+-r\d+\Z")
+    problems = []
+    for parent in [*root.glob(f"*/{PARENT}"), root / PARENT]:
+        try:
+            groups = [entry for entry in parent.iterdir() if name.match(entry.name)]
+        except OSError:
+            continue
+        for group in groups:
+            try:
+                group.rmdir()
+            except OSError as error:
+                problems.append(f"{group}: {error.strerror}")
+    return problems
+
+
 def joining_command(group: LearnerGroup, command: list[str]) -> list[str]:
     """``command`` started by a shell that first moves itself into ``group``, so that everything
     ``command`` starts is born inside it (no window where a child escapes the limits)."""
@@ -166,4 +185,12 @@ def joining_command(group: LearnerGroup, command: list[str]) -> list[str]:
     return ["/bin/sh", "-c", script, "ffdl-cgroup", *map(str, group.procs_files), "--", *command]
 
 
-__all__ = ["CGROUP_ROOT", "PIDS_MAX", "LearnerGroup", "Limits", "joining_command", "make_group"]
+__all__ = [
+    "CGROUP_ROOT",
+    "PIDS_MAX",
+    "LearnerGroup",
+    "Limits",
+    "joining_command",
+    "make_group",
+    "remove_job_groups",
+]

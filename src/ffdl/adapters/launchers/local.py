@@ -64,7 +64,7 @@ from pathlib import Path
 
 import structlog
 
-from ffdl.adapters.launchers.cgroups import Limits
+from ffdl.adapters.launchers.cgroups import Limits, remove_job_groups
 from ffdl.adapters.launchers.environment import (
     CGROUP_VARIABLE,
     COMMAND_DIR_VARIABLE,
@@ -278,7 +278,19 @@ class LocalLauncher:
                     learner.pidfile.unlink(missing_ok=True)
             if self._logins is not None:
                 await self._logins.revoke(job_id)
+            if not remaining:
+                await self._remove_cgroups(job_id)
             log.info("learners stopped", job_id=job_id, learners=len(recorded), grace_s=grace_s)
+
+    async def _remove_cgroups(self, job_id: str) -> None:
+        """Remove the cgroups an agent killed after the grace left; its sandbox's processes, killed
+        with it, may take a moment to leave them."""
+        deadline = time.monotonic() + KILL_WAIT_S
+        while problems := remove_job_groups(job_id):
+            if time.monotonic() >= deadline:
+                log.warning("learner cgroups left behind", job_id=job_id, problems=problems)
+                return
+            await asyncio.sleep(STOP_POLL_INTERVAL_S)
 
     async def running(self) -> list[LearnerHandle]:
         run_dirs = sorted(self._work_dir.glob("*/run")) if self._work_dir.is_dir() else []
