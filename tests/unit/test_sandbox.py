@@ -53,7 +53,7 @@ def test_a_learner_holds_its_own_places_writable_and_nothing_of_the_platform(tmp
 
     arguments = sandbox.arguments(places, 65534, 65534)
 
-    assert arguments[-3:] == ["--chdir", str(job / "work"), "--"]
+    assert arguments[-5:] == ["--remount-ro", "/", "--chdir", str(job / "work"), "--"]
     assert binds(arguments, "--bind") == [str(job / "work"), str(job / "checkpoints")]
     assert str(places.report_socket) in arguments and REPORT_SOCKET_INSIDE in arguments
     assert "/datasets/digits" in binds(arguments, "--ro-bind")
@@ -61,7 +61,8 @@ def test_a_learner_holds_its_own_places_writable_and_nothing_of_the_platform(tmp
     tmpfs = [arguments[index + 1] for index, word in enumerate(arguments) if word == "--tmpfs"]
     assert {str(data_dir.resolve()), str(root.resolve())} <= set(tmpfs)
     assert arguments.index(str(root.resolve())) < arguments.index(str(job / "work"))
-    for flag in ("--unshare-user", "--unshare-pid", "--unshare-ipc", "--die-with-parent", "--new-session"):
+    flags = ("--unshare-user", "--disable-userns", "--unshare-pid", "--unshare-ipc", "--die-with-parent")
+    for flag in (*flags, "--new-session"):
         assert flag in arguments
     assert "/etc" not in binds(arguments, "--ro-bind")
     assert not any(path.endswith("shadow") for path in binds(arguments, "--ro-bind"))

@@ -6,7 +6,8 @@ built here:
 
 * **its own user, PID, IPC and cgroup namespaces** (``--unshare-user --unshare-pid --unshare-ipc
   --unshare-cgroup-try``): the learner sees only its own processes in ``/proc``, cannot signal or
-  ``ptrace`` anything outside, has its own System V IPC and POSIX message queues;
+  ``ptrace`` anything outside, has its own System V IPC and POSIX message queues; it cannot make
+  user namespaces of its own (``--disable-userns``), which keeps much of the kernel out of reach;
 * **a root of its own** built from nothing: the system's programs and libraries read-only
   (``/usr`` and the ``/bin``, ``/lib``... beside it, a short list of ``/etc`` files), the platform's
   interpreter and import path read-only (so a Python under ``/root``, mode 0700, runs: the bind is
@@ -14,8 +15,9 @@ built here:
   ``/dev/shm``), a private ``/tmp``; and of the learners' root only the job's own working, checkpoint
   and result directories, writable, and the learner's report socket. Nothing else of the host
   exists in it: not the data directory, not the tenants file, not other jobs' directories, not
-  the job's logs or pidfiles. A protected path that lies inside a bound directory is covered
-  again (a tmpfs over a directory, ``/dev/null`` over a file);
+  the job's logs or pidfiles. The root itself is read-only (``--remount-ro /``): only the job's
+  directories, ``/tmp`` and ``/dev/shm`` can be written. A protected path that lies inside a bound
+  directory is covered again (a tmpfs over a directory, ``/dev/null`` over a file);
 * **one life** (``--die-with-parent``, PID namespace): when the learner's shell ends, bwrap's init
   (PID 1 of the namespace) exits and the kernel kills every process left in the namespace, whatever
   ``setsid`` or double fork it did; when the agent dies, bwrap and the namespace die with it;
@@ -75,8 +77,8 @@ ETC_FILES = (
     "mime.types",
     "fonts",
 )
-#: GPU device nodes every CUDA program needs besides its own ``/dev/nvidiaN``.
-NVIDIA_CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
+#: GPU device nodes every CUDA program needs besides its own ``/dev/nvidiaN`` (and MIG's capabilities).
+NVIDIA_CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset", "nvidia-caps")
 PROBE_TIMEOUT_S = 60.0
 
 
@@ -129,6 +131,7 @@ class Sandbox:
         arguments = [
             self.bwrap,
             "--unshare-user",
+            "--disable-userns",
             "--uid",
             str(uid),
             "--gid",
@@ -164,7 +167,7 @@ class Sandbox:
             arguments += ["--bind", str(directory), str(directory)]
         arguments += ["--ro-bind", str(places.report_socket), REPORT_SOCKET_INSIDE]
         arguments += _gpu_arguments(places.gpus)
-        return [*arguments, "--chdir", str(places.work_dir), "--"]
+        return [*arguments, "--remount-ro", "/", "--chdir", str(places.work_dir), "--"]
 
     def check(self, uid: int, gid: int, environment: dict[str, str]) -> None:
         """Make one sandbox now, and run this interpreter in it to import the learners' helper, as a
