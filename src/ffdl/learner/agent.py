@@ -276,8 +276,20 @@ class LearnerAgent:
             self._log.info("stopped before the learner started")
             return await self._finish(-self._stop_signal)
         group = self._learner_group()
-        if self._channel is not None:
-            await self._channel.start()
+        try:
+            if self._channel is not None:
+                await self._channel.start()
+            returncode = await self._run_command(group)
+        finally:
+            if self._channel is not None:
+                # what the learner sent before it ended is still in the socket: read it
+                await self._channel.close(OUTPUT_DRAIN_TIMEOUT_S)
+            if group is not None:
+                await self._remove_group(group)
+        return await self._finish(exit_code_of(returncode))
+
+    async def _run_command(self, group: LearnerGroup | None) -> int:
+        """Start the command and keep its heartbeat until it exits; its status."""
         with self._output_sink() as sink:
             child = self._start_command(group)
             if self._config.sandbox:
@@ -299,6 +311,7 @@ class LearnerAgent:
                 # hold the pipe open for ever, so the wait for the end of output is bounded.
                 await asyncio.wait({pump}, timeout=OUTPUT_DRAIN_TIMEOUT_S)
             finally:
+                self._sandbox_pid = None
                 if child.returncode is None:
                     child.kill()
                     child.wait()
@@ -306,13 +319,7 @@ class LearnerAgent:
                     task.cancel()
                 await asyncio.gather(pump, *helpers, return_exceptions=True)
                 pipe.close()
-                self._sandbox_pid = None
-                if self._channel is not None:
-                    # what the learner sent before it ended is still in the socket: read it
-                    await self._channel.close(OUTPUT_DRAIN_TIMEOUT_S)
-                if group is not None:
-                    await self._remove_group(group)
-        return await self._finish(exit_code_of(returncode))
+        return returncode
 
     def _learner_group(self) -> LearnerGroup | None:
         """The learner's cgroup with its limits, where the launcher asks for one; what cannot be

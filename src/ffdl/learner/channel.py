@@ -153,8 +153,8 @@ class ReportChannel:
         self._log = logger
         self._owner = owner
         self._listening: socket.socket | None = None
-        self._acceptor: asyncio.Task[None] | None = None
         self._connections: set[asyncio.Task[None]] = set()
+        self._refused = 0
 
     @property
     def path(self) -> Path:
@@ -173,23 +173,17 @@ class ReportChannel:
         listening.listen(MAX_CONNECTIONS)
         listening.setblocking(False)
         self._listening = listening
-        self._acceptor = asyncio.create_task(self._accept_forever(listening))
+        asyncio.get_running_loop().add_reader(listening.fileno(), self._accept_waiting)
 
     async def close(self, drain_s: float) -> None:
         """Stop accepting (taking in the connections already made: a learner may report and exit at
         once); give open connections ``drain_s`` to deliver what was sent before the learner ended,
         then cut them."""
-        if self._acceptor is not None:
-            self._acceptor.cancel()
-            await asyncio.gather(self._acceptor, return_exceptions=True)
         if self._listening is not None:
-            while True:
-                try:
-                    connection, _ = self._listening.accept()
-                except (BlockingIOError, InterruptedError):
-                    break
-                self._take(connection)
+            asyncio.get_running_loop().remove_reader(self._listening.fileno())
+            self._accept_waiting()
             self._listening.close()
+            self._listening = None
         if self._connections:
             await asyncio.wait(set(self._connections), timeout=drain_s)
         for task in set(self._connections):
@@ -198,16 +192,28 @@ class ReportChannel:
         with contextlib.suppress(FileNotFoundError):
             self._path.unlink()
 
-    async def _accept_forever(self, listening: socket.socket) -> None:
-        loop = asyncio.get_running_loop()
+    def _accept_waiting(self) -> None:
+        """Accept every connection waiting (called when the socket is readable, and at close): none
+        made is ever lost."""
+        assert self._listening is not None
         while True:
-            connection, _ = await loop.sock_accept(listening)
+            try:
+                connection, _ = self._listening.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as error:  # out of descriptors: the connection waits for the next call
+                self._log.warning("report connection not accepted", error=str(error))
+                return
             self._take(connection)
 
     def _take(self, connection: socket.socket) -> None:
         if len(self._connections) >= MAX_CONNECTIONS:
-            self._log.warning("report connection refused: too many open", limit=MAX_CONNECTIONS)
             connection.close()
+            self._refused += 1
+            if self._refused & (self._refused - 1) == 0:  # the 1st, 2nd, 4th...: a loop cannot flood the log
+                self._log.warning(
+                    "report connection refused: too many open", limit=MAX_CONNECTIONS, refused=self._refused
+                )
             return
         task = asyncio.create_task(self._read(connection))
         self._connections.add(task)
