@@ -18,6 +18,7 @@ class ReportSink:
         self._lines: list[bytes] = []
         self._lock = threading.Condition()
         self._finished = 0
+        self._open: list[socket.socket] = []
         self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._server.bind(str(path))
         self._server.listen()
@@ -30,6 +31,9 @@ class ReportSink:
                 connection, _ = self._server.accept()
             except OSError:
                 return  # closed
+            with self._lock:
+                self._open.append(connection)
+                self._lock.notify_all()
             reader = threading.Thread(target=self._read, args=(connection,), daemon=True)
             self._threads.append(reader)
             reader.start()
@@ -52,6 +56,15 @@ class ReportSink:
         with self._lock:
             if not self._lock.wait_for(lambda: self._finished >= connections, timeout_s):
                 raise TimeoutError(f"{self._finished} of {connections} report connections ended")
+
+    def cut(self) -> None:
+        """Close every connection from this end (once one was made), as an agent that drops them does."""
+        with self._lock:
+            if not self._lock.wait_for(lambda: self._open, 10.0):
+                raise TimeoutError("no report connection to cut")
+            connections, self._open = self._open, []
+        for connection in connections:
+            connection.shutdown(socket.SHUT_RDWR)
 
     def close(self) -> None:
         self._server.shutdown(socket.SHUT_RDWR)

@@ -169,3 +169,16 @@ def test_a_report_the_agent_never_takes_is_dropped_with_a_warning_within_the_sen
         for connection in accepted:
             connection.close()
         server.close()
+
+
+def test_a_report_after_the_agent_closed_the_connection_goes_over_a_new_one(report_file: ReportSink) -> None:
+    learner.report_progress(1)
+    report_file.cut()
+    report_file.drain(connections=1)  # the agent's end of the first connection is closed
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing is dropped
+        learner.report_progress(2)
+        learner.report_progress(3)
+
+    assert [line["step"] for line in reports(report_file, connections=2)] == [1, 2, 3]

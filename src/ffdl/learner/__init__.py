@@ -130,7 +130,8 @@ def _send(target: str, line: bytes) -> None:
         if _connection is not None:
             _connection[1].detach()  # the parent's: left to the parent, never written here
         _connection = (os.getpid(), _connect(target))
-    _connection[1].sendall(line)
+    # MSG_NOSIGNAL: a program that restored SIGPIPE must not die of an agent that closed the connection
+    _connection[1].sendall(line, socket.MSG_NOSIGNAL)
 
 
 def _connect(target: str) -> socket.socket:
