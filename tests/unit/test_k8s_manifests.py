@@ -143,6 +143,7 @@ def test_a_learner_runs_the_command_under_tini_and_the_agent_from_the_configured
         "--",
         "python",
         "-I",
+        "-u",
         "-m",
         "ffdl.learner.agent",
         "--",

@@ -1,6 +1,6 @@
 """The learner agent: runs one learner's command and keeps its heartbeat (architecture §6).
 
-A launcher starts one agent per learner as ``python -I -m ffdl.learner.agent -- <shell command>``
+A launcher starts one agent per learner as ``python -I -u -m ffdl.learner.agent -- <shell command>``
 (isolated: no user site, no working directory on ``sys.path``, no ``PYTHON*`` variable read), in a
 new session, from a working directory the learner cannot write, with the learner environment
 (``FFDL_JOB_ID``, ``FFDL_TENANT``, ``FFDL_ATTEMPT``, ``RANK``, ``FFDL_HEARTBEATS``,
@@ -556,7 +556,7 @@ async def run_agent(config: AgentConfig, store: HeartbeatStore, command: str) ->
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -I -m ffdl.learner.agent -- COMMAND...``: the words after ``--`` form one shell command."""
+    """``python -I -u -m ffdl.learner.agent -- COMMAND...``: the words after ``--`` form one shell command."""
     configure_logging(os.environ.get("FFDL_LOG_FORMAT", "console"), os.environ.get("FFDL_LOG_LEVEL", "info"))
     words = list(sys.argv[1:] if argv is None else argv)
     if words[:1] == ["--"]:

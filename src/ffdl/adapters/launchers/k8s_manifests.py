@@ -17,7 +17,7 @@ learner, lower-cased DNS labels of at most 63 characters; a job id that is not a
 labels ``ffdl.io/job``, ``ffdl.io/tenant``, ``ffdl.io/attempt`` and ``ffdl.io/rank`` select and
 describe the objects; the exact job id and tenant are also kept in annotations, which allow any text.
 
-Each learner runs ``tini -s -g -- python -I -m ffdl.learner.agent -- <command>``: the container runtime
+Each learner runs ``tini -s -g -- python -I -u -m ffdl.learner.agent -- <command>``: the container runtime
 signals only the container's first process, and tini forwards SIGTERM to the whole process group,
 so the agent and the learner's command both get it, as they do from the local launcher.
 
@@ -353,6 +353,7 @@ def pod_manifest(
                     *settings.entrypoint,
                     settings.python,
                     "-I",
+                    "-u",
                     "-m",
                     "ffdl.learner.agent",
                     "--",

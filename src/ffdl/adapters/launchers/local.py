@@ -1,6 +1,6 @@
 """The local launcher: every learner is a process on this machine, under a learner agent (architecture §6).
 
-Each learner runs as ``python -I -m ffdl.learner.agent -- <command>`` in a new session, so the
+Each learner runs as ``python -I -u -m ffdl.learner.agent -- <command>`` in a new session, so the
 agent is the leader of a process group whose id is its pid; stopping a learner signals that group
 (the agent passes the signal on into the learner's sandbox). A job's files live under
 ``work_dir/<job_id>/`` (the learners' root, outside the platform's data directory)::
@@ -362,9 +362,10 @@ class LocalLauncher:
         )
         with os.fdopen(descriptor, "ab") as agent_output:
             # -I: no user site, no working directory on sys.path, no PYTHON* variable: the agent
-            # imports only the platform's code, whatever a learner wrote anywhere
+            # imports only the platform's code, whatever a learner wrote anywhere (and so -u: it
+            # would not read PYTHONUNBUFFERED, and its log must be current)
             return subprocess.Popen(
-                [self._python, "-I", "-m", "ffdl.learner.agent", "--", request.spec.command],
+                [self._python, "-I", "-u", "-m", "ffdl.learner.agent", "--", request.spec.command],
                 cwd=self._channel_dir(request.job_id, request.attempt, learner.rank),
                 env=environment,
                 stdin=subprocess.DEVNULL,
