@@ -33,6 +33,7 @@ services:
 	command -v mosquitto_sub >/dev/null || missing="$$missing mosquitto-clients"; \
 	command -v tini >/dev/null || missing="$$missing tini"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	command -v bwrap >/dev/null || missing="$$missing bubblewrap"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \

@@ -22,9 +22,9 @@ from tests.services import free_port
 
 LEARNER = Path(__file__).with_name("learners") / "counting.py"
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED"}
-#: Tests run their Python learners with the test's interpreter, which an unprivileged learner user
-#: may not reach (CI's lives under /root), so they run learners as the platform's own user; the
-#: isolation tests (tests/e2e/test_learner_isolation.py) run them as the default learner user.
+#: Tests run their learners sandboxed (the default) as the platform's own user inside; the isolation
+#: and hostile tests (tests/e2e/test_learner_isolation.py, test_hostile_learner.py) run them as the
+#: default learner user, with the default learners' root.
 PLATFORM_USER = pwd.getpwuid(os.geteuid()).pw_name
 
 

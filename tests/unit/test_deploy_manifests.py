@@ -284,3 +284,7 @@ def test_the_compose_stack_runs_the_platform_on_kafka_and_mosquitto_with_learner
     assert (platform["user"], environment["FFDL_LEARNER_USER"]) == ("0:0", "nobody")
     assert not Path(environment["FFDL_LEARNERS_DIR"]).is_relative_to(environment["FFDL_DATA_DIR"])
     assert "--open" not in platform["command"]
+    # learners run sandboxed: the image has bubblewrap, the container lets it make namespaces
+    assert environment.get("FFDL_SANDBOX", "bwrap") == "bwrap" and "--no-sandbox" not in platform["command"]
+    assert "seccomp=unconfined" in platform["security_opt"]
+    assert "bubblewrap" in (DEPLOY / "Dockerfile").read_text()

@@ -157,6 +157,8 @@ def test_a_learner_runs_the_command_under_tini_and_the_agent_from_the_configured
         "-g",
         "--",
         "python",
+        "-I",
+        "-u",
         "-m",
         "ffdl.learner.agent",
         "--",

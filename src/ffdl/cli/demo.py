@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import json
 import os
-import pwd
 import shutil
 import signal
 import socket
@@ -26,8 +25,6 @@ from typing import Any
 import httpx
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-import ffdl
-from ffdl.adapters.launchers.isolation import learner_user
 from ffdl.cli.render import console, styled, timeline_table
 from ffdl.cli.serve import api_server
 from ffdl.core.states import JobState
@@ -69,7 +66,6 @@ async def run_demo(*, chaos: bool, steps: int, keep: bool, linger_s: float = 0.0
             stop_grace_s=5.0,
             restart_backoff_base_s=0.5,
         )
-        settings = _with_a_learner_user_that_can_run_python(settings)
         console.print(f"ffdl demo: platform data in {data_dir} (log: {log_file})")
         console.print(
             "ffdl demo: the API runs OPEN on the loopback interface (no tenants: every caller is admin)"
@@ -119,24 +115,6 @@ def keep_looking(api: str, data_dir: Path, job_id: str, *, keep: bool) -> list[s
         )
     lines.append("  ffdl demo --linger 300     keeps the dashboard up 5 minutes after the job ends")
     return lines
-
-
-def _with_a_learner_user_that_can_run_python(settings: Settings) -> Settings:
-    """The demo's learners run this Python: as the learner user where it can (the platform runs as
-    root), else as the platform's own user, which the demo says."""
-    user = learner_user(settings.learner_user)
-    if user is None:
-        return settings
-    needed = [Path(sys.executable).resolve().parent, Path(sys.prefix), Path(ffdl.__file__).resolve().parent]
-    if all(user.can_enter(directory) for directory in needed):
-        console.print(f"ffdl demo: learners run as {user.name}, kept from the platform's files")
-        return settings
-    myself = pwd.getpwuid(os.geteuid()).pw_name
-    console.print(
-        f"ffdl demo: learners run as {myself}, not {user.name}: {user.name} cannot reach this Python "
-        f"({sys.executable}); install it where others can to isolate learners (docs/security.md)"
-    )
-    return settings.model_copy(update={"learner_user": myself})
 
 
 async def _wait_ready(client: httpx.AsyncClient) -> None:

@@ -126,6 +126,13 @@ async def serve(settings: Settings, roles: frozenset[str] | None = None, *, open
     """Run ``roles`` until SIGINT/SIGTERM. The API is served only with tenants, or with none when
     ``open_api`` (``--open``) says so: raises :class:`TenantError` before anything starts otherwise."""
     roles = roles or ALL_ROLES
+    if "workers" in roles and settings.launcher == "local" and settings.sandbox == "off":
+        print(
+            "WARNING: FFDL_SANDBOX=off (--no-sandbox): tenant code runs UNCONFINED on this machine: every "
+            "learner sees the host's files and processes and other jobs' learners (docs/security.md)",
+            file=sys.stderr,
+            flush=True,
+        )
     tenants = TenantRegistry(settings.tenants_path, allow_open=open_api)
     if "api" in roles and (problem := tenants.unservable()):
         raise TenantError(f"refusing to serve the API: {problem}")

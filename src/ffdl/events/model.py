@@ -25,7 +25,7 @@ LEARNER_CONTRACT_VARIABLES = frozenset(
         "FFDL_HEARTBEATS",
         "FFDL_HEARTBEAT_TTL",
         "FFDL_LOG_FILE",
-        "FFDL_REPORT_FILE",
+        "FFDL_REPORT_SOCKET",
         "RANK",
         "WORLD_SIZE",
         "LOCAL_RANK",

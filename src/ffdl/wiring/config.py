@@ -138,6 +138,11 @@ class Settings(BaseSettings):
         description="local launcher, platform running as root: whom learners' commands run as "
         "(a name, UID or UID:GID; root: as the platform itself, with no isolation)",
     )
+    sandbox: Literal["bwrap", "off"] = Field(
+        default="bwrap",
+        description="local launcher: run every learner in a bubblewrap sandbox (the platform refuses to "
+        "run tenant code when it cannot make one); off: unconfined, the operator's explicit choice",
+    )
     log_format: Literal["console", "json"] = "console"
     log_level: str = "info"
     tenants_file: Path | None = Field(

@@ -84,7 +84,12 @@ def open_launcher(
 
         return InstantLauncher(heartbeats, heartbeat_ttl_s=settings.heartbeat_ttl_s)
     from ffdl.adapters.launchers.local import LocalLauncher  # noqa: PLC0415
+    from ffdl.adapters.launchers.sandbox import Sandbox  # noqa: PLC0415
 
+    sandbox = None
+    if settings.sandbox == "bwrap":
+        protected = [settings.data_dir, settings.tenants_path, settings.work_dir]
+        sandbox = Sandbox.for_this_interpreter(protected)
     return LocalLauncher(
         settings.work_dir,
         settings.heartbeats_url,
@@ -92,6 +97,7 @@ def open_launcher(
         user=settings.learner_user,
         log_format=settings.log_format,
         logins=logins,
+        sandbox=sandbox,
     )
 
 

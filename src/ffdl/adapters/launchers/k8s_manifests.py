@@ -17,7 +17,7 @@ learner, lower-cased DNS labels of at most 63 characters; a job id that is not a
 labels ``ffdl.io/job``, ``ffdl.io/tenant``, ``ffdl.io/attempt`` and ``ffdl.io/rank`` select and
 describe the objects; the exact job id and tenant are also kept in annotations, which allow any text.
 
-Each learner runs ``tini -s -g -- python -m ffdl.learner.agent -- <command>``: the container runtime
+Each learner runs ``tini -s -g -- python -I -u -m ffdl.learner.agent -- <command>``: the container runtime
 signals only the container's first process, and tini forwards SIGTERM to the whole process group,
 so the agent and the learner's command both get it, as they do from the local launcher.
 
@@ -38,6 +38,8 @@ from urllib.parse import urlsplit
 from ffdl.adapters.launchers.environment import (
     HEARTBEATS_PASSWORD_VARIABLE,
     HEARTBEATS_USERNAME_VARIABLE,
+    REPORT_SOCKET_NAME,
+    REPORT_SOCKET_VARIABLE,
     LearnerSite,
     learner_environment,
 )
@@ -63,7 +65,8 @@ RENDEZVOUS_PORT_NAME = "rendezvous"
 WORK_DIR = "/ffdl/work"
 CHECKPOINT_DIR = "/ffdl/checkpoints"
 RESULT_DIR = "/ffdl/results"
-REPORT_FILE = f"{WORK_DIR}/.ffdl-reports.jsonl"
+#: The agent listens in its working directory (the learner's, in its own pod: the pod is the boundary).
+REPORT_SOCKET = f"{WORK_DIR}/{REPORT_SOCKET_NAME}"
 #: The key of the password in a job's heartbeat-login Secret.
 PASSWORD_KEY = "password"
 DNS_PORT = 53
@@ -311,7 +314,7 @@ def pod_manifest(
         default_result_dir=RESULT_DIR,
         heartbeats_url=settings.heartbeats_url,
         heartbeat_ttl_s=settings.heartbeat_ttl_s,
-        files={"FFDL_REPORT_FILE": REPORT_FILE},
+        files={REPORT_SOCKET_VARIABLE: REPORT_SOCKET},
         # The container's log is the learner's output: the agent adds only its warnings, as JSON.
         base={"HOME": WORK_DIR, "FFDL_LOG_LEVEL": "warning", "FFDL_LOG_FORMAT": "json"},
     )
@@ -353,6 +356,8 @@ def pod_manifest(
                 "command": [
                     *settings.entrypoint,
                     settings.python,
+                    "-I",
+                    "-u",
                     "-m",
                     "ffdl.learner.agent",
                     "--",

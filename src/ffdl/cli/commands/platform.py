@@ -25,8 +25,16 @@ def up(
     open_api: Annotated[
         bool, typer.Option("--open", help="Serve the API with no tenant: every caller is admin (a laptop).")
     ] = False,
+    no_sandbox: Annotated[
+        bool,
+        typer.Option(
+            "--no-sandbox",
+            help="Run local learners unconfined, with no bubblewrap sandbox (a laptop; FFDL_SANDBOX=off).",
+        ),
+    ] = False,
 ) -> None:
     """Run the platform (all roles by default) until interrupted."""
+    from ffdl.adapters.launchers.isolation import LearnersCannotRun  # noqa: PLC0415
     from ffdl.adapters.tenants import TenantError  # noqa: PLC0415
     from ffdl.cli.serve import serve  # noqa: PLC0415 - heavy imports only for this command
     from ffdl.wiring.platform import ALL_ROLES  # noqa: PLC0415
@@ -36,10 +44,12 @@ def up(
     if unknown:
         raise usage(f"--roles: no role {', '.join(unknown)}; the roles are {', '.join(sorted(ALL_ROLES))}")
     settings = Settings()
+    if no_sandbox:
+        settings = settings.model_copy(update={"sandbox": "off"})
     configure_logging(settings.log_format, settings.log_level)
     try:
         asyncio.run(serve(settings, chosen, open_api=open_api))
-    except TenantError as exc:
+    except (TenantError, LearnersCannotRun) as exc:
         raise fail(exc) from exc
 
 
