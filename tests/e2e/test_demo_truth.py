@@ -4,9 +4,13 @@ total (never ``0/None``), and at the end it says its dashboard is closed and how
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -30,10 +34,25 @@ async def test_the_demo_prints_the_real_step_at_the_kill_and_how_to_keep_looking
         job_id = re.search(r"submitted (digits-demo-[0-9a-f]+)", printed).group(1)  # type: ignore[union-attr]
         killed = re.search(r"killed learner 1 \(pid \d+\) at step (\d+) with SIGKILL", printed)
         assert killed, printed
-        # the step printed is the last one the killed learner reported, not the platform's older record
-        reports = settings.job_dir(job_id) / "logs" / "attempt-1" / "learner-1.reports.jsonl"  # type: ignore[operator]
-        last = [json.loads(line) for line in reports.read_text().splitlines() if '"progress"' in line][-1]
-        assert int(killed.group(1)) == last["step"]
+        # the step printed is the last one the killed learner reported: the one its agent published
+        # in its final beat, which the platform records as attempt 1's last progress of learner 1
+        exported = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "ffdl.cli", "export", "--job", job_id, "--type", "LearnerProgressed"],
+            env={**os.environ, "FFDL_DATA_DIR": str(data_dir)},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        events = [json.loads(line) for line in exported.stdout.splitlines()]
+        progressed = [
+            event["data"]["step"]
+            for event in events
+            if event["type"] == "LearnerProgressed"
+            and event["data"]["rank"] == 1
+            and event["data"]["attempt"] == 1
+        ]
+        assert int(killed.group(1)) == progressed[-1]
         assert re.search(r"platform: LAUNCHING: attempt 2 from the checkpoint of step \d+", printed), printed
         assert "/None" not in printed and "60/60" in printed
         assert "is closed now" in printed and "ffdl demo --linger" in printed
@@ -43,19 +62,23 @@ async def test_the_demo_prints_the_real_step_at_the_kill_and_how_to_keep_looking
         shutil.rmtree(settings.work_dir, ignore_errors=True)
 
 
-def test_a_learner_s_step_is_its_last_progress_report(tmp_path: Path) -> None:
+def test_a_learner_s_step_is_the_one_its_agent_logged_at_its_exit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(demo, "EXIT_LINE_WAIT_S", 0.0)
     settings = Settings(data_dir=tmp_path / "data", learners_dir=tmp_path / "learners")
     job_dir = settings.job_dir("job-1")
     assert job_dir is not None
-    reports = job_dir / "logs" / "attempt-2" / "learner-1.reports.jsonl"
-    assert demo.reported_step(settings, "job-1", 2, 1) is None  # nothing reported yet
-    reports.parent.mkdir(parents=True)
-    reports.write_text(
-        '{"type":"progress","step":7,"metrics":{}}\n'
-        '{"type":"checkpoint","step":7,"path":"/c"}\n'
-        '{"type":"progress","step":9,"metrics":{}}\n'
-        '{"type":"progr'  # a line still being written
+    agent_log = job_dir / "logs" / "attempt-2" / "agent-1.log"
+    assert demo.reported_step(settings, "job-1", 2, 1) is None  # no log yet
+    agent_log.parent.mkdir(parents=True)
+    agent_log.write_text(
+        "2026-12-04T10:00:00Z [info     ] learner started   pid=12 command='python train.py --step=3'\n"
+        "2026-12-04T10:00:09Z [info     ] checkpoint reported step=7 uri=file:///c/7.pt\n"
     )
+    assert demo.reported_step(settings, "job-1", 2, 1) is None  # still running
+    with agent_log.open("a") as log:
+        log.write("2026-12-04T10:00:10Z [info     ] learner exited   exit_code=-9 step=9\n")
     assert demo.reported_step(settings, "job-1", 2, 1) == 9
 
 

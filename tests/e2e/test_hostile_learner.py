@@ -265,5 +265,6 @@ def test_up_without_the_sandbox_says_so_first_and_refuses_a_python_the_learner_u
     )
     assert refused.stderr.startswith("WARNING: FFDL_SANDBOX=off")
     assert refused.returncode == 2
-    message = " ".join(refused.stdout.split())
+    message = " ".join(refused.stderr.split())
+    assert "error: the learner user" in message
     assert "cannot reach this Python" in message and "sandboxed" in message

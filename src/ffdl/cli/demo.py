@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -167,25 +167,29 @@ def _running(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
+#: How long the demo waits for a killed learner's agent to write down where its learner ended.
+EXIT_LINE_WAIT_S = 5.0
+
+_EXIT_LINE = re.compile(r"learner exited\b.*\bstep=(\d+)")
+
+
 def reported_step(settings: Settings, job_id: str, attempt: int, rank: int) -> int | None:
-    """The last step a learner reported, read from its report file (what its agent reads): the
+    """The last step a learner reported, as its agent logged it when the learner ended: the agent
+    holds the learner's report channel, so its word is the learner's last report, while the
     platform's record of it lags by the heartbeats' and the projection's delays."""
     job_dir = settings.job_dir(job_id)
     if job_dir is None:
         return None
-    path = job_dir / "logs" / f"attempt-{attempt}" / f"learner-{rank}.reports.jsonl"
-    try:
-        lines = path.read_text().splitlines()
-    except OSError:
-        return None
-    for line in reversed(lines):
+    path = job_dir / "logs" / f"attempt-{attempt}" / f"agent-{rank}.log"
+    deadline = time.monotonic() + EXIT_LINE_WAIT_S
+    while True:
         try:
-            report = json.loads(line)
-        except ValueError:
-            continue
-        if report.get("type") == "progress":
-            return int(report["step"])
-    return None
+            found = _EXIT_LINE.findall(path.read_text(errors="replace"))
+        except OSError:
+            found = []
+        if found or time.monotonic() >= deadline:
+            return int(found[-1]) if found else None
+        time.sleep(0.05)
 
 
 async def _drive(settings: Settings, steps: int, chaos: bool) -> dict[str, Any]:
