@@ -28,7 +28,7 @@ async def test_mistakes_are_one_line_each_in_peoples_words(
     bad.write_text("name: Not_A_Label\nlearners: 0\ncommand: train\n")
     refused = await cli("submit", str(bad))
     assert refused.exit_code == 2
-    lines = refused.output.splitlines()
+    lines = cli_lines(refused.output)
     assert len(lines) == 2 and all(line.startswith("error: ") for line in lines), refused.output
     assert any(line.startswith("error: name: ") for line in lines), refused.output
     assert any(line.startswith("error: learners: ") for line in lines), refused.output
@@ -37,7 +37,7 @@ async def test_mistakes_are_one_line_each_in_peoples_words(
     broken = tmp_path / "broken.yaml"
     broken.write_text("name: x\nlearners: [1\n")
     unparsable = await cli("submit", str(broken))
-    assert unparsable.exit_code == 2 and len(unparsable.output.splitlines()) == 1, unparsable.output
+    assert unparsable.exit_code == 2 and len(cli_lines(unparsable.output)) == 1, unparsable.output
     assert "line 3, column 1" in unparsable.output and "\\n" not in unparsable.output
 
     huge = tmp_path / "huge.yaml"
