@@ -43,6 +43,7 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,7 @@ from bench.nemesis_stack import ADMIN, HEARTBEAT_TTL_S, NODES, TENANTS, Stack, l
 from ffdl.handlers.messaging import PRINCIPAL_HEADER, Topics
 from ffdl.handlers.ports import OutgoingRecord
 from ffdl.tools.sre import started_bus
+from ffdl.wiring.logging import configure_logging
 from tests.harness import learner_command
 
 #: Every kind of fault, in the names the report counts them by.
@@ -68,8 +70,8 @@ FAULT_KINDS = (
     "partition-worker",
     "kill-api-mid-request",
 )
-#: Seconds between two faults (drawn uniformly), and the most any pause or cut lasts.
-FAULT_GAP_S = (4.0, 9.0)
+#: Seconds from the end of one fault to the start of the next (drawn uniformly).
+FAULT_GAP_S = (3.0, 7.0)
 #: Seconds between two actions of the workload (drawn uniformly).
 ACTION_GAP_S = (1.0, 2.5)
 #: Most poison records a run puts on the commands topic.
@@ -336,13 +338,20 @@ class Nemesis:
             except TimeoutError:
                 pass
             kind = order.pop(0) if order else self._rng.choice(FAULT_KINDS)
-            started = time.monotonic()
+            started, began = time.monotonic(), datetime.now(UTC)
             detail = await getattr(self, kind.replace("-", "_"))()
             self.last_fault_end = time.monotonic()
-            if detail is not None:
+            if detail is None:  # nothing to hit now (no learner running): this kind comes again
+                order.append(kind)
+            else:
                 self.faults[kind] += 1
                 self.log.append(
-                    {"kind": kind, "detail": detail, "lasted_s": round(self.last_fault_end - started, 2)}
+                    {
+                        "kind": kind,
+                        "detail": detail,
+                        "at": began.isoformat(timespec="milliseconds"),
+                        "lasted_s": round(self.last_fault_end - started, 2),
+                    }
                 )
 
     def _kill(self, name: str) -> None:
@@ -565,6 +574,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--keep", type=Path, default=None, help="a directory to keep the run's files in")
     args = parser.parse_args(argv)
+    configure_logging(level="warning")  # to stderr: with --json, stdout is the report alone
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
     root = args.keep or Path(tempfile.mkdtemp(prefix="ffdl-nemesis-"))
     root.mkdir(parents=True, exist_ok=True)

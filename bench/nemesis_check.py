@@ -5,7 +5,8 @@ must be true of the platform (architecture §5, §11).
 - Every job is settled (ended, or halted) and consistent: it holds no GPUs and no learner process of
   it lives on; an acknowledged cancel that changed the job ended it CANCELLED.
 - ``ffdl verify`` over the exported log is clean (no GPU held by two jobs, no seq gap, no stale
-  fencing token accepted), and the log holds no job the client did not submit.
+  fencing token accepted), and the log holds no job the client did not submit; ``ffdl verify
+  --redecide`` decides every command again with today's deciders and gets the same events.
 - Every API replica's projection equals a rebuild from the log.
 - Every job's last retained MQTT status equals its state.
 - No dead letter but the poison the workload injected on purpose.
@@ -150,55 +151,77 @@ def ffdl(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 async def check(stack: Stack, ledger: Ledger) -> CheckReport:
+    """Every check of the module docstring; stops the platform (not the services) on the way."""
     report = CheckReport()
-    states: dict[str, dict[str, str]] = {}
     async with httpx.AsyncClient(timeout=30) as client:
-        for replica, url in stack.api_urls.items():
-            jobs = await listed_jobs(client, url, stack.auth(ADMIN))
-            states[replica] = {job_id: job["state"] for job_id, job in jobs.items()}
-            for job_id, job in jobs.items():
-                if job["state"] not in SETTLED:
-                    report.violations.append(f"{job_id} on api-{replica}: not settled, {job['state']}")
-                if job["placement"] is not None:
-                    report.violations.append(f"{job_id} on api-{replica}: {job['state']} and holds GPUs")
-        first = states[REPLICAS[0]]
-        for replica in REPLICAS[1:]:
-            for job_id in sorted(set(first) | set(states[replica])):
-                if first.get(job_id) != states[replica].get(job_id):
-                    report.violations.append(
-                        f"{job_id}: api-{REPLICAS[0]} says {first.get(job_id)}, "
-                        f"api-{replica} says {states[replica].get(job_id)}"
-                    )
-        report.final_states = dict(sorted(_count(first.values()).items()))
-        for pid, (job_id, agent) in sorted(learner_processes().items()):
-            if first.get(job_id) in SETTLED:
-                report.violations.append(
-                    f"{job_id} is {first[job_id]} but its {'agent' if agent else 'learner'} {pid} lives"
-                )
-        cancelled = [
-            w.job_id
-            for w in ledger.writes
-            if w.action == "cancel" and w.job_id and '"changed":true' in w.detail
-        ]
-        for job_id in cancelled:
-            if first.get(job_id, "CANCELLED") != "CANCELLED":  # absent: deleted, looked at below
-                report.violations.append(
-                    f"{job_id}: a cancel that changed it was acknowledged, it ended {first[job_id]}"
-                )
-        await _check_mqtt(stack, first, report)
-
+        states = await _check_replicas(client, stack, ledger, report)
+        await _check_mqtt(stack, states[REPLICAS[0]], report)
         # The writers stop first; each replica then applies the whole log and stops.
         await asyncio.to_thread(stack.stop_platform, [n for n in stack.processes if not n.startswith("api-")])
         for replica, url in stack.api_urls.items():
             with contextlib.suppress(TimeoutError):
                 await wait_until_async(lambda url=url: caught_up(client, url), 60, interval_s=0.5)
             await asyncio.to_thread(stack.stop_platform, [f"api-{replica}"])
+    await _check_log(stack, ledger, states, report)
+    matches = True
+    for replica, settings in stack.replica_settings.items():
+        rebuilt = await rebuild_projections(settings)
+        if rebuilt["identical"] is not True:
+            matches = False
+            report.violations.append(f"api-{replica}'s projection differs from a rebuild from the log")
+    report.projection_matches_rebuild = matches
+    await _check_dead_letters(stack, ledger, report)
+    return report
 
+
+async def _check_replicas(
+    client: httpx.AsyncClient, stack: Stack, ledger: Ledger, report: CheckReport
+) -> dict[str, dict[str, str]]:
+    """Every job settled, holding no GPUs, with no learner alive, the same on every replica; an
+    acknowledged cancel that changed a job ended it CANCELLED. Returns each replica's states."""
+    states: dict[str, dict[str, str]] = {}
+    for replica, url in stack.api_urls.items():
+        jobs = await listed_jobs(client, url, stack.auth(ADMIN))
+        states[replica] = {job_id: job["state"] for job_id, job in jobs.items()}
+        for job_id, job in jobs.items():
+            if job["state"] not in SETTLED:
+                report.violations.append(f"{job_id} on api-{replica}: not settled, {job['state']}")
+            if job["placement"] is not None:
+                report.violations.append(f"{job_id} on api-{replica}: {job['state']} and holds GPUs")
+    first = states[REPLICAS[0]]
+    for replica in REPLICAS[1:]:
+        for job_id in sorted(set(first) | set(states[replica])):
+            if first.get(job_id) != states[replica].get(job_id):
+                report.violations.append(
+                    f"{job_id}: api-{REPLICAS[0]} says {first.get(job_id)}, "
+                    f"api-{replica} says {states[replica].get(job_id)}"
+                )
+    report.final_states = dict(sorted(_count(first.values()).items()))
+    for pid, (job_id, agent) in sorted(learner_processes().items()):
+        if first.get(job_id) in SETTLED:
+            kind = "agent" if agent else "learner"
+            report.violations.append(f"{job_id} is {first[job_id]} but its {kind} {pid} lives")
+    cancelled = [
+        w.job_id for w in ledger.writes if w.action == "cancel" and w.job_id and '"changed":true' in w.detail
+    ]
+    for job_id in cancelled:
+        if first.get(job_id, "CANCELLED") != "CANCELLED":  # absent: deleted, looked at with the log
+            report.violations.append(
+                f"{job_id}: a cancel that changed it was acknowledged, it ended {first[job_id]}"
+            )
+    return states
+
+
+async def _check_log(
+    stack: Stack, ledger: Ledger, states: dict[str, dict[str, str]], report: CheckReport
+) -> None:
+    """Export the log; every acknowledged job on every replica (or deleted on the log); ``ffdl
+    verify`` and ``ffdl verify --redecide`` clean; no job on the log that was never submitted."""
     log_path = stack.root / "log.events.jsonl"
     exported = await asyncio.to_thread(ffdl, stack, "export", "--commands", "-o", str(log_path))
     if exported.returncode != 0:
         report.violations.append(f"ffdl export failed: {exported.stderr[-500:]}")
-        return report
+        return
     deleted = deleted_jobs(log_path)
     for job_id in sorted(ledger.jobs):
         if any(job_id not in jobs for jobs in states.values()) and job_id not in deleted:
@@ -215,15 +238,16 @@ async def check(stack: Stack, ledger: Ledger) -> CheckReport:
             report.violations.append(
                 f"the log holds {verdict['jobs']} jobs, the client submitted {submitted}"
             )
-    matches = True
-    for replica, settings in stack.replica_settings.items():
-        rebuilt = await rebuild_projections(settings)
-        if rebuilt["identical"] is not True:
-            matches = False
-            report.violations.append(f"api-{replica}'s projection differs from a rebuild from the log")
-    report.projection_matches_rebuild = matches
-    await _check_dead_letters(stack, ledger, report)
-    return report
+    redecided = await asyncio.to_thread(ffdl, stack, "verify", str(log_path), "--redecide", "--json")
+    try:
+        divergences = json.loads(redecided.stdout)["divergences"]
+    except (ValueError, KeyError):
+        report.violations.append(f"ffdl verify --redecide gave no report: {redecided.stderr[-500:]}")
+    else:
+        if divergences:
+            report.violations.append(
+                f"ffdl verify --redecide: {divergences} decisions differ (see {log_path})"
+            )
 
 
 def _count(values: Any) -> dict[str, int]:
