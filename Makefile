@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-APT_PACKAGES := etcd-server mosquitto mosquitto-clients tini chromium
+APT_PACKAGES := etcd-server mosquitto mosquitto-clients tini chromium iproute2
 PYTEST_ARGS ?=
 
 .PHONY: demo test lint typecheck services schemas clean
@@ -23,6 +23,7 @@ services:
 	command -v mosquitto_sub >/dev/null || missing="$$missing mosquitto-clients"; \
 	command -v tini >/dev/null || missing="$$missing tini"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	command -v ip >/dev/null || missing="$$missing iproute2"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \

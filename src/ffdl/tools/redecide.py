@@ -26,8 +26,9 @@ owner decided a command, its events do: the owner's clock is their ``occurred_at
 ``producer``. The leader's token the owner checked a fenced command against is the command's own
 when the decision was anything but a refusal (a deposed sender's command is refused); a refusal of
 a fenced command is tried every way, since the log cannot tell a deposed sender, a sender when no
-scheduler led (the election's lease had lapsed) and an illegal request apart. A command that caused no event was decided to nothing (a repeat, a stale observation) and
-must be re-decided to nothing, on its own ``issued_at``.
+scheduler led (the election's lease had lapsed) and an illegal request apart. A command that
+caused no event was decided to nothing (a repeat, a stale observation) and must be re-decided to
+nothing, on its own ``issued_at``.
 
 Three things are told apart from a divergence:
 
