@@ -42,7 +42,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -87,7 +87,7 @@ class Write:
     job_id: str | None
     outcome: str
     name: str = ""
-    at: float = 0.0
+    at: str = ""
     detail: str = ""
 
 
@@ -100,7 +100,7 @@ class Ledger:
     poison: list[bytes] = field(default_factory=list)
 
     def record(self, write: Write) -> None:
-        write.at = time.monotonic()
+        write.at = datetime.now(UTC).isoformat(timespec="milliseconds")
         self.writes.append(write)
         if write.action == "submit" and write.outcome == "acked" and write.job_id:
             self.jobs[write.job_id] = write.detail
@@ -579,7 +579,8 @@ def main(argv: list[str] | None = None) -> int:
     root = args.keep or Path(tempfile.mkdtemp(prefix="ffdl-nemesis-"))
     root.mkdir(parents=True, exist_ok=True)
     run = asyncio.run(run_nemesis(args.minutes, seed, root))
-    (root / "nemesis.json").write_text(json.dumps({**run.as_json(), "fault_log": run.fault_log}, indent=2))
+    files = {**run.as_json(), "fault_log": run.fault_log, "write_log": [asdict(w) for w in run.ledger.writes]}
+    (root / "nemesis.json").write_text(json.dumps(files, indent=2))
     if args.json:
         print(json.dumps(run.as_json(), indent=2))
     else:
