@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-APT_PACKAGES := etcd-server mosquitto mosquitto-clients tini chromium
+APT_PACKAGES := etcd-server mosquitto mosquitto-clients tini chromium iproute2 bubblewrap
 PYTEST_ARGS ?=
 # The extras `make test` installs (the project itself always, editable).
 EXTRAS ?= dev
@@ -34,6 +34,7 @@ services:
 	command -v tini >/dev/null || missing="$$missing tini"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	command -v bwrap >/dev/null || missing="$$missing bubblewrap"; \
+	command -v ip >/dev/null || missing="$$missing iproute2"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \

@@ -51,6 +51,16 @@ def learner_variables(settings: Settings) -> dict[str, str]:
     return {"FFDL_LEARNERS_DIR": str(settings.work_dir), "FFDL_LEARNER_USER": settings.learner_user}
 
 
+def settings_environment(settings: Settings) -> dict[str, str]:
+    """The ``FFDL_*`` variables that make a platform started as a process (``ffdl up``) read the
+    fields set in ``settings``: scalars as text, lists, maps and sections as JSON."""
+    variables: dict[str, str] = {}
+    for name, value in settings.model_dump(mode="json", include=settings.model_fields_set).items():
+        text = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
+        variables[f"FFDL_{name.upper()}"] = text
+    return variables
+
+
 def learner_command(*args: str) -> str:
     return " ".join([sys.executable, str(LEARNER), *args])
 

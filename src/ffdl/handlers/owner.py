@@ -81,6 +81,11 @@ class JobOwner(Follower):
         self.dead_letters = 0
 
     async def loaded(self, partitions: list[int]) -> None:
+        """Decisions still pending from a fetch that never became durable (the group expelled this
+        member before its flush: :class:`~ffdl.handlers.runtime.StaleMember`) are void: the
+        partitions were just folded again from the log."""
+        if self._pending:
+            self._forget_pending()
         log.info("owning partitions", partitions=partitions, jobs=len(self.book.jobs))
 
     async def process(self, records: Sequence[Record]) -> None:

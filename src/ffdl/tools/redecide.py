@@ -25,9 +25,10 @@ the run of events at the point the previous commands left off. Where the file do
 owner decided a command, its events do: the owner's clock is their ``occurred_at``, the owner their
 ``producer``. The leader's token the owner checked a fenced command against is the command's own
 when the decision was anything but a refusal (a deposed sender's command is refused); a refusal of
-a fenced command is tried both ways, since the log cannot tell a deposed sender from an illegal
-request. A command that caused no event was decided to nothing (a repeat, a stale observation) and
-must be re-decided to nothing, on its own ``issued_at``.
+a fenced command is tried every way, since the log cannot tell a deposed sender, a sender when no
+scheduler led (the election's lease had lapsed) and an illegal request apart. A command that
+caused no event was decided to nothing (a repeat, a stale observation) and must be re-decided to
+nothing, on its own ``issued_at``.
 
 Three things are told apart from a divergence:
 
@@ -481,7 +482,9 @@ def _decided_ways(item: RecordedCommand, caused: Sequence[AnyEvent], owner: str)
     leads = Decided(at, by, token)
     refused = len(caused) == 1 and isinstance(caused[0].data, ev.CommandRejected | nd.NodeCommandRejected)
     if token is not None and refused:
-        return [leads, Decided(at, by, NOT_THE_SENDERS)]
+        # another scheduler led, or the owner could not read the election, or none led (the
+        # leader's lease had lapsed, as in an etcd outage longer than its TTL)
+        return [leads, Decided(at, by, NOT_THE_SENDERS), Decided(at, by, None)]
     return [leads]
 
 

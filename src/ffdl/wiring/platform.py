@@ -193,7 +193,8 @@ class Platform:
             owner, reactor = self.owner, self.reactor
             owners, reactors = self.owners_group, self._group("reactors")
             self._supervise(
-                "owner", lambda: consume(self.bus, owners, [self.topics.commands], owner, self._stop)
+                "owner",
+                lambda: consume(self.bus, owners, [self.topics.commands], owner, self._stop, fenced=True),
             )
             self._supervise(
                 "reactor", lambda: consume(self.bus, reactors, [self.topics.events], reactor, self._stop)
