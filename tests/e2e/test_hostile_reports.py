@@ -28,6 +28,7 @@ from ffdl.wiring.config import Settings
 from ffdl.wiring.platform import Platform
 from tests.golden.record import GOLDEN_DIR
 from tests.harness import Api, manifest
+from tests.services import wait_until_async
 
 pytestmark = pytest.mark.e2e
 
@@ -247,7 +248,10 @@ async def test_a_forged_checkpoint_is_refused_and_never_resumed_from(
     ]
     assert launched["data"]["resume_from"]["uri"].startswith(f"file://{place}/")
     log = settings.work_dir / job_id / "logs" / "attempt-2" / "learner-0.log"
-    assert "resumed from step" in log.read_text()
+    # RUNNING says the learner's process started, not that the program got as far as its resume
+    await wait_until_async(
+        lambda: log.exists() and "resumed from step" in log.read_text(), 60.0, what="the learner's resume"
+    )
     await api.http.delete(f"/v1/jobs/{job_id}")
     await api.wait(job_id, "CANCELLED", released=True)
 
