@@ -73,9 +73,10 @@ async def listed_jobs(
             return jobs
 
 
-async def caught_up(client: httpx.AsyncClient, url: str) -> bool:
+async def caught_up(client: httpx.AsyncClient, url: str, auth: dict[str, str]) -> bool:
+    """Whether the replica has applied the whole log: ``behind`` is an admin's to read."""
     try:
-        response = await client.get(f"{url}/readyz")
+        response = await client.get(f"{url}/readyz", headers=auth)
     except httpx.TransportError:
         return False
     return response.status_code == 200 and response.json()["behind"] == {}
@@ -91,7 +92,11 @@ async def settle(stack: Stack, ledger: Ledger, timeout_s: float) -> float | None
                 settled = True
                 for url in stack.api_urls.values():
                     jobs = await listed_jobs(client, url, stack.auth(ADMIN))
-                    settled = settled and await caught_up(client, url) and set(ledger.jobs) <= set(jobs)
+                    settled = (
+                        settled
+                        and await caught_up(client, url, stack.auth(ADMIN))
+                        and set(ledger.jobs) <= set(jobs)
+                    )
                     settled = settled and all(
                         job["state"] in SETTLED and job["placement"] is None for job in jobs.values()
                     )
@@ -160,7 +165,9 @@ async def check(stack: Stack, ledger: Ledger) -> CheckReport:
         await asyncio.to_thread(stack.stop_platform, [n for n in stack.processes if not n.startswith("api-")])
         for replica, url in stack.api_urls.items():
             with contextlib.suppress(TimeoutError):
-                await wait_until_async(lambda url=url: caught_up(client, url), 60, interval_s=0.5)
+                await wait_until_async(
+                    lambda url=url: caught_up(client, url, stack.auth(ADMIN)), 60, interval_s=0.5
+                )
             await asyncio.to_thread(stack.stop_platform, [f"api-{replica}"])
     await _check_log(stack, ledger, states, report)
     matches = True
