@@ -132,6 +132,7 @@ async def test_a_learner_reaches_no_other_job_nor_the_platform_and_leaves_nothin
         "list the data dir": "refused",
         "list the victim's job dir": "refused",
         "write the victim's checkpoints": "refused",
+        "open a host sysctl for writing": "refused",
         "read the victim's log": "refused",
         "forge the victim's reports": "refused",
         "see other processes": "refused",

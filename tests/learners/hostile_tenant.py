@@ -4,7 +4,7 @@ for each try, so that the test reads what worked, and ends with ``done``.
 
 plant     write modules and startup files the agent would import where the learner can write, and
           fail the first attempt (so a second agent starts over them)
-probe     reach the platform's files, another job (VICTIM_DIR) and its report socket, the host's
+probe     reach the platform's files, another job (VICTIM_DIR) and its report socket, the host's sysctls,
           processes and /tmp; leave a process behind with ``setsid`` (its argument: SLEEP_MARK)
 flood     send the agent an endless line, a report of 40,000 metrics, NaN, a flood of junk and a
           stalled half line; report checkpoints outside the checkpoint directory; then report step 7
@@ -63,6 +63,12 @@ def probe() -> int:
     attempt("list the data dir", lambda: os.listdir(data))
     attempt("list the victim's job dir", lambda: os.listdir(victim))
     attempt("write the victim's checkpoints", lambda: (victim / "checkpoints" / "planted").write_text("x"))
+    # root outside, the learner's uid passes a sysctl's mode check: kernel.core_pattern names a program
+    # the kernel runs as root on the host (opened only: nothing is written)
+    attempt(
+        "open a host sysctl for writing",
+        lambda: os.close(os.open("/proc/sys/kernel/core_pattern", os.O_WRONLY)),
+    )
     attempt("read the victim's log", (victim / "logs" / "attempt-1" / "learner-0.log").read_bytes)
 
     def forge_reports() -> None:

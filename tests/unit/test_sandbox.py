@@ -66,6 +66,10 @@ def test_a_learner_holds_its_own_places_writable_and_nothing_of_the_platform(tmp
         assert flag in arguments
     assert "/etc" not in binds(arguments, "--ro-bind")
     assert not any(path.endswith("shadow") for path in binds(arguments, "--ro-bind"))
+    # the host's sysctls are read-only over the fresh /proc (the e2e suite tries to open one)
+    assert arguments.index("--proc") < arguments.index("/proc/sys") and "/proc/sys" in binds(
+        arguments, "--ro-bind"
+    )
 
 
 def test_the_interpreter_paths_cover_this_python_and_none_twice() -> None:

@@ -78,6 +78,12 @@ ETC_FILES = (
     "fonts",
 )
 #: GPU device nodes every CUDA program needs besides its own ``/dev/nvidiaN`` (and MIG's capabilities).
+#: What of the fresh ``/proc`` acts on the whole host when written: the sysctls (``kernel.core_pattern``
+#: names a program the kernel runs as root, outside), ``sysrq-trigger`` (reboot), interrupts, buses,
+#: drivers. Each is covered read-only: the kernel lets the learner's uid, root outside, write them
+#: without any capability (a sysctl's mode is checked against the global root uid), and bwrap's own
+#: cover skips them when it cannot write them itself while it builds the sandbox.
+PROC_READ_ONLY = ("sys", "sysrq-trigger", "irq", "bus", "acpi", "scsi", "driver", "fs", "pressure", "mtrr")
 NVIDIA_CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset", "nvidia-caps")
 PROBE_TIMEOUT_S = 60.0
 
@@ -143,6 +149,7 @@ class Sandbox:
             "--new-session",
             "--proc",
             "/proc",
+            *_proc_arguments(),
             "--dev",
             "/dev",
             "--tmpfs",
@@ -224,6 +231,12 @@ def _system_arguments() -> list[str]:
         if path.exists():
             arguments += ["--ro-bind", str(path), str(path)]
     return arguments
+
+
+def _proc_arguments() -> list[str]:
+    """Cover what of ``/proc`` writes to the host read-only (:data:`PROC_READ_ONLY`)."""
+    covered = [Path("/proc") / name for name in PROC_READ_ONLY]
+    return [word for path in covered if path.exists() for word in ("--ro-bind", str(path), str(path))]
 
 
 def _gpu_arguments(gpus: Sequence[int]) -> list[str]:
