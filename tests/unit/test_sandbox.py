@@ -78,6 +78,24 @@ def test_the_interpreter_paths_cover_this_python_and_none_twice() -> None:
     assert all(not a.is_relative_to(b) for a in paths for b in paths if a != b)
 
 
+@pytest.mark.parametrize("started", [["-m", "show"], ["show.py"]])
+def test_the_directory_the_platform_was_started_from_is_not_bound(tmp_path: Path, started: list[str]) -> None:
+    # ``cd /root && python -m ffdl up`` puts /root first on the import path: binding it would show
+    # root's keys and credentials to every learner (and a script's directory is no import path either)
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "show.py").write_text(
+        "from ffdl.adapters.launchers.sandbox import interpreter_paths\n"
+        "print('\\n'.join(map(str, interpreter_paths())))\n"
+    )
+
+    shown = subprocess.run(
+        [sys.executable, *started], cwd=home, capture_output=True, text=True, check=True
+    ).stdout.split()
+
+    assert shown and not any(home.is_relative_to(path) for path in map(Path, shown)), shown
+
+
 def test_without_bwrap_the_sandbox_cannot_be_made_and_says_how_to_opt_out(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -196,13 +196,17 @@ def interpreter_paths() -> tuple[Path, ...]:
     and its import path (a venv's ``.pth`` files may add other trees), outside ``/usr`` (bound
     whole), each once, none inside another (a protected path inside one is covered again by
     :meth:`Sandbox.base_arguments`)."""
+    import_path = list(sys.path)
+    started_from = _started_from()
+    if started_from in import_path:
+        import_path.remove(started_from)  # once: a second entry was put there on purpose
     candidates = {
         Path(sys.prefix),
         Path(sys.base_prefix),
         Path(sys.exec_prefix),
         Path(sys.executable).parent,
         Path(os.path.realpath(sys.executable)).parent,
-        *(Path(entry) for entry in sys.path if entry and os.path.isabs(entry)),
+        *(Path(entry) for entry in import_path if entry and os.path.isabs(entry)),
     }
     # the path as this process names it and the path it resolves to: both must exist inside
     existing = {form for path in candidates if path.exists() for form in (path.absolute(), path.resolve())}
@@ -216,6 +220,26 @@ def interpreter_paths() -> tuple[Path, ...]:
             )
         roots.append(path)
     return tuple(roots)
+
+
+def _started_from() -> str | None:
+    """The entry Python put first on this process's import path when it started: the working
+    directory under ``python -m`` (``cd /root && python -m ffdl up`` would show ``/root``, its keys
+    and credentials, to every learner), a script's own directory. It is where the platform was
+    started from, not a place learners import from. None under ``-P``/``-I``, or after ``-c``."""
+    if sys.flags.safe_path:
+        return None
+    words = iter(sys.orig_argv[1:])
+    for word in words:
+        if word == "-m":
+            return os.getcwd()
+        if word in ("-c", "-"):
+            return None
+        if word in ("-W", "-X", "--check-hash-based-pycs"):
+            next(words, None)
+        elif not word.startswith("-"):
+            return os.path.dirname(os.path.realpath(word))
+    return None
 
 
 def _system_arguments() -> list[str]:
