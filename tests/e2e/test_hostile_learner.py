@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import glob
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -192,6 +193,29 @@ async def test_a_learner_beyond_its_memory_is_stopped_by_the_kernel(api: Api) ->
     assert "allocated" not in (await api.http.get(f"/v1/jobs/{job_id}/logs")).text
     assert job["learners"][0]["exit_code"] in (-9, 128 + 9)  # SIGKILL, by the out-of-memory killer
     assert glob.glob(f"/sys/fs/cgroup/*/ffdl/{job_id}-*") == []  # removed with the learner
+
+
+@as_root
+async def test_a_set_uid_file_a_learner_leaves_is_out_of_every_other_users_reach(
+    api: Api, settings: Settings
+) -> None:
+    # in its sandbox the learner's uid is root outside: what it writes is root's on the host, set-uid
+    # bit included, and it may open its working directory; only the learners' root (0700) keeps a
+    # host user from running it as root
+    job_id = await api.submit(hostile("setuid"))
+
+    await api.wait(job_id, "COMPLETED", released=True)
+
+    planted = settings.work_dir / job_id / "work" / "rootenv"
+    assert planted.stat().st_mode & 0o4000 and planted.stat().st_uid == 0, learner_log(settings, job_id)
+    assert not reaches_as_nobody(planted), "a host user reaches the learner's set-uid file"
+
+
+def reaches_as_nobody(path: Path) -> bool:
+    nobody = pwd.getpwnam("nobody")
+    command = ["/usr/bin/test", "-e", str(path)]
+    found = subprocess.run(command, check=False, user=nobody.pw_uid, group=nobody.pw_gid, extra_groups=[])
+    return found.returncode == 0
 
 
 # --------------------------------------------------------------------------- ffdl up, as an operator runs it

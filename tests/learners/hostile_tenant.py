@@ -9,6 +9,8 @@ probe     reach the platform's files, another job (VICTIM_DIR) and its report so
 flood     send the agent an endless line, a report of 40,000 metrics, NaN, a flood of junk and a
           stalled half line; report checkpoints outside the checkpoint directory; then report step 7
 memory    allocate far more than the manifest's memory_mb
+setuid    leave a set-uid copy of a program in its working directory, opened to everyone (the
+          learner's uid is root outside: the file is root's on the host)
 """
 
 from __future__ import annotations
@@ -142,6 +144,15 @@ def memory() -> int:
     return 0
 
 
+def setuid() -> int:
+    planted = Path.cwd() / "rootenv"
+    planted.write_bytes(Path("/usr/bin/env").read_bytes())
+    planted.chmod(0o4755)
+    Path.cwd().chmod(0o755)
+    print(f"planted {planted} {oct(planted.stat().st_mode)}", flush=True)
+    return 0
+
+
 if __name__ == "__main__":
-    modes = {"plant": plant, "probe": probe, "flood": flood, "memory": memory}
+    modes = {"plant": plant, "probe": probe, "flood": flood, "memory": memory, "setuid": setuid}
     sys.exit(modes[sys.argv[1]]())
