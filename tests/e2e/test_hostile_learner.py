@@ -53,7 +53,9 @@ async def settings(tmp_path: Path) -> AsyncIterator[Settings]:
         learner_user=defaults.learner_user,
         sandbox=defaults.sandbox,
         heartbeat_ttl_s=2.0,  # a loaded CI machine, not an agent held up by its learner, may take 1 s
+        result_roots=[tmp_path / "results"],
     )
+    (tmp_path / "results" / "shared").mkdir(parents=True)
     yield settings
     shutil.rmtree(settings.work_dir, ignore_errors=True)
 
@@ -216,6 +218,31 @@ def reaches_as_nobody(path: Path) -> bool:
     command = ["/usr/bin/test", "-e", str(path)]
     found = subprocess.run(command, check=False, user=nobody.pw_uid, group=nobody.pw_gid, extra_groups=[])
     return found.returncode == 0
+
+
+@as_root
+async def test_a_result_place_a_learner_made_a_link_leads_nowhere_out_of_the_roots(
+    api: Api, settings: Settings
+) -> None:
+    # the API checks a result place as written; a first job's learner makes one a link to the
+    # host's / and a second job names it: bwrap would bind the host's / writable, as root
+    shared = settings.result_roots[0] / "shared"
+    linker = {"name": "linker", "command": 'ln -s / "$RESULT_DIR/escape"', "result_dir": str(shared)}
+    first = await api.submit(yaml.safe_dump(linker))
+    await api.wait(first, "COMPLETED", released=True)
+    assert (shared / "escape").is_symlink()
+    marker = f"escaped-{uuid.uuid4().hex}"
+    escape = {
+        "name": "escape",
+        "command": f'touch "$RESULT_DIR/tmp/{marker}"',
+        "result_dir": str(shared / "escape"),
+        "max_restarts": 0,
+    }
+
+    second = await api.submit(yaml.safe_dump(escape))
+
+    await api.wait(second, "FAILED", released=True)
+    assert not (Path("/tmp") / marker).exists(), "the learner wrote the host's /tmp"
 
 
 # --------------------------------------------------------------------------- ffdl up, as an operator runs it
