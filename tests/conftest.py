@@ -6,6 +6,7 @@ Tests override ``settings`` to point the platform at real services (Kafka, etcd,
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -17,6 +18,15 @@ from ffdl.wiring.config import Settings
 from ffdl.wiring.platform import Platform
 from tests.harness import Api, fast_settings
 from tests.services import EtcdServer
+
+
+def pytest_configure() -> None:
+    """The tests' learner programs (``tests/learners``) are on the import path of every platform the
+    tests start, in this process or as ``python -m ffdl.cli up``: an operator's import path is what
+    every sandbox reads. The working directory Python puts first under ``-m`` is not (it is where
+    the platform was started from: ``/root`` would show root's keys to every learner)."""
+    root = str(Path(__file__).parents[1])
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
 
 
 @pytest.fixture

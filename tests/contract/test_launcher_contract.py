@@ -52,8 +52,14 @@ class LocalRig:
 
     def new_launcher(self, python: str | None = None) -> LocalLauncher:
         extra = {"python": python} if python else {}
+        signals = [self.work_dir.parent / "signals"]  # the data place of go_file_in: a root, as an operator's
         return LocalLauncher(
-            self.work_dir, self.heartbeats_url, heartbeat_ttl_s=HEARTBEAT_TTL_S, sandbox=self.sandbox, **extra
+            self.work_dir,
+            self.heartbeats_url,
+            heartbeat_ttl_s=HEARTBEAT_TTL_S,
+            sandbox=self.sandbox,
+            data_roots=signals,
+            **extra,
         )
 
     @property

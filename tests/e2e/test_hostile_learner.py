@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import glob
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -52,7 +53,9 @@ async def settings(tmp_path: Path) -> AsyncIterator[Settings]:
         learner_user=defaults.learner_user,
         sandbox=defaults.sandbox,
         heartbeat_ttl_s=2.0,  # a loaded CI machine, not an agent held up by its learner, may take 1 s
+        result_roots=[tmp_path / "results"],
     )
+    (tmp_path / "results" / "shared").mkdir(parents=True)
     yield settings
     shutil.rmtree(settings.work_dir, ignore_errors=True)
 
@@ -132,6 +135,7 @@ async def test_a_learner_reaches_no_other_job_nor_the_platform_and_leaves_nothin
         "list the data dir": "refused",
         "list the victim's job dir": "refused",
         "write the victim's checkpoints": "refused",
+        "open a host sysctl for writing": "refused",
         "read the victim's log": "refused",
         "forge the victim's reports": "refused",
         "see other processes": "refused",
@@ -191,6 +195,54 @@ async def test_a_learner_beyond_its_memory_is_stopped_by_the_kernel(api: Api) ->
     assert "allocated" not in (await api.http.get(f"/v1/jobs/{job_id}/logs")).text
     assert job["learners"][0]["exit_code"] in (-9, 128 + 9)  # SIGKILL, by the out-of-memory killer
     assert glob.glob(f"/sys/fs/cgroup/*/ffdl/{job_id}-*") == []  # removed with the learner
+
+
+@as_root
+async def test_a_set_uid_file_a_learner_leaves_is_out_of_every_other_users_reach(
+    api: Api, settings: Settings
+) -> None:
+    # in its sandbox the learner's uid is root outside: what it writes is root's on the host, set-uid
+    # bit included, and it may open its working directory; only the learners' root (0700) keeps a
+    # host user from running it as root
+    job_id = await api.submit(hostile("setuid"))
+
+    await api.wait(job_id, "COMPLETED", released=True)
+
+    planted = settings.work_dir / job_id / "work" / "rootenv"
+    assert planted.stat().st_mode & 0o4000 and planted.stat().st_uid == 0, learner_log(settings, job_id)
+    assert not reaches_as_nobody(planted), "a host user reaches the learner's set-uid file"
+
+
+def reaches_as_nobody(path: Path) -> bool:
+    nobody = pwd.getpwnam("nobody")
+    command = ["/usr/bin/test", "-e", str(path)]
+    found = subprocess.run(command, check=False, user=nobody.pw_uid, group=nobody.pw_gid, extra_groups=[])
+    return found.returncode == 0
+
+
+@as_root
+async def test_a_result_place_a_learner_made_a_link_leads_nowhere_out_of_the_roots(
+    api: Api, settings: Settings
+) -> None:
+    # the API checks a result place as written; a first job's learner makes one a link to the
+    # host's / and a second job names it: bwrap would bind the host's / writable, as root
+    shared = settings.result_roots[0] / "shared"
+    linker = {"name": "linker", "command": 'ln -s / "$RESULT_DIR/escape"', "result_dir": str(shared)}
+    first = await api.submit(yaml.safe_dump(linker))
+    await api.wait(first, "COMPLETED", released=True)
+    assert (shared / "escape").is_symlink()
+    marker = f"escaped-{uuid.uuid4().hex}"
+    escape = {
+        "name": "escape",
+        "command": f'touch "$RESULT_DIR/tmp/{marker}"',
+        "result_dir": str(shared / "escape"),
+        "max_restarts": 0,
+    }
+
+    second = await api.submit(yaml.safe_dump(escape))
+
+    await api.wait(second, "FAILED", released=True)
+    assert not (Path("/tmp") / marker).exists(), "the learner wrote the host's /tmp"
 
 
 # --------------------------------------------------------------------------- ffdl up, as an operator runs it

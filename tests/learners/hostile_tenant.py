@@ -4,11 +4,13 @@ for each try, so that the test reads what worked, and ends with ``done``.
 
 plant     write modules and startup files the agent would import where the learner can write, and
           fail the first attempt (so a second agent starts over them)
-probe     reach the platform's files, another job (VICTIM_DIR) and its report socket, the host's
+probe     reach the platform's files, another job (VICTIM_DIR) and its report socket, the host's sysctls,
           processes and /tmp; leave a process behind with ``setsid`` (its argument: SLEEP_MARK)
 flood     send the agent an endless line, a report of 40,000 metrics, NaN, a flood of junk and a
           stalled half line; report checkpoints outside the checkpoint directory; then report step 7
 memory    allocate far more than the manifest's memory_mb
+setuid    leave a set-uid copy of a program in its working directory, opened to everyone (the
+          learner's uid is root outside: the file is root's on the host)
 """
 
 from __future__ import annotations
@@ -63,6 +65,12 @@ def probe() -> int:
     attempt("list the data dir", lambda: os.listdir(data))
     attempt("list the victim's job dir", lambda: os.listdir(victim))
     attempt("write the victim's checkpoints", lambda: (victim / "checkpoints" / "planted").write_text("x"))
+    # root outside, the learner's uid passes a sysctl's mode check: kernel.core_pattern names a program
+    # the kernel runs as root on the host (opened only: nothing is written)
+    attempt(
+        "open a host sysctl for writing",
+        lambda: os.close(os.open("/proc/sys/kernel/core_pattern", os.O_WRONLY)),
+    )
     attempt("read the victim's log", (victim / "logs" / "attempt-1" / "learner-0.log").read_bytes)
 
     def forge_reports() -> None:
@@ -136,6 +144,15 @@ def memory() -> int:
     return 0
 
 
+def setuid() -> int:
+    planted = Path.cwd() / "rootenv"
+    planted.write_bytes(Path("/usr/bin/env").read_bytes())
+    planted.chmod(0o4755)
+    Path.cwd().chmod(0o755)
+    print(f"planted {planted} {oct(planted.stat().st_mode)}", flush=True)
+    return 0
+
+
 if __name__ == "__main__":
-    modes = {"plant": plant, "probe": probe, "flood": flood, "memory": memory}
+    modes = {"plant": plant, "probe": probe, "flood": flood, "memory": memory, "setuid": setuid}
     sys.exit(modes[sys.argv[1]]())

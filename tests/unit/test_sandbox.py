@@ -66,12 +66,34 @@ def test_a_learner_holds_its_own_places_writable_and_nothing_of_the_platform(tmp
         assert flag in arguments
     assert "/etc" not in binds(arguments, "--ro-bind")
     assert not any(path.endswith("shadow") for path in binds(arguments, "--ro-bind"))
+    # the host's sysctls are read-only over the fresh /proc (the e2e suite tries to open one)
+    assert arguments.index("--proc") < arguments.index("/proc/sys") and "/proc/sys" in binds(
+        arguments, "--ro-bind"
+    )
 
 
 def test_the_interpreter_paths_cover_this_python_and_none_twice() -> None:
     paths = interpreter_paths()
     assert any(Path(os.path.realpath(sys.executable)).is_relative_to(path) for path in paths)
     assert all(not a.is_relative_to(b) for a in paths for b in paths if a != b)
+
+
+@pytest.mark.parametrize("started", [["-m", "show"], ["show.py"]])
+def test_the_directory_the_platform_was_started_from_is_not_bound(tmp_path: Path, started: list[str]) -> None:
+    # ``cd /root && python -m ffdl up`` puts /root first on the import path: binding it would show
+    # root's keys and credentials to every learner (and a script's directory is no import path either)
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "show.py").write_text(
+        "from ffdl.adapters.launchers.sandbox import interpreter_paths\n"
+        "print('\\n'.join(map(str, interpreter_paths())))\n"
+    )
+
+    shown = subprocess.run(
+        [sys.executable, *started], cwd=home, capture_output=True, text=True, check=True
+    ).stdout.split()
+
+    assert shown and not any(home.is_relative_to(path) for path in map(Path, shown)), shown
 
 
 def test_without_bwrap_the_sandbox_cannot_be_made_and_says_how_to_opt_out(

@@ -4,8 +4,13 @@ into ``JobCompleted`` and ``GpusReleased``."""
 
 from __future__ import annotations
 
+import os
+import shutil
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+
+import pytest
 
 from ffdl.adapters.bus import open_bus
 from ffdl.core.authorization import Principal
@@ -97,3 +102,55 @@ async def test_storing_asks_for_the_completion_and_the_release_in_one_append(tmp
     assert [type(e.data) for e in owner_events] == [ev.JobCompleted, ev.GpusReleased]
     assert decided.placement is None
     assert next_action(decided, NOW) is None, "nothing left to release"
+
+
+@pytest.fixture
+def nested_results(tmp_path: Path) -> Iterator[Path]:
+    """A hostile learner's result directory: 1500 directories deep, a link out of it, and a file of
+    5 bytes at the bottom; removed level by level (``shutil.rmtree`` recurses: pytest could not)."""
+    results = tmp_path / "jobs" / "job-1" / "results"
+    results.mkdir(parents=True)
+    try:
+        (results / "out").symlink_to("/usr")
+        directory = os.open(results, os.O_RDONLY)
+        for _ in range(1500):  # one level at a time, as a learner would (makedirs recurses too)
+            os.mkdir("a", dir_fd=directory)
+            directory, parent = os.open("a", os.O_RDONLY, dir_fd=directory), directory
+            os.close(parent)
+        weights = os.open("weights", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=directory)
+        os.write(weights, b"12345")
+        os.close(weights)
+        os.close(directory)
+        yield results
+    finally:
+        while (results / "a" / "a").is_dir():  # pull a/a up to a until one level is left
+            os.rename(results / "a" / "a", results / "b")
+            os.rmdir(results / "a")
+            os.rename(results / "b", results / "a")
+        shutil.rmtree(results)
+
+
+async def test_results_nested_deeper_than_the_interpreter_recurses_are_measured(
+    tmp_path: Path, nested_results: Path
+) -> None:
+    # os.walk recursed, and raised RecursionError in the reaction
+    bus = open_bus(f"embedded://{tmp_path / 'bus'}", 1)
+    await bus.start()
+    topics = Topics()
+    ctx = ReactionContext(
+        sender=CommandSender(bus, topics, "reactor@test", Principal.platform("reactor")),
+        launcher=StopRecorder(),
+        job_dir=lambda job_id: nested_results.parent if job_id == "job-1" else None,
+    )
+    job = storing()
+    action = next_action(job, NOW)
+    assert action is not None
+    try:
+        await REACTIONS[action.kind](job, action, ctx)
+        records = [record async for record in bus.read(topics.commands, 0)]
+    finally:
+        await bus.close()
+
+    finish = any_command_from_json(records[0].value).data
+    assert isinstance(finish, cmd.FinishStoring)
+    assert (finish.result.files, finish.result.size_bytes) == (1, 5)

@@ -13,7 +13,8 @@ result directory (when it is a local path) and keeps the learners' final metrics
 The result place comes from the job's manifest, so it is measured only where it may be (see
 :mod:`ffdl.core.places`): inside the job's own directory or under a configured result root, checked
 again here after resolving links (a learner may have made its result directory a link to ``/``).
-The walk never follows links and stops after :data:`MAX_FILES` entries.
+The walk never follows links, keeps its own stack (however deep the directories) and stops after
+:data:`MAX_FILES` entries.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import os
 from pathlib import Path
-from stat import S_ISREG
+from stat import S_ISDIR, S_ISREG
 
 import structlog
 
@@ -65,15 +66,27 @@ def _confined(directory: Path, job: Job, ctx: ReactionContext) -> bool:
 
 
 def _measure(directory: Path) -> tuple[int, int]:
-    """Regular files and their bytes below ``directory``: links not followed, :data:`MAX_FILES` at most."""
+    """Regular files and their bytes below ``directory``: links not followed, :data:`MAX_FILES`
+    entries (directories too) at most. The walk keeps its own stack: ``os.walk`` recurses, and a
+    learner's 1500 nested directories made it raise ``RecursionError`` in the storing reaction."""
     files = size = seen = 0
-    for parent, _, names in os.walk(directory, followlinks=False):
-        for name in names:
+    pending = [str(directory)]
+    while pending:
+        try:
+            entries = list(os.scandir(pending.pop()))
+        except OSError:
+            continue  # gone, unreadable, or a path too long to name
+        for entry in entries:
             seen += 1
             if seen > MAX_FILES:
                 return files, size
-            stat = os.lstat(os.path.join(parent, name))
-            if S_ISREG(stat.st_mode):  # a regular file, never what a link points to
+            try:
+                stat = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if S_ISDIR(stat.st_mode):
+                pending.append(entry.path)
+            elif S_ISREG(stat.st_mode):  # a regular file, never what a link points to
                 files += 1
                 size += stat.st_size
     return files, size

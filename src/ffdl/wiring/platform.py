@@ -98,6 +98,8 @@ def open_launcher(
         log_format=settings.log_format,
         logins=logins,
         sandbox=sandbox,
+        data_roots=settings.data_roots,
+        result_roots=settings.result_roots,
     )
 
 

@@ -118,10 +118,18 @@ def protect_data_dir(data_dir: Path) -> None:
 
 
 def prepare_learners_root(root: Path, user: LearnerUser | None) -> None:
-    """Create the learners' root; where learners run as ``user``, check that it is safe and reachable."""
-    root.mkdir(parents=True, exist_ok=True, mode=TRAVERSE_ONLY_MODE)
+    """Create the learners' root; where learners run as ``user``, check that it is safe and reachable.
+
+    Where no other user runs learners (sandboxed, or as the platform's own user) the root is the
+    platform's alone: a sandboxed learner is root outside as far as files go, so it can leave a
+    set-uid file of root's in its working directory and open that directory to everyone; only the
+    root's mode keeps the host's other users from running it."""
     if user is None:
+        root.mkdir(parents=True, exist_ok=True, mode=PLATFORM_DIR_MODE)
+        if root.stat().st_uid == os.geteuid():
+            root.chmod(PLATFORM_DIR_MODE)
         return
+    root.mkdir(parents=True, exist_ok=True, mode=TRAVERSE_ONLY_MODE)
     root.chmod(TRAVERSE_ONLY_MODE)
     for directory in [root, *root.parents]:
         problem = _unsafe(directory)

@@ -58,7 +58,7 @@ import subprocess
 import sys
 import time
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -155,12 +155,15 @@ class LocalLauncher:
         log_format: str = "console",
         logins: HeartbeatLogins | None = None,
         sandbox: Sandbox | None = None,
+        data_roots: Sequence[Path] = (),
+        result_roots: Sequence[Path] = (),
     ) -> None:
         """``user``: whom learners' commands run as where the platform runs as root (a name,
         ``UID`` or ``UID:GID``; None: the platform's user). ``logins``: where the heartbeat store
         authenticates, each job's agents get a login of their own. ``sandbox``: how learners are
-        contained (None: not at all, the operator's explicit choice). Creates and checks
-        ``work_dir``; makes one sandbox to check that learners can run in it, or raises
+        contained (None: not at all, the operator's explicit choice). ``data_roots``,
+        ``result_roots``: where a manifest's absolute places must lie, links resolved. Creates and
+        checks ``work_dir``; makes one sandbox to check that learners can run in it, or raises
         :class:`~ffdl.adapters.launchers.sandbox.SandboxUnavailable` naming the cause and the fix."""
         self._work_dir = work_dir.resolve()
         self._heartbeats_url = heartbeats_url
@@ -170,6 +173,8 @@ class LocalLauncher:
         self._log_format = log_format
         self._logins = logins
         self._sandbox = sandbox
+        self._data_roots = tuple(root.resolve() for root in data_roots)
+        self._result_roots = tuple(root.resolve() for root in result_roots)
         if sandbox is not None:
             prepare_learners_root(self._work_dir, None)
             uid, gid = self._sandbox_identity()
@@ -440,6 +445,15 @@ class LocalLauncher:
                     job_id=job_id,
                     path=str(path),
                 )
+        # the API checks a manifest's places as written; a learner of an earlier job may have made
+        # one a link (to /, to the data directory), which bwrap would follow, as root
+        own = self.job_dir(job_id)
+        present = [
+            path
+            for path in present
+            if path.is_relative_to(own) or self._within_roots(path, self._result_roots, request)
+        ]
+        readable = [path for path in readable if self._within_roots(path, self._data_roots, request)]
         return LearnerPlaces(
             writable=present,
             readable=readable,
@@ -447,6 +461,20 @@ class LocalLauncher:
             work_dir=self._learner_work_dir(job_id),
             gpus=learner.gpus,
         )
+
+    def _within_roots(self, path: Path, roots: Sequence[Path], request: LaunchRequest) -> bool:
+        """Whether ``path``, links resolved, still lies under one of ``roots``; logged if not."""
+        resolved = path.resolve()
+        if any(resolved.is_relative_to(root) for root in roots):
+            return True
+        log.warning(
+            "a place the manifest names leads outside its roots: not in the sandbox",
+            job_id=request.job_id,
+            tenant=request.tenant,
+            path=str(path),
+            resolved=str(resolved)[:300],
+        )
+        return False
 
     def _make_directories(self, request: LaunchRequest) -> None:
         """The learner's own directories (the learner user's where it runs as one, unsandboxed; in a

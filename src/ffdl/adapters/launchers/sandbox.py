@@ -78,6 +78,12 @@ ETC_FILES = (
     "fonts",
 )
 #: GPU device nodes every CUDA program needs besides its own ``/dev/nvidiaN`` (and MIG's capabilities).
+#: What of the fresh ``/proc`` acts on the whole host when written: the sysctls (``kernel.core_pattern``
+#: names a program the kernel runs as root, outside), ``sysrq-trigger`` (reboot), interrupts, buses,
+#: drivers. Each is covered read-only: the kernel lets the learner's uid, root outside, write them
+#: without any capability (a sysctl's mode is checked against the global root uid), and bwrap's own
+#: cover skips them when it cannot write them itself while it builds the sandbox.
+PROC_READ_ONLY = ("sys", "sysrq-trigger", "irq", "bus", "acpi", "scsi", "driver", "fs", "pressure", "mtrr")
 NVIDIA_CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset", "nvidia-caps")
 PROBE_TIMEOUT_S = 60.0
 
@@ -143,6 +149,7 @@ class Sandbox:
             "--new-session",
             "--proc",
             "/proc",
+            *_proc_arguments(),
             "--dev",
             "/dev",
             "--tmpfs",
@@ -189,13 +196,17 @@ def interpreter_paths() -> tuple[Path, ...]:
     and its import path (a venv's ``.pth`` files may add other trees), outside ``/usr`` (bound
     whole), each once, none inside another (a protected path inside one is covered again by
     :meth:`Sandbox.base_arguments`)."""
+    import_path = list(sys.path)
+    started_from = _started_from()
+    if started_from in import_path:
+        import_path.remove(started_from)  # once: a second entry was put there on purpose
     candidates = {
         Path(sys.prefix),
         Path(sys.base_prefix),
         Path(sys.exec_prefix),
         Path(sys.executable).parent,
         Path(os.path.realpath(sys.executable)).parent,
-        *(Path(entry) for entry in sys.path if entry and os.path.isabs(entry)),
+        *(Path(entry) for entry in import_path if entry and os.path.isabs(entry)),
     }
     # the path as this process names it and the path it resolves to: both must exist inside
     existing = {form for path in candidates if path.exists() for form in (path.absolute(), path.resolve())}
@@ -211,6 +222,26 @@ def interpreter_paths() -> tuple[Path, ...]:
     return tuple(roots)
 
 
+def _started_from() -> str | None:
+    """The entry Python put first on this process's import path when it started: the working
+    directory under ``python -m`` (``cd /root && python -m ffdl up`` would show ``/root``, its keys
+    and credentials, to every learner), a script's own directory. It is where the platform was
+    started from, not a place learners import from. None under ``-P``/``-I``, or after ``-c``."""
+    if sys.flags.safe_path:
+        return None
+    words = iter(sys.orig_argv[1:])
+    for word in words:
+        if word == "-m":
+            return os.getcwd()
+        if word in ("-c", "-"):
+            return None
+        if word in ("-W", "-X", "--check-hash-based-pycs"):
+            next(words, None)
+        elif not word.startswith("-"):
+            return os.path.dirname(os.path.realpath(word))
+    return None
+
+
 def _system_arguments() -> list[str]:
     arguments: list[str] = []
     for name in SYSTEM_DIRECTORIES:
@@ -224,6 +255,12 @@ def _system_arguments() -> list[str]:
         if path.exists():
             arguments += ["--ro-bind", str(path), str(path)]
     return arguments
+
+
+def _proc_arguments() -> list[str]:
+    """Cover what of ``/proc`` writes to the host read-only (:data:`PROC_READ_ONLY`)."""
+    covered = [Path("/proc") / name for name in PROC_READ_ONLY]
+    return [word for path in covered if path.exists() for word in ("--ro-bind", str(path), str(path))]
 
 
 def _gpu_arguments(gpus: Sequence[int]) -> list[str]:
