@@ -1,5 +1,6 @@
-"""Workload traces for ``ffdl simulate``: the JSON Lines format, and a seeded generator of
-traces shaped like Microsoft's Philly cluster.
+"""Workload traces for ``ffdl simulate``: the JSON Lines format, the public GPU-cluster traces
+(read by :mod:`ffdl.tools.trace_formats`), and a seeded generator of traces shaped like
+Microsoft's Philly cluster.
 
 A trace is one job a line: ``{"submit_time": s, "tenant": str, "learners": int,
 "gpus_per_learner": int, "runtime": s, "priority": int}``, optionally ``"gpu_type"`` and
