@@ -54,6 +54,22 @@ def test_the_generator_gives_philly_shapes_and_the_same_trace_for_the_same_seed(
     assert all(a.submit_time <= b.submit_time for a, b in pairwise(trace))
 
 
+@settings(max_examples=20, deadline=None)
+@given(
+    nodes=st.integers(1, 300),
+    gpus_per_node=st.sampled_from([1, 4, 8]),
+    largest=st.none() | st.integers(1, 64),
+)
+def test_the_generator_scales_job_sizes_to_the_cluster(
+    nodes: int, gpus_per_node: int, largest: int | None
+) -> None:
+    trace = generate_trace(300, nodes=nodes, gpus_per_node=gpus_per_node, seed=3, largest_job=largest)
+    capacity = nodes * gpus_per_node
+    bound = min(capacity, largest or max(capacity // 4, gpus_per_node))
+    assert max(job.gpus for job in trace) <= bound
+    assert all(job.gpus_per_learner <= gpus_per_node for job in trace)
+
+
 def test_a_trace_survives_writing_and_reading(tmp_path: Path) -> None:
     trace = [*generate_trace(50, nodes=4, seed=1), TraceJob("typed", 99.0, "t", 2, 4, 60.0, 5, "h100")]
     path = tmp_path / "trace.jsonl"

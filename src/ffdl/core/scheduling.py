@@ -198,6 +198,11 @@ class SchedulerPolicy:
     preemption: bool = True
     min_runtime_s: float = 60.0  # a job runs at least this long between being given GPUs and a preemption
     max_reservations: int = 2  # jobs waiting for capacity that get nodes reserved (backfill around them)
+    #: a head preempts the jobs on its reserved nodes (halted with a checkpoint) instead of waiting
+    #: for them to end when the drain would idle more GPU-time than the halts lose (see _drain_or_preempt)
+    preempt_drains: bool = True
+    #: the GPU-seconds per GPU one halt and resume costs: writing the checkpoint, reading it back
+    checkpoint_cost_s: float = 120.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -478,7 +483,7 @@ class Planner:
         if claim is not None:
             return Decision(job, wait=claim)
         if self._policy.preemption:
-            preempted = self._preempt(job)
+            preempted = self._preempt(job) or self._preempt_drain(job)
             if preempted is not None:
                 self._version += 1
                 return preempted
@@ -619,6 +624,61 @@ class Planner:
         names = ", ".join(victim.job_id for victim in victims[:5]) + (" ..." if len(victims) > 5 else "")
         detail = f"preempting {len(victims)} job(s) ({names}); it starts once their GPUs are released"
         wait = WaitRecord(W.PREEMPTION, detail, tuple(victim.job_id for victim in victims), gang.nodes)
+        return Decision(job, wait=wait, evictions=evictions)
+
+    def _preempt_drain(self, job: WaitingJob) -> Decision | None:
+        """A head whose reserved nodes are draining: halt the jobs on them (with a checkpoint; they
+        queue again) if waiting would idle more GPU-time than the halts lose. Runtimes are unknown,
+        so each job is expected to run on as long as it has run (the tail of training runtimes is
+        heavy: the longer a job has run, the longer it is likely to run). The drain idles the free
+        GPUs of those nodes until the last job ends, and each job's GPUs from its end to then; the
+        halts cost ``checkpoint_cost_s`` per GPU. Never a job of a higher class, nor one inside its
+        minimum runtime (so a job resumed after a halt runs at least that long before the next: no
+        loop), nor while any such job is on the nodes; the claim and the reason are a preemption's."""
+        nodes = self._head_nodes.get(job.job_id)
+        if not self._policy.preempt_drains or not nodes:
+            return None
+        held = self._state.held
+        victims: dict[str, HeldJob] = {}
+        for node in nodes:
+            for job_id in self._state.on_node.get(node, ()):
+                victim = held[job_id]
+                if victim.stopping or job_id in victims:
+                    continue
+                young = victim.started_at + self._policy.min_runtime_s > self._now
+                if victim.priority > job.priority or young:
+                    return None
+                victims[job_id] = victim
+        if not victims:
+            return None
+        expected = {job_id: self._now - victim.started_at for job_id, victim in victims.items()}
+        last = max(expected.values())
+        free = sum(len(room.free) for node in nodes if (room := self._room.room(node)) is not None)
+        idle = free * last + sum(victim.gang.gpus * (last - expected[i]) for i, victim in victims.items())
+        cost = self._policy.checkpoint_cost_s * sum(victim.gang.gpus for victim in victims.values())
+        if idle <= cost:
+            return None
+        chosen = sorted(victims.values(), key=lambda victim: victim.job_id)
+        self._unreserve(job)
+        evictions = tuple(
+            Eviction(
+                victim.job_id,
+                f"preempted so that job {job.job_id} need not wait for its nodes to drain: "
+                f"it resumes from its checkpoint",
+                job.job_id,
+            )
+            for victim in chosen
+        )
+        for victim in chosen:
+            self._state.stop(victim.job_id)
+        self._claim_for(job, nodes)
+        names = ", ".join(victim.job_id for victim in chosen[:5]) + (" ..." if len(chosen) > 5 else "")
+        detail = (
+            f"preempting {len(chosen)} job(s) ({names}) on the nodes kept for it, as draining them "
+            f"would idle about {idle / 3600:.1f} GPU-hours and the halts cost {cost / 3600:.1f}; "
+            "it starts once their GPUs are released"
+        )
+        wait = WaitRecord(W.PREEMPTION, detail, tuple(victim.job_id for victim in chosen), nodes)
         return Decision(job, wait=wait, evictions=evictions)
 
     def _victim_bound(self, job: WaitingJob, reclaims: bool) -> int:
