@@ -232,8 +232,9 @@ def test_a_head_preempts_the_jobs_on_its_nodes_when_their_drain_would_idle_more_
     state = cluster(nodes=2, gpus=8)
     running(state, "long", "n0", range(4), tenant="a", started_at=NOW - 3600)  # likely to run on
     big = [waiting("big", 8, learners=2, order=0.0)]
-    first = plan(state, big, NOW, SchedulerPolicy())
-    decided = plan(state, carried(big, first), NOW + 1, SchedulerPolicy())
+    policy = SchedulerPolicy(preempt_drains=True)
+    first = plan(state, big, NOW, policy)
+    decided = plan(state, carried(big, first), NOW + 1, policy)
     assert [(e.job_id, e.preempted_by) for e in decided.evictions] == [("long", "big")]
     assert "need not wait for its nodes to drain" in decided.evictions[0].reason
     wait = decided.waits["big"]
@@ -243,9 +244,10 @@ def test_a_head_preempts_the_jobs_on_its_nodes_when_their_drain_would_idle_more_
 
 def test_a_head_waits_for_the_drain_when_it_is_cheaper_or_a_job_on_its_nodes_may_not_be_halted() -> None:
     for started_at, priority, policy in (
-        (NOW - 30, 0, SchedulerPolicy(min_runtime_s=10.0, checkpoint_cost_s=3600.0)),  # halts cost more
-        (NOW - 30, 0, SchedulerPolicy(min_runtime_s=60.0)),  # just started: inside its minimum runtime
-        (NOW - 3600, 5, SchedulerPolicy()),  # a higher class than the head's
+        (NOW - 30, 0, SchedulerPolicy(min_runtime_s=10.0, checkpoint_cost_s=3600.0, preempt_drains=True)),
+        (NOW - 30, 0, SchedulerPolicy(min_runtime_s=60.0, preempt_drains=True)),  # inside its minimum runtime
+        (NOW - 3600, 5, SchedulerPolicy(preempt_drains=True)),  # a higher class than the head's
+        (NOW - 3600, 0, SchedulerPolicy()),  # not asked for: off by default
     ):
         state = cluster(nodes=2, gpus=8)
         running(state, "long", "n0", range(4), tenant="a", priority=priority, started_at=started_at)
