@@ -650,11 +650,8 @@ class Planner:
         for node in nodes:
             for job_id in self._state.on_node.get(node, ()):
                 victim = held[job_id]
-                if victim.stopping:
-                    free += 0 if job_id in running else victim.gang.gpus  # on its way out
-                    running[job_id] = victim
-                elif victim.priority <= job.priority:
-                    running[job_id] = victim
+                if victim.stopping or victim.priority <= job.priority:
+                    running[job_id] = victim  # a stopping job ends first (expected in no time)
         # by expected end, soonest first: (expected remaining time, GPUs, job)
         ends = sorted(
             (0.0 if victim.stopping else self._now - victim.started_at, victim.gang.gpus, victim.job_id)
