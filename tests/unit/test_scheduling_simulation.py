@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from ffdl.cli.main import app
 from ffdl.core.allocator import Node
 from ffdl.core.scheduling import SchedulerPolicy
-from ffdl.core.simulation import TraceJob, simulate, summarize
+from ffdl.core.simulation import TraceJob, offered_load, simulate, summarize
 from ffdl.core.tenancy import TenancyPolicy, TenantQuota
 from ffdl.tools.traces import TraceError, generate_trace, read_trace, write_trace
 
@@ -169,3 +169,19 @@ def test_the_cli_generates_a_trace_and_prints_the_report_as_json(tmp_path: Path)
     assert table.exit_code == 0 and "queueing delay p50" in table.output
     wrong = runner.invoke(app, ["simulate", str(out), "--policy", "random"])
     assert wrong.exit_code == 2 and "pack or spread" in wrong.output
+
+
+def test_the_figures_of_a_run_worked_out_by_hand() -> None:
+    trace = [
+        TraceJob("a1", 0.0, "a", 1, 8, 100.0),
+        TraceJob("b1", 0.0, "b", 1, 8, 100.0),  # waits 100 s for a1: slowdown 2
+        TraceJob("c1", 100.0, "c", 1, 4, 50.0),  # waits 100 s (until b1 ends at 200 s): slowdown 3
+    ]
+    assert offered_load(trace, 8) == (800 + 800 + 200) / (8 * 100.0)
+    report = summarize(simulate(trace, nodes(1)))
+    assert report["jct_mean_s"] == (100.0 + 200.0 + 150.0) / 3
+    assert report["queue_delay_p50_s"] == 100.0 and report["makespan_s"] == 250.0
+    assert report["utilization"] == (800 + 800 + 200) / (8 * 250.0)
+    assert report["preemptions"] == report["max_preemptions_per_job"] == 0 and report["lost_gpu_hours"] == 0.0
+    assert [report["tenants"][t]["slowdown_p50"] for t in "abc"] == [1.0, 2.0, 3.0]
+    assert report["tenant_slowdown_spread"] == 3.0 / 2.0
