@@ -23,10 +23,14 @@ run, is the planner weighing every waiting job on its own each step (``weigh_all
 decisions, checked by the digest of every job's outcome) on a shorter trace at load 1.3
 (``--baseline-jobs``, 20,000 by default; it grows with the queue, so 100,000 would take many minutes).
 
+Last, with ``--only philly``: the whole Philly trace (``../shared/traces/philly.csv``, 82,247 jobs;
+read where it lies, never copied) replayed through ffdl's policy on ``--philly-nodes`` x 8 GPUs.
+
 Run from the repository root (takes a few minutes):
 
     .venv/bin/python bench/scheduler_bench.py [--json]
     .venv/bin/python bench/scheduler_bench.py --only simulator [--simulated-jobs 20000 --baseline-jobs 5000]
+    .venv/bin/python bench/scheduler_bench.py --only philly [--philly PATH --philly-nodes 64]
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ import time
 import tracemalloc
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ffdl.core.allocator import Node
@@ -48,6 +53,7 @@ from ffdl.core.cluster import ClusterState, Demand
 from ffdl.core.scheduling import Planner, SchedulerPolicy, WaitingJob
 from ffdl.core.simulation import TraceJob, percentile, simulate
 from ffdl.tools.simulate import homogeneous_cluster
+from ffdl.tools.trace_formats import load_trace
 from ffdl.tools.traces import generate_trace
 
 NODES = 1000
@@ -57,6 +63,7 @@ SIMULATED_JOBS = 100_000
 SEED = 7
 NOW = 1_000_000.0
 RUNS = 3
+PHILLY = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "philly.csv"
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +228,25 @@ def simulator_speed(nodes: list[Node], jobs: int, load: float, weigh_all: bool =
     }
 
 
+def philly_replay(path: Path, nodes: int) -> dict[str, Any]:
+    """ffdl's policy over the whole Philly trace on ``nodes`` x 8 GPUs: wall and CPU time."""
+    trace = load_trace(path, GPUS_PER_NODE)
+    started = time.perf_counter()
+    cpu_started = time.process_time()
+    result = simulate(trace, homogeneous_cluster(nodes, GPUS_PER_NODE))
+    seconds = time.perf_counter() - started
+    return {
+        "trace": str(path),
+        "jobs": len(trace),
+        "nodes": nodes,
+        "seconds": round(seconds, 2),
+        "cpu_seconds": round(time.process_time() - cpu_started, 2),
+        "jobs_per_s": round(len(trace) / seconds),
+        "scheduling_cycles": result.cycles,
+        "preemptions": result.preemptions,
+    }
+
+
 def simulator_runs(nodes: list[Node], jobs: int, baseline_jobs: int) -> list[dict[str, Any]]:
     runs = [simulator_speed(nodes, jobs, 0.9), simulator_speed(nodes, jobs, 1.3)]
     if baseline_jobs:
@@ -232,7 +258,9 @@ def simulator_runs(nodes: list[Node], jobs: int, baseline_jobs: int) -> list[dic
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--only", choices=["simulator"], help="run only the simulator part")
+    parser.add_argument("--only", choices=["simulator", "philly"], help="run only that part")
+    parser.add_argument("--philly", type=Path, default=PHILLY, help="the Philly job table (philly.csv)")
+    parser.add_argument("--philly-nodes", type=int, default=64, help="8-GPU nodes of the Philly replay")
     parser.add_argument("--simulated-jobs", type=int, default=SIMULATED_JOBS, help="jobs per simulated trace")
     parser.add_argument(
         "--baseline-jobs", type=int, default=20_000, help="jobs of the load-1.3 baseline trace (0: none)"
@@ -240,6 +268,11 @@ def main() -> None:
     args = parser.parse_args()
     load_at_start = os.getloadavg()[0]
     nodes = homogeneous_cluster(NODES, GPUS_PER_NODE)
+    if args.only == "philly":
+        replay = philly_replay(args.philly, args.philly_nodes)
+        replay["load_average"] = [load_at_start, os.getloadavg()[0]]
+        print(json.dumps(replay, indent=2) if args.json else replay)
+        return
     if args.only == "simulator":
         runs = simulator_runs(nodes, args.simulated_jobs, args.baseline_jobs)
         load = {"load_average_at_start": load_at_start, "load_average_at_end": os.getloadavg()[0]}

@@ -217,14 +217,45 @@ def test_small_jobs_backfill_around_a_reserved_big_job_but_never_on_its_nodes() 
     running(state, "long", "n0", range(4), tenant="a")
     running(state, "other", "n2", range(6), tenant="a")
     big = [waiting("big", 8, learners=2, order=0.0)]
-    first = plan(state, big, NOW, SchedulerPolicy(max_reservations=1))
+    draining = SchedulerPolicy(max_reservations=1, preempt_drains=False)
+    first = plan(state, big, NOW, draining)
     assert first.waits["big"].code is W.CAPACITY and first.waits["big"].reserved_nodes == ()
     jobs = [*carried(big, first), waiting("small", 2, order=1.0), waiting("more", 2, order=2.0)]
-    decided = plan(state, jobs, NOW + 1, SchedulerPolicy(max_reservations=1))
+    decided = plan(state, jobs, NOW + 1, draining)
     assert decided.waits["big"].code is W.CAPACITY and decided.waits["big"].reserved_nodes == ("n0", "n1")
     assert {a.job_id: a.gang.nodes for a in decided.allocations} == {"small": ("n2",)}
     more = decided.waits["more"]
     assert more.code is W.RESERVATION and more.waiting_for == ("big",)
+
+
+def test_a_head_preempts_the_jobs_on_its_nodes_when_their_drain_would_idle_more_than_the_halts_cost() -> None:
+    state = cluster(nodes=2, gpus=8)
+    running(state, "long", "n0", range(4), tenant="a", started_at=NOW - 3600)  # likely to run on
+    big = [waiting("big", 8, learners=2, order=0.0)]
+    policy = SchedulerPolicy(preempt_drains=True)
+    first = plan(state, big, NOW, policy)
+    decided = plan(state, carried(big, first), NOW + 1, policy)
+    assert [(e.job_id, e.preempted_by) for e in decided.evictions] == [("long", "big")]
+    assert "need not wait for its nodes to drain" in decided.evictions[0].reason
+    wait = decided.waits["big"]
+    assert wait.code is W.PREEMPTION and wait.waiting_for == ("long",) and wait.reserved_nodes == ("n0", "n1")
+    assert "idle about" in wait.detail and decided.allocations == []
+
+
+def test_a_head_waits_for_the_drain_when_it_is_cheaper_or_a_job_on_its_nodes_may_not_be_halted() -> None:
+    for started_at, priority, policy in (
+        (NOW - 30, 0, SchedulerPolicy(min_runtime_s=10.0, checkpoint_cost_s=3600.0, preempt_drains=True)),
+        (NOW - 30, 0, SchedulerPolicy(min_runtime_s=60.0, preempt_drains=True)),  # inside its minimum runtime
+        (NOW - 3600, 5, SchedulerPolicy(preempt_drains=True)),  # a higher class than the head's
+        (NOW - 3600, 0, SchedulerPolicy()),  # not asked for: off by default
+    ):
+        state = cluster(nodes=2, gpus=8)
+        running(state, "long", "n0", range(4), tenant="a", priority=priority, started_at=started_at)
+        big = [waiting("big", 8, learners=2, order=0.0)]
+        first = plan(state, big, NOW, policy)
+        decided = plan(state, carried(big, first), NOW + 1, policy)
+        assert decided.evictions == [], (started_at, priority)
+        assert decided.waits["big"].code is W.CAPACITY and decided.waits["big"].reserved_nodes == ("n0", "n1")
 
 
 def test_a_reservation_stays_with_its_job_across_cycles() -> None:

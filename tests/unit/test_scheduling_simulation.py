@@ -15,19 +15,24 @@ from typer.testing import CliRunner
 from ffdl.cli.main import app
 from ffdl.core.allocator import Node
 from ffdl.core.scheduling import SchedulerPolicy
-from ffdl.core.simulation import TraceJob, simulate, summarize
+from ffdl.core.simulation import TraceJob, offered_load, simulate, summarize
 from ffdl.core.tenancy import TenancyPolicy, TenantQuota
 from ffdl.tools.traces import TraceError, generate_trace, read_trace, write_trace
 
+#: Each policy's figures, as docs/scheduling.md and the JSON report give them.
 REPORT_KEYS = {
-    "jobs",
-    "completed",
+    "jct_mean_s",
+    "jct_p50_s",
+    "jct_p99_s",
+    "queue_delay_p50_s",
+    "queue_delay_p99_s",
     "utilization",
-    "queue_delay_p50",
-    "queue_delay_p99",
-    "makespan",
+    "offered_load",
+    "makespan_s",
     "preemptions",
-    "max_gpus_in_use",
+    "max_preemptions_per_job",
+    "lost_gpu_hours",
+    "fairness",
 }
 
 
@@ -47,6 +52,22 @@ def test_the_generator_gives_philly_shapes_and_the_same_trace_for_the_same_seed(
     assert runtimes[len(runtimes) // 2] < 3600 < runtimes[-len(runtimes) // 100]  # a heavy tail
     assert len({job.tenant for job in trace}) == 5
     assert all(a.submit_time <= b.submit_time for a, b in pairwise(trace))
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    nodes=st.integers(1, 300),
+    gpus_per_node=st.sampled_from([1, 4, 8]),
+    largest=st.none() | st.integers(1, 64),
+)
+def test_the_generator_scales_job_sizes_to_the_cluster(
+    nodes: int, gpus_per_node: int, largest: int | None
+) -> None:
+    trace = generate_trace(300, nodes=nodes, gpus_per_node=gpus_per_node, seed=3, largest_job=largest)
+    capacity = nodes * gpus_per_node
+    bound = min(capacity, largest or max(capacity // 4, gpus_per_node))
+    assert max(job.gpus for job in trace) <= bound
+    assert all(job.gpus_per_learner <= gpus_per_node for job in trace)
 
 
 def test_a_trace_survives_writing_and_reading(tmp_path: Path) -> None:
@@ -115,7 +136,7 @@ def test_a_job_that_can_never_fit_or_never_be_allowed_is_reported_not_waited_for
     )
     report = summarize(simulate(trace, nodes(2), policy))
     assert {entry["job_id"] for entry in report["never_run"]} == {"too-wide", "over-quota"}
-    assert report["completed"] == 1 and report["makespan"] == 10.0
+    assert report["completed"] == 1 and report["makespan_s"] == 10.0
 
 
 def test_a_high_priority_arrival_preempts_and_the_victim_finishes_its_work_later() -> None:
@@ -126,6 +147,7 @@ def test_a_high_priority_arrival_preempts_and_the_victim_finishes_its_work_later
     result = simulate(trace, nodes(1), SchedulerPolicy(min_runtime_s=60.0), halt_s=30.0)
     low, urgent = result.outcomes
     assert result.preemptions == 1 and low.preemptions == 1
+    assert result.lost_gpu_seconds == 30.0 * 8  # it held its 8 GPUs through the halt, working on nothing
     assert urgent.first_start == 230.0  # once the victim has written its checkpoint and stopped
     assert low.end == 230.0 + 100.0 + 800.0  # resumed after urgent, with the 800 s of work it had left
 
@@ -136,12 +158,30 @@ def test_the_cli_generates_a_trace_and_prints_the_report_as_json(tmp_path: Path)
     made = runner.invoke(app, ["simulate", "--generate", "150", "--out", str(out), "--nodes", "8", "--json"])
     assert made.exit_code == 0, made.output
     report = json.loads(made.output)
-    assert set(report) >= REPORT_KEYS and report["jobs"] == 150
-    assert report["max_gpus_in_use"] <= 64
+    assert set(report["policies"]) == {"ffdl"} and report["jobs"] == 150
+    assert set(report["policies"]["ffdl"]) >= REPORT_KEYS
+    assert report["policies"]["ffdl"]["max_gpus_in_use"] <= 64
+    assert report["offered_load"] == report["policies"]["ffdl"]["offered_load"] > 0
     again = runner.invoke(app, ["simulate", str(out), "--nodes", "8", "--policy", "spread", "--json"])
     assert again.exit_code == 0, again.output
     assert json.loads(again.output)["cluster"]["placement"] == "spread"
     table = runner.invoke(app, ["simulate", str(out), "--nodes", "8"])
-    assert table.exit_code == 0 and "queueing delay p50 / p99" in table.output
+    assert table.exit_code == 0 and "queueing delay p50" in table.output
     wrong = runner.invoke(app, ["simulate", str(out), "--policy", "random"])
     assert wrong.exit_code == 2 and "pack or spread" in wrong.output
+
+
+def test_the_figures_of_a_run_worked_out_by_hand() -> None:
+    trace = [
+        TraceJob("a1", 0.0, "a", 1, 8, 100.0),
+        TraceJob("b1", 0.0, "b", 1, 8, 100.0),  # waits 100 s for a1: slowdown 2
+        TraceJob("c1", 100.0, "c", 1, 4, 50.0),  # waits 100 s (until b1 ends at 200 s): slowdown 3
+    ]
+    assert offered_load(trace, 8) == (800 + 800 + 200) / (8 * 100.0)
+    report = summarize(simulate(trace, nodes(1)))
+    assert report["jct_mean_s"] == (100.0 + 200.0 + 150.0) / 3
+    assert report["queue_delay_p50_s"] == 100.0 and report["makespan_s"] == 250.0
+    assert report["utilization"] == (800 + 800 + 200) / (8 * 250.0)
+    assert report["preemptions"] == report["max_preemptions_per_job"] == 0 and report["lost_gpu_hours"] == 0.0
+    assert [report["tenants"][t]["slowdown_p50"] for t in "abc"] == [1.0, 2.0, 3.0]
+    assert report["tenant_slowdown_spread"] == 3.0 / 2.0

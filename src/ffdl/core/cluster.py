@@ -438,12 +438,16 @@ class ClusterState:
         self.gpus_on_nodes: dict[int, dict[str, int]] = {}
         #: jobs to move off their nodes, with why: a node of theirs left the inventory or is draining
         self.evacuees: dict[str, str] = {}
+        #: node -> the jobs holding GPUs on it (what a drain of that node waits for)
+        self.on_node: dict[str, set[str]] = {}
 
     def hold(self, job: HeldJob) -> None:
         if job.job_id in self.held:
             self.release(job.job_id)
         self.held[job.job_id] = job
         self.room.take(job.demand, job.gang)
+        for node in job.gang.nodes:
+            self.on_node.setdefault(node, set()).add(job.job_id)
         gpus = job.gang.gpus
         self.usage[job.tenant] = self.usage.get(job.tenant, 0) + gpus
         if job.stopping:
@@ -471,6 +475,11 @@ class ClusterState:
         if job is None:
             return None
         self.room.release(job.demand, job.gang)
+        for node in job.gang.nodes:
+            holders = self.on_node[node]
+            holders.discard(job_id)
+            if not holders:
+                del self.on_node[node]
         gpus = job.gang.gpus
         self.usage[job.tenant] -= gpus
         if job.stopping:

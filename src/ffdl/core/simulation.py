@@ -66,6 +66,10 @@ class SimulationResult:
     last_end: float = 0.0
     preemptions: int = 0
     cycles: int = 0
+    #: GPU-seconds preempted jobs held their GPUs without working (writing and restoring checkpoints)
+    lost_gpu_seconds: float = 0.0
+    #: after each moment something happened, the GPUs in use (the utilisation curve)
+    usage: list[tuple[float, int]] = field(default_factory=list)
     #: with ``record``: after each moment something happened, the GPUs each tenant held on each node
     samples: list[tuple[float, dict[str, dict[str, int]]]] = field(default_factory=list)
 
@@ -91,6 +95,7 @@ class _Simulator:
     remaining: dict[str, float] = field(default_factory=dict)
     timeline: list[tuple[float, int, str, int]] = field(default_factory=list)
     generation: int = 0
+    lost_gpu_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         self.state = ClusterState(self.nodes)
@@ -128,7 +133,9 @@ class _Simulator:
         for eviction in decided.evictions:
             running = self.running.pop(eviction.job_id)
             self.remaining[eviction.job_id] = max(0.0, running.remaining - (now - running.since))
-            self.outcomes[eviction.job_id].preemptions += 1
+            outcome = self.outcomes[eviction.job_id]
+            outcome.preemptions += 1
+            self.lost_gpu_seconds += self.halt_s * outcome.job.gpus
             heappush(self.timeline, (now + self.halt_s, _HALTED, eviction.job_id, running.generation))
         for allocation in decided.allocations:
             job_id = allocation.job_id
@@ -185,11 +192,13 @@ def simulate(
             sim.step(now)
             result.cycles += 1
         in_use = sum(sim.state.usage.values())
+        result.usage.append((now, in_use))
         if record:
             result.samples.append((now, _holdings(sim.state.held.values())))
         result.max_gpus_in_use = max(result.max_gpus_in_use, in_use)
     result.outcomes = [sim.outcomes[job.job_id] for job in arrivals]
     result.preemptions = sum(outcome.preemptions for outcome in result.outcomes)
+    result.lost_gpu_seconds = sim.lost_gpu_seconds
     result.last_end = max((o.end for o in result.outcomes if o.end is not None), default=result.first_submit)
     return result
 
@@ -226,20 +235,34 @@ def _slowdown(outcome: JobOutcome) -> float:
     return (outcome.end - outcome.job.submit_time) / max(outcome.job.runtime, 10.0)
 
 
-def _delays(outcomes: Sequence[JobOutcome]) -> dict[str, float]:
+def offered_load(trace: Sequence[TraceJob], capacity_gpus: int) -> float:
+    """The GPU-time the trace asks for over what the cluster has between its first and last
+    submission: 1.0 keeps every GPU busy if the work could be spread evenly."""
+    if not trace or capacity_gpus <= 0:
+        return 0.0
+    span = max(job.submit_time for job in trace) - min(job.submit_time for job in trace)
+    work = sum(job.gpus * job.runtime for job in trace if job.gpus <= capacity_gpus)
+    return work / (capacity_gpus * span) if span > 0 else 0.0
+
+
+def _times(outcomes: Sequence[JobOutcome]) -> dict[str, float]:
     delays = [o.first_start - o.job.submit_time for o in outcomes if o.first_start is not None]
     completions = [o.end - o.job.submit_time for o in outcomes if o.end is not None]
     return {
-        "queue_delay_p50": percentile(delays, 0.5),
-        "queue_delay_p99": percentile(delays, 0.99),
-        "completion_time_p50": percentile(completions, 0.5),
-        "completion_time_p99": percentile(completions, 0.99),
+        "jct_mean_s": sum(completions) / len(completions) if completions else 0.0,
+        "jct_p50_s": percentile(completions, 0.5),
+        "jct_p99_s": percentile(completions, 0.99),
+        "queue_delay_p50_s": percentile(delays, 0.5),
+        "queue_delay_p99_s": percentile(delays, 0.99),
     }
 
 
-def summarize(result: SimulationResult) -> dict[str, Any]:
-    """The report: utilisation, queueing delay and completion time (overall and per tenant),
-    makespan, preemptions, the fairness index across tenants, and the jobs that can never run."""
+def summarize(result: SimulationResult, load: float | None = None) -> dict[str, Any]:
+    """One policy's figures (docs/scheduling.md, "Comparing policies"): job completion time (JCT)
+    and queueing delay, utilisation against the offered load (``load``; else measured from the
+    result's jobs), makespan, preemptions (the most any one job suffered shows a loop), the
+    GPU-hours they lost, fairness (Jain's index over tenants' mean slowdown), each tenant's
+    figures with its median slowdown, and the jobs that can never run."""
     outcomes = result.outcomes
     completed = [o for o in outcomes if o.end is not None]
     makespan = result.last_end - result.first_submit
@@ -248,31 +271,42 @@ def summarize(result: SimulationResult) -> dict[str, Any]:
     for outcome in outcomes:
         by_tenant.setdefault(outcome.job.tenant, []).append(outcome)
     tenants = {}
-    slowdowns = []
+    means = []
+    medians = []
     for tenant in sorted(by_tenant):
         mine = by_tenant[tenant]
-        done = [o for o in mine if o.end is not None]
-        mean_slowdown = sum(_slowdown(o) for o in done) / len(done) if done else 0.0
-        if done:
-            slowdowns.append(mean_slowdown)
+        slowdowns = [_slowdown(o) for o in mine if o.end is not None]
+        mean_slowdown = sum(slowdowns) / len(slowdowns) if slowdowns else 0.0
+        if slowdowns:
+            means.append(mean_slowdown)
+            medians.append(percentile(slowdowns, 0.5))
         tenants[tenant] = {
             "jobs": len(mine),
-            "completed": len(done),
-            "gpu_hours": sum(o.job.gpus * o.job.runtime for o in done) / 3600,
-            "mean_slowdown": mean_slowdown,
-            **_delays(mine),
+            "completed": len(slowdowns),
+            "gpu_hours": sum(o.job.gpus * o.job.runtime for o in mine if o.end is not None) / 3600,
+            "slowdown_mean": mean_slowdown,
+            "slowdown_p50": percentile(slowdowns, 0.5),
+            **_times(mine),
         }
+    middle = percentile(medians, 0.5)
     return {
         "jobs": len(outcomes),
         "completed": len(completed),
         "never_run": [{"job_id": o.job.job_id, "reason": o.never_runs} for o in outcomes if o.never_runs],
+        **_times(outcomes),
         "utilization": result.busy_gpu_seconds / capacity if capacity > 0 else 0.0,
-        **_delays(outcomes),
-        "makespan": makespan,
+        "offered_load": offered_load([o.job for o in outcomes], result.capacity_gpus)
+        if load is None
+        else load,
+        "makespan_s": makespan,
         "preemptions": result.preemptions,
+        "max_preemptions_per_job": max((o.preemptions for o in outcomes), default=0),
+        "lost_gpu_hours": result.lost_gpu_seconds / 3600,
+        "fairness": jain_index(means),
+        # the worst tenant's median slowdown over the median tenant's (the target: at most 3)
+        "tenant_slowdown_spread": max(medians) / middle if middle > 0 else 1.0,
         "max_gpus_in_use": result.max_gpus_in_use,
         "capacity_gpus": result.capacity_gpus,
-        "fairness": jain_index(slowdowns),
         "scheduling_cycles": result.cycles,
         "tenants": tenants,
     }

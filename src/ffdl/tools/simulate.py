@@ -1,22 +1,25 @@
-"""``ffdl simulate``: a trace through the scheduler's planning step on a cluster of N x G GPUs.
+"""``ffdl simulate``: a trace through the scheduler's planning step on a cluster of N x G GPUs,
+beside the baseline policies asked for (``--compare``).
 
-The simulation itself is pure (:mod:`ffdl.core.simulation`); this module builds the cluster,
-applies the configured tenant quotas and scheduler settings, times the run, and renders the
-report as tables or one JSON object.
+The simulations themselves are pure (:mod:`ffdl.core.simulation`, :mod:`ffdl.core.baselines`);
+this module builds the cluster, applies the configured tenant quotas and scheduler settings, times
+each run, and renders the report as tables or one JSON object.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from rich.table import Table
 
 from ffdl.core.allocator import Node, PlacementPolicy
+from ffdl.core.baselines import BASELINES, simulate_baseline
 from ffdl.core.scheduling import SchedulerPolicy
-from ffdl.core.simulation import TraceJob, simulate, summarize
-from ffdl.tools.simulate_report import render_report
+from ffdl.core.simulation import SimulationResult, TraceJob, offered_load, simulate, summarize
+from ffdl.tools.simulate_report import ROWS, render_report
 
 PLACEMENTS: dict[str, PlacementPolicy] = {"pack": "pack", "spread": "spread"}
 
@@ -26,71 +29,84 @@ def homogeneous_cluster(nodes: int, gpus_per_node: int, gpu_type: str = "simulat
     return [Node(f"node-{index:0{width}d}", gpus_per_node, gpu_type) for index in range(nodes)]
 
 
+POLICIES = ("ffdl", *BASELINES)
+
+
 def run_simulation(
     trace: list[TraceJob],
     nodes: list[Node],
     policy: SchedulerPolicy,
     placement: PlacementPolicy | None = None,
     html: Path | None = None,
+    compare: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """The report of :func:`ffdl.core.simulation.summarize`, with the cluster and the wall time;
-    with ``html``, also written there as a self-contained page with pictures."""
-    started = time.perf_counter()
-    result = simulate(trace, nodes, policy, placement=placement, record=html is not None)
-    wall_s = time.perf_counter() - started
-    report = summarize(result)
-    report["cluster"] = {
-        "nodes": len(nodes),
-        "gpus": result.capacity_gpus,
-        "placement": placement or "per job (pack)",
+    """``{"offered_load": x, "cluster": ..., "never_run": [...], "policies": {"ffdl": {...}, ...}}``:
+    ffdl's planner and each baseline of ``compare`` over the same trace and cluster, each policy's
+    figures those of :func:`ffdl.core.simulation.summarize` with its wall time; with ``html``,
+    also written there as a self-contained page with pictures."""
+    capacity = sum(node.gpus for node in nodes if node.schedulable)
+    load = offered_load(trace, capacity)
+    results: dict[str, SimulationResult] = {}
+    policies: dict[str, dict[str, Any]] = {}
+    never_run: list[dict[str, str]] = []
+    for name in ("ffdl", *compare):
+        started = time.perf_counter()
+        if name == "ffdl":
+            result = simulate(trace, nodes, policy, placement=placement, record=html is not None)
+        else:
+            result = simulate_baseline(name, trace, nodes, placement=placement)
+        wall_s = time.perf_counter() - started
+        figures = summarize(result, load)
+        never_run = figures.pop("never_run")
+        figures["wall_s"] = wall_s
+        figures["jobs_per_wall_second"] = len(trace) / wall_s if wall_s > 0 else 0.0
+        results[name] = result
+        policies[name] = figures
+    report = {
+        "offered_load": load,
+        "cluster": {"nodes": len(nodes), "gpus": capacity, "placement": placement or "per job (pack)"},
+        "jobs": len(trace),
+        "never_run": never_run,
+        "policies": policies,
     }
-    report["wall_s"] = wall_s
-    report["jobs_per_wall_second"] = len(trace) / wall_s if wall_s > 0 else 0.0
     if html is not None:
-        html.write_text(render_report(report, result, nodes))
+        html.write_text(render_report(report, results, nodes))
     return report
 
 
-def _hours(seconds: float) -> str:
-    return f"{seconds / 3600:.2f} h" if seconds >= 3600 else f"{seconds:.0f} s"
-
-
-def _pair(p50: float, p99: float) -> str:
-    return f"{_hours(p50)} / {_hours(p99)}"
+def parse_compare(text: str) -> list[str]:
+    """The baselines named in ``--compare`` (comma-separated), in the order given, each once."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in BASELINES]
+    if unknown:
+        raise ValueError(f"--compare takes {','.join(BASELINES)}, not {','.join(unknown)}")
+    return list(dict.fromkeys(names))
 
 
 def report_tables(report: dict[str, Any]) -> list[Table]:
     cluster = report["cluster"]
-    title = f"simulation: {cluster['nodes']} nodes, {cluster['gpus']} GPUs, placement {cluster['placement']}"
+    title = (
+        f"simulation: {report['jobs']} jobs on {cluster['nodes']} nodes, {cluster['gpus']} GPUs, "
+        f"placement {cluster['placement']}; offered load {report['offered_load']:.2f}"
+    )
+    policies = report["policies"]
     summary = Table(title=title)
     summary.add_column("measure")
-    summary.add_column("value", justify="right")
-    rows = [
-        ("jobs (completed)", f"{report['jobs']} ({report['completed']})"),
-        ("never run (cannot fit)", str(len(report["never_run"]))),
-        ("GPU utilisation", f"{report['utilization']:.1%}"),
-        ("queueing delay p50 / p99", _pair(report["queue_delay_p50"], report["queue_delay_p99"])),
-        ("completion time p50 / p99", _pair(report["completion_time_p50"], report["completion_time_p99"])),
-        ("makespan", _hours(report["makespan"])),
-        ("preemptions", str(report["preemptions"])),
-        ("most GPUs in use", f"{report['max_gpus_in_use']} of {report['capacity_gpus']}"),
-        ("fairness (Jain, over tenants' slowdown)", f"{report['fairness']:.3f}"),
-        ("scheduling cycles", str(report["scheduling_cycles"])),
-        ("simulated jobs per wall second", f"{report['jobs_per_wall_second']:.0f}"),
-    ]
-    for measure, value in rows:
-        summary.add_row(measure, value)
-    tenants = Table(title="per tenant")
-    for column in ("tenant", "jobs", "completed", "GPU hours", "delay p50", "delay p99", "slowdown"):
-        tenants.add_column(column, justify="left" if column == "tenant" else "right")
-    for name, figures in report["tenants"].items():
+    for name in policies:
+        summary.add_column(name, justify="right")
+    for key, label, show in ROWS:
+        summary.add_row(label, *(show(figures[key]) for figures in policies.values()))
+    summary.add_row("never run (cannot fit)", *(str(len(report["never_run"])) for _ in policies))
+    tenants = Table(title="median slowdown per tenant")
+    tenants.add_column("tenant")
+    tenants.add_column("jobs", justify="right")
+    for name in policies:
+        tenants.add_column(name, justify="right")
+    ffdl = policies["ffdl"]["tenants"]
+    for tenant, figures in ffdl.items():
         tenants.add_row(
-            name,
+            tenant,
             str(figures["jobs"]),
-            str(figures["completed"]),
-            f"{figures['gpu_hours']:.1f}",
-            _hours(figures["queue_delay_p50"]),
-            _hours(figures["queue_delay_p99"]),
-            f"{figures['mean_slowdown']:.2f}",
+            *(f"{policy['tenants'][tenant]['slowdown_p50']:.2f}" for policy in policies.values()),
         )
     return [summary, tenants]

@@ -1,5 +1,6 @@
-"""Workload traces for ``ffdl simulate``: the JSON Lines format, and a seeded generator of
-traces shaped like Microsoft's Philly cluster.
+"""Workload traces for ``ffdl simulate``: the JSON Lines format, the public GPU-cluster traces
+(read by :mod:`ffdl.tools.trace_formats`), and a seeded generator of traces shaped like
+Microsoft's Philly cluster.
 
 A trace is one job a line: ``{"submit_time": s, "tenant": str, "learners": int,
 "gpus_per_learner": int, "runtime": s, "priority": int}``, optionally ``"gpu_type"`` and
@@ -137,15 +138,23 @@ def generate_trace(
     load: float = 0.9,
     tenants: int = 6,
     seed: int = 0,
+    largest_job: int | None = None,
 ) -> list[TraceJob]:
-    """``jobs`` Philly-shaped jobs offering ``load`` x the capacity of ``nodes`` x ``gpus_per_node``."""
+    """``jobs`` Philly-shaped jobs offering ``load`` x the capacity of ``nodes`` x ``gpus_per_node``.
+
+    Job sizes scale to the cluster: none is bigger than ``largest_job`` GPUs, by default a quarter
+    of the cluster (at least one node), and the sizes above it are left out of the draw rather
+    than cut down to it (cut, a small cluster would get many jobs as wide as itself, each of which
+    needs the whole cluster). Philly's own jobs reach 128 GPUs on clusters of thousands."""
     rng = random.Random(seed)
     names = [f"vc{index + 1}" for index in range(tenants)]
     shares = [1 / (index + 1) ** 0.9 for index in range(tenants)]
-    largest = nodes * gpus_per_node
+    capacity = nodes * gpus_per_node
+    largest = min(capacity, largest_job or max(capacity // 4, gpus_per_node))
+    shapes = tuple((gpus, weight) for gpus, weight in GPU_SHAPES if gpus <= largest) or ((largest, 1.0),)
     drawn = []
     for _ in range(jobs):
-        gpus = min(_pick(rng, GPU_SHAPES), largest)
+        gpus = _pick(rng, shapes)
         learners, per_learner = _shape(rng, gpus, gpus_per_node)
         drawn.append(
             (
@@ -157,7 +166,7 @@ def generate_trace(
             )
         )
     work = sum(learners * per_learner * runtime for learners, per_learner, runtime, _, _ in drawn)
-    rate = load * largest * jobs / work if work else 1.0
+    rate = load * capacity * jobs / work if work else 1.0
     trace = []
     now = 0.0
     for index, (learners, per_learner, runtime, tenant, priority) in enumerate(drawn):

@@ -70,7 +70,13 @@ def demo(
 
 @app.command()
 def simulate(
-    trace: Annotated[Path | None, typer.Argument(help="Trace file, JSON Lines (docs/scheduling.md).")] = None,
+    trace: Annotated[
+        Path | None,
+        typer.Argument(
+            help="Trace: JSON Lines, or a Philly, Alibaba PAI (a directory), openb or Helios trace, "
+            "told apart by its contents (docs/scheduling.md)."
+        ),
+    ] = None,
     *,
     nodes: Annotated[int, typer.Option(min=1, help="Nodes of the simulated cluster.")] = 16,
     gpus_per_node: Annotated[int, typer.Option(min=1, help="GPUs per node.")] = 8,
@@ -83,17 +89,28 @@ def simulate(
     html: Annotated[
         Path | None, typer.Option("--html", help="Also write a self-contained page with pictures here.")
     ] = None,
+    compare: Annotated[
+        str,
+        typer.Option(
+            help="Also run these baselines on the same trace and cluster: fifo,backfill,las,oracle."
+        ),
+    ] = "",
     json_output: JsonFlag = False,
 ) -> None:
     """Run a workload trace through the scheduler in virtual time and report how it went.
 
     Tenant quotas and scheduler settings come from the configuration, as for `ffdl up`.
     """
-    from ffdl.tools.simulate import PLACEMENTS, homogeneous_cluster, report_tables, run_simulation  # noqa: PLC0415
-    from ffdl.tools.traces import TraceError, generate_trace, read_trace, write_trace  # noqa: PLC0415
+    from ffdl.tools import simulate as simulation  # noqa: PLC0415
+    from ffdl.tools.trace_formats import load_trace  # noqa: PLC0415
+    from ffdl.tools.traces import TraceError, generate_trace, write_trace  # noqa: PLC0415
 
-    if policy is not None and policy not in PLACEMENTS:
+    if policy is not None and policy not in simulation.PLACEMENTS:
         raise fail(ValueError(f"--policy is pack or spread, not {policy!r}"))
+    try:
+        baselines = simulation.parse_compare(compare)
+    except ValueError as exc:
+        raise fail(exc) from exc
     if generate is not None:
         if out is None or trace is not None:
             raise fail(ValueError("--generate N writes to --out FILE (and simulates it); give no TRACE"))
@@ -107,15 +124,18 @@ def simulate(
         raise fail(ValueError("give a TRACE file, or --generate N --out FILE"))
     else:
         try:
-            jobs = read_trace(trace)
+            jobs = load_trace(trace, gpus_per_node)
         except (OSError, TraceError) as exc:
             raise fail(exc) from exc
-    cluster = homogeneous_cluster(nodes, gpus_per_node)
-    report = run_simulation(jobs, cluster, Settings().scheduler_policy(), PLACEMENTS.get(policy or ""), html)
+    cluster = simulation.homogeneous_cluster(nodes, gpus_per_node)
+    placement = simulation.PLACEMENTS.get(policy or "")
+    report = simulation.run_simulation(
+        jobs, cluster, Settings().scheduler_policy(), placement, html, baselines
+    )
     if json_output:
         print_json(report)
         return
-    for table in report_tables(report):
+    for table in simulation.report_tables(report):
         console.print(table)
     for job in report["never_run"][:10]:
         console.print(f"[yellow]never runs[/] {job['job_id']}: {job['reason']}")
