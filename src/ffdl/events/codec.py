@@ -32,10 +32,19 @@ def _not_requeued(data: JsonObject) -> JsonObject:
     return {**data, "requeue": False}
 
 
+def _spec_defaults(data: JsonObject) -> JsonObject:
+    """v1 -> v2 of ``SubmitJob`` and ``JobSubmitted``: a v1 spec knew no launcher, nproc_per_node,
+    keep_checkpoints nor stop_grace_s; their defaults are what a v1 job meant (its command as it is,
+    checkpoints kept as the platform keeps them, the platform's grace)."""
+    return data
+
+
 #: (type, version) -> function that turns that version's payload into version + 1.
 UPCASTERS: dict[tuple[str, int], Upcaster] = {
     ("HaltJob", 1): _not_requeued,
     ("HaltRequested", 1): _not_requeued,
+    ("SubmitJob", 1): _spec_defaults,
+    ("JobSubmitted", 1): _spec_defaults,
 }
 
 CE_SPECVERSION = "1.0"

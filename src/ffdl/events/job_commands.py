@@ -16,6 +16,8 @@ from ffdl.events.model import Checkpoint, ErrorCode, JobSpec, LossReason, Placem
 
 
 class SubmitJob(CommandData):
+    VERSION = 2  # v2: the spec's launcher, nproc_per_node, keep_checkpoints and stop_grace_s
+
     spec: JobSpec
 
     @field_validator("spec")

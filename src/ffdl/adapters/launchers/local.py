@@ -65,8 +65,9 @@ from ffdl.adapters.launchers.environment import (
     RUN_AS_VARIABLE,
     LearnerSite,
     inherited_environment,
+    learner_command,
     learner_environment,
-    local_ranks,
+    local_worker_addresses,
 )
 from ffdl.adapters.launchers.isolation import (
     LEARNER_DIR_MODE,
@@ -199,9 +200,9 @@ class LocalLauncher:
             try:
                 self._make_directories(request)
                 login = await self._login(request.job_id)
-                for learner, local_rank in local_ranks(request.placement.learners):
+                for learner in request.placement.learners:
                     handle = LearnerHandle(request.job_id, request.attempt, learner.rank)
-                    process = self._start_agent(request, learner, local_rank, master_port, login)
+                    process = self._start_agent(request, learner, master_port, login)
                     started.append((handle, process))
                     self._write_pidfile(handle, process.pid)
             except BaseException:
@@ -304,15 +305,14 @@ class LocalLauncher:
         self,
         request: LaunchRequest,
         learner: LearnerPlacement,
-        local_rank: int,
         master_port: int,
         login: dict[str, str],
     ) -> subprocess.Popen[bytes]:
-        environment = {**self._learner_environment(request, learner, local_rank, master_port), **login}
+        environment = {**self._learner_environment(request, learner, master_port), **login}
         agent_log = self._attempt_logs(request.job_id, request.attempt) / f"agent-{learner.rank}.log"
         with agent_log.open("ab") as agent_output:
             return subprocess.Popen(
-                [self._python, "-m", "ffdl.learner.agent", "--", request.spec.command],
+                [self._python, "-m", "ffdl.learner.agent", "--", learner_command(request.spec)],
                 cwd=self._learner_work_dir(request.job_id),
                 env=environment,
                 stdin=subprocess.DEVNULL,
@@ -322,7 +322,7 @@ class LocalLauncher:
             )
 
     def _learner_environment(
-        self, request: LaunchRequest, learner: LearnerPlacement, local_rank: int, master_port: int
+        self, request: LaunchRequest, learner: LearnerPlacement, master_port: int
     ) -> dict[str, str]:
         """The learner environment contract over what a learner keeps of this process's environment;
         the learner's GPUs by index; whom the agent runs the command as."""
@@ -343,8 +343,11 @@ class LocalLauncher:
                 "HOME": str(self._learner_work_dir(request.job_id)),
                 "FFDL_LOG_FORMAT": self._log_format,
             },
+            worker_addresses=local_worker_addresses(
+                MASTER_ADDR, master_port, len(request.placement.learners)
+            ),
         )
-        environment = learner_environment(request, learner, local_rank, learner.gpus, site)
+        environment = learner_environment(request, learner, learner.gpus, site)
         if self._user is not None:
             environment[RUN_AS_VARIABLE] = self._user.run_as
         return environment
