@@ -70,6 +70,7 @@ from ffdl.events.job_commands import ReportProgress
 from ffdl.events.model import Checkpoint
 from ffdl.handlers.heartbeat_keys import LearnerBeat, encode_exit
 from ffdl.handlers.ports import HeartbeatStore, StoreUnavailable
+from ffdl.learner import checkpoints
 from ffdl.wiring.logging import configure_logging
 
 log = structlog.get_logger(__name__)
@@ -240,6 +241,7 @@ class LearnerAgent:
         self._store_reachable = True
         self._stop_signal: int | None = None
         self._reports = ReportTail(config.report_file)
+        self._checkpoints = checkpoints.scanner_for(config.command_environment, config.rank)
 
     @property
     def beat(self) -> LearnerBeat:
@@ -272,6 +274,8 @@ class LearnerAgent:
                 asyncio.create_task(self._publish()),
                 asyncio.create_task(self._tail_reports()),
             ]
+            if self._checkpoints is not None:
+                helpers.append(asyncio.create_task(checkpoints.discover(self._checkpoints, self._found)))
             try:
                 returncode = await wait_for_exit(child)
                 # Output still in the pipe belongs to the log; a daemon the command left behind may
@@ -287,6 +291,8 @@ class LearnerAgent:
                 pipe.close()
         self._read_reports()
         self._reports.close()
+        if self._checkpoints is not None:
+            await checkpoints.final_scan(self._checkpoints, self._found)
         return await self._finish(exit_code_of(returncode))
 
     def _start_command(self) -> subprocess.Popen[bytes]:
@@ -412,6 +418,21 @@ class LearnerAgent:
             self._log.info("checkpoint reported", step=checkpoint.step, uri=checkpoint.uri)
         else:
             raise ValueError(f"unknown report type {kind!r}")
+        self._changed.set()
+
+    def _found(self, found: checkpoints.Found) -> None:
+        """A checkpoint discovered in the checkpoint directory: the learner's, if it is the newest."""
+        known = self._beat.checkpoint
+        if known is not None and int(known.get("step", -1)) >= found.step:
+            return
+        directory = self._config.command_environment[checkpoints.CHECKPOINT_DIR_VARIABLE]
+        checkpoint = checkpoints.as_checkpoint(
+            found, directory, rank=self._config.rank, attempt=self._config.attempt
+        )
+        self._beat = replace(
+            self._beat, checkpoint=checkpoint.model_dump(mode="json"), last_progress=self._clock()
+        )
+        self._log.info("checkpoint discovered", step=checkpoint.step, uri=checkpoint.uri)
         self._changed.set()
 
     async def _finish(self, exit_code: int) -> int:
