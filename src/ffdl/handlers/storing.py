@@ -93,5 +93,5 @@ async def store_results(job: Job, action: Action, ctx: ReactionContext) -> None:
         metrics.update(dict(learner.metrics))
     shown = str(directory) if directory is not None else job.spec.result_dir
     summary = ResultSummary(result_dir=shown, files=files, size_bytes=size, metrics=metrics)
-    await ctx.launcher.stop(job.job_id, ctx.stop_grace_s)
+    await ctx.launcher.stop(job.job_id, ctx.grace_s(job))
     await ctx.send(job, action, cmd.FinishStoring(result=summary), cmd.ReleaseGpus())

@@ -338,7 +338,9 @@ def pod_manifest(
         "subdomain": service_name(request.job_id),
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": settings.termination_grace_s,
+        "terminationGracePeriodSeconds": (
+            settings.termination_grace_s if spec.stop_grace_s is None else math.ceil(spec.stop_grace_s)
+        ),
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": settings.run_as_user,
