@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev,examples]'
 	touch $(STAMP)
 
 services:
@@ -41,7 +41,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy -p ffdl
 
 test: $(STAMP) services
-	$(BIN)/pip install --quiet --no-deps -e .
+	$(BIN)/pip install --quiet -e '.[dev,examples,test]'
 	$(BIN)/ruff check .
 	$(BIN)/mypy -p ffdl
 	$(BIN)/pytest -q $(PYTEST_ARGS)
