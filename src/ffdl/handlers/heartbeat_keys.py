@@ -66,6 +66,8 @@ class LearnerBeat:
     last_progress: float = 0.0
     started_at: float = 0.0
     checkpoint: dict[str, Any] | None = None
+    #: Under torchrun, each local worker's step by its global rank (empty for one worker).
+    workers: dict[int, int] = field(default_factory=dict)
 
     def to_json(self) -> bytes:
         return json.dumps(
@@ -79,6 +81,7 @@ class LearnerBeat:
                 "last_progress": self.last_progress,
                 "started_at": self.started_at,
                 "checkpoint": self.checkpoint,
+                "workers": {str(rank): step for rank, step in self.workers.items()},
             },
             sort_keys=True,
         ).encode()
@@ -96,4 +99,5 @@ class LearnerBeat:
             last_progress=float(raw.get("last_progress", 0.0)),
             started_at=float(raw.get("started_at", 0.0)),
             checkpoint=raw.get("checkpoint"),
+            workers={int(rank): int(step) for rank, step in (raw.get("workers") or {}).items()},
         )

@@ -71,6 +71,7 @@ from ffdl.events.model import Checkpoint
 from ffdl.handlers.heartbeat_keys import LearnerBeat, encode_exit
 from ffdl.handlers.ports import HeartbeatStore, StoreUnavailable
 from ffdl.learner import checkpoints
+from ffdl.learner.workers import WorkerSteps
 from ffdl.wiring.logging import configure_logging
 
 log = structlog.get_logger(__name__)
@@ -242,6 +243,7 @@ class LearnerAgent:
         self._stop_signal: int | None = None
         self._reports = ReportTail(config.report_file)
         self._checkpoints = checkpoints.scanner_for(config.command_environment, config.rank)
+        self._workers = WorkerSteps.from_environment(config.command_environment, config.rank)
 
     @property
     def beat(self) -> LearnerBeat:
@@ -404,7 +406,10 @@ class LearnerAgent:
                 metrics=report.get("metrics", {}),
             )
             metrics = {**self._beat.metrics, **progress.metrics}
-            self._beat = replace(self._beat, step=progress.step, metrics=metrics, last_progress=now)
+            step = self._workers.report(report.get("local_rank"), progress.step)
+            self._beat = replace(
+                self._beat, step=step, metrics=metrics, workers=self._workers.by_rank, last_progress=now
+            )
         elif kind == "checkpoint":
             checkpoint = Checkpoint(
                 rank=self._config.rank,
