@@ -78,7 +78,7 @@ async def test_a_plain_script_on_two_learners_completes_quiet_rank_alive_checkpo
     job = await api.wait(job_id, "COMPLETED", released=True, timeout_s=180)
 
     assert job["restarts"] == 0  # rank 1 said nothing for longer than the progress timeout
-    assert log_of(settings, job_id, 1, 1).strip() == "rank 1: starting from step 0"
+    assert log_of(settings, job_id, 1, 1).strip() == "rank 1: starting from step 0 (gloo on cpu)"
     assert job["latest_checkpoint"]["step"] == 48
     assert job["latest_checkpoint"]["uri"].endswith("/ckpt_step_48.pt")
     assert job["latest_checkpoint"]["checksum"].startswith("sha256:")

@@ -139,6 +139,14 @@ def test_simulated_gpus_are_no_cuda_devices() -> None:
     for rank, env in enumerate(environments(gpu_type="simulated")):
         assert env["CUDA_VISIBLE_DEVICES"] == ""
         assert env["FFDL_SIMULATED_GPUS"] == str(rank)
+        assert "CUDA_DEVICE_ORDER" not in env
+
+
+def test_real_gpus_are_numbered_as_nvidia_smi_numbers_them() -> None:
+    for rank, env in enumerate(environments(gpu_type="nvidia-h200")):
+        assert env["CUDA_VISIBLE_DEVICES"] == str(rank)
+        assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+        assert "FFDL_SIMULATED_GPUS" not in env
 
 
 #: An interpreter with tensorflow installed (it is 1.6 GB, so not in the test extra): when set, its

@@ -42,6 +42,7 @@ LEARNER_CONTRACT_VARIABLES = frozenset(
         "TORCHELASTIC_MAX_RESTARTS",
         "TF_CONFIG",
         "CUDA_VISIBLE_DEVICES",
+        "CUDA_DEVICE_ORDER",
         "LEARNER_ID",
         "NUM_LEARNERS",
         "CHECKPOINT_DIR",

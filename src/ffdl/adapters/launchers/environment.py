@@ -218,7 +218,8 @@ def learner_environment(
     ``OMP_NUM_THREADS`` from the learner's ``cpus``), the request's env, and the contract's names
     (:func:`torch_elastic_environment`, ``TF_CONFIG`` for a TensorFlow job, FfDL's), which nothing
     overrides. ``visible_gpus`` are the GPU indices as the learner sees them (on a shared machine
-    its placement's indices; in a container that holds only its own GPUs, 0..G-1); simulated GPUs
+    its placement's indices, in PCI bus order as ``nvidia-smi`` numbers them; in a container that
+    holds only its own GPUs, 0..G-1); simulated GPUs
     are no CUDA devices, so their learner sees none (``CUDA_VISIBLE_DEVICES`` empty) and finds its
     share in ``FFDL_SIMULATED_GPUS``. Raises :class:`RefusedEnvironment` for a job env no learner
     may run with.
@@ -248,6 +249,10 @@ def learner_environment(
     }
     if simulated:
         contract["FFDL_SIMULATED_GPUS"] = gpus
+    elif gpus:
+        # The placement's indices are nvidia-smi's (PCI bus order); CUDA's own default order is
+        # fastest first, which would hand a learner another learner's GPU on a mixed machine.
+        contract["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     if is_tensorflow(spec.framework) and site.worker_addresses:
         contract["TF_CONFIG"] = tf_config(site.worker_addresses, learner.rank)
     defaults = {

@@ -342,6 +342,8 @@ class LocalLauncher:
                 **inherited_environment(os.environ),
                 "HOME": str(self._learner_work_dir(request.job_id)),
                 "FFDL_LOG_FORMAT": self._log_format,
+                # Learners of one machine rendezvous on loopback: NCCL's sockets too (a job may change it).
+                "NCCL_SOCKET_IFNAME": "lo",
             },
             worker_addresses=local_worker_addresses(
                 MASTER_ADDR, master_port, len(request.placement.learners)

@@ -10,13 +10,13 @@ GPU).
 Checkpoints: every ``--checkpoint-every`` steps rank 0 saves ``ckpt_step_<step>.pt`` into the
 checkpoint directory (``--checkpoint-dir``, default ``$CHECKPOINT_DIR`` or ``./checkpoints``),
 written under a temporary name and renamed into place, so a reader never sees half a file. On
-start every process loads the newest ``ckpt_step_*.pt`` there, if any, and prints ``resumed from
-step N`` (else ``starting from step 0``).
+start every process loads the newest ``ckpt_step_*.pt`` there, if any, and prints ``rank R:
+resumed from step N`` (else ``starting from step 0``) with its backend and device.
 
 SIGTERM (a halt, a preemption, a cluster draining) stops training at the next step: the flag goes
 through an all-reduce so every rank stops at the same step, rank 0 saves a checkpoint of it, and
 every process exits 0, so the job resumes where it stopped. Rank 0 prints ``step N loss L`` every
-``--log-every`` steps; the other ranks print nothing.
+``--log-every`` steps; the other ranks print nothing more.
 
     torchrun --nproc-per-node 2 -m ffdl.examples.torch_ddp.train --steps 300
 """
@@ -123,9 +123,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     directory = Path(args.checkpoint_dir)
     directory.mkdir(parents=True, exist_ok=True)
     step = restore(directory, model, optimizer, device)
-    print(
-        f"rank {rank}: resumed from step {step}" if step else f"rank {rank}: starting from step 0", flush=True
-    )
+    where = f"{dist.get_backend()} on {torch.cuda.get_device_name() if cuda else 'cpu'}"
+    said = f"resumed from step {step}" if step else "starting from step 0"
+    print(f"rank {rank}: {said} ({where})", flush=True)
     ddp = DistributedDataParallel(model)
 
     data = dataset()
