@@ -108,7 +108,7 @@ def resume_path(checkpoint: Checkpoint | None) -> str:
     return checkpoint.uri.removeprefix("file://") if checkpoint else ""
 
 
-#: The ``framework`` names (lower case, before any version) that get a ``TF_CONFIG``.
+#: The ``framework`` names (in any case) that get a ``TF_CONFIG``.
 TENSORFLOW_FRAMEWORKS = frozenset({"tensorflow", "tf", "keras"})
 #: What a simulated GPU placement exposes instead of CUDA devices (there are none behind it).
 SIMULATED_GPU_TYPE = "simulated"
