@@ -63,6 +63,16 @@ def python_of(shell_pid: int) -> int:
     return int(children[0])
 
 
+def tails(settings: Settings, job: dict[str, Any]) -> str:
+    """What went wrong, for a failed assertion: the job's reasons and its learners' last lines."""
+    lines = [str(entry["reason"]) for entry in job["history"]]
+    for attempt in range(1, job["attempt"] + 1):
+        for rank in range(len(job["learners"])):
+            tail = log_of(settings, job["job_id"], attempt, rank).splitlines()[-3:]
+            lines.append(f"attempt {attempt} rank {rank}: {tail}")
+    return "\n".join(lines)
+
+
 def gone(pid: int) -> bool:
     status = Path(f"/proc/{pid}/status")
     return not status.exists() or "zombie" in status.read_text()
@@ -71,13 +81,15 @@ def gone(pid: int) -> bool:
 async def test_a_plain_script_on_two_learners_completes_quiet_rank_alive_checkpoints_recorded_and_pruned(
     api: Api, settings: Settings
 ) -> None:
-    args = "--steps 48 --checkpoint-every 12 --log-every 4 --step-delay 0.25"
+    # rank 1 is silent for the whole training (24 s), longer than the timeout; the timeout leaves
+    # room for torch's import, silent too, on a loaded machine
+    args = "--steps 48 --checkpoint-every 12 --log-every 4 --step-delay 0.5"
     job_id = await api.submit(
-        torch_manifest("plain", f"{TRAIN} {args}", keep_checkpoints=2, progress_timeout_s=8, max_restarts=0)
+        torch_manifest("plain", f"{TRAIN} {args}", keep_checkpoints=2, progress_timeout_s=20, max_restarts=0)
     )
     job = await api.wait(job_id, "COMPLETED", released=True, timeout_s=180)
 
-    assert job["restarts"] == 0  # rank 1 said nothing for longer than the progress timeout
+    assert job["restarts"] == 0
     assert log_of(settings, job_id, 1, 1).strip() == "rank 1: starting from step 0 (gloo on cpu)"
     assert job["latest_checkpoint"]["step"] == 48
     assert job["latest_checkpoint"]["uri"].endswith("/ckpt_step_48.pt")
@@ -98,10 +110,11 @@ async def test_kill_9_of_a_rank_restarts_the_gang_from_the_discovered_checkpoint
         "a checkpoint recorded",
         timeout_s=120,
     )
+    assert running["attempt"] == 1, running["history"]
     os.kill(python_of(running["learners"][1]["pid"]), signal.SIGKILL)
     job = await api.wait(job_id, "COMPLETED", released=True, timeout_s=180)
 
-    assert (job["restarts"], job["attempt"]) == (1, 2)
+    assert (job["restarts"], job["attempt"]) == (1, 2), tails(settings, job)
     launched = [entry["reason"] for entry in job["history"] if entry["state"] == "LAUNCHING"][-1]
     said = re.search(r"from the checkpoint of step (\d+)", launched)
     assert said is not None, launched
@@ -120,7 +133,7 @@ async def test_a_gang_stuck_behind_a_stopped_rank_is_hung_within_the_timeout(
 ) -> None:
     args = "--steps 100000 --log-every 5 --step-delay 0.05"
     job_id = await api.submit(
-        torch_manifest("stopped", f"{TRAIN} {args}", progress_timeout_s=8, max_restarts=0)
+        torch_manifest("stopped", f"{TRAIN} {args}", progress_timeout_s=15, max_restarts=0)
     )
     await api.wait_for(
         job_id, lambda j: j["state"] == "RUNNING" and "step 10 " in log_of(settings, job_id, 1, 0), "step 10"
@@ -132,9 +145,9 @@ async def test_a_gang_stuck_behind_a_stopped_rank_is_hung_within_the_timeout(
     job = await api.wait(job_id, "FAILED", released=True, timeout_s=60)
 
     assert job["failure_code"] == "C201"
-    assert "the gang made no progress for 8s" in job["reason"]
+    assert "the gang made no progress for 15s" in job["reason"]
     # found within the timeout, plus the monitor's tick and the stop's grace
-    assert asyncio.get_running_loop().time() - started < 8 + settings.stop_grace_s + 5
+    assert asyncio.get_running_loop().time() - started < 15 + settings.stop_grace_s + 5
     assert gone(stopped)  # the stopped rank was killed
 
 
