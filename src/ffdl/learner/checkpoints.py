@@ -47,7 +47,7 @@ import stat
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from ffdl.events.model import Checkpoint
+from ffdl.events.model import Checkpoint, JobSpec
 
 #: Names in the checkpoint directory looked at per scan.
 MAX_ENTRIES = 1000
@@ -62,7 +62,8 @@ SIDECAR_MAX_BYTES = 32
 SIDECAR_SUFFIX = ".step"
 #: Files whose presence says a checkpoint directory is completely written.
 COMPLETION_MARKERS = frozenset({".metadata", "COMPLETE", ".complete", "_SUCCESS", "DONE"})
-DEFAULT_KEEP = 3
+#: What a learner keeps without ``FFDL_KEEP_CHECKPOINTS``: the manifest's default.
+DEFAULT_KEEP: int = JobSpec.model_fields["keep_checkpoints"].default
 
 _NOT_DONE = re.compile(r"(\A\.|~\Z|\.(tmp|temp|part|partial|lock|incomplete)(\.|\Z)|\Atmp)", re.IGNORECASE)
 _STEP_NAMED = re.compile(r"step[_=-]?(\d{1,18})", re.IGNORECASE)
