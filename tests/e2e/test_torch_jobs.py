@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from ffdl.wiring.config import Settings
-from tests.harness import Api
+from tests.harness import Api, fast_settings
 
 pytest.importorskip("torch", reason="the test extra (torch==2.13.0) is not installed")
 
@@ -28,6 +28,13 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 TRAIN = f"{sys.executable} -m ffdl.examples.torch_ddp.train"
 LOSS = re.compile(r"^step (\d+) loss ([0-9.]+)$", re.MULTILINE)
+
+
+@pytest.fixture
+async def settings(tmp_path: Path) -> Settings:
+    """The tests' fast settings with a longer heartbeat lease: a machine busy importing torch in
+    four processes may hold an agent up for longer than the tests' usual one second."""
+    return fast_settings(tmp_path / "ffdl", heartbeat_ttl_s=3.0, monitor_grace_s=6.0)
 
 
 @pytest.fixture(autouse=True)
