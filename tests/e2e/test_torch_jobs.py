@@ -140,21 +140,26 @@ async def test_a_gang_stuck_behind_a_stopped_rank_is_hung_within_the_timeout(
 ) -> None:
     args = "--steps 100000 --log-every 5 --step-delay 0.05"
     job_id = await api.submit(
-        torch_manifest("stopped", f"{TRAIN} {args}", progress_timeout_s=15, max_restarts=0)
+        torch_manifest("stopped", f"{TRAIN} {args}", progress_timeout_s=20, max_restarts=0)
     )
     await api.wait_for(
-        job_id, lambda j: j["state"] == "RUNNING" and "step 10 " in log_of(settings, job_id, 1, 0), "step 10"
+        job_id,
+        lambda j: j["state"] == "FAILED" or "step 10 " in log_of(settings, job_id, 1, 0),
+        "step 10",
+        timeout_s=120,
     )
     running = await api.job(job_id)
+    assert running["state"] == "RUNNING", tails(settings, running)
     stopped = python_of(running["learners"][1]["pid"])
     os.kill(stopped, signal.SIGSTOP)
     started = asyncio.get_running_loop().time()
     job = await api.wait(job_id, "FAILED", released=True, timeout_s=60)
 
     assert job["failure_code"] == "C201"
-    assert "the gang made no progress for 15s" in job["reason"]
+    assert "the gang made no progress for 20s" in job["reason"]
     # found within the timeout, plus the monitor's tick and the stop's grace
-    assert asyncio.get_running_loop().time() - started < 15 + settings.stop_grace_s + 5
+    took = asyncio.get_running_loop().time() - started
+    assert took < 20 + settings.stop_grace_s + 5, (took, tails(settings, job))
     assert gone(stopped)  # the stopped rank was killed
 
 
