@@ -5,16 +5,28 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-APT_PACKAGES := etcd-server mosquitto mosquitto-clients tini chromium
+APT_PACKAGES := etcd-server mosquitto mosquitto-clients tini chromium iproute2 bubblewrap
 PYTEST_ARGS ?=
+# The extras the venv gets (the project itself always, editable): the suite needs the tools (dev),
+# the frameworks it runs real jobs of (test) and the example learners (examples); `make demo` needs
+# only the examples.
+EXTRAS ?= dev,test,examples
+# Every package of the project and all its extras, pinned: what the venv and the image install
+# (as constraints: each installs only what it needs, at the locked version). `make lock` writes it.
+LOCK := requirements.lock
 
-.PHONY: demo test lint typecheck services schemas clean
+.PHONY: demo test lint typecheck services schemas lock clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,examples]'
+	$(BIN)/pip install --quiet -c $(LOCK) -e '.[$(EXTRAS)]'
 	touch $(STAMP)
+
+# Pin again after changing pyproject.toml's dependencies (needs only a Python and the package index).
+lock:
+	[ -x $(BIN)/uv ] || { $(PYTHON) -m venv $(VENV) && $(BIN)/pip install --quiet uv; }
+	$(BIN)/uv pip compile pyproject.toml --all-extras --universal --python-version 3.11 --no-header --quiet -o $(LOCK)
 
 services:
 	@missing=""; \
@@ -23,14 +35,17 @@ services:
 	command -v mosquitto_sub >/dev/null || missing="$$missing mosquitto-clients"; \
 	command -v tini >/dev/null || missing="$$missing tini"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	command -v bwrap >/dev/null || missing="$$missing bubblewrap"; \
+	command -v ip >/dev/null || missing="$$missing iproute2"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
 	fi
 
+demo: EXTRAS = examples
 demo: $(STAMP)
-	$(BIN)/pip install --quiet --no-deps -e .
+	$(BIN)/pip install --quiet -c $(LOCK) -e '.[$(EXTRAS)]'
 	$(BIN)/ffdl demo
 
 lint: $(STAMP)
@@ -41,7 +56,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy -p ffdl
 
 test: $(STAMP) services
-	$(BIN)/pip install --quiet -e '.[dev,examples,test]'
+	$(BIN)/pip install --quiet -c $(LOCK) -e '.[$(EXTRAS)]'
 	$(BIN)/ruff check .
 	$(BIN)/mypy -p ffdl
 	$(BIN)/pytest -q $(PYTEST_ARGS)

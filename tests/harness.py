@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import pwd
 import sys
@@ -13,15 +14,17 @@ from typing import Any
 import httpx
 import yaml
 from fastapi import FastAPI
+from typer.testing import CliRunner, Result
 
+from ffdl.cli.main import app
 from ffdl.wiring.config import NodeConfig, Settings
 from tests.services import free_port
 
 LEARNER = Path(__file__).with_name("learners") / "counting.py"
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED"}
-#: Tests run their Python learners with the test's interpreter, which an unprivileged learner user
-#: may not reach (CI's lives under /root), so they run learners as the platform's own user; the
-#: isolation tests (tests/e2e/test_learner_isolation.py) run them as the default learner user.
+#: Tests run their learners sandboxed (the default) as the platform's own user inside; the isolation
+#: and hostile tests (tests/e2e/test_learner_isolation.py, test_hostile_learner.py) run them as the
+#: default learner user, with the default learners' root.
 PLATFORM_USER = pwd.getpwuid(os.geteuid()).pw_name
 
 
@@ -46,6 +49,16 @@ def fast_settings(data_dir: Path, **overrides: Any) -> Settings:
 def learner_variables(settings: Settings) -> dict[str, str]:
     """The learners' root and user of ``settings``, for a platform started as a process."""
     return {"FFDL_LEARNERS_DIR": str(settings.work_dir), "FFDL_LEARNER_USER": settings.learner_user}
+
+
+def settings_environment(settings: Settings) -> dict[str, str]:
+    """The ``FFDL_*`` variables that make a platform started as a process (``ffdl up``) read the
+    fields set in ``settings``: scalars as text, lists, maps and sections as JSON."""
+    variables: dict[str, str] = {}
+    for name, value in settings.model_dump(mode="json", include=settings.model_fields_set).items():
+        text = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
+        variables[f"FFDL_{name.upper()}"] = text
+    return variables
 
 
 def learner_command(*args: str) -> str:
@@ -106,3 +119,23 @@ class Api:
                 return job
             await asyncio.sleep(0.1)
         raise AssertionError(f"job {job_id}: {what} did not happen; last state {job.get('state')}")
+
+
+class Cli:
+    """``ffdl`` run in process, in a worker thread (the platform's event loop keeps running)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.env = {"FFDL_API": settings.api, "COLUMNS": "80"}  # a terminal of 80 columns
+        self.runner = CliRunner()
+
+    async def __call__(self, *args: str, answer: str | None = None) -> Result:
+        """The command's result; ``answer`` is what the user types when it asks."""
+        return await asyncio.to_thread(self.runner.invoke, app, list(args), input=answer, env=self.env)
+
+    async def json(self, *args: str) -> Any:
+        result = await self(*args, "--json")
+        assert result.exit_code == 0, result.output
+        text = "\n" + result.output  # the platform's own log lines may come before and after
+        start = min(i for i in (text.find("\n{"), text.find("\n[")) if i >= 0) + 1
+        value, _ = json.JSONDecoder().raw_decode(text, start)
+        return value

@@ -59,7 +59,7 @@ from kubernetes_asyncio.client import models as openapi_models
 
 from ffdl.adapters.heartbeats import open_store
 from ffdl.adapters.launchers.k8s_client import KubeClient
-from ffdl.adapters.launchers.k8s_manifests import PodSettings, pod_name
+from ffdl.adapters.launchers.k8s_manifests import CHECKPOINT_DIR, PodSettings, pod_name
 from ffdl.adapters.launchers.kubernetes import KubernetesLauncher
 from ffdl.adapters.processes import wait_for_exit
 from ffdl.handlers.ports import HeartbeatStore, Launcher
@@ -769,6 +769,9 @@ class KubernetesRig:
     def visible_devices(self, gpus: tuple[int, ...]) -> str:
         """The device plugin gives the container exactly its GPUs, numbered from 0 inside it."""
         return ",".join(str(index) for index in range(len(gpus)))
+
+    def checkpoint_dir(self, job_id: str) -> str:
+        return CHECKPOINT_DIR
 
     async def learner_output(self, job_id: str, attempt: int, rank: int) -> str:
         path = self.kubelet.log_path(pod_name(job_id, attempt, rank))

@@ -83,6 +83,12 @@ class ServiceProcess:
         self._workdir: Path | None = None
         self._paused = False
 
+    @property
+    def pid(self) -> int:
+        """The server's process id (for measuring what it costs, or signalling it)."""
+        assert self._process is not None
+        return self._process.pid
+
     def pause(self) -> None:
         """Freeze the server (SIGSTOP): its sockets stay open, nothing answers.
 
@@ -136,6 +142,7 @@ class EtcdServer(ServiceProcess):
         super().__init__()
         self.host = "127.0.0.1"
         self.port = 0
+        self._peer_port = 0
         self._start_timeout_s = start_timeout_s
         self._token_ttl = [f"--auth-token-ttl={auth_token_ttl_s}"] if auth_token_ttl_s else []
 
@@ -147,13 +154,31 @@ class EtcdServer(ServiceProcess):
         if not ETCD_BINARY.exists():
             raise RuntimeError(f"{ETCD_BINARY} is missing: install it with `apt-get install etcd-server`")
         self.port = free_port()
-        peer_port = free_port()
-        while peer_port == self.port:
-            peer_port = free_port()
+        self._peer_port = free_port()
+        while self._peer_port == self.port:
+            self._peer_port = free_port()
         self._workdir = Path(tempfile.mkdtemp(prefix="ffdl-etcd-"))
+        self._launch()
+
+    def restart(self) -> None:
+        """Stop etcd (SIGTERM) and start it again on the same ports with the same data, as a node's
+        restart does: leases and keys survive, connections do not."""
+        assert self._process is not None
+        if self._paused:
+            self.resume()
+        self._process.terminate()
+        try:
+            self._process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+        self._launch()
+
+    def _launch(self) -> None:
+        assert self._workdir is not None
         client_url = f"http://{self.host}:{self.port}"
-        peer_url = f"http://{self.host}:{peer_port}"
-        with (self._workdir / "etcd.log").open("wb") as log:
+        peer_url = f"http://{self.host}:{self._peer_port}"
+        with (self._workdir / "etcd.log").open("ab") as log:
             self._process = subprocess.Popen(
                 [
                     str(ETCD_BINARY),
@@ -206,12 +231,6 @@ class TansuBroker(ServiceProcess):
     @property
     def bootstrap(self) -> str:
         return f"{self.host}:{self.port}"
-
-    @property
-    def pid(self) -> int:
-        """The broker's process id (for measuring what it costs)."""
-        assert self._process is not None
-        return self._process.pid
 
     @property
     def url(self) -> str:

@@ -54,9 +54,20 @@ class LauncherRig(Protocol):
     def visible_devices(self, gpus: tuple[int, ...]) -> str:
         """``CUDA_VISIBLE_DEVICES`` of a learner placed on these GPUs of its node, as it must see them."""
 
+    def checkpoint_dir(self, job_id: str) -> str:
+        """``FFDL_CHECKPOINT_DIR`` of the job's learners, as they see it."""
+
 
 def new_job_id() -> str:
     return f"job-{uuid.uuid4().hex[:10]}"
+
+
+def go_file_in(tmp_path: Path) -> Path:
+    """A file a test creates to let its learners go on, in a directory of its own that the requests
+    name as their data place, so that a sandboxed learner sees it too (read-only)."""
+    directory = tmp_path / "signals"
+    directory.mkdir(exist_ok=True)
+    return directory / "go"
 
 
 def launch_request(
@@ -77,6 +88,7 @@ def launch_request(
     env = dict(spec_env or {})
     if go_file is not None:
         env["GO"] = str(go_file)
+        data_dir = data_dir or str(go_file.parent)
     spec = JobSpec(
         name="contract",
         command=command,
@@ -150,7 +162,10 @@ class LauncherContract:
 
     async def test_every_learner_starts_with_the_environment_contract(self, rig: LauncherRig) -> None:
         job_id = new_job_id()
-        checkpoint = Checkpoint(rank=0, attempt=1, step=40, uri="file:///checkpoints/step-40", size_bytes=10)
+        checkpoints = rig.checkpoint_dir(job_id)
+        checkpoint = Checkpoint(
+            rank=0, attempt=1, step=40, uri=f"file://{checkpoints}/step-40", size_bytes=10
+        )
         request = launch_request(
             job_id,
             "env",
@@ -172,8 +187,8 @@ class LauncherContract:
             assert env["FFDL_JOB_ID"] == job_id
             assert env["FFDL_TENANT"] == "tenant-a"
             assert env["FFDL_ATTEMPT"] == "2"
-            assert env["FFDL_RESUME_FROM"] == "/checkpoints/step-40"
-            assert env["FFDL_CHECKPOINT_DIR"]
+            assert env["FFDL_RESUME_FROM"] == f"{checkpoints}/step-40"
+            assert env["FFDL_CHECKPOINT_DIR"] == checkpoints
             assert env["CHECKPOINT_DIR"] == env["FFDL_CHECKPOINT_DIR"]
             assert env["FFDL_HEARTBEATS"]
             assert env["RANK"] == str(rank)
@@ -223,7 +238,7 @@ class LauncherContract:
         self, rig: LauncherRig, tmp_path: Path
     ) -> None:
         job_id = new_job_id()
-        go_file = tmp_path / "go"
+        go_file = go_file_in(tmp_path)
         request = launch_request(job_id, f"echo started; {WAIT_FOR_GO}", go_file=go_file)
         await asyncio.gather(rig.launcher.launch(request), rig.launcher.launch(request))
         await wait_for_running(rig.launcher, handles(job_id, 1, range(2)))
@@ -273,7 +288,7 @@ class LauncherContract:
         self, rig: LauncherRig, tmp_path: Path
     ) -> None:
         job_id, other_job_id = new_job_id(), new_job_id()
-        go_file = tmp_path / "go"
+        go_file = go_file_in(tmp_path)
         for attempt in (1, 2):
             await rig.launcher.launch(
                 launch_request(job_id, WAIT_FOR_GO, attempt=attempt, nodes=("n",), go_file=go_file)
@@ -293,7 +308,7 @@ class LauncherContract:
 
     async def test_running_lists_the_learners_that_are_alive(self, rig: LauncherRig, tmp_path: Path) -> None:
         job_id = new_job_id()
-        go_file = tmp_path / "go"
+        go_file = go_file_in(tmp_path)
         command = f'if [ "$RANK" = 0 ]; then exit 0; fi; {WAIT_FOR_GO}'
         assert await rig.launcher.running() == []
 
@@ -319,3 +334,22 @@ class LauncherContract:
         await restarted.stop(job_id, STOP_GRACE_S)
         assert await restarted.running() == []
         assert [await exit_code(rig.store, job_id, 1, rank) for rank in range(2)] == [-15, -15]
+
+
+class CheckpointConfinementContract:
+    """Tests every launcher passes: no learner is handed a checkpoint outside its job's place."""
+
+    async def test_a_checkpoint_outside_the_jobs_place_is_never_handed_to_a_learner(
+        self, rig: LauncherRig
+    ) -> None:
+        job_id = new_job_id()
+        climbing = f"file://{rig.checkpoint_dir(job_id)}/../../other-job/checkpoints/step-9"
+        for uri in ("file:///tmp/evil-ckpt.pt", climbing):
+            attempt = 1 if uri.startswith("file:///tmp") else 2
+            evil = Checkpoint(rank=0, attempt=1, step=9, uri=uri)
+            await rig.launcher.launch(
+                launch_request(job_id, "env", attempt=attempt, nodes=("node-a",), resume_from=evil)
+            )
+            assert await exit_code(rig.store, job_id, attempt, 0) == 0
+            env = environment_of(await rig.learner_output(job_id, attempt, 0))
+            assert env["FFDL_RESUME_FROM"] == ""

@@ -17,6 +17,7 @@ import pytest
 from launcher_contract import (
     SHORT_GRACE_S,
     STOP_SLACK_S,
+    CheckpointConfinementContract,
     LauncherContract,
     LauncherRig,
     beat,
@@ -30,6 +31,7 @@ from launcher_contract import (
 
 from ffdl.adapters.heartbeats import open_store
 from ffdl.adapters.launchers.local import LocalLauncher
+from ffdl.adapters.launchers.sandbox import Sandbox
 from ffdl.handlers.ports import HeartbeatStore, Launcher
 from tests.kube import kubernetes_rig
 from tests.services import wait_until_async
@@ -41,15 +43,18 @@ CLEANUP_GRACE_S = 1.0
 class LocalRig:
     """Local launchers over one work directory, their learners reporting to an embedded store."""
 
-    def __init__(self, work_dir: Path, heartbeats_url: str) -> None:
+    def __init__(self, work_dir: Path, heartbeats_url: str, sandbox: Sandbox | None = None) -> None:
         self.work_dir = work_dir
         self.heartbeats_url = heartbeats_url
+        self.sandbox = sandbox
         self._store = open_store(heartbeats_url)
         self._launchers = [self.new_launcher()]
 
     def new_launcher(self, python: str | None = None) -> LocalLauncher:
         extra = {"python": python} if python else {}
-        return LocalLauncher(self.work_dir, self.heartbeats_url, heartbeat_ttl_s=HEARTBEAT_TTL_S, **extra)
+        return LocalLauncher(
+            self.work_dir, self.heartbeats_url, heartbeat_ttl_s=HEARTBEAT_TTL_S, sandbox=self.sandbox, **extra
+        )
 
     @property
     def launcher(self) -> LocalLauncher:
@@ -67,6 +72,9 @@ class LocalRig:
     def visible_devices(self, gpus: tuple[int, ...]) -> str:
         """A local learner sees every GPU of the machine and is told which of them are its own."""
         return ",".join(str(gpu) for gpu in gpus)
+
+    def checkpoint_dir(self, job_id: str) -> str:
+        return str(self.launcher.job_dir(job_id) / "checkpoints")
 
     async def learner_output(self, job_id: str, attempt: int, rank: int) -> str:
         path = self.launcher.log_path(job_id, attempt, rank)
@@ -94,9 +102,22 @@ async def local_rig(tmp_path: Path) -> AsyncIterator[LocalRig]:
         await rig.shutdown()
 
 
+@contextlib.asynccontextmanager
+async def sandboxed_local_rig(tmp_path: Path) -> AsyncIterator[LocalRig]:
+    """The local launcher as ``ffdl up`` makes it by default: every learner in a bubblewrap sandbox
+    (the heartbeat store, in ``tmp_path``, stays out of it)."""
+    sandbox = Sandbox.for_this_interpreter([tmp_path / "heartbeats.sqlite"])
+    rig = LocalRig(tmp_path / "jobs", f"embedded://{tmp_path / 'heartbeats.sqlite'}", sandbox)
+    try:
+        yield rig
+    finally:
+        await rig.shutdown()
+
+
 #: Adapter name -> a context manager that gives a rig in a fresh directory and cleans it up.
 LAUNCHER_RIGS: dict[str, Callable[[Path], AbstractAsyncContextManager[LauncherRig]]] = {
     "local": local_rig,
+    "local-sandboxed": sandboxed_local_rig,
     "kubernetes": kubernetes_rig,
 }
 
@@ -107,7 +128,7 @@ async def rig(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[L
         yield launcher_rig
 
 
-class TestLauncherContract(LauncherContract):
+class TestLauncherContract(LauncherContract, CheckpointConfinementContract):
     """Every contract test, once per launcher adapter."""
 
 
@@ -179,7 +200,7 @@ async def test_learners_run_in_the_job_directory_with_its_files(local: LocalRig)
     assert env["FFDL_HEARTBEATS"] == local.heartbeats_url
     assert float(env["FFDL_HEARTBEAT_TTL"]) == HEARTBEAT_TTL_S
     assert env["FFDL_LOG_FILE"] == str(local.launcher.log_path(job_id, 1, 0))
-    assert Path(env["FFDL_REPORT_FILE"]).parent == local.launcher.log_path(job_id, 1, 0).parent
+    assert Path(env["FFDL_REPORT_SOCKET"]).parent == job_dir / "channels" / "attempt-1-rank-0"
 
 
 async def test_a_learner_process_killed_by_sigkill_is_reported_with_exit_code_minus_9(

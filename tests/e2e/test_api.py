@@ -128,10 +128,26 @@ async def test_halting_a_job_again_changes_nothing_and_is_answered_at_once(api: 
     assert [e["type"] for e in events].count("HaltRequested") == 1
 
 
-async def test_deleting_an_ended_job_removes_it_from_listings_but_not_from_the_log(api: Api) -> None:
-    job_id = await api.submit(manifest("gone", learners=1, args=QUICK))
-    await api.wait(job_id, "COMPLETED", released=True)
+async def test_cancel_refuses_an_ended_job_and_delete_removes_it_from_the_listings(api: Api) -> None:
+    job_id = await api.submit(manifest("gone", learners=1, args=["--steps", "1000", "--delay", "0.05"]))
+    await api.wait(job_id, "RUNNING")
+    refused = await api.http.post(f"/v1/jobs/{job_id}:delete")
+    assert refused.status_code == 409 and "cancel it first" in refused.text, refused.text
     assert (await api.http.delete(f"/v1/jobs/{job_id}")).status_code == 202
+    await api.wait(job_id, "CANCELLED", released=True)
+    # cancelling an ended job is refused and changes nothing: deleting is its own call
+    cancelled = await api.http.delete(f"/v1/jobs/{job_id}")
+    assert cancelled.status_code == 409, cancelled.text
+    assert cancelled.json()["detail"] == [
+        {
+            "field": "state",
+            "message": f"{job_id} has ended (CANCELLED): there is nothing to cancel; "
+            f"`ffdl delete {job_id}` (POST /v1/jobs/{job_id}:delete) removes it from the listings",
+        }
+    ]
+    events = (await api.http.get(f"/v1/jobs/{job_id}/events")).json()["events"]
+    assert "JobDeleted" not in [e["type"] for e in events]
+    assert (await api.http.post(f"/v1/jobs/{job_id}:delete")).status_code == 202
     await wait_until_async(lambda: _missing(api, job_id), 10, what="the job to leave the listings")
     assert job_id not in [j["job_id"] for j in (await api.http.get("/v1/jobs")).json()["jobs"]]
 

@@ -51,7 +51,7 @@ def test_up_refuses_to_serve_the_api_without_tenants(tmp_path: Path) -> None:
     settings = fast_settings(tmp_path / "ffdl")
     refused = up(settings)
     assert refused.returncode == 2
-    assert "refusing to serve the API" in refused.stdout and "--open" in refused.stdout
+    assert "refusing to serve the API" in refused.stderr and "--open" in refused.stderr
     assert not settings.projection_path.exists()  # it refused before starting anything
 
 
@@ -61,7 +61,7 @@ def test_up_refuses_an_unreadable_tenants_file_even_with_open(tmp_path: Path) ->
     settings.tenants_path.write_text("{broken")
     refused = up(settings, "--open")
     assert refused.returncode == 2
-    assert "never runs open" in " ".join(refused.stdout.split())
+    assert "never runs open" in " ".join(refused.stderr.split())
 
 
 def test_up_open_serves_the_api_and_warns_that_it_is_open(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -45,7 +46,12 @@ async def run_hostile_learner(
     spec = {
         "name": "hostile",
         "command": HOSTILE,
-        "env": {"TARGET_DATA_DIR": str(settings.data_dir.resolve()), "FROM_MANIFEST": "present"},
+        "env": {
+            "TARGET_DATA_DIR": str(settings.data_dir.resolve()),
+            "TARGET_PLATFORM_PID": str(os.getpid()),
+            "LEARNER_PYTHON": sys.executable,
+            "FROM_MANIFEST": "present",
+        },
     }
     job_id = await api.submit(yaml.safe_dump(spec))
     job = await api.wait(job_id, "COMPLETED", released=True)

@@ -30,9 +30,13 @@ commands were checked against no leader and jobs were placed on nodes the log ne
 today's owner refuses; those decisions replay through the known change ``principals``. The stories
 told for principals, each command sent for its principal and every node observed before a job is
 placed on it, are the ``NAME_principals`` logs, with ``forged_commands_principals``: what a hostile
-sender tries; their specs are of version 1 (no launcher, nproc_per_node, keep_checkpoints nor
-stop_grace_s) and replay through the upcaster. Today's stories, the same with version 2 specs, are
-the ``NAME_spec_v2`` logs.
+sender tries. The same stories were told again by two changes made side by side: with version 2
+specs (``SubmitJob`` and ``JobSubmitted``: launcher, nproc_per_node, keep_checkpoints and
+stop_grace_s), the ``NAME_spec_v2`` logs; and with learners' progress in its second version (bounded
+metrics and the reasons of what was dropped, ``LearnerProgressed`` and ``ReportProgress`` v2;
+``JobCompleted`` and ``FinishStoring`` v2), the ``NAME_bounded_reports`` logs. Each older log replays
+through the upcasters of what it predates. Today's stories, with both, are the
+``NAME_specs_and_reports_v2`` logs.
 
 The :class:`Owner` here is the partition owner without I/O: the owner's gate and the job and node
 deciders, their folds and the cluster view, on a virtual clock, the way ``handlers/owner.py`` runs
@@ -734,21 +738,21 @@ def forged_commands(owner: Owner) -> None:
 
 #: Each scenario as today's platform tells it, with its owner's restart policy.
 SCENARIOS: dict[str, tuple[Callable[[Owner], None], RestartPolicy]] = {
-    "happy_path_spec_v2": (happy_path, RestartPolicy()),
-    "restart_after_kill_spec_v2": (
+    "happy_path_specs_and_reports_v2": (happy_path, RestartPolicy()),
+    "restart_after_kill_specs_and_reports_v2": (
         restart_after_kill,
         RestartPolicy(base_s=1.0, factor=2.0, max_backoff_s=60.0),
     ),
-    "halt_resume_spec_v2": (halt_resume, RestartPolicy()),
-    "cancel_spec_v2": (cancel, RestartPolicy()),
-    "max_restarts_failure_spec_v2": (
+    "halt_resume_specs_and_reports_v2": (halt_resume, RestartPolicy()),
+    "cancel_specs_and_reports_v2": (cancel, RestartPolicy()),
+    "max_restarts_failure_specs_and_reports_v2": (
         max_restarts_failure,
         RestartPolicy(base_s=0.5, factor=3.0, max_backoff_s=30.0),
     ),
-    "rejected_commands_spec_v2": (rejected_commands, RestartPolicy()),
-    "preemption_spec_v2": (preemption, RestartPolicy()),
-    "node_drain_spec_v2": (node_drain, RestartPolicy()),
-    "forged_commands_spec_v2": (forged_commands, RestartPolicy()),
+    "rejected_commands_specs_and_reports_v2": (rejected_commands, RestartPolicy()),
+    "preemption_specs_and_reports_v2": (preemption, RestartPolicy()),
+    "node_drain_specs_and_reports_v2": (node_drain, RestartPolicy()),
+    "forged_commands_specs_and_reports_v2": (forged_commands, RestartPolicy()),
 }
 #: The instant every golden log starts at.
 START = datetime(2024, 5, 1, 9, 0, tzinfo=UTC)

@@ -96,8 +96,11 @@ async def assert_log_clean(settings: Settings) -> None:
 
 
 def kill_learner_group(job: dict[str, Any], rank: int) -> None:
-    """SIGKILL a learner's agent and its user process at once: they are one process group."""
-    os.killpg(os.getpgid(job["learners"][rank]["pid"]), signal.SIGKILL)
+    """SIGKILL a learner's agent (its process group) and so its user process: the learner's pid is its
+    sandbox's, the agent's child, and the sandbox dies with the agent."""
+    pid = job["learners"][rank]["pid"]
+    agent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    os.killpg(os.getpgid(agent), signal.SIGKILL)
 
 
 def reason_of(job: dict[str, Any], state: str) -> str:

@@ -118,6 +118,45 @@ async def test_a_launch_makes_a_pod_per_learner_a_headless_service_and_a_policy_
     assert policy["metadata"]["ownerReferences"] == [owner]
 
 
+async def test_a_hostile_tenants_image_and_command_get_pods_the_cluster_holds_in(
+    cluster: tuple[ApiServer, str], client: KubeClient
+) -> None:
+    """What the API server stores for a job of a hostile tenant (its own image, which may say USER
+    root): non-root, no privilege escalation, no capability, seccomp, a read-only root, no token,
+    bounded scratch, and a policy that lets it reach its peers, DNS and the heartbeat store only."""
+    request = request_for("evil-1a2b", tenant="mallory")
+    hostile = request.spec.model_copy(update={"image": "mallory/root:latest", "command": "cat /var/run/*"})
+    await launcher_on(client).launch(
+        LaunchRequest(request.job_id, "mallory", 1, hostile, request.placement, None)
+    )
+
+    api = cluster[0]
+    (policy,) = kinds(api, "networkpolicies")
+    for pod in kinds(api, "pods"):
+        spec = pod["spec"]
+        (container,) = spec["containers"]
+        assert container["image"] == "mallory/root:latest"
+        assert spec["automountServiceAccountToken"] is False and "serviceAccountName" not in spec
+        assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] > 0
+        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        hardening = container["securityContext"]
+        assert hardening["allowPrivilegeEscalation"] is False and hardening["capabilities"] == {
+            "drop": ["ALL"]
+        }
+        assert hardening["readOnlyRootFilesystem"] is True
+        assert not {"hostNetwork", "hostPID", "hostIPC", "shareProcessNamespace"} & set(spec)
+        scratch = [volume for volume in spec["volumes"] if volume["name"] in ("tmp", "work")]
+        assert all(volume["emptyDir"].get("sizeLimit") for volume in scratch), scratch
+    job = {"podSelector": {"matchLabels": {LABEL_JOB: "evil-1a2b"}}}
+    assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    assert policy["spec"]["ingress"] == [{"from": [job]}]
+    peers, dns, heartbeats = policy["spec"]["egress"]
+    assert peers == {"to": [job]}
+    assert {port["port"] for port in dns["ports"]} == {53}
+    assert heartbeats["ports"] == [{"protocol": "TCP", "port": 2379}]
+    assert heartbeats["to"] == [dict(SETTINGS.heartbeats_peer)]
+
+
 async def test_launching_the_same_attempt_twice_or_concurrently_makes_one_set(
     cluster: tuple[ApiServer, str], client: KubeClient
 ) -> None:

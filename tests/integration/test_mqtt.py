@@ -109,7 +109,7 @@ async def test_deleting_a_job_clears_its_retained_status(api: Api, mosquitto: Mo
         return read.returncode == 0 and json.loads(read.stdout)["state"] == "COMPLETED"
 
     await wait_until_async(retained_completed, 15, what="the retained COMPLETED status")
-    assert (await api.http.delete(f"/v1/jobs/{job_id}")).status_code == 202
+    assert (await api.http.post(f"/v1/jobs/{job_id}:delete")).status_code == 202
 
     async def cleared() -> bool:
         return (await asyncio.to_thread(mosquitto_sub, mosquitto, topic, 1)).returncode != 0

@@ -184,6 +184,27 @@ def test_a_submission_in_another_tenants_name_creates_nothing() -> None:
     assert issubclass(Unauthorized, UnknownAggregate)  # the owner dead-letters it
 
 
+@given(priority=st.integers(-1000, 1000), ceiling=st.integers(-1000, 1000))
+def test_a_tenants_submission_above_its_ceiling_creates_nothing_an_admins_is_never_held(
+    priority: int, ceiling: int
+) -> None:
+    submission = job_command(cmd.SubmitJob(spec=SPEC.model_copy(update={"priority": priority})))
+    ceilings = {"acme": ceiling, "ops": None}.get
+
+    def as_(principal: Principal) -> list[Any]:
+        kind = KINDS.of(submission)
+        return decide_as(
+            kind, None, submission, NOW, principal=principal, producer="o", leader_token=7, ceilings=ceilings
+        )
+
+    if priority > ceiling:
+        with pytest.raises(Unauthorized, match=f"priority {priority} is above the ceiling of tenant 'acme'"):
+            as_(ACME)
+    else:
+        assert [e.type for e in as_(ACME)] == ["JobSubmitted"]
+    assert [e.type for e in as_(OPS)] == ["JobSubmitted"]  # an admin's submission, any priority
+
+
 @pytest.mark.parametrize(
     ("token", "leader", "why"),
     [

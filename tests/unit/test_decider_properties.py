@@ -363,6 +363,14 @@ class DeciderMachine(RuleBasedStateMachine):
                 assert job.placement is None, f"{job.state} holding GPUs"
 
     @invariant()
+    def reason_belongs_to_the_current_state(self) -> None:
+        """The reason a job shows is its current state's (a queued job's refined by the scheduler's
+        wait, a halting one's by a later halt request), never one left from an earlier state."""
+        for job in self.jobs.values():
+            if job is not None and job.state not in (S.QUEUED, S.HALTING):
+                assert job.reason == job.history[-1].reason, (job.state, job.reason)
+
+    @invariant()
     def log_has_no_violation(self) -> None:
         assert self.checker.violations == []
 

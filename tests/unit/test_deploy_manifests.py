@@ -182,15 +182,18 @@ def test_every_role_logs_in_to_kafka_and_etcd_with_the_platforms_secrets() -> No
 
 
 def test_the_api_serves_the_tenants_of_a_secret_and_is_never_started_open() -> None:
+    """The API authenticates with the Secret's tenants, and the workers (the job owners) read the same
+    file for the tenants' priority ceilings, so a submission the API lets through the owner decides."""
     (config,) = of_kind("ConfigMap")
     tenants_file = Path(config["data"]["FFDL_TENANTS_FILE"])
-    (api,) = [d for d in of_kind("Deployment") if d["metadata"]["name"] == "ffdl-api"]
-    pod = api["spec"]["template"]["spec"]
-    (container,) = pod["containers"]
-    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == str(tenants_file.parent)]
-    assert mount["readOnly"] is True
-    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
-    assert volume["secret"]["secretName"] == "ffdl-tenants"
+    for name in ("ffdl-api", "ffdl-workers"):
+        (deployment,) = [d for d in of_kind("Deployment") if d["metadata"]["name"] == name]
+        pod = deployment["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == str(tenants_file.parent)]
+        assert mount["readOnly"] is True
+        (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+        assert volume["secret"]["secretName"] == "ffdl-tenants"
     for deployment in of_kind("Deployment"):
         assert "--open" not in deployment["spec"]["template"]["spec"]["containers"][0]["command"]
 
@@ -281,3 +284,7 @@ def test_the_compose_stack_runs_the_platform_on_kafka_and_mosquitto_with_learner
     assert (platform["user"], environment["FFDL_LEARNER_USER"]) == ("0:0", "nobody")
     assert not Path(environment["FFDL_LEARNERS_DIR"]).is_relative_to(environment["FFDL_DATA_DIR"])
     assert "--open" not in platform["command"]
+    # learners run sandboxed: the image has bubblewrap, the container lets it make namespaces
+    assert environment.get("FFDL_SANDBOX", "bwrap") == "bwrap" and "--no-sandbox" not in platform["command"]
+    assert "seccomp=unconfined" in platform["security_opt"]
+    assert "bubblewrap" in (DEPLOY / "Dockerfile").read_text()

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 
 from ffdl.api.manifest import parse_manifest
+from tests.report_sink import ReportSink
 from tests.services import free_port, wait_until
 
 EXAMPLE = "ffdl.examples.digits.train"
@@ -28,6 +30,7 @@ Ranks = Callable[..., list[subprocess.Popen[bytes]]]
 def start_ranks(tmp_path: Path) -> Iterator[Ranks]:
     """Starts the two ranks of a run (each in its own session); kills whatever a failed test left."""
     started: list[subprocess.Popen[bytes]] = []
+    sockets = Path(tempfile.mkdtemp(prefix="ffdl-reports-"))  # a socket's path must be short
 
     def start(run: str, *arguments: str, resume_from: Path | None = None) -> list[subprocess.Popen[bytes]]:
         port = str(free_port())
@@ -41,7 +44,7 @@ def start_ranks(tmp_path: Path) -> Iterator[Ranks]:
                 "MASTER_PORT": port,
                 "FFDL_CHECKPOINT_DIR": str(tmp_path / "checkpoints"),
                 "FFDL_RESUME_FROM": str(resume_from or ""),
-                "FFDL_REPORT_FILE": str(tmp_path / f"{run}-rank-{rank}.reports.jsonl"),
+                "FFDL_REPORT_SOCKET": str(_listen(tmp_path, sockets, run, rank)),
                 "RESULT_DIR": str(tmp_path / "results"),
             }
             with (tmp_path / f"{run}-rank-{rank}.log").open("wb") as output:
@@ -63,10 +66,26 @@ def start_ranks(tmp_path: Path) -> Iterator[Ranks]:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
         process.wait()
+    for key in [key for key in SINKS if key[0] == tmp_path]:
+        SINKS.pop(key).close()
+    shutil.rmtree(sockets, ignore_errors=True)
+
+
+#: What each rank of each run reported, as its agent would have got it.
+SINKS: dict[tuple[Path, str, int], ReportSink] = {}
+
+
+def _listen(tmp_path: Path, sockets: Path, run: str, rank: int) -> Path:
+    sink = SINKS[tmp_path, run, rank] = ReportSink(sockets / f"{run}-{rank}.sock")
+    return sink.path
 
 
 def statuses(processes: list[subprocess.Popen[bytes]]) -> list[int]:
-    return [process.wait(timeout=RUN_TIMEOUT_S) for process in processes]
+    """The ranks' exit statuses, once what they reported was all read."""
+    codes = [process.wait(timeout=RUN_TIMEOUT_S) for process in processes]
+    for sink in SINKS.values():
+        sink.drain()  # each rank's one connection
+    return codes
 
 
 def output(tmp_path: Path, run: str, rank: int) -> str:
@@ -74,8 +93,7 @@ def output(tmp_path: Path, run: str, rank: int) -> str:
 
 
 def reports(tmp_path: Path, run: str, rank: int) -> list[dict[str, Any]]:
-    path = tmp_path / f"{run}-rank-{rank}.reports.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return SINKS[tmp_path, run, rank].reports()
 
 
 def final_accuracy(text: str) -> float:

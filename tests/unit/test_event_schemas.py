@@ -111,7 +111,7 @@ variables = st.from_regex(r"[A-EG-KM-Z_][A-Z0-9_]{0,10}", fullmatch=True).filter
     lambda name: not env_problems({name: ""})
 )
 finite = st.floats(-1e9, 1e9, allow_nan=False)
-metrics = st.dictionaries(st.text(max_size=8), finite, max_size=3)
+metrics = st.dictionaries(st.text(min_size=1, max_size=8), finite, max_size=3)
 ranks = st.integers(0, 64)
 attempts = st.integers(1, 20)
 job_specs = st.builds(

@@ -13,6 +13,7 @@ from ffdl.adapters.launchers.k8s_manifests import (
     GPU_RESOURCE,
     HEARTBEAT_STORE,
     LABEL_JOB,
+    WORK_DIR,
     PodLogin,
     PodSettings,
     dns_label,
@@ -133,6 +134,20 @@ def test_a_learner_pod_is_bare_hardened_and_owned_by_the_jobs_service() -> None:
     }  # writable despite a read-only root
 
 
+def test_a_learner_cannot_fill_its_nodes_disk_through_its_scratch_volumes() -> None:
+    """A hostile learner writing without end into /tmp or its working directory is evicted by the
+    kubelet at the scratch limit, not left to fill the disk under other tenants' pods."""
+    spec = pod(request())["spec"]
+    (container,) = spec["containers"]
+    scratch = {
+        mount["name"] for mount in container["volumeMounts"] if mount["mountPath"] in ("/tmp", WORK_DIR)
+    }
+    volumes = {volume["name"]: volume for volume in spec["volumes"]}
+    assert scratch == {"tmp", "work"}
+    for name in scratch:
+        assert volumes[name]["emptyDir"] == {"sizeLimit": f"{SETTINGS.scratch_limit_mb}Mi"}
+
+
 def test_a_learner_runs_the_command_under_tini_and_the_agent_from_the_configured_image() -> None:
     (container,) = pod(request())["spec"]["containers"]
     assert container["image"] == "registry.example/ffdl:1"
@@ -142,6 +157,8 @@ def test_a_learner_runs_the_command_under_tini_and_the_agent_from_the_configured
         "-g",
         "--",
         "python",
+        "-I",
+        "-u",
         "-m",
         "ffdl.learner.agent",
         "--",

@@ -24,7 +24,7 @@ from ffdl.adapters.heartbeats import exit_key, learner_key, open_store
 from ffdl.adapters.processes import exit_code_of
 from ffdl.handlers.heartbeat_keys import LearnerBeat, parse_exit
 from ffdl.handlers.ports import Snapshot, StoreUnavailable, WatchEvent
-from ffdl.learner.agent import AgentConfig, LearnerAgent, ReportTail, main
+from ffdl.learner.agent import AgentConfig, LearnerAgent, main
 from tests.services import wait_until_async
 
 JOB = "job-agent"
@@ -101,7 +101,8 @@ def config(tmp_path: Path, ttl_s: float = 0.3) -> AgentConfig:
         command_environment=dict(os.environ),  # the command runs with the test process's environment
         heartbeat_ttl_s=ttl_s,
         log_file=tmp_path / "learner.log",
-        report_file=tmp_path / "learner.reports.jsonl",
+        report_dir=tmp_path,
+        checkpoint_dir=str(tmp_path / "checkpoints"),
     )
 
 
@@ -128,8 +129,9 @@ async def test_the_beat_carries_progress_metrics_and_the_latest_checkpoint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run_agent: AgentRunner
 ) -> None:
     store = FlakyStore()
-    monkeypatch.setenv("FFDL_REPORT_FILE", str(tmp_path / "learner.reports.jsonl"))
-    checkpoint = tmp_path / "step-7.bin"
+    monkeypatch.setenv("FFDL_REPORT_SOCKET", str(tmp_path / "report.sock"))
+    (tmp_path / "checkpoints").mkdir()
+    checkpoint = tmp_path / "checkpoints" / "step-7.bin"
     program = (
         "from ffdl import learner; from pathlib import Path\n"
         "learner.report_progress(5, loss=0.5, accuracy=0.8)\n"
@@ -256,20 +258,6 @@ def test_the_shell_status_of_a_signalled_command_becomes_a_negative_exit_code() 
     ]
 
 
-def test_the_report_tail_returns_only_complete_lines(tmp_path: Path) -> None:
-    reports = tmp_path / "reports.jsonl"
-    tail = ReportTail(reports)
-    assert tail.read_new() == []
-    with reports.open("ab") as stream:
-        stream.write(b'{"type": "progress", "step": 1}\n{"type": "pro')
-        stream.flush()
-        assert tail.read_new() == [{"type": "progress", "step": 1}]
-        stream.write(b'gress", "step": 2}\nnot json\n')
-        stream.flush()
-        assert tail.read_new() == [{"type": "progress", "step": 2}]
-    tail.close()
-
-
 def test_the_agent_refuses_to_start_without_its_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("FFDL_JOB_ID", raising=False)
     assert main(["--", "true"]) == os.EX_CONFIG
@@ -288,10 +276,11 @@ def start_agent(tmp_path: Path, command: str) -> subprocess.Popen[bytes]:
         "FFDL_HEARTBEATS": f"embedded://{tmp_path / 'heartbeats.sqlite'}",
         "FFDL_HEARTBEAT_TTL": "2",
         "FFDL_LOG_FILE": str(tmp_path / "learner.log"),
-        "FFDL_REPORT_FILE": str(tmp_path / "learner.reports.jsonl"),
+        "FFDL_REPORT_SOCKET": str(tmp_path / "report.sock"),
     }
     return subprocess.Popen(
-        [sys.executable, "-m", "ffdl.learner.agent", "--", command],
+        [sys.executable, "-I", "-m", "ffdl.learner.agent", "--", command],
+        cwd=tmp_path,
         env=env,
         stdout=subprocess.DEVNULL,
         start_new_session=True,

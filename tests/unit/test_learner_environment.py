@@ -47,7 +47,7 @@ SITE = LearnerSite(
     default_result_dir="/learners/job/results",
     heartbeats_url="embedded:///data/heartbeats.sqlite",
     heartbeat_ttl_s=5.0,
-    files={"FFDL_LOG_FILE": "/learners/job/logs/l.log", "FFDL_REPORT_FILE": "/learners/job/logs/l.jsonl"},
+    files={"FFDL_LOG_FILE": "/learners/job/logs/l.log", "FFDL_REPORT_SOCKET": "/run/ffdl/report.sock"},
     base={**inherited_environment(PLATFORM), "HOME": "/learners/job/work"},
     worker_addresses=["127.0.0.1:29500"],
 )

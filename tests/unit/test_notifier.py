@@ -248,3 +248,13 @@ def test_the_bridge_sends_what_telemetry_stands_for_and_drops_the_rest(tmp_path:
             asyncio.run(accept_all(directory, messages))
 
     check()
+
+
+def test_each_status_says_why_the_job_is_in_that_state_not_an_earlier_one(bus: Bus) -> None:
+    sink = MemorySink()
+    asyncio.run(Notifier(bus, EVENTS_TOPIC, sink).process(records(STORY.events)))
+    published = [json.loads(payload) for _, payload, _ in sink.published if payload]
+    reasons = {status["state"]: status["reason"] for status in published}
+    assert [status["reason"] for status in published] == [entry.reason for entry in STORY.completed.history]
+    assert reasons["RUNNING"] == "every learner of attempt 1 started", reasons
+    assert reasons["COMPLETED"].startswith("results recorded"), reasons

@@ -22,8 +22,8 @@ from ffdl.events.position import Position
 from ffdl.handlers import owner as owner_module
 from ffdl.handlers.messaging import DEAD_LETTER_REASON_HEADER, CommandSender, Topics
 from ffdl.handlers.owner import JobOwner
-from ffdl.handlers.ports import Bus, OutgoingRecord
-from ffdl.handlers.runtime import consume
+from ffdl.handlers.ports import Bus, CommitFailed, OutgoingRecord
+from ffdl.handlers.runtime import StaleMember, consume, decode_event
 from tests.flaky_log import BrokenRead
 from tests.services import wait_until_async
 
@@ -156,3 +156,66 @@ async def test_an_owner_whose_fold_broke_off_decides_only_on_the_whole_history(t
     assert flaky.breaks_left == 0, "the fold on assignment did break off"
     assert decided.state is JobState.CANCELLED
     assert dead == []
+
+
+class ExpelledOnce:
+    """The embedded log whose group refuses the first commit of its first member, as Kafka refuses a
+    member it expelled while the member was cut off (it still holds what it fetched)."""
+
+    def __init__(self, bus: Bus) -> None:
+        self._bus = bus
+        self.refused = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._bus, name)
+
+    async def subscribe(self, group: str, topics: Sequence[str], listener: Any = None) -> Any:
+        subscription = await self._bus.subscribe(group, topics, listener)
+        inner_commit = subscription.commit
+
+        async def commit(offsets: Any) -> None:
+            if not self.refused:
+                self.refused += 1
+                raise CommitFailed("the group's generation moved on: this member was expelled")
+            await inner_commit(offsets)
+
+        subscription.commit = commit
+        return subscription
+
+
+async def test_an_owner_the_group_expelled_appends_nothing_it_fetched_and_decides_it_again_once_back(
+    tmp_path: Path,
+) -> None:
+    """A member whose session ran out while it was cut off still holds its fetch; had it appended
+    its decisions, another owner's events would meet them with the same seq (a conflict ``ffdl
+    verify`` reports, which the nemesis found). The fence refuses it before the flush; once back in
+    the group it folds again and decides each command once."""
+    log = open_bus(f"embedded://{tmp_path}", 1)
+    await log.start()
+    topics = Topics()
+    sender = CommandSender(log, topics, "test", Principal.tenant("default"))
+    submit = cmd.SubmitJob(spec=JobSpec(name="j", command="true"))
+    await sender.send(sender.make(JOBS.address("job-0", "default"), submit))
+    bus = ExpelledOnce(log)
+    owner = JobOwner(bus, topics, FileElection(tmp_path / "election"))  # type: ignore[arg-type]
+    stop = asyncio.Event()
+    with pytest.raises(StaleMember):
+        await asyncio.wait_for(consume(bus, "owners", [topics.commands], owner, stop, fenced=True), 15)  # type: ignore[arg-type]
+    assert (await log.end_offsets(topics.events)).get(0, 0) == 0, "nothing the expelled member decided"
+
+    running = asyncio.create_task(consume(bus, "owners", [topics.commands], owner, stop, fenced=True))  # type: ignore[arg-type]
+
+    async def decided() -> bool:
+        return bool(await log.committed("owners", topics.commands)) and "job-0" in owner.book.jobs
+
+    try:
+        await wait_until_async(decided, 15, what="the submission decided by the member back in the group")
+    finally:
+        stop.set()
+        await running
+    events = [record async for record in log.read(topics.events, 0)]
+    await log.close()
+    assert bus.refused == 1
+    decoded = [decode_event(record) for record in events]
+    assert [event.type for event in decoded if event is not None].count("JobSubmitted") == 1
+    assert [event.seq for event in decoded if event is not None] == list(range(1, len(events) + 1))

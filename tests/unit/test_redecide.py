@@ -377,3 +377,78 @@ def test_an_export_of_the_commands_leaves_out_what_the_owner_dead_letters_and_sa
             "principal": "admin:ops",
         },
     ]
+
+
+def test_a_schedulers_command_refused_while_no_scheduler_led_re_decides_to_the_same_refusal(
+    tmp_path: Path,
+) -> None:
+    """Found by the nemesis: etcd paused past the leader's lease, the owner read no leader and refused
+    the leader's admission ('no scheduler leads'); the log does not say that none led, so the
+    refusal is tried that way too, not only as the sender's or another's leadership."""
+    job = "nem-26-99cf0bba"
+    spec = {"name": "nem-26", "command": "true", "learners": 1, "gpus": 1}
+    submit = {
+        "command_id": "f142318c-28d7-4c43-9e09-a9759dc13ba9",
+        "correlation_id": None,
+        "data": {"spec": spec},
+        "fencing_token": None,
+        "issued_at": "2026-12-04T16:58:57.870874Z",
+        "job_id": job,
+        "position": "0:128",
+        "principal": "tenant:acme",
+        "producer": "api@vm-7639",
+        "schema_version": 1,
+        "tenant": "acme",
+        "topic": "ffdl.commands",
+        "type": "SubmitJob",
+    }
+    admit = {
+        **submit,
+        "command_id": "30b53d87-76ee-49bf-8442-6cff96987c82",
+        "data": {},
+        "fencing_token": 263,
+        "issued_at": "2026-12-04T16:58:58.182032Z",
+        "position": "0:129",
+        "principal": "scheduler",
+        "producer": "scheduler@vm-7637",
+        "type": "AdmitJob",
+    }
+    submitted = {
+        "causation_id": submit["command_id"],
+        "correlation_id": submit["command_id"],
+        "data": {"spec": spec, "submitted_by": "api@vm-7639"},
+        "event_id": "27affab7-516d-56ec-abbc-a3c26e427685",
+        "fencing_token": None,
+        "job_id": job,
+        "occurred_at": "2026-12-04T16:58:58.176355Z",
+        "position": "0:151",
+        "producer": "owner@vm-7634",
+        "schema_version": 1,
+        "seq": 1,
+        "tenant": "acme",
+        "topic": "ffdl.events",
+        "type": "JobSubmitted",
+    }
+    refused = {
+        **submitted,
+        "causation_id": admit["command_id"],
+        "correlation_id": admit["command_id"],
+        "data": {
+            "command_id": admit["command_id"],
+            "command_type": "AdmitJob",
+            "reason": "fencing token 263 cannot be the leader's: no scheduler leads",
+        },
+        "event_id": "1c98aad4-154c-592f-b54e-bf12a543e765",
+        "occurred_at": "2026-12-04T16:59:01.495138Z",
+        "position": "0:152",
+        "seq": 2,
+        "type": "CommandRejected",
+    }
+    events = tmp_path / "outage.events.jsonl"
+    events.write_text("".join(json.dumps(line) + "\n" for line in (submitted, refused)))
+    commands_beside(events).write_text("".join(json.dumps(line) + "\n" for line in (submit, admit)))
+
+    found = redecide(read_commands(commands_beside(events)), read_log(events), RestartPolicy())
+
+    assert not found.diverged, [divergence.headline() for divergence in found.divergences]
+    assert found.matched == 2

@@ -71,6 +71,17 @@ DRAIN = str(GOLDEN_DIR / "node_drain.events.jsonl")
 DRAIN_JOB = "llama-ft-8c1d"
 
 
+def test_a_rebuild_says_jobs_and_nodes_on_lines_of_their_own(tmp_path: Path) -> None:
+    result = ffdl("replay", DRAIN, "--rebuild", "--out", str(tmp_path / "projections.sqlite"))
+
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("rebuilt ") and "events (0 ignored)" in lines[0]
+    jobs, nodes = lines[1], lines[2]
+    assert jobs.startswith("jobs: ") and "COMPLETED" in jobs and "READY" not in jobs, lines
+    assert nodes.startswith("nodes: ") and "READY" in nodes and "COMPLETED" not in nodes, lines
+
+
 def test_replay_cluster_at_a_moment_mid_run_shows_the_gpus_then_held_and_later_free() -> None:
     mid_run = ffdl("replay", DRAIN, "--cluster", "--at", "2024-05-01T09:00:30Z", "--json")
     later = ffdl("replay", DRAIN, "--cluster", "--at", "2024-05-01T09:05:00Z", "--json")

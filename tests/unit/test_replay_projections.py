@@ -22,7 +22,9 @@ LOGS = sorted(GOLDEN_DIR.glob("*.events.jsonl"))
 OLDER_LOGS = [
     path
     for path in LOGS
-    if not path.name.removesuffix(".events.jsonl").endswith(("_direct_launch", "_principals", "_spec_v2"))
+    if not path.name.removesuffix(".events.jsonl").endswith(
+        ("_direct_launch", "_principals", "_spec_v2", "_bounded_reports", "_specs_and_reports_v2")
+    )
 ]
 
 

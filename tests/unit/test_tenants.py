@@ -8,8 +8,11 @@ import os
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from ffdl.adapters.tenants import Principal, TenantError, TenantRegistry
+from ffdl.cli.main import app
+from ffdl.core.tenancy import DEFAULT_MAX_PRIORITY
 
 
 def test_without_tenants_the_api_is_open_only_when_started_open(tmp_path: Path) -> None:
@@ -74,3 +77,42 @@ def test_the_file_is_replaced_whole_private_and_fsynced(
     # each write: the new file (the inode that then became tenants.json), then its directory
     assert synced[-2:] == [path.stat().st_ino, tmp_path.stat().st_ino]
     assert len(synced) == 4
+
+
+def test_a_tenants_priority_ceiling_is_its_records_or_the_default_and_an_admin_has_none(
+    tmp_path: Path,
+) -> None:
+    registry = TenantRegistry(tmp_path / "tenants.json")
+    registry.add("acme")
+    registry.add("globex", max_priority=500)
+    registry.add("sre", admin=True)
+    assert registry.max_priority("acme") == DEFAULT_MAX_PRIORITY
+    assert registry.max_priority("globex") == 500
+    assert registry.max_priority("sre") is None
+    assert registry.max_priority("stranger") == DEFAULT_MAX_PRIORITY, "a tenant not in the file"
+    registry.set_max_priority("acme", -5)
+    assert TenantRegistry(tmp_path / "tenants.json").max_priority("acme") == -5
+    with pytest.raises(TenantError, match="from -1000 to 1000"):
+        registry.set_max_priority("acme", 1001)
+    with pytest.raises(TenantError, match="no tenant 'nobody'"):
+        registry.set_max_priority("nobody", 1)
+    (tmp_path / "tenants.json").write_text("{not json")
+    assert registry.max_priority("globex") == DEFAULT_MAX_PRIORITY, "an unreadable file lifts no ceiling"
+
+
+def test_an_admin_sets_a_ceiling_with_the_cli_and_an_out_of_range_one_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "tenants.json"
+    monkeypatch.setenv("FFDL_TENANTS_FILE", str(path))
+    runner = CliRunner()
+    added = runner.invoke(app, ["tenants", "add", "acme", "--max-priority", "50", "--json"])
+    assert added.exit_code == 0, added.output
+    assert json.loads(added.output)["max_priority"] == 50
+    assert TenantRegistry(path).max_priority("acme") == 50
+    assert runner.invoke(app, ["tenants", "set", "acme", "--max-priority", "700"]).exit_code == 0
+    assert TenantRegistry(path).max_priority("acme") == 700
+    assert runner.invoke(app, ["tenants", "set", "acme", "--max-priority", "1001"]).exit_code != 0
+    unknown = runner.invoke(app, ["tenants", "set", "globex", "--max-priority", "1"])
+    assert unknown.exit_code != 0 and "no tenant 'globex'" in unknown.output
+    assert TenantRegistry(path).max_priority("acme") == 700

@@ -13,13 +13,14 @@ import uuid
 from datetime import UTC, datetime, timedelta, timezone
 from enum import Enum
 from types import NoneType, UnionType
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import annotated_types
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from pydantic import BaseModel
+from pydantic import AllowInfNan, BaseModel
+from pydantic.fields import FieldInfo
 
 from ffdl.events.codec import (
     AnyEvent,
@@ -97,10 +98,18 @@ JOB_SPECS = st.builds(
 
 def strategy(annotation: Any, metadata: list[Any]) -> st.SearchStrategy[Any]:
     """Values of ``annotation`` within the field's declared bounds, lengths and pattern."""
+    if get_origin(annotation) is Annotated:  # an item's own rules (finite metric values)
+        inner, *rules = get_args(annotation)
+        flat = [
+            rule for given in rules for rule in (given.metadata if isinstance(given, FieldInfo) else (given,))
+        ]
+        return strategy(inner, [*metadata, *flat])
     bounds: dict[str, Any] = {}
     pattern = None
     for rule in metadata:
         match rule:
+            case AllowInfNan():
+                pass  # floats are finite here anyway
             case annotated_types.Ge(ge=bound) | annotated_types.Gt(gt=bound):
                 bounds["min_value"] = bound
                 bounds["exclude_min"] = isinstance(rule, annotated_types.Gt)

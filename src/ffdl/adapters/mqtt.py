@@ -27,6 +27,7 @@ from ffdl.core.authorization import Principal
 from ffdl.core.kinds import JOBS
 from ffdl.events import job_commands as cmd
 from ffdl.events.envelope import Command
+from ffdl.events.reports import bound_metrics
 from ffdl.handlers.aio import Backoff, sleep_or_stop
 from ffdl.handlers.messaging import CommandSender, Topics
 from ffdl.handlers.notifier import Notifier
@@ -64,8 +65,13 @@ def progress_command(sender: CommandSender, topic: str, payload: object) -> Comm
     if not isinstance(payload, bytes | bytearray | str):
         raise ValueError("the payload is not JSON")
     telemetry = Telemetry.model_validate_json(payload)
+    bounded = bound_metrics(telemetry.metrics)  # too many, or badly named: cut, with the reasons
     progress = cmd.ReportProgress(
-        rank=int(parts[5]), attempt=telemetry.attempt, step=telemetry.step, metrics=telemetry.metrics
+        rank=int(parts[5]),
+        attempt=telemetry.attempt,
+        step=telemetry.step,
+        metrics=bounded.metrics,
+        dropped=bounded.dropped,
     )
     return sender.make(JOBS.address(parts[3], parts[1]), progress)
 

@@ -1,4 +1,5 @@
-"""Tenants and their API tokens: a JSON file of names, roles and SHA-256 hashes of the tokens.
+"""Tenants and their API tokens: a JSON file of names, roles, SHA-256 hashes of the tokens and
+priority ceilings (``max_priority``: the highest priority a tenant's jobs may have; admins have none).
 
 A token is shown once, when ``ffdl tenants add`` creates it; only its hash is stored. The file is
 written whole to a temporary file, fsynced, renamed over the old one and the directory fsynced, so
@@ -29,6 +30,7 @@ from typing import Any
 import structlog
 
 from ffdl.core import authorization
+from ffdl.core.tenancy import DEFAULT_MAX_PRIORITY
 
 log = structlog.get_logger(__name__)
 
@@ -138,21 +140,58 @@ class TenantRegistry:
                     return principal
         return None
 
-    def add(self, name: str, *, admin: bool = False) -> str:
-        """Create a tenant and return its token (the only time it is ever shown)."""
+    def max_priority(self, name: str) -> int | None:
+        """The highest priority the tenant ``name``'s jobs may have: its record's ``max_priority``,
+        else :data:`~ffdl.core.tenancy.DEFAULT_MAX_PRIORITY` (also for a tenant the file does not
+        name, one writing its own commands topic); None for an admin (no ceiling). A file that
+        cannot be read gives every tenant the default: it never lifts a ceiling."""
+        with self._lock:
+            self._reload()
+            record = self._records.get(name, {})
+        if record.get("admin", False):
+            return None
+        ceiling = record.get("max_priority")
+        return ceiling if isinstance(ceiling, int) and not isinstance(ceiling, bool) else DEFAULT_MAX_PRIORITY
+
+    def add(self, name: str, *, admin: bool = False, max_priority: int | None = None) -> str:
+        """Create a tenant and return its token (the only time it is ever shown); ``max_priority``:
+        its jobs' priority ceiling (default :data:`~ffdl.core.tenancy.DEFAULT_MAX_PRIORITY`)."""
         if not _NAME.match(name):
             raise TenantError(f"tenant name {name!r} must be a DNS label (lower-case letters, digits, '-')")
         token = f"ffdl_{secrets.token_urlsafe(32)}"
+        record: dict[str, object] = {"token_sha256": _hash(token), "admin": admin}
+        if max_priority is not None:
+            record["max_priority"] = _ceiling(max_priority)
         with self._lock:
             self._reload()
             if self._problem is not None:
                 raise TenantError(f"{self._problem}: fix it before adding a tenant")
             if name in self._records:
                 raise TenantError(f"tenant {name!r} exists already")
-            records = {**self._records, name: {"token_sha256": _hash(token), "admin": admin}}
-            _write_durably(self.path, json.dumps(records, indent=2, sort_keys=True))
-            self._stamp = None
+            self._write({**self._records, name: record})
         return token
+
+    def set_max_priority(self, name: str, max_priority: int) -> None:
+        """Set the tenant ``name``'s priority ceiling (an admin's decision: the CLI, not the API)."""
+        with self._lock:
+            self._reload()
+            if self._problem is not None:
+                raise TenantError(f"{self._problem}: fix it before changing a tenant")
+            if name not in self._records:
+                raise TenantError(f"no tenant {name!r}")
+            record = {**self._records[name], "max_priority": _ceiling(max_priority)}
+            self._write({**self._records, name: record})
+
+    def _write(self, records: dict[str, dict[str, object]]) -> None:
+        _write_durably(self.path, json.dumps(records, indent=2, sort_keys=True))
+        self._stamp = None
+
+
+def _ceiling(max_priority: int) -> int:
+    """A priority ceiling within the priorities a job may have (-1000 to 1000)."""
+    if not -1000 <= max_priority <= 1000:
+        raise TenantError(f"a priority ceiling is from -1000 to 1000, not {max_priority}")
+    return max_priority
 
 
 def _records(loaded: Any) -> dict[str, dict[str, object]]:
@@ -160,7 +199,9 @@ def _records(loaded: Any) -> dict[str, dict[str, object]]:
     if not isinstance(loaded, dict) or not all(
         isinstance(record, dict) and isinstance(record.get("token_sha256"), str) for record in loaded.values()
     ):
-        raise ValueError("not a tenants file: an object of {name: {token_sha256, admin}} is expected")
+        raise ValueError(
+            "not a tenants file: an object of {name: {token_sha256, admin, max_priority}} is expected"
+        )
     return {str(name): dict(record) for name, record in loaded.items()}
 
 

@@ -16,7 +16,10 @@
   is authenticated; manifests parse off the event loop with no YAML aliases; waits, open streams
   and log reads are capped (see :mod:`ffdl.api.dependencies`, :mod:`ffdl.api.followers`).
 * What a tenant is shown of reasons names other tenants' jobs as "another tenant's job"
-  (:mod:`ffdl.api.redaction`); ``/metrics`` is for admins.
+  (:mod:`ffdl.api.redaction`); ``/metrics`` and the details of ``/readyz`` are for admins.
+* Every response carries a Content-Security-Policy (this origin's scripts and styles only, never
+  framed), ``X-Frame-Options: DENY``, ``nosniff`` and ``Referrer-Policy: no-referrer``; FastAPI's
+  CDN-loaded ``/docs`` and ``/redoc`` are off (the document is ``/openapi.json``).
 
 The routes live in :mod:`ffdl.api.routes`, one router per resource; what they share (the caller,
 the platform, the read-your-writes waits, the manifest body) in :mod:`ffdl.api.dependencies`.
@@ -24,6 +27,7 @@ the platform, the read-your-writes waits, the manifest body) in :mod:`ffdl.api.d
 
 from __future__ import annotations
 
+import structlog
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -33,7 +37,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ffdl.api.dependencies import PlatformBackend, field_problems, problem
 from ffdl.api.routes import cluster, dashboard, events, health, jobs, logs, nodes
+from ffdl.api.strict_json import StrictJSONResponse
 from ffdl.wiring.platform import Platform
+
+log = structlog.get_logger(__name__)
 
 
 def create_app(platform: Platform, *, open_api: bool = False, processes: int = 1) -> FastAPI:
@@ -43,12 +50,20 @@ def create_app(platform: Platform, *, open_api: bool = False, processes: int = 1
     demo); without it, no tenant means nobody gets in. ``processes``: how many serve the API in all
     (each admits its share of the open streams)."""
     app = FastAPI(
-        title="ffdl", version="1", summary="Event-sourced multi-tenant deep-learning training platform"
+        title="ffdl",
+        version="1",
+        summary="Event-sourced multi-tenant deep-learning training platform",
+        # FastAPI's /docs and /redoc load their scripts from a CDN onto the dashboard's origin: off.
+        # The document stays at /openapi.json (and docs/openapi.json) for any viewer to read.
+        docs_url=None,
+        redoc_url=None,
+        default_response_class=StrictJSONResponse,
     )
     app.state.backend = PlatformBackend(platform, open_api=open_api, processes=processes)
     app.exception_handler(RequestValidationError)(invalid_request)
     app.exception_handler(HTTPException)(http_problem)
     app.add_middleware(BodyLimit, limit=platform.settings.max_request_bytes)
+    app.add_middleware(SecurityHeaders)
     for routes in (jobs, cluster, events, logs, nodes, health, dashboard):
         app.include_router(routes.router)
     return app
@@ -56,14 +71,68 @@ def create_app(platform: Platform, *, open_api: bool = False, processes: int = 1
 
 async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
     """A request FastAPI could not validate: 422 naming each field (without where it came from)."""
-    return JSONResponse({"detail": field_problems(exc.errors())}, status_code=422)
+    detail = field_problems(exc.errors())
+    refused(request, 422, detail)
+    return JSONResponse({"detail": detail}, status_code=422)
 
 
 async def http_problem(request: Request, exc: HTTPException) -> JSONResponse:
     """Every refusal in the problem format: the routes' own already are; the framework's (an unknown
     path, a method not allowed) are given the field ``(request)``."""
     detail = exc.detail if isinstance(exc.detail, list) else [{"field": "(request)", "message": exc.detail}]
+    refused(request, exc.status_code, detail)
     return JSONResponse({"detail": detail}, status_code=exc.status_code, headers=exc.headers)
+
+
+def refused(request: Request, status: int, detail: list[dict[str, str]]) -> None:
+    """Log a refusal for the operator: who (the tenant, once authenticated), what and why."""
+    log.info(
+        "request refused",
+        tenant=getattr(request.state, "tenant", None),
+        method=request.method,
+        path=request.url.path,
+        status=status,
+        problems=[f"{problem.get('field')}: {problem.get('message')}" for problem in detail],
+    )
+
+
+#: What a browser may do with any response of the API: the dashboard's page runs its own scripts and
+#: styles (files under /ui, no inline code: ``style`` set through the DOM is not inline markup), talks
+#: to this origin only, is never framed (no clickjacking of halt and cancel), sends no referrer and
+#: sniffs no type.
+SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
+    (
+        b"content-security-policy",
+        b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        b"connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
+    ),
+    (b"x-frame-options", b"DENY"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+)
+
+
+class SecurityHeaders:
+    """Add :data:`SECURITY_HEADERS` to every HTTP response (the page, its scripts, the API's JSON,
+    the errors), unless the response set one itself: one place, so no route can forget them."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                present = {name.lower() for name, _ in headers}
+                headers.extend((name, value) for name, value in SECURITY_HEADERS if name not in present)
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
 
 
 class BodyLimit:

@@ -63,6 +63,15 @@ def problem(
     return HTTPException(status, detail=[{"field": field, "message": message}], headers=headers)
 
 
+def event_id(text: str, field: str) -> int:
+    """A stream's cursor as a client sends it back (``Last-Event-ID``, ``after``): a decimal integer
+    of at most :data:`MAX_OFFSET`, else 422 naming ``field`` (never an integer SQLite cannot hold,
+    nor a digit ``int`` refuses, like ``²``)."""
+    if not (text.isascii() and text.isdigit() and len(text) <= 19 and int(text) <= MAX_OFFSET):
+        raise problem(422, f"must be the id of an event: an integer from 0 to {MAX_OFFSET}", field)
+    return int(text)
+
+
 def field_problems(errors: Sequence[Any]) -> list[dict[str, str]]:
     """Pydantic's errors as problems naming each field (without where in the request it was)."""
     return [
@@ -284,6 +293,7 @@ async def principal(request: Request) -> Principal:
     function in a thread, and the hop there and back costs more than the check."""
     tenants: TenantRegistry = request.app.state.backend.tenants
     if tenants.open:
+        request.state.tenant = OPEN.tenant
         return OPEN
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     found = tenants.authenticate(token.strip()) if scheme.lower() == "bearer" and token else None
@@ -293,6 +303,7 @@ async def principal(request: Request) -> Principal:
             detail=[{"field": "Authorization", "message": "a valid bearer token is needed"}],
             headers={"WWW-Authenticate": "Bearer"},
         )
+    request.state.tenant = found.tenant  # for the log line of a refusal (ffdl.api.app)
     return found
 
 

@@ -53,7 +53,11 @@ class HeartbeatView:
             parsed = parse_key(key)
             if parsed is None or parsed.kind != "learner":
                 continue
-            beat = LearnerBeat.from_json(value)
+            try:
+                beat = LearnerBeat.from_json(value)
+            except ValueError as exc:  # the key is the learner's to write: one bad beat breaks no read
+                by_job.setdefault(parsed.job_id, {})[parsed.rank] = {"alive": True, "unreadable": str(exc)}
+                continue
             by_job.setdefault(parsed.job_id, {})[parsed.rank] = {
                 "alive": True,
                 "attempt": beat.attempt,

@@ -85,8 +85,17 @@ def parse_manifest(text: str | bytes) -> JobSpec:
     except (yaml.YAMLError, ValueError, OverflowError, TypeError) as exc:
         if isinstance(exc, ManifestError):
             raise
-        raise ManifestError([("(body)", f"not valid YAML or JSON: {exc}")]) from exc
+        raise ManifestError([("(body)", f"not valid YAML or JSON: {yaml_problem(exc)}")]) from exc
     return spec_from_mapping(raw)
+
+
+def yaml_problem(exc: Exception) -> str:
+    """A YAML error on one line, with where it is: ``line 3, column 7: mapping values are not
+    allowed here`` (PyYAML's own text spans lines and quotes the document)."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        return f"line {mark.line + 1}, column {mark.column + 1}: {exc.problem or exc.context or 'malformed'}"
+    return " ".join(str(exc).split())
 
 
 def spec_from_mapping(raw: Any) -> JobSpec:

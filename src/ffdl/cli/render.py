@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
+import yaml
 from rich.console import Console
+from rich.markup import escape
+from rich.measure import Measurement
 from rich.table import Table
 
 from ffdl.core.states import JobState
@@ -39,6 +42,40 @@ def print_json(value: Any) -> None:
     print(json.dumps(value, indent=2, sort_keys=True))
 
 
+def print_table(table: Table, *, wide: bool = False) -> None:
+    """A table on the terminal; a ``wide`` one as wide as its cells need, past the terminal's width
+    (as kubectl's ``-o wide`` lines run on) rather than squeezed into it."""
+    if wide:
+        needed = Measurement.get(console, console.options.update(width=10_000), table).maximum
+        terminal = console.width
+        console.width = max(terminal, needed)  # print's own width is capped at the console's
+        try:
+            console.print(table)
+        finally:
+            console.width = terminal
+    else:
+        console.print(table)
+
+
+def print_yaml(value: Any) -> None:
+    print(yaml.safe_dump(value, sort_keys=True, allow_unicode=True), end="")
+
+
+def age(iso: str, now: datetime | None = None) -> str:
+    """How long ago, as kubectl writes it: ``12s``, ``3m``, ``5h``, ``4d`` (``2m30s`` under ten minutes)."""
+    then = datetime.fromisoformat(iso)
+    elapsed = int(((now or datetime.now(UTC)) - then).total_seconds())
+    if elapsed < 60:
+        return f"{max(elapsed, 0)}s"
+    minutes, secs = divmod(elapsed, 60)
+    if minutes < 10:
+        return f"{minutes}m{secs}s" if secs else f"{minutes}m"
+    if minutes < 60:
+        return f"{minutes}m"
+    hours = minutes // 60
+    return f"{hours}h" if hours < 48 else f"{hours // 24}d"
+
+
 def _duration(start: str, end: str | None) -> str:
     if end is None:
         return "…"
@@ -61,33 +98,55 @@ def timeline_table(job: dict[str, Any]) -> Table:
     return table
 
 
-def job_table(jobs: list[dict[str, Any]]) -> Table:
+def job_table(jobs: list[dict[str, Any]], *, wide: bool = False, now: datetime | None = None) -> Table:
+    """One row per job: the id and state never cut (the reason folds instead), the age relative;
+    ``wide`` adds the tenant, attempt, restarts, nodes and the submission time."""
     table = Table()
-    for column in ("job", "tenant", "state", "learners", "attempt", "submitted", "reason"):
-        table.add_column(column)
+    longest = max((len(job["job_id"]) for job in jobs), default=3)
+    table.add_column("job", no_wrap=True, min_width=longest)
+    table.add_column("state", no_wrap=True, min_width=10)
+    table.add_column("gpus", no_wrap=True)
+    table.add_column("age", no_wrap=True)
+    if wide:
+        for column in ("tenant", "attempt", "restarts", "nodes", "submitted"):
+            table.add_column(column, no_wrap=column != "nodes")
+    table.add_column("reason", overflow="fold")
     for job in jobs:
-        table.add_row(
+        row = [
             job["job_id"],
-            job["tenant"],
             styled(job["state"]),
-            f"{job['spec']['learners']}x{job['spec']['gpus']} GPU",
-            str(job["attempt"]),
-            job["submitted_at"],
-            job["reason"],
-        )
+            f"{job['spec']['learners']}x{job['spec']['gpus']}",
+            age(job["submitted_at"], now),
+        ]
+        if wide:
+            nodes = sorted({p["node"] for p in job["placement"] or []})
+            row += [
+                job["tenant"],
+                str(job["attempt"]),
+                str(job["restarts"]),
+                ",".join(nodes),
+                when(job["submitted_at"]),
+            ]
+        table.add_row(*row, escape(job["reason"]))
     return table
 
 
-def learners_table(job: dict[str, Any]) -> Table:
+def learners_table(job: dict[str, Any], *, wide: bool = False) -> Table:
+    """The job's learners; ``wide`` adds where each runs (host, pid) and when it last progressed."""
     table = Table(title=f"{job['job_id']}: {styled(job['state'])}")
-    for column in ("rank", "status", "node", "gpus", "step", "metrics", "exit"):
+    columns = ["rank", "status", "node", "gpus", "step", "metrics", "exit"]
+    for column in columns + (["host", "pid", "progressed"] if wide else []):
         table.add_column(column)
     for learner in job["learners"]:
         metrics = ", ".join(f"{k}={v:.4g}" for k, v in sorted(learner["metrics"].items()))
         gpus = ",".join(map(str, learner["gpus"]))
         exit_code = "" if learner["exit_code"] is None else str(learner["exit_code"])
         rank, step = str(learner["rank"]), str(learner["step"])
-        table.add_row(rank, learner["status"], learner["node"], gpus, step, metrics, exit_code)
+        row = [rank, learner["status"], learner["node"], gpus, step, metrics, exit_code]
+        if wide:
+            progressed = learner["last_progress_at"]
+            row += [learner["host"] or "", str(learner["pid"] or ""), age(progressed) if progressed else ""]
+        table.add_row(*row)
     return table
 
 
@@ -213,20 +272,26 @@ def cordon_text(node: dict[str, Any]) -> str:
     return f"{'drain' if cordon['drain'] else 'cordon'} by {cordon['source']}: {cordon['reason']}"
 
 
-def nodes_table(nodes: list[dict[str, Any]]) -> Table:
+def nodes_table(nodes: list[dict[str, Any]], *, wide: bool = False) -> Table:
+    """One row per node; ``wide`` adds since when it has its status, and why."""
     table = Table()
     for column in ("node", "status", "gpus", "cpus", "memory"):
         table.add_column(column, no_wrap=True)
+    if wide:
+        table.add_column("age", no_wrap=True)
+        table.add_column("reason", overflow="fold")
     table.add_column("cordon", overflow="fold")
     for node in nodes:
-        table.add_row(
+        row = [
             node["name"],
             node_status(node["status"]),
             f"{node['gpus']} x {node['gpu_type']}",
             f"{node['cpus']:g}",
             f"{node['memory_mb']} MB",
-            cordon_text(node),
-        )
+        ]
+        if wide:
+            row += [age(node["since"]), escape(node["reason"] or "")]
+        table.add_row(*row, escape(cordon_text(node)))
     return table
 
 

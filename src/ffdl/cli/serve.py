@@ -27,6 +27,7 @@ import uvicorn
 
 from ffdl.adapters.tenants import TenantError, TenantRegistry
 from ffdl.api.app import create_app
+from ffdl.cli.guarded_http import guarded_protocol
 from ffdl.handlers.aio import Backoff, supervise
 from ffdl.wiring.config import Settings
 from ffdl.wiring.platform import ALL_ROLES, HEALTHY_RUN_S, RETRY_MAX_S, Platform
@@ -42,12 +43,17 @@ WORKER_STOP_S = GRACEFUL_SHUTDOWN_S + 10.0
 def api_server(
     platform: Platform, api_url: str, *, open_api: bool = False, processes: int = 1
 ) -> uvicorn.Server:
-    """The API of ``platform`` served at ``api_url``; ``processes``: how many serve it in all."""
+    """The API of ``platform`` served at ``api_url``; ``processes``: how many serve it in all.
+
+    Its HTTP protocol closes connections that take over ``api_header_timeout_s`` to send a request's
+    headers and keeps at most ``api_max_connections`` open (:mod:`ffdl.cli.guarded_http`)."""
     address = urlparse(api_url)
+    settings = platform.settings
     config = uvicorn.Config(
         create_app(platform, open_api=open_api, processes=processes),
         host=address.hostname or "127.0.0.1",
         port=address.port or 8080,
+        http=guarded_protocol(settings.api_header_timeout_s, settings.api_max_connections),
         log_level="warning",
         lifespan="off",
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
@@ -120,6 +126,13 @@ async def serve(settings: Settings, roles: frozenset[str] | None = None, *, open
     """Run ``roles`` until SIGINT/SIGTERM. The API is served only with tenants, or with none when
     ``open_api`` (``--open``) says so: raises :class:`TenantError` before anything starts otherwise."""
     roles = roles or ALL_ROLES
+    if "workers" in roles and settings.launcher == "local" and settings.sandbox == "off":
+        print(
+            "WARNING: FFDL_SANDBOX=off (--no-sandbox): tenant code runs UNCONFINED on this machine: every "
+            "learner sees the host's files and processes and other jobs' learners (docs/security.md)",
+            file=sys.stderr,
+            flush=True,
+        )
     tenants = TenantRegistry(settings.tenants_path, allow_open=open_api)
     if "api" in roles and (problem := tenants.unservable()):
         raise TenantError(f"refusing to serve the API: {problem}")

@@ -14,6 +14,8 @@ with it:
   cordon, drain, observe and remove nodes; the scheduler alone admits, rejects, allocates, preempts
   and records why a job waits, and records what the inventory shows; the platform's other roles
   alone report learners, launch, store and release.
+* A tenant's ``SubmitJob`` above its priority ceiling (:mod:`ffdl.core.tenancy`, from the tenants
+  file the owner is given) is refused: a higher class would preempt other tenants' jobs.
 * The scheduler's authority is its lease: each of its commands counts only with the current leader's
   fencing token. A missing token is a refusal, as is a token when no scheduler leads.
 * :func:`decide_as` is the owner's decision: a redelivered command decides nothing; a command its
@@ -47,6 +49,7 @@ from ffdl.core.aggregate import (
     UnknownAggregate,
     seen,
 )
+from ffdl.core.tenancy import PriorityCeilings, priority_problem
 from ffdl.events import job_commands as cmd
 from ffdl.events import nodes as nd
 from ffdl.events.envelope import Command, CommandData, NodeCommand, NodeCommandData
@@ -208,6 +211,15 @@ def refusal(
     return ""
 
 
+def above_ceiling(principal: Principal, command: object, ceilings: PriorityCeilings | None) -> str:
+    """Why a tenant may not submit ``command`` at its priority (empty when it may): above its
+    ceiling. Only a tenant's submissions are held to it; an admin's and the platform's are not."""
+    data = getattr(command, "data", None)
+    if ceilings is None or principal.kind is not PrincipalKind.TENANT or not isinstance(data, cmd.SubmitJob):
+        return ""
+    return priority_problem(principal.name, data.spec.priority, ceilings(principal.name))
+
+
 def nothing_outside(state: object, command: object) -> str:
     """The outside check of an owner that checks nothing beyond the aggregate (a kind without one)."""
     return ""
@@ -228,15 +240,21 @@ def decide_as(
     producer: str,
     leader_token: int | None,
     outside: OutsideCheck = nothing_outside,
+    ceilings: PriorityCeilings | None = None,
 ) -> list[E]:
-    """The owner's decision on ``command`` sent by ``principal``, as it appends it.
+    """The owner's decision on ``command`` sent by ``principal``, as it appends it; ``ceilings``:
+    the tenants' priority ceilings (None: none known, as when a log is decided again offline).
 
     A redelivered command decides nothing. A refused one (see the module's notes) is recorded as the
     kind's rejection when its aggregate exists; else :class:`Unauthorized` is raised.
     """
     if state is not None and seen(state, command.command_id):
         return []
-    reason = refusal(principal, kind, state, command, leader_token) or outside(state, command)
+    reason = (
+        refusal(principal, kind, state, command, leader_token)
+        or above_ceiling(principal, command, ceilings)
+        or outside(state, command)
+    )
     if not reason:
         return kind.decide(state, command, now, producer=producer, leader_token=leader_token)
     if state is None:

@@ -13,6 +13,7 @@ that checkpoint when the scheduler next gives it GPUs.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 
 from ffdl.core.aggregate import (
@@ -26,12 +27,13 @@ from ffdl.core.aggregate import (
 )
 from ffdl.core.authorization import Senders, job_senders
 from ffdl.core.job import Job, LearnerStatus, WaitRecord, evolve
+from ffdl.core.places import CheckpointPlaces
 from ffdl.core.restart import RestartPolicy
 from ffdl.core.states import JobState
 from ffdl.events import job_commands as cmd
 from ffdl.events import job_events as ev
 from ffdl.events.envelope import Command, CommandData, Event, EventData
-from ffdl.events.model import ErrorCode, LossReason, Placement
+from ffdl.events.model import Checkpoint, ErrorCode, LossReason, Placement
 
 S = JobState
 DECIDER = "decider"
@@ -53,11 +55,15 @@ def decide(
     policy: RestartPolicy | None = None,
     producer: str = DECIDER,
     leader_token: int | None = None,
+    checkpoints: CheckpointPlaces | None = None,
 ) -> list[Event]:
     """The events that ``command`` causes on ``job`` (``None``: the job does not exist yet).
 
     ``leader_token`` is the fencing token of the scheduler's current leader: a fenced command
-    carrying another token comes from a deposed leader and is rejected.
+    carrying another token comes from a deposed leader and is rejected. ``checkpoints``: where each
+    job's checkpoints must lie; a reported checkpoint elsewhere is rejected, and no attempt resumes
+    from one recorded elsewhere (by an older platform). None: anywhere (a decision replayed without
+    the platform's layout).
     """
     decision = _Decision(JOBS, command, now, producer, job)
     data = command.data
@@ -73,11 +79,27 @@ def decide(
     elif is_deposed(command.fencing_token, job.fencing_token, leader_token):
         decision.reject(f"fencing token {command.fencing_token} is not the leader's: sender was deposed")
     else:
-        _decide(decision, job, data, policy or RestartPolicy())
+        _decide(decision, job, data, _Rules(policy or RestartPolicy(), checkpoints))
     return decision.events
 
 
-def _decide(d: _Decision, job: Job, data: CommandData, policy: RestartPolicy) -> None:  # noqa: PLR0915
+@dataclass(frozen=True, slots=True)
+class _Rules:
+    """What a decision is made by besides the job and the command: the platform's configuration."""
+
+    policy: RestartPolicy
+    checkpoints: CheckpointPlaces | None = None
+
+
+def resume_point(job: Job, checkpoints: CheckpointPlaces | None) -> Checkpoint | None:
+    """The checkpoint the job's next attempt starts from: its latest inside its checkpoint place."""
+    if checkpoints is None:
+        return job.latest_checkpoint
+    inside = (c for c in job.checkpoints if checkpoints.problem(job.job_id, c.uri) is None)
+    return max(inside, key=lambda c: (c.step, c.attempt), default=None)
+
+
+def _decide(d: _Decision, job: Job, data: CommandData, rules: _Rules) -> None:  # noqa: PLR0915
     state = job.state
     match data:
         case cmd.SubmitJob():
@@ -93,18 +115,18 @@ def _decide(d: _Decision, job: Job, data: CommandData, policy: RestartPolicy) ->
                 d.reject(problem)
             else:
                 allocated = d.emit(ev.GpusAllocated(placement=placement, reason=reason))
-                d.emit(launch_on_allocation(allocated))
+                d.emit(launch_on_allocation(allocated, rules.checkpoints))
         case cmd.RecordWaitReason(code=code, detail=detail, waiting_for=waiting_for, reserved_nodes=nodes):
             record = WaitRecord(code, detail, waiting_for, nodes)
             if state is S.QUEUED and job.placement is None and not record.same_as(job.waiting):
                 d.emit(ev.JobWaiting(code=code, detail=detail, waiting_for=waiting_for, reserved_nodes=nodes))
         case cmd.BeginLaunch(attempt=attempt):
-            _begin_launch(d, job, attempt)
+            _begin_launch(d, job, attempt, rules.checkpoints)
         case cmd.ReportLearnerStarted(rank=rank, attempt=attempt, pid=pid, host=host):
             if _observes_current(d, job, rank, attempt) and not job.learners[rank].has_started:
                 d.emit(ev.LearnerStarted(rank=rank, attempt=attempt, pid=pid, host=host))
-                _consequences(d, policy)
-        case cmd.ReportProgress(rank=rank, attempt=attempt, step=step, metrics=metrics):
+                _consequences(d, rules)
+        case cmd.ReportProgress(rank=rank, attempt=attempt, step=step, metrics=metrics, dropped=dropped):
             if _observes_current(d, job, rank, attempt):
                 learner = job.learners[rank]
                 if learner.active and (
@@ -112,8 +134,15 @@ def _decide(d: _Decision, job: Job, data: CommandData, policy: RestartPolicy) ->
                 ):
                     if not learner.has_started:
                         d.emit(ev.LearnerStarted(rank=rank, attempt=attempt))
-                    d.emit(ev.LearnerProgressed(rank=rank, attempt=attempt, step=step, metrics=metrics))
-                    _consequences(d, policy)
+                    progressed = ev.LearnerProgressed(
+                        rank=rank, attempt=attempt, step=step, metrics=metrics, dropped=dropped
+                    )
+                    d.emit(progressed)
+                    _consequences(d, rules)
+        case cmd.ReportCheckpoint(checkpoint=checkpoint) if rules.checkpoints is not None and (
+            refusal := rules.checkpoints.problem(job.job_id, checkpoint.uri)
+        ):
+            d.reject(f"checkpoint {checkpoint.uri!r:.300} refused: {refusal}")
         case cmd.ReportCheckpoint(checkpoint=checkpoint):
             known = any(c.uri == checkpoint.uri and c.step == checkpoint.step for c in job.checkpoints)
             usable = state.holds_learners
@@ -127,13 +156,13 @@ def _decide(d: _Decision, job: Job, data: CommandData, policy: RestartPolicy) ->
         case cmd.ReportLearnerExited(rank=rank, attempt=attempt, exit_code=code):
             if _observes_current(d, job, rank, attempt) and job.learners[rank].active:
                 d.emit(ev.LearnerExited(rank=rank, attempt=attempt, exit_code=code))
-                _consequences(d, policy)
+                _consequences(d, rules)
         case cmd.ReportLearnerLost(rank=rank, attempt=attempt, reason=reason, detail=detail):
             if _observes_current(d, job, rank, attempt) and job.learners[rank].active:
                 d.emit(ev.LearnerLost(rank=rank, attempt=attempt, reason=reason, detail=detail))
-                _consequences(d, policy)
+                _consequences(d, rules)
         case cmd.HaltJob(reason=reason, requeue=requeue):
-            _halt(d, job, reason, requeue)
+            _halt(d, job, reason, requeue, rules.checkpoints)
         case cmd.ResumeJob():
             if state is S.HALTED:
                 d.emit(ev.ResumeRequested(requested_by=d.command.producer))
@@ -175,7 +204,7 @@ def _placement_problem(job: Job, placement: Placement) -> str:
     return ""
 
 
-def launch_on_allocation(job: Job) -> ev.JobLaunching:
+def launch_on_allocation(job: Job, checkpoints: CheckpointPlaces | None = None) -> ev.JobLaunching:
     """The launch that begins once a job has its GPUs: its next attempt, from its latest checkpoint (a
     resumed or requeued job goes on where it stopped).
 
@@ -183,7 +212,7 @@ def launch_on_allocation(job: Job) -> ev.JobLaunching:
     in SCHEDULED was allocated by an older owner, which waited for the reactor's ``BeginLaunch``; that
     command still launches it with this same event.
     """
-    return ev.JobLaunching(attempt=job.attempt + 1, resume_from=job.latest_checkpoint)
+    return ev.JobLaunching(attempt=job.attempt + 1, resume_from=resume_point(job, checkpoints))
 
 
 def next_attempt(job: Job) -> int | None:
@@ -195,19 +224,20 @@ def next_attempt(job: Job) -> int | None:
     return None
 
 
-def _begin_launch(d: _Decision, job: Job, attempt: int) -> None:
+def _begin_launch(d: _Decision, job: Job, attempt: int, checkpoints: CheckpointPlaces | None) -> None:
     """A launch after a restart's backoff (or of a job an older owner left in SCHEDULED).
 
-    A relaunch resumes from the latest checkpoint recorded by now, not only by the failure: the
-    learners that outlived the failed one, stopped since, may have saved a newer one on their way
-    out (their agents record it before they report their exit), and it is the one a program that
-    resumes from its newest file will load, so the attempt says truthfully where it starts."""
+    A relaunch resumes from the latest checkpoint recorded by now (inside the job's checkpoint
+    place), not only by the failure: the learners that outlived the failed one, stopped since, may
+    have saved a newer one on their way out (their agents record it before they report their exit),
+    and it is the one a program that resumes from its newest file will load, so the attempt says
+    truthfully where it starts."""
     due = next_attempt(job)
     if due == attempt:
         if job.state is S.SCHEDULED:
-            d.emit(launch_on_allocation(job))
+            d.emit(launch_on_allocation(job, checkpoints))
         else:
-            d.emit(ev.JobLaunching(attempt=attempt, resume_from=job.latest_checkpoint))
+            d.emit(ev.JobLaunching(attempt=attempt, resume_from=resume_point(job, checkpoints)))
     elif not (attempt <= job.attempt and job.state.holds_learners):
         d.reject(f"launch of attempt {attempt} is not due in state {job.state} (attempt {job.attempt})")
 
@@ -220,7 +250,7 @@ def _observes_current(d: _Decision, job: Job, rank: int, attempt: int) -> bool:
     return attempt == job.attempt and job.state.observes_learners
 
 
-def _halt(d: _Decision, job: Job, reason: str, requeue: bool) -> None:
+def _halt(d: _Decision, job: Job, reason: str, requeue: bool, checkpoints: CheckpointPlaces | None) -> None:
     state = job.state
     if state is S.HALTING and job.requeue_on_halt and not requeue:
         d.emit(ev.HaltRequested(reason=reason or "halt requested", requested_by=d.command.producer))
@@ -234,12 +264,12 @@ def _halt(d: _Decision, job: Job, reason: str, requeue: bool) -> None:
     job = d.emit(ev.HaltRequested(reason=reason or "halt requested", requested_by=requester, requeue=requeue))
     nothing_runs = state is S.RESTARTING or not any(learner.active for learner in job.learners)
     if job.state is not S.HALTING or nothing_runs:
-        _halted(d, job)
+        _halted(d, job, checkpoints)
 
 
-def _halted(d: _Decision, job: Job) -> None:
+def _halted(d: _Decision, job: Job, checkpoints: CheckpointPlaces | None) -> None:
     """Every learner has stopped: the job is HALTED, and queues again at once if it was preempted."""
-    checkpoint = job.latest_checkpoint
+    checkpoint = resume_point(job, checkpoints)
     job = d.emit(ev.JobHalted(checkpoint=checkpoint))
     if job.requeue_on_halt:
         d.emit(ev.ResumeRequested(requested_by=d.producer))
@@ -261,13 +291,13 @@ def _failure(job: Job) -> tuple[ErrorCode, str] | None:
     return None
 
 
-def _consequences(d: _Decision, policy: RestartPolicy) -> None:
+def _consequences(d: _Decision, rules: _Rules) -> None:
     """What follows from the learners' state once an observation has been applied."""
     job = d.state
     assert job is not None  # an observation always follows at least one event
     if job.state is S.HALTING:
         if not any(learner.active for learner in job.learners):
-            _halted(d, job)
+            _halted(d, job, rules.checkpoints)
         return
     failure = _failure(job)
     if failure is not None:
@@ -277,8 +307,8 @@ def _consequences(d: _Decision, policy: RestartPolicy) -> None:
                 ev.JobRestarting(
                     attempt=job.attempt + 1,
                     reason=reason,
-                    backoff_s=policy.backoff(job.restarts),
-                    resume_from=job.latest_checkpoint,
+                    backoff_s=rules.policy.backoff(job.restarts),
+                    resume_from=resume_point(job, rules.checkpoints),
                 )
             )
         else:
@@ -297,8 +327,11 @@ class JobKind(AggregateKind[Job, Event, Command, EventData]):
     id_field = "job_id"
     envelopes = (Event, Command)
 
-    def __init__(self, policy: RestartPolicy | None = None) -> None:
+    def __init__(
+        self, policy: RestartPolicy | None = None, checkpoints: CheckpointPlaces | None = None
+    ) -> None:
         self.policy = policy or RestartPolicy()
+        self.checkpoints = checkpoints
 
     def identity(self, item: Event | Command) -> str:
         return item.job_id
@@ -321,7 +354,15 @@ class JobKind(AggregateKind[Job, Event, Command, EventData]):
     def decide(
         self, state: Job | None, command: Command, now: datetime, *, producer: str, leader_token: int | None
     ) -> list[Event]:
-        return decide(state, command, now, policy=self.policy, producer=producer, leader_token=leader_token)
+        return decide(
+            state,
+            command,
+            now,
+            policy=self.policy,
+            producer=producer,
+            leader_token=leader_token,
+            checkpoints=self.checkpoints,
+        )
 
     def event(self, command: Command, state: Job | None, head: EventHead, data: EventData) -> Event:
         tenant = state.tenant if state is not None else command.tenant

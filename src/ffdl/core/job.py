@@ -243,6 +243,7 @@ def start(event: Event) -> Job:
         updated_at=event.occurred_at,
         learners=_fresh_learners(None, event.data.spec.learners),
         history=(StateEntry(state, event.occurred_at, "submitted", 1),),
+        reason="submitted",
         recent_commands=remember((), event.causation_id),
     )
 
@@ -263,7 +264,12 @@ def evolve(job: Job | None, event: Event) -> Job:
     recent = remember(job.recent_commands, event.causation_id)
     history = job.history
     if state is not job.state:
-        history = (*history, StateEntry(state, event.occurred_at, _reason_of(event.data), event.seq))
+        entered = StateEntry(state, event.occurred_at, _reason_of(event.data), event.seq)
+        history = (*history, entered)
+        # the reason is the current state's, the one its entry records (an event's own reason where it
+        # gives one): a reason left from an earlier state ("waiting for GPUs" on a RUNNING job)
+        # answers a question nobody asks any more
+        changes["reason"] = entered.reason
     token = job.fencing_token
     if event.fencing_token is not None:
         token = max(token or 0, event.fencing_token)

@@ -11,14 +11,20 @@ from __future__ import annotations
 from ffdl.core.aggregate import Kinds
 from ffdl.core.decider import JOBS, JobKind
 from ffdl.core.nodes import NODES
+from ffdl.core.places import CheckpointPlaces
 from ffdl.core.restart import RestartPolicy
 
 __all__ = ["JOBS", "KINDS", "NODES", "aggregate_kinds"]
 
 
-def aggregate_kinds(policy: RestartPolicy | None = None) -> Kinds:
-    """Jobs, decided with the restart ``policy`` (default: the default policy), and nodes."""
-    return Kinds(JobKind(policy) if policy is not None else JOBS, NODES)
+def aggregate_kinds(
+    policy: RestartPolicy | None = None, checkpoints: CheckpointPlaces | None = None
+) -> Kinds:
+    """Jobs, decided with the restart ``policy`` (default: the default policy) and the jobs'
+    ``checkpoints`` places (default: anywhere), and nodes."""
+    if policy is None and checkpoints is None:
+        return Kinds(JOBS, NODES)
+    return Kinds(JobKind(policy, checkpoints), NODES)
 
 
 #: Jobs and nodes, with the default restart policy.

@@ -19,8 +19,27 @@ holds or frees counts at once for the next job of the same cycle.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+
+#: The highest priority a tenant's jobs may have unless an admin sets its own ceiling
+#: (``ffdl tenants set NAME --max-priority N``): the ordinary classes (0 to 100) are every tenant's,
+#: the classes above (up to 1000, which preempt the rest) an admin hands out. Admins have no ceiling.
+DEFAULT_MAX_PRIORITY = 100
+
+#: A tenant's priority ceiling by its name (None: no ceiling, an admin's), as the tenants file says.
+PriorityCeilings = Callable[[str], int | None]
+
+
+def priority_problem(tenant: str, priority: int, ceiling: int | None) -> str:
+    """Why ``tenant`` may not submit a job of ``priority`` under ``ceiling`` (empty when it may): a
+    higher class would preempt other tenants' jobs, which only an admin may allow."""
+    if ceiling is None or priority <= ceiling:
+        return ""
+    return (
+        f"priority {priority} is above the ceiling of tenant {tenant!r} ({ceiling}): "
+        "an admin may raise it (ffdl tenants set --max-priority)"
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,7 +34,8 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import annotated_types
 import msgspec
-from pydantic import BaseModel
+from pydantic import AllowInfNan, BaseModel
+from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined, TzInfo
 
 #: An instant as pydantic writes it: seconds, microseconds in six digits or none, ``Z`` or an offset.
@@ -107,6 +108,8 @@ def _meta(metadata: Iterable[Any]) -> msgspec.Meta | None:
                 rules["min_length"] = bound
             case annotated_types.MaxLen(max_length=bound):
                 rules["max_length"] = bound
+            case AllowInfNan(allow_inf_nan=False):
+                pass  # msgspec's JSON decoder never yields NaN or an infinity ("1e999" is out of range)
             case annotated_types.BaseMetadata() if set(getattr(rule, "__dict__", ())) == {"pattern"}:
                 # msgspec searches; validation matches the whole string, so the struct's pattern must too
                 rules["pattern"] = rf"\A(?:{rule.__dict__['pattern']})\Z"
@@ -134,6 +137,12 @@ class _Names:
 
 def _wire_type(annotation: Any, metadata: list[Any], names: _Names) -> tuple[Any, Conversion]:
     """The msgspec type of a field of ``annotation``, and the conversion of what it decodes."""
+    if get_origin(annotation) is Annotated:  # an item's own rules (a map's finite values)
+        inner, *rules = get_args(annotation)
+        flat = [
+            rule for given in rules for rule in (given.metadata if isinstance(given, FieldInfo) else (given,))
+        ]
+        return _wire_type(inner, [*metadata, *flat], names)
     meta = _meta(metadata)
     origin, args = get_origin(annotation), get_args(annotation)
     conversion: Conversion = None

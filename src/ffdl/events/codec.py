@@ -18,6 +18,7 @@ from ffdl.events.envelope import Command, Event, NodeCommand, NodeEvent, Payload
 from ffdl.events.job_commands import COMMAND_TYPES
 from ffdl.events.job_events import EVENT_TYPES
 from ffdl.events.nodes import NODE_COMMAND_TYPES, NODE_EVENT_TYPES
+from ffdl.events.reports import bound_metrics
 
 JsonObject = dict[str, Any]
 #: Anything on the events topic: a job's event or a node's.
@@ -39,12 +40,31 @@ def _spec_defaults(data: JsonObject) -> JsonObject:
     return data
 
 
+def _bounded_progress(data: JsonObject) -> JsonObject:
+    """v1 -> v2 of ``ReportProgress`` and ``LearnerProgressed``: the metrics brought inside the bounds
+    (a v1 log may hold a ``NaN`` loss), each drop with its reason in ``dropped``."""
+    bounded = bound_metrics(data.get("metrics"))
+    return {**data, "metrics": bounded.metrics, "dropped": list(bounded.dropped)}
+
+
+def _bounded_result(data: JsonObject) -> JsonObject:
+    """v1 -> v2 of ``FinishStoring`` and ``JobCompleted``: the result's metrics inside the bounds."""
+    result = data.get("result")
+    if not isinstance(result, dict):
+        return data  # validation says why
+    return {**data, "result": {**result, "metrics": bound_metrics(result.get("metrics")).metrics}}
+
+
 #: (type, version) -> function that turns that version's payload into version + 1.
 UPCASTERS: dict[tuple[str, int], Upcaster] = {
     ("HaltJob", 1): _not_requeued,
     ("HaltRequested", 1): _not_requeued,
     ("SubmitJob", 1): _spec_defaults,
     ("JobSubmitted", 1): _spec_defaults,
+    ("ReportProgress", 1): _bounded_progress,
+    ("LearnerProgressed", 1): _bounded_progress,
+    ("FinishStoring", 1): _bounded_result,
+    ("JobCompleted", 1): _bounded_result,
 }
 
 CE_SPECVERSION = "1.0"
@@ -266,14 +286,16 @@ def event_to_dict(event: AnyEvent) -> JsonObject:
 
 
 def event_to_json(event: AnyEvent) -> bytes:
-    return json.dumps(event_to_dict(event), separators=(",", ":"), sort_keys=True).encode()
+    """The event as the log holds it; a non-finite number (which the models refuse) raises ValueError
+    here rather than reaching the log as a ``NaN`` token."""
+    return json.dumps(event_to_dict(event), separators=(",", ":"), sort_keys=True, allow_nan=False).encode()
 
 
 def command_to_json(command: AnyCommand) -> bytes:
     head = command.model_dump(mode="json", exclude={"data"})
     body = {"type": command.type, "schema_version": command.schema_version, **head}
     body["data"] = command.data.model_dump(mode="json")
-    return json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
+    return json.dumps(body, separators=(",", ":"), sort_keys=True, allow_nan=False).encode()
 
 
 def cloudevent_headers(event: AnyEvent, source: str) -> list[tuple[str, bytes]]:

@@ -13,6 +13,7 @@ from pydantic import Field, field_validator
 from ffdl.events.envelope import CommandData
 from ffdl.events.job_events import Attempt, JobIds, NodeNames, Rank, Reason
 from ffdl.events.model import Checkpoint, ErrorCode, JobSpec, LossReason, Placement, ResultSummary, WaitReason
+from ffdl.events.reports import MAX_STEP, DropReasons, ReportedMetrics
 
 
 class SubmitJob(CommandData):
@@ -68,10 +69,17 @@ class ReportLearnerStarted(CommandData):
 
 
 class ReportProgress(CommandData):
+    """A learner's step and metrics, inside :mod:`ffdl.events.reports`' bounds (a command outside
+    them is refused whole, with the reason, when it is decoded); ``dropped``: why the monitor
+    left metrics out of what the learner reported (v2)."""
+
+    VERSION = 2
+
     rank: Rank
     attempt: Attempt
-    step: Annotated[int, Field(ge=0)]
-    metrics: dict[str, float] = Field(default_factory=dict)
+    step: Annotated[int, Field(ge=0, le=MAX_STEP)]
+    metrics: ReportedMetrics = Field(default_factory=dict)
+    dropped: DropReasons = ()
 
 
 class ReportCheckpoint(CommandData):
@@ -109,6 +117,8 @@ class CancelJob(CommandData):
 
 
 class FinishStoring(CommandData):
+    VERSION = 2  # v2: the result's metrics are finite and bounded
+
     result: ResultSummary
 
 

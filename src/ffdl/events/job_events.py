@@ -16,6 +16,7 @@ from ffdl.events.model import (
     ResultSummary,
     WaitReason,
 )
+from ffdl.events.reports import MAX_STEP, DropReasons, Metrics
 
 Rank = Annotated[int, Field(ge=0)]
 Attempt = Annotated[int, Field(ge=1)]
@@ -89,10 +90,15 @@ class JobRunning(EventData):
 
 
 class LearnerProgressed(EventData):
+    """``dropped`` (v2): why metrics the learner reported were left out (not finite, too many...)."""
+
+    VERSION = 2
+
     rank: Rank
     attempt: Attempt
-    step: Annotated[int, Field(ge=0)]
-    metrics: dict[str, float] = Field(default_factory=dict)
+    step: Annotated[int, Field(ge=0, le=MAX_STEP)]
+    metrics: Metrics = Field(default_factory=dict)
+    dropped: DropReasons = ()
 
 
 class CheckpointRecorded(EventData):
@@ -157,6 +163,8 @@ class JobStoring(EventData):
 
 
 class JobCompleted(EventData):
+    VERSION = 2  # v2: the result's metrics are finite and bounded
+
     result: ResultSummary
 
 

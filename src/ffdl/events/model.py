@@ -9,6 +9,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ffdl.events.reports import Metrics
+
 _NAME = re.compile(r"\A[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?\Z")
 
 #: The learner environment contract: the variables the platform sets for every learner (README, "The
@@ -24,7 +26,7 @@ LEARNER_CONTRACT_VARIABLES = frozenset(
         "FFDL_HEARTBEAT_TTL",
         "FFDL_KEEP_CHECKPOINTS",
         "FFDL_LOG_FILE",
-        "FFDL_REPORT_FILE",
+        "FFDL_REPORT_SOCKET",
         "RANK",
         "WORLD_SIZE",
         "LOCAL_RANK",
@@ -275,7 +277,7 @@ class ResultSummary(Frozen):
     result_dir: str | None = None
     files: int = 0
     size_bytes: int = 0
-    metrics: dict[str, float] = Field(default_factory=dict)
+    metrics: Metrics = Field(default_factory=dict)
 
 
 class FailureKind(StrEnum):

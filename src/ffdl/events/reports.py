@@ -14,9 +14,13 @@ they cannot be encoded as JSON numbers, and a browser's ``JSON.parse`` rejects t
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Annotated, Any
+
+from pydantic import AllowInfNan, Field
 
 #: The most bytes one report (one JSON line) may take; a longer line is dropped unread.
 MAX_REPORT_BYTES = 16 * 1024
@@ -26,6 +30,20 @@ MAX_METRICS = 64
 MAX_METRIC_NAME_LENGTH = 64
 #: The largest step: JSON readers (a browser) hold integers exactly up to 2**53.
 MAX_STEP = 2**53 - 1
+#: The most drop reasons one report keeps; the rest are counted in one more reason.
+MAX_DROP_REASONS = 8
+
+#: A metric's value as the log carries it: a finite number (JSON has no NaN or infinity).
+FiniteFloat = Annotated[float, AllowInfNan(False)]
+#: Metrics as an event declares them: finite, at most :data:`MAX_METRICS` (their names were checked
+#: on the command the event was decided from).
+Metrics = Annotated[dict[str, FiniteFloat], Field(max_length=MAX_METRICS)]
+#: A metric's name as a command declares it.
+MetricName = Annotated[str, Field(min_length=1, max_length=MAX_METRIC_NAME_LENGTH)]
+#: Metrics as a command declares them: what :class:`Metrics` holds, with names of bounded length.
+ReportedMetrics = Annotated[dict[MetricName, FiniteFloat], Field(max_length=MAX_METRICS)]
+#: Why metrics of a report were dropped, as a model declares them.
+DropReasons = Annotated[tuple[Annotated[str, Field(max_length=200)], ...], Field(max_length=MAX_DROP_REASONS)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +96,16 @@ def bound_metrics(raw: object) -> BoundedMetrics:
         names = sorted(kept)
         dropped.append(f"{len(names) - MAX_METRICS} metrics over the limit of {MAX_METRICS} dropped")
         kept = {name: kept[name] for name in names[:MAX_METRICS]}
-    return BoundedMetrics(dict(sorted(kept.items())), tuple(dropped))
+    return BoundedMetrics(dict(sorted(kept.items())), few_reasons(dropped))
+
+
+def few_reasons(reasons: list[str]) -> tuple[str, ...]:
+    """At most :data:`MAX_DROP_REASONS` reasons, each at most 200 characters: a report that drops ten
+    thousand metrics must not carry ten thousand reasons."""
+    if len(reasons) > MAX_DROP_REASONS:
+        more = len(reasons) - (MAX_DROP_REASONS - 1)
+        reasons = [*reasons[: MAX_DROP_REASONS - 1], f"and {more} more dropped"]
+    return tuple(reason[:200] for reason in reasons)
 
 
 def bound_step(raw: object) -> int:
@@ -88,3 +115,33 @@ def bound_step(raw: object) -> int:
     if not 0 <= raw <= MAX_STEP:
         raise ValueError(f"step {raw} is out of range 0..{MAX_STEP}")
     return raw
+
+
+def finite_or_null(value: Any) -> Any:
+    """``value`` (JSON-like: dicts, lists, scalars) with every non-finite float made ``None``.
+
+    What the read side applies to everything it emits, so a record written before the bounds (a
+    ``NaN`` loss in an old log) is still served as JSON that a strict parser accepts.
+    """
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite_or_null(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_or_null(item) for item in value]
+    return value
+
+
+def loads_finite(text: str | bytes) -> Any:
+    """JSON parsed with the non-finite tokens Python writes (``NaN``, ``Infinity``) read as ``None``:
+    how a reader takes a record or document that an older platform wrote with them."""
+    return json.loads(text, parse_constant=_null)
+
+
+def _null(_: str) -> None:
+    return None
+
+
+def strict_dumps(value: Any, **options: Any) -> str:
+    """JSON of ``value`` that a strict parser accepts: non-finite numbers as ``null``, never as tokens."""
+    return json.dumps(finite_or_null(value), allow_nan=False, **options)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ffdl.core.job import Job
 from ffdl.core.kinds import JOBS
+from ffdl.core.places import CheckpointPlaces
 from ffdl.core.reconcile import Action
 from ffdl.events.envelope import CommandData
 from ffdl.events.ids import reaction_command_id
@@ -21,10 +22,12 @@ class ReactionContext:
     launcher: Launcher
     learner_env: Mapping[str, str] = field(default_factory=dict)
     stop_grace_s: float = 10.0
-    #: The job's own directory on this host (its learners' working directory), if it has one here.
+    #: The job's own directory on this host, if it has one here (its learners work in its ``work/``).
     job_dir: Callable[[str], Path | None] = lambda job_id: None
     #: Where else a job's results may be measured (absolute result places).
     result_roots: tuple[Path, ...] = ()
+    #: Where a job's checkpoints must lie: an attempt is never launched from one elsewhere.
+    checkpoints: CheckpointPlaces | None = None
 
     def grace_s(self, job: Job) -> float:
         """How long a stop of ``job``'s learners waits between SIGTERM and SIGKILL: the job's

@@ -8,8 +8,11 @@ a lease just before the agent revokes its lease, so a clean exit is never mistak
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from ffdl.events.reports import MAX_STEP, bound_metrics, bound_step, few_reasons, finite_or_null
 
 JOBS_PREFIX = "/ffdl/jobs/"
 
@@ -27,11 +30,19 @@ def encode_exit(exit_code: int) -> bytes:
     return json.dumps({"exit_code": exit_code}).encode()
 
 
+#: The largest exit record the monitor reads.
+MAX_EXIT_BYTES = 256
+
+
 def parse_exit(value: bytes) -> int:
-    raw = json.loads(value)
-    if not isinstance(raw, dict) or not isinstance(raw.get("exit_code"), int):
-        raise ValueError('exit record must be {"exit_code": int}')
-    return int(raw["exit_code"])
+    """The exit code of an exit record, or :class:`ValueError` (the record is hostile input too)."""
+    if len(value) > MAX_EXIT_BYTES:
+        raise ValueError(f"exit record of {len(value)} bytes is over the limit of {MAX_EXIT_BYTES}")
+    raw = json.loads(value)  # within MAX_EXIT_BYTES no nesting reaches the parser's stack limit
+    code = raw.get("exit_code") if isinstance(raw, dict) else None
+    if isinstance(code, bool) or not isinstance(code, int) or not -(2**31) <= code < 2**31:
+        raise ValueError('exit record must be {"exit_code": int} (32 bits)')
+    return code
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,16 +57,28 @@ def parse_key(key: str) -> ParsedKey | None:
     if not key.startswith(JOBS_PREFIX):
         return None
     parts = key[len(JOBS_PREFIX) :].split("/")
-    if len(parts) == 3 and parts[1] == "learners" and parts[2].isdigit():
+    if len(parts) == 3 and parts[1] == "learners" and _index(parts[2]):
         return ParsedKey("learner", parts[0], int(parts[2]))
-    if len(parts) == 4 and parts[1] == "exits" and parts[2].isdigit() and parts[3].isdigit():
+    if len(parts) == 4 and parts[1] == "exits" and _index(parts[2]) and _index(parts[3]):
         return ParsedKey("exit", parts[0], int(parts[3]), int(parts[2]))
     return None
 
 
+def _index(part: str) -> bool:
+    """Whether a key's part is a rank or an attempt: ASCII digits (``str.isdigit`` takes "²", which
+    ``int`` refuses), at most nine of them."""
+    return part.isascii() and part.isdigit() and len(part) <= 9
+
+
 @dataclass(frozen=True, slots=True)
 class LearnerBeat:
-    """What an agent publishes under its learner key."""
+    """What an agent publishes under its learner key.
+
+    The monitor reads it as hostile input (on Kubernetes the agent runs in the tenant's pod, and
+    anyone holding the job's heartbeat login writes the key): :meth:`from_json` takes only bounded
+    data and brings step and metrics inside :mod:`ffdl.events.reports`' bounds, keeping the
+    reasons of what it dropped in ``dropped``.
+    """
 
     attempt: int
     pid: int | None = None
@@ -68,6 +91,7 @@ class LearnerBeat:
     checkpoint: dict[str, Any] | None = None
     #: Under torchrun, each local worker's step by its global rank (empty for one worker).
     workers: dict[int, int] = field(default_factory=dict)
+    dropped: tuple[str, ...] = ()
 
     def to_json(self) -> bytes:
         return json.dumps(
@@ -84,20 +108,103 @@ class LearnerBeat:
                 "workers": {str(rank): step for rank, step in self.workers.items()},
             },
             sort_keys=True,
+            allow_nan=False,
         ).encode()
 
     @classmethod
     def from_json(cls, value: bytes) -> LearnerBeat:
-        raw = json.loads(value)
+        """The beat in ``value``, or :class:`ValueError` saying why it is none (never anything else).
+
+        A beat larger than :data:`MAX_BEAT_BYTES`, nested deeper than the parser's stack, not an
+        object, or without a positive ``attempt`` is refused whole; a bad step, metrics or
+        checkpoint is dropped with its reason, so the learner still counts as alive.
+        """
+        if len(value) > MAX_BEAT_BYTES:
+            raise ValueError(f"heartbeat of {len(value)} bytes is over the limit of {MAX_BEAT_BYTES}")
+        try:
+            raw = json.loads(value)
+        except RecursionError as exc:
+            raise ValueError("heartbeat nested too deeply") from exc
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"heartbeat is not UTF-8: {exc}") from exc
+        if not isinstance(raw, dict):
+            raise ValueError(f"heartbeat is not a JSON object: {type(raw).__name__}")
+        attempt = raw.get("attempt")
+        if isinstance(attempt, bool) or not isinstance(attempt, int) or not 1 <= attempt <= MAX_STEP:
+            raise ValueError(f"heartbeat attempt {attempt!r:.80} is not a positive integer")
+        dropped: list[str] = []
+        try:
+            step = bound_step(raw.get("step", 0))
+        except ValueError as exc:
+            step = 0
+            dropped.append(str(exc))
+        metrics = bound_metrics(raw.get("metrics"))
+        checkpoint = raw.get("checkpoint")
+        if checkpoint is not None and not isinstance(checkpoint, dict):
+            dropped.append(f"checkpoint is not an object: {type(checkpoint).__name__}")
+            checkpoint = None
+        # read as data only (the monitor validates it as a Checkpoint): a NaN in it is null
+        checkpoint = finite_or_null(checkpoint)
+        host = raw.get("host", "")
+        workers = _workers(raw.get("workers"), dropped)
         return cls(
-            attempt=int(raw["attempt"]),
-            pid=raw.get("pid"),
-            agent_pid=raw.get("agent_pid"),
-            host=str(raw.get("host", "")),
-            step=int(raw.get("step", 0)),
-            metrics={str(k): float(v) for k, v in (raw.get("metrics") or {}).items()},
-            last_progress=float(raw.get("last_progress", 0.0)),
-            started_at=float(raw.get("started_at", 0.0)),
-            checkpoint=raw.get("checkpoint"),
-            workers={int(rank): int(step) for rank, step in (raw.get("workers") or {}).items()},
+            attempt=attempt,
+            pid=_pid(raw.get("pid")),
+            agent_pid=_pid(raw.get("agent_pid")),
+            host=host[:MAX_HOST_LENGTH] if isinstance(host, str) else "",
+            step=step,
+            metrics=metrics.metrics,
+            last_progress=_instant(raw.get("last_progress")),
+            started_at=_instant(raw.get("started_at")),
+            checkpoint=checkpoint,
+            workers=workers,
+            dropped=few_reasons([*dropped, *metrics.dropped]),
         )
+
+
+#: The largest heartbeat value the monitor reads (a beat holds a step, bounded metrics and a checkpoint).
+MAX_BEAT_BYTES = 64 * 1024
+#: The longest host name kept from a beat (a DNS name is at most 253 characters).
+MAX_HOST_LENGTH = 253
+
+
+#: The most workers' steps kept from a beat (a learner runs at most this many torchrun workers).
+MAX_BEAT_WORKERS = 256
+
+
+def _workers(raw: object, dropped: list[str]) -> dict[int, int]:
+    """The workers' steps by global rank, or what of them is well formed (the rest noted in ``dropped``)."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        dropped.append(f"workers is not an object: {type(raw).__name__}")
+        return {}
+    workers: dict[int, int] = {}
+    for rank, step in list(raw.items())[:MAX_BEAT_WORKERS]:
+        try:
+            if not (isinstance(rank, str) and rank.isdigit() and int(rank) < 2**31):
+                raise ValueError(f"worker rank {rank!r:.40} is not a small integer")
+            workers[int(rank)] = bound_step(step)
+        except ValueError as exc:
+            dropped.append(str(exc))
+    if len(raw) > MAX_BEAT_WORKERS:
+        dropped.append(f"{len(raw) - MAX_BEAT_WORKERS} workers over the limit of {MAX_BEAT_WORKERS}")
+    return workers
+
+
+def _pid(raw: object) -> int | None:
+    """A process id, or None for anything that is none (a pid is a positive 32-bit integer)."""
+    if isinstance(raw, bool) or not isinstance(raw, int) or not 0 < raw < 2**31:
+        return None
+    return raw
+
+
+def _instant(raw: object) -> float:
+    """Seconds since the epoch, or 0.0 for anything that is not a finite number."""
+    if isinstance(raw, bool) or not isinstance(raw, int | float):
+        return 0.0
+    try:
+        instant = float(raw)
+    except OverflowError:
+        return 0.0
+    return instant if math.isfinite(instant) else 0.0

@@ -297,14 +297,31 @@ class HeartbeatTracker:
         if parsed.kind == "exit":
             self._on_exit_record(parsed.job_id, parsed.attempt or 0, parsed.rank, value, now)
             return
+        watched = self._watched.get(parsed.job_id)
+        tenant = watched.job.tenant if watched is not None else None
         try:
             beat = LearnerBeat.from_json(value)
-        except (ValueError, KeyError, TypeError) as exc:
-            self._note("warning", "unreadable heartbeat ignored", key=key, error=str(exc))
+        except ValueError as exc:
+            self._note(
+                "warning",
+                "unreadable heartbeat ignored",
+                key=key,
+                job_id=parsed.job_id,
+                tenant=tenant,
+                error=str(exc),
+            )
             return
         previous = self._beats_by_key.get(key)
         self._beats_by_key[key] = beat
-        watched = self._watched.get(parsed.job_id)
+        if beat.dropped and (previous is None or previous.dropped != beat.dropped):
+            self._note(
+                "warning",
+                "learner report cut to the bounds",
+                job_id=parsed.job_id,
+                tenant=tenant,
+                rank=parsed.rank,
+                reasons=list(beat.dropped),
+            )
         if watched is None or beat.attempt != watched.job.attempt:
             return
         new = previous is None or previous.attempt != beat.attempt
@@ -409,9 +426,10 @@ class HeartbeatTracker:
         if not force and now - learner.sent_progress_at < self._progress_interval_s:
             return
         learner.sent_progress, learner.sent_progress_at = current, now
-        self._report(
-            job, cmd.ReportProgress(rank=rank, attempt=beat.attempt, step=beat.step, metrics=beat.metrics)
+        progress = cmd.ReportProgress(
+            rank=rank, attempt=beat.attempt, step=beat.step, metrics=beat.metrics, dropped=beat.dropped
         )
+        self._report(job, progress)
 
     def _maybe_checkpoint(self, job: Job, rank: int, learner: _Learner) -> None:
         beat = learner.beat

@@ -37,15 +37,30 @@ async def launch(job: Job, action: Action, ctx: ReactionContext) -> None:
         env=ctx.learner_env,
     )
     try:
+        _check_resume_point(job, ctx)
         await ctx.launcher.launch(request)
     except Exception as exc:
-        log.exception("launch failed", job_id=job.job_id, attempt=job.attempt)
+        log.exception("launch failed", job_id=job.job_id, tenant=job.tenant, attempt=job.attempt)
         lost = cmd.ReportLearnerLost(
             rank=0, attempt=job.attempt, reason=LossReason.VANISHED, detail=f"launch failed: {exc}"
         )
         await ctx.send(job, action, lost)
         return
     log.info("learners launched", job_id=job.job_id, attempt=job.attempt, learners=job.spec.learners)
+
+
+def _check_resume_point(job: Job, ctx: ReactionContext) -> None:
+    """Refuse (ValueError) to launch from a checkpoint outside the job's checkpoint place.
+
+    Today's owner never resumes from one (it records none), but an older platform believed any
+    checkpoint a learner reported, and its ``JobLaunching`` may name one another tenant planted.
+    The launch then fails, and the restart that follows starts from the latest checkpoint inside.
+    """
+    if job.resume_from is None or ctx.checkpoints is None:
+        return
+    refusal = ctx.checkpoints.problem(job.job_id, job.resume_from.uri)
+    if refusal:
+        raise ValueError(f"resume point {job.resume_from.uri!r:.300} refused: {refusal}")
 
 
 async def relaunch(job: Job, action: Action, ctx: ReactionContext) -> None:

@@ -17,7 +17,9 @@ Four tasks on one event loop share the tracker:
   renewals (every TTL/3) for two thirds of a TTL, and any such stretch keeps a probe outstanding
   for longer than TTL/4, so it is seen as trouble before the expiries it causes are;
 * the flusher: sends the outbox in order, up to :data:`MAX_BATCH` commands per append, and keeps a
-  batch that failed to send it again: the outbox is the only memory of a decided loss.
+  batch that failed to send it again: the outbox is the only memory of a decided loss. A command
+  the log refuses for its size is dropped with a log line (never retried: it would stall every
+  job's reports behind it); the tracker's reports are bounded, so this is a backstop.
 
 The reactor host calls ``observe`` and ``forget`` from its own task on the same loop. The tracker
 is synchronous and its reports are queued, so nothing interleaves with a reaction and a slow log
@@ -46,7 +48,7 @@ from ffdl.handlers.aio import Backoff, sleep_or_stop, until_stopped
 from ffdl.handlers.heartbeat_keys import JOBS_PREFIX
 from ffdl.handlers.heartbeat_tracker import Effect, HeartbeatTracker, Report
 from ffdl.handlers.messaging import CommandSender, utcnow
-from ffdl.handlers.ports import HeartbeatStore, StoreUnavailable, WatchEvent, WatchKind
+from ffdl.handlers.ports import HeartbeatStore, RecordTooLarge, StoreUnavailable, WatchEvent, WatchKind
 
 log = structlog.get_logger(__name__)
 
@@ -206,7 +208,11 @@ class Monitor:
             self._outbox_filled.clear()
             batch = self._outbox[:MAX_BATCH]
             try:
-                await self._sender.send(*batch)
+                try:
+                    await self._sender.send(*batch)
+                except RecordTooLarge:
+                    await self._send_singly(batch)
+                    continue
             except Exception as exc:  # the queue is all that remembers these reports: never drop it
                 delay = backoff.next_delay()
                 log.warning(
@@ -220,3 +226,22 @@ class Monitor:
                 continue
             del self._outbox[: len(batch)]
             backoff.reset()
+
+    async def _send_singly(self, batch: list[Command]) -> None:
+        """Send ``batch`` (the outbox's head) one command at a time, dropping each the log refuses for
+        its size: sending it again could never succeed, and would hold up every job's reports behind
+        it. Each sent or dropped command leaves the outbox at once, so a retry after an outage sends
+        only the rest."""
+        for command in batch:
+            try:
+                await self._sender.send(command)
+            except RecordTooLarge as exc:
+                log.error(
+                    "monitor report dropped: larger than the log accepts",
+                    job_id=command.job_id,
+                    tenant=command.tenant,
+                    command=command.type,
+                    command_id=str(command.command_id),
+                    reason=str(exc),
+                )
+            del self._outbox[0]

@@ -15,7 +15,8 @@ platform's restart policy, and nodes).
 
 Every command is decided for its principal (:func:`~ffdl.handlers.messaging.principal_of`), through
 the gate of :func:`~ffdl.core.authorization.decide_as`: a command its principal may not send (another
-tenant's job, a scheduler's command without the leader's token, a drain from a tenant), or an
+tenant's job, a scheduler's command without the leader's token, a drain from a tenant, a tenant's
+submission above its priority ceiling: ``ceilings``, read from the tenants file), or an
 allocation the cluster cannot give (:mod:`ffdl.handlers.cluster_watch`), is refused, recorded as
 the aggregate's rejection event or, for an aggregate that does not exist, dead-lettered; the owner
 logs each refusal with the principal.
@@ -33,6 +34,7 @@ import structlog
 from ffdl.core.aggregate import CommandEnvelope, Kinds, UnknownAggregate
 from ffdl.core.authorization import Principal, Unauthorized, decide_as
 from ffdl.core.kinds import KINDS
+from ffdl.core.tenancy import PriorityCeilings
 from ffdl.events import job_commands as cmd
 from ffdl.events import job_events as ev
 from ffdl.events import nodes as nd
@@ -61,8 +63,10 @@ class JobOwner(Follower):
         producer: str = "owner",
         kinds: Kinds = KINDS,
         clock: Callable[[], datetime] = utcnow,
+        ceilings: PriorityCeilings | None = None,
     ) -> None:
         super().__init__(bus, topics.commands, topics.events, kinds)
+        self._ceilings = ceilings
         self._bus = bus
         self._topics = topics
         self._election = election
@@ -77,6 +81,11 @@ class JobOwner(Follower):
         self.dead_letters = 0
 
     async def loaded(self, partitions: list[int]) -> None:
+        """Decisions still pending from a fetch that never became durable (the group expelled this
+        member before its flush: :class:`~ffdl.handlers.runtime.StaleMember`) are void: the
+        partitions were just folded again from the log."""
+        if self._pending:
+            self._forget_pending()
         log.info("owning partitions", partitions=partitions, jobs=len(self.book.jobs))
 
     async def process(self, records: Sequence[Record]) -> None:
@@ -176,9 +185,11 @@ class JobOwner(Follower):
             return
         for event in events:
             if isinstance(event.data, ev.CommandRejected | nd.NodeCommandRejected):
+                kind = self.book.kinds.of(command)
                 log.warning(
                     "command refused",
-                    **self.book.kinds.of(command).ids(command),
+                    **kind.ids(command),
+                    tenant=kind.tenant_of(command),
                     command=command.type,
                     command_id=str(command.command_id),
                     principal=str(principal),
@@ -206,6 +217,7 @@ class JobOwner(Follower):
             producer=self._producer,
             leader_token=leader_token,
             outside=self.cluster.view.refusal,
+            ceilings=self._ceilings,
         )
         records = event_records(events, self._producer)
         largest = max((record_size(record) for record in records), default=0)

@@ -49,7 +49,7 @@ from ffdl.events.codec import AnyEvent, DecodeError, trusted_any_event_from_json
 from ffdl.events.job_events import EVENT_TYPES
 from ffdl.events.nodes import NODE_EVENT_TYPES
 from ffdl.handlers.aio import Backoff, sleep_or_stop
-from ffdl.handlers.ports import Bus, BusUnavailable, CommitFailed, Record, TopicPartition
+from ffdl.handlers.ports import Bus, BusUnavailable, CommitFailed, Record, Subscription, TopicPartition
 
 log = structlog.get_logger(__name__)
 
@@ -82,6 +82,10 @@ class FetchProcessor(PartitionProcessor, Protocol):
         """Make durable what ``process`` left pending since the last flush; raise if it cannot be."""
 
 
+class StaleMember(RuntimeError):
+    """The group refused a member before its fetch became durable: it was expelled meanwhile."""
+
+
 async def consume(
     bus: Bus,
     group: str,
@@ -90,8 +94,20 @@ async def consume(
     stop: asyncio.Event,
     *,
     max_records: int = 500,
+    fenced: bool = False,
 ) -> None:
-    """Run ``processor`` as a member of ``group`` until ``stop`` is set."""
+    """Run ``processor`` as a member of ``group`` until ``stop`` is set.
+
+    ``fenced`` (the owners, the one writer of each partition's events): before a fetch's flush,
+    the member commits the offsets the fetch began at, which changes nothing for a member of the
+    group (every record before them is durable already) and is refused to one the group expelled. A
+    member cut off from the broker for longer than its session still holds what it fetched and
+    learns that it lost its partitions only at its next call to the group: without the fence, its
+    first fetch after the cut heals decides against a fold another member has moved past and appends
+    events whose seq is taken (readers ignore them, ``ffdl verify`` reports them). A refused member
+    raises :class:`StaleMember` with nothing flushed; its supervisor starts the role again, which
+    joins the group again and folds what it is given.
+    """
     subscription = await bus.subscribe(group, topics, processor)
     flush = processor.flush if isinstance(processor, FetchProcessor) else None
     backoff = Backoff(0.1, 5.0)
@@ -111,12 +127,16 @@ async def consume(
             for record in records:
                 by_partition[record.where].append(record)
             offsets: dict[TopicPartition, int] = {}
+            began: dict[TopicPartition, int] = {}
             for where, batch in by_partition.items():
                 if where not in subscription.assignment():
                     continue  # revoked while we were fetching: the new owner reads them again
                 await processor.process(batch)
                 offsets[where] = batch[-1].offset + 1
+                began[where] = batch[0].offset
             if flush is not None:
+                if fenced and began:
+                    await _prove_membership(subscription, group, began)
                 await flush()
             try:
                 await subscription.commit(offsets)
@@ -128,6 +148,17 @@ async def consume(
                 )
     finally:
         await subscription.close()
+
+
+async def _prove_membership(subscription: Subscription, group: str, began: dict[TopicPartition, int]) -> None:
+    """Commit where the fetch began; raise :class:`StaleMember` if the group refuses it."""
+    try:
+        await subscription.commit(began)
+    except CommitFailed as exc:
+        log.warning(
+            "the group expelled this member: its fetch is not made durable", group=group, error=str(exc)
+        )
+        raise StaleMember(f"group {group!r} refused this member before its flush: {exc}") from exc
 
 
 def where(record: Record) -> dict[str, object]:

@@ -30,6 +30,7 @@ from ffdl.core.places import is_uri, within
 from ffdl.core.reconcile import Action
 from ffdl.events import job_commands as cmd
 from ffdl.events.model import ResultSummary
+from ffdl.events.reports import bound_metrics
 from ffdl.handlers.context import ReactionContext
 
 log = structlog.get_logger(__name__)
@@ -49,7 +50,9 @@ def _local_place(job: Job, ctx: ReactionContext) -> Path | None:
     path = Path(place)
     if path.is_absolute():
         return path
-    return job_dir / path if job_dir is not None else None
+    # a relative place is where the learner finds it: under its working directory, ``work/`` of the
+    # job's directory (the local launcher's layout), since RESULT_DIR reaches the learner as written
+    return job_dir / "work" / path if job_dir is not None else None
 
 
 def _confined(directory: Path, job: Job, ctx: ReactionContext) -> bool:
@@ -92,6 +95,8 @@ async def store_results(job: Job, action: Action, ctx: ReactionContext) -> None:
     for learner in reversed(job.learners):  # rank 0's metrics win
         metrics.update(dict(learner.metrics))
     shown = str(directory) if directory is not None else job.spec.result_dir
-    summary = ResultSummary(result_dir=shown, files=files, size_bytes=size, metrics=metrics)
+    # each learner's metrics are inside the bounds; all of them together need not be
+    bounded = bound_metrics(metrics).metrics
+    summary = ResultSummary(result_dir=shown, files=files, size_bytes=size, metrics=bounded)
     await ctx.launcher.stop(job.job_id, ctx.grace_s(job))
     await ctx.send(job, action, cmd.FinishStoring(result=summary), cmd.ReleaseGpus())

@@ -2,18 +2,22 @@
 
 It needs nothing but the environment the platform sets for every learner:
 
-* :func:`report_progress` and :func:`report_checkpoint` append one JSON line each to the file named by
-  ``FFDL_REPORT_FILE``; the learner agent tails that file and publishes what it reads in the learner's
-  heartbeat, which is what the monitor turns into progress and checkpoint records;
+* :func:`report_progress` and :func:`report_checkpoint` send one JSON line each over the unix socket
+  named by ``FFDL_REPORT_SOCKET``, which the learner's agent listens on (:mod:`ffdl.learner.channel`);
+  the agent publishes what it takes in the learner's heartbeat, which is what the monitor turns into
+  progress and checkpoint records;
 * :func:`resume_from` is the checkpoint to start from (``FFDL_RESUME_FROM``, empty on a fresh start);
 * :func:`checkpoint_dir` is where checkpoints go (``FFDL_CHECKPOINT_DIR``, shared by the attempts).
 
-Outside the platform ``FFDL_REPORT_FILE`` is unset: reports are then dropped with one warning, so the
-same program runs on a laptop unchanged.
+Outside the platform ``FFDL_REPORT_SOCKET`` is unset: reports are then dropped with one warning, so
+the same program runs on a laptop unchanged. A program that uses no helper still counts as
+progressing while it writes new lines to its output.
 
-Each report is written with a single ``write`` to a descriptor opened with ``O_APPEND`` and closed
-again at once: the agent never sees half a line once the write returned, a report survives the
-program crashing right after it, and no descriptor stays open behind the program's back. The
+Each process keeps one connection (a forked child opens its own, so two processes never write into
+one stream), opened on the first report and again after a failure. Sending never holds the training
+program up for long: connecting and sending are bounded by :data:`SEND_TIMEOUT_S`, and a report that
+cannot be sent in that time is dropped with a warning. A report that was sent survives the program
+crashing right after it (the agent reads what is in the socket after the learner ended). The
 functions are safe to call from several threads; lines from different threads never interleave.
 """
 
@@ -23,18 +27,28 @@ import hashlib
 import json
 import math
 import os
+import socket
+import threading
 import time
 import warnings
 from pathlib import Path
 
 __all__ = ["checkpoint_dir", "report_checkpoint", "report_progress", "resume_from"]
 
-REPORT_FILE_VARIABLE = "FFDL_REPORT_FILE"
+REPORT_SOCKET_VARIABLE = "FFDL_REPORT_SOCKET"
 RESUME_FROM_VARIABLE = "FFDL_RESUME_FROM"
 CHECKPOINT_DIR_VARIABLES = ("FFDL_CHECKPOINT_DIR", "CHECKPOINT_DIR")
 DEFAULT_CHECKPOINT_DIR = "checkpoints"
 
+#: Seconds a report may take to connect and to be sent before it is dropped.
+SEND_TIMEOUT_S = 2.0
+#: The longest path ``connect`` takes for a unix socket (longer ones are reached through their directory).
+_MAX_SOCKET_PATH = 107
+
 _warned_unreported = False
+_lock = threading.Lock()
+#: This process's connection to the agent, and the pid that opened it.
+_connection: tuple[int, socket.socket] | None = None
 
 
 def report_progress(step: int, **metrics: float) -> None:
@@ -92,25 +106,66 @@ def _local_rank() -> dict[str, int]:
 
 def _append(report: dict[str, object]) -> None:
     global _warned_unreported  # noqa: PLW0603 - the one-time warning is process state by nature
-    target = os.environ.get(REPORT_FILE_VARIABLE, "")
+    target = os.environ.get(REPORT_SOCKET_VARIABLE, "")
     if not target:
         if not _warned_unreported:
             _warned_unreported = True
             warnings.warn(
-                f"{REPORT_FILE_VARIABLE} is not set (not running under ffdl): progress and checkpoint "
+                f"{REPORT_SOCKET_VARIABLE} is not set (not running under ffdl): progress and checkpoint "
                 "reports are dropped",
                 RuntimeWarning,
                 stacklevel=3,
             )
         return
     line = (json.dumps(report, separators=(",", ":"), allow_nan=False) + "\n").encode()
-    descriptor = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    with _lock:
+        for attempt in range(2):  # a connection the agent closed is opened again, once
+            try:
+                _send(target, line)
+                return
+            except OSError as error:
+                _disconnect()
+                if attempt == 1 or isinstance(error, TimeoutError):
+                    warnings.warn(f"ffdl report dropped: {error}", RuntimeWarning, stacklevel=3)
+                    return
+
+
+def _send(target: str, line: bytes) -> None:
+    global _connection  # noqa: PLW0603 - one connection per process
+    if _connection is None or _connection[0] != os.getpid():
+        if _connection is not None:
+            _connection[1].detach()  # the parent's: left to the parent, never written here
+        _connection = (os.getpid(), _connect(target))
+    # MSG_NOSIGNAL: a program that restored SIGPIPE must not die of an agent that closed the connection
+    _connection[1].sendall(line, socket.MSG_NOSIGNAL)
+
+
+def _connect(target: str) -> socket.socket:
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    connection.settimeout(SEND_TIMEOUT_S)
     try:
-        written = os.write(descriptor, line)
-    finally:
-        os.close(descriptor)
-    if written != len(line):
-        raise OSError(f"short write to {target}: {written} of {len(line)} bytes")
+        if len(os.fsencode(target)) <= _MAX_SOCKET_PATH:
+            connection.connect(target)
+        else:
+            directory = os.open(os.path.dirname(target), os.O_PATH | os.O_CLOEXEC)
+            try:
+                connection.connect(f"/proc/self/fd/{directory}/{os.path.basename(target)}")
+            finally:
+                os.close(directory)
+    except BaseException:
+        connection.close()
+        raise
+    return connection
+
+
+def _disconnect() -> None:
+    global _connection  # noqa: PLW0603
+    if _connection is not None:
+        if _connection[0] == os.getpid():
+            _connection[1].close()
+        else:
+            _connection[1].detach()
+        _connection = None
 
 
 def _measure(location: Path) -> tuple[int, str]:

@@ -1,13 +1,22 @@
 """The learner agent: runs one learner's command and keeps its heartbeat (architecture §6).
 
-A launcher starts one agent per learner as ``python -m ffdl.learner.agent -- <shell command>``, in a
-new session, with the learner environment (``FFDL_JOB_ID``, ``FFDL_TENANT``, ``FFDL_ATTEMPT``,
-``RANK``, ``FFDL_HEARTBEATS``, ``FFDL_HEARTBEAT_TTL``, ``FFDL_LOG_FILE``, ``FFDL_REPORT_FILE``...).
-The agent runs the command with ``/bin/sh -c`` in its own process group, with the command's
+A launcher starts one agent per learner as ``python -I -u -m ffdl.learner.agent -- <shell command>``
+(isolated: no user site, no working directory on ``sys.path``, no ``PYTHON*`` variable read), in a
+new session, from a working directory the learner cannot write, with the learner environment
+(``FFDL_JOB_ID``, ``FFDL_TENANT``, ``FFDL_ATTEMPT``, ``RANK``, ``FFDL_HEARTBEATS``,
+``FFDL_HEARTBEAT_TTL``, ``FFDL_LOG_FILE``, ``FFDL_REPORT_SOCKET``...). So nothing the learner
+writes is ever imported or read as configuration by the agent: it reads only its environment,
+and what the learner sends it, as bounded data (:mod:`ffdl.learner.channel`).
+
+The agent runs the command with ``/bin/sh -c`` (in ``FFDL_COMMAND_DIR``) with the command's
 environment (the agent's own, less what is the agent's alone, with the job's ``env`` unwrapped:
 :func:`~ffdl.adapters.launchers.environment.command_environment`; the job's env never reaches the
-agent's own interpreter) and, when ``FFDL_RUN_AS=UID:GID`` says so, as that unprivileged user with
-no supplementary groups while the agent keeps the platform's user. For as long as the command runs
+agent's own interpreter). Where the launcher gives a sandbox (``FFDL_SANDBOX``: bwrap's arguments,
+:mod:`ffdl.adapters.launchers.sandbox`) the shell runs inside it, in a cgroup with the learner's
+limits where ``FFDL_CGROUP`` names them and the host has cgroups
+(:mod:`ffdl.adapters.launchers.cgroups`); else in the agent's process group and, when
+``FFDL_RUN_AS=UID:GID`` says so, as that unprivileged user with no supplementary groups while the
+agent keeps the platform's user. For as long as the command runs
 the agent keeps the learner's key
 ``/ffdl/jobs/<job>/learners/<rank>`` in the heartbeat store, bound to a lease, holding a
 :class:`~ffdl.handlers.heartbeat_keys.LearnerBeat`. When the command ends it writes the exit record
@@ -21,8 +30,10 @@ report), four tasks share the in-memory beat, which only this loop touches:
 * the output pump copies the child's stdout and stderr (one pipe) into ``FFDL_LOG_FILE`` as it comes;
   any new output counts as progress (``last_progress``, not ``step``), so a program that uses no
   helper is still watched for hangs;
-* the report tail polls ``FFDL_REPORT_FILE`` for the JSON lines :mod:`ffdl.learner` appends
-  (``progress``: step and metrics, each metric keeping its latest value; ``checkpoint``);
+* the report channel (:class:`~ffdl.learner.channel.ReportChannel`, a unix socket in the agent's
+  working directory, the learner's ``FFDL_REPORT_SOCKET``) takes the JSON lines :mod:`ffdl.learner`
+  sends (``progress``: step and metrics, each metric keeping its latest value; ``checkpoint``, only
+  inside ``FFDL_CHECKPOINT_DIR``), one task per connection;
 * the lease keeper renews the lease every TTL/3. A store outage is not a learner death: while the
   store is unreachable it keeps trying and the learner runs on; when a renewal (or a write of the
   key) finds the lease expired (the outage outlasted the TTL, and etcd expires leases it could not
@@ -34,7 +45,9 @@ report), four tasks share the in-memory beat, which only this loop touches:
 Every store call is bounded by a timeout, so a frozen store looks like an unreachable one.
 
 Signals: a launcher stops a learner by signalling its process group, so SIGTERM (or SIGINT) reaches
-the agent and the command alike. The agent does not die of it: it waits for the command to finish
+the agent and, unsandboxed, the command alike; a sandbox runs in a process group of its own (bwrap
+would die of the signal and take the learner with it at once), so the agent passes the signal on to
+every process inside it. The agent does not die of it: it waits for the command to finish
 (a learner typically checkpoints and exits) and reports that exit as usual. ``/bin/sh`` would die
 of SIGTERM at once and orphan the command it waits for, so the agent prefixes the command with a
 trap that makes the shell wait for its foreground command and then exit with that command's status.
@@ -54,23 +67,30 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, BinaryIO, TypeVar
+from typing import BinaryIO, TypeVar
 
 import structlog
 
 from ffdl.adapters.heartbeats import EtcdCredentials, exit_key, learner_key, open_store
+from ffdl.adapters.launchers.cgroups import LearnerGroup, Limits, joining_command, make_group
 from ffdl.adapters.launchers.environment import (
+    CGROUP_VARIABLE,
+    COMMAND_DIR_VARIABLE,
     HEARTBEATS_PASSWORD_VARIABLE,
     HEARTBEATS_USERNAME_VARIABLE,
+    REPORT_SOCKET_VARIABLE,
     RUN_AS_VARIABLE,
+    SANDBOX_VARIABLE,
+    checkpoint_path,
     command_environment,
 )
+from ffdl.adapters.launchers.sandbox import signal_sandbox
 from ffdl.adapters.processes import exit_code_of, wait_for_exit
-from ffdl.events.job_commands import ReportProgress
 from ffdl.events.model import Checkpoint
 from ffdl.handlers.heartbeat_keys import LearnerBeat, encode_exit
 from ffdl.handlers.ports import HeartbeatStore, StoreUnavailable
 from ffdl.learner import checkpoints
+from ffdl.learner.channel import CheckpointReport, ProgressReport, Report, ReportChannel
 from ffdl.learner.workers import WorkerSteps
 from ffdl.wiring.logging import configure_logging
 
@@ -78,12 +98,12 @@ log = structlog.get_logger(__name__)
 
 DEFAULT_HEARTBEAT_TTL_S = 5.0
 MIN_PUBLISH_INTERVAL_S = 0.25
-REPORT_POLL_INTERVAL_S = 0.1
 OUTPUT_CHUNK_BYTES = 64 * 1024
 OUTPUT_DRAIN_TIMEOUT_S = 2.0
 EXIT_REPORT_TIMEOUT_S = 30.0
 RETRY_INTERVAL_S = 0.5
 MIN_CALL_TIMEOUT_S = 2.0
+CGROUP_RETRY_S = 0.05
 
 SHELL = "/bin/sh"
 # On SIGTERM/SIGINT the shell runs the trap only after its foreground command finished, and then
@@ -108,7 +128,16 @@ class AgentConfig:
     tenant: str = ""
     heartbeat_ttl_s: float = DEFAULT_HEARTBEAT_TTL_S
     log_file: Path | None = None
-    report_file: Path | None = None
+    #: Where the agent listens for reports (its channel's directory); None: no channel.
+    report_dir: Path | None = None
+    #: Where checkpoints may be reported (the job's checkpoint place).
+    checkpoint_dir: str = ""
+    #: Where the command runs; None: the agent's working directory.
+    command_dir: Path | None = None
+    #: bwrap's arguments up to the command; empty: no sandbox.
+    sandbox: tuple[str, ...] = ()
+    #: The learner's cgroup limits; None: none asked for.
+    limits: Limits | None = None
     #: The unprivileged (uid, gid) the command runs as; None: the agent's own user.
     run_as: tuple[int, int] | None = None
     #: The heartbeat store's login (a per-job etcd user on Kubernetes); never the command's.
@@ -135,7 +164,11 @@ class AgentConfig:
             tenant=environ.get("FFDL_TENANT", ""),
             heartbeat_ttl_s=ttl_s,
             log_file=Path(environ["FFDL_LOG_FILE"]) if environ.get("FFDL_LOG_FILE") else None,
-            report_file=Path(environ["FFDL_REPORT_FILE"]) if environ.get("FFDL_REPORT_FILE") else None,
+            report_dir=Path() if environ.get(REPORT_SOCKET_VARIABLE) else None,
+            checkpoint_dir=environ.get("FFDL_CHECKPOINT_DIR", ""),
+            command_dir=Path(environ[COMMAND_DIR_VARIABLE]) if environ.get(COMMAND_DIR_VARIABLE) else None,
+            sandbox=_sandbox(environ.get(SANDBOX_VARIABLE, "")),
+            limits=Limits.from_json(environ[CGROUP_VARIABLE]) if environ.get(CGROUP_VARIABLE) else None,
             run_as=_user_and_group(environ.get(RUN_AS_VARIABLE, "")),
             heartbeats_credentials=_credentials(environ),
         )
@@ -147,6 +180,19 @@ def _credentials(environ: Mapping[str, str]) -> EtcdCredentials | None:
     if bool(username) != bool(password):
         raise ValueError(f"{HEARTBEATS_USERNAME_VARIABLE} and {HEARTBEATS_PASSWORD_VARIABLE} go together")
     return EtcdCredentials(username, password) if username else None
+
+
+def _sandbox(raw: str) -> tuple[str, ...]:
+    if not raw:
+        return ()
+    arguments = json.loads(raw)
+    if (
+        not isinstance(arguments, list)
+        or not all(isinstance(word, str) for word in arguments)
+        or arguments[-1:] != ["--"]
+    ):
+        raise ValueError(f"{SANDBOX_VARIABLE} is not a JSON list of bwrap's arguments ending in --")
+    return tuple(arguments)
 
 
 def _user_and_group(run_as: str) -> tuple[int, int] | None:
@@ -168,42 +214,6 @@ def _parse(
         return kind(raw)
     except ValueError:
         raise ValueError(f"{name}={raw!r} is not a valid {getattr(kind, '__name__', kind)}") from None
-
-
-class ReportTail:
-    """The JSON lines :mod:`ffdl.learner` appended to the report file since the last read."""
-
-    def __init__(self, path: Path | None) -> None:
-        self._path = path
-        self._stream: BinaryIO | None = None
-        self._partial = b""
-
-    def read_new(self) -> list[Any]:
-        if self._path is None:
-            return []
-        if self._stream is None:
-            try:
-                self._stream = self._path.open("rb")
-            except FileNotFoundError:
-                return []
-        data = self._stream.read()
-        if not data:
-            return []
-        *lines, self._partial = (self._partial + data).split(b"\n")
-        reports: list[Any] = []
-        for line in lines:
-            if not line.strip():
-                continue
-            try:
-                reports.append(json.loads(line))
-            except ValueError:
-                log.warning("unreadable learner report ignored", report_file=str(self._path), line=line[:200])
-        return reports
-
-    def close(self) -> None:
-        if self._stream is not None:
-            self._stream.close()
-            self._stream = None
 
 
 class LearnerAgent:
@@ -241,7 +251,12 @@ class LearnerAgent:
         self._lease_doubted = asyncio.Event()
         self._store_reachable = True
         self._stop_signal: int | None = None
-        self._reports = ReportTail(config.report_file)
+        self._sandbox_pid: int | None = None
+        self._channel = (
+            ReportChannel(config.report_dir, self._take_report, self._log, owner=config.run_as)
+            if config.report_dir is not None
+            else None
+        )
         self._checkpoints = checkpoints.scanner_for(config.command_environment, config.rank)
         self._workers = WorkerSteps.from_environment(config.command_environment, config.rank)
 
@@ -256,14 +271,33 @@ class LearnerAgent:
         )
         if self._stop_signal is None:
             self._stop_signal = signum
+        if self._sandbox_pid is not None:
+            signal_sandbox(self._sandbox_pid, signum)
 
     async def run(self) -> int:
         """Run the command to its end; returns its exit code (negative: killed by that signal)."""
         if self._stop_signal is not None:
             self._log.info("stopped before the learner started")
             return await self._finish(-self._stop_signal)
+        group = self._learner_group()
+        try:
+            if self._channel is not None:
+                await self._channel.start()
+            returncode = await self._run_command(group)
+        finally:
+            if self._channel is not None:
+                # what the learner sent before it ended is still in the socket: read it
+                await self._channel.close(OUTPUT_DRAIN_TIMEOUT_S)
+            if group is not None:
+                await self._remove_group(group)
+        return await self._finish(exit_code_of(returncode))
+
+    async def _run_command(self, group: LearnerGroup | None) -> int:
+        """Start the command and keep its heartbeat until it exits; its status."""
         with self._output_sink() as sink:
-            child = self._start_command()
+            child = self._start_command(group)
+            if self._config.sandbox:
+                self._sandbox_pid = child.pid
             self._beat = replace(self._beat, pid=child.pid)
             self._log.info("learner started", pid=child.pid, command=self._command)
             assert child.stdout is not None  # asked for a pipe
@@ -274,7 +308,6 @@ class LearnerAgent:
             helpers = [
                 asyncio.create_task(self._keep_lease()),
                 asyncio.create_task(self._publish()),
-                asyncio.create_task(self._tail_reports()),
             ]
             if self._checkpoints is not None:
                 helpers.append(asyncio.create_task(checkpoints.discover(self._checkpoints, self._found)))
@@ -284,6 +317,7 @@ class LearnerAgent:
                 # hold the pipe open for ever, so the wait for the end of output is bounded.
                 await asyncio.wait({pump}, timeout=OUTPUT_DRAIN_TIMEOUT_S)
             finally:
+                self._sandbox_pid = None
                 if child.returncode is None:
                     child.kill()
                     child.wait()
@@ -291,18 +325,44 @@ class LearnerAgent:
                     task.cancel()
                 await asyncio.gather(pump, *helpers, return_exceptions=True)
                 pipe.close()
-        self._read_reports()
-        self._reports.close()
         if self._checkpoints is not None:
             await checkpoints.final_scan(self._checkpoints, self._found)
-        return await self._finish(exit_code_of(returncode))
+        return returncode
 
-    def _start_command(self) -> subprocess.Popen[bytes]:
-        """The learner's command under ``/bin/sh``, in the agent's process group, output on one pipe,
-        with its own environment and, when the launcher says so, as the unprivileged learner user."""
-        uid, gid = self._config.run_as or (None, None)
+    def _learner_group(self) -> LearnerGroup | None:
+        """The learner's cgroup with its limits, where the launcher asks for one; what cannot be
+        enforced on this host is logged."""
+        if self._config.limits is None:
+            return None
+        group = make_group(self._config.limits)
+        if group.not_enforced:
+            self._log.warning(
+                "learner limits not enforced on this host", controllers=list(group.not_enforced)
+            )
+        return group
+
+    async def _remove_group(self, group: LearnerGroup) -> None:
+        """Remove the learner's cgroup; what its sandbox's init left is killed as the init exits, and
+        may take a moment to leave the group."""
+        deadline = asyncio.get_running_loop().time() + OUTPUT_DRAIN_TIMEOUT_S
+        while problems := group.remove():
+            if asyncio.get_running_loop().time() >= deadline:
+                self._log.warning("learner cgroup left behind", problems=problems)
+                return
+            await asyncio.sleep(CGROUP_RETRY_S)
+
+    def _start_command(self, group: LearnerGroup | None) -> subprocess.Popen[bytes]:
+        """The learner's command under ``/bin/sh``, output on one pipe, with its own environment: in
+        its sandbox and cgroup, in a process group of its own (see the module docstring on signals);
+        or, with no sandbox, in the agent's process group and, when the launcher says so, as the
+        unprivileged learner user."""
+        shell = [SHELL, "-c", SHELL_PRELUDE + self._command]
+        sandboxed = bool(self._config.sandbox)
+        uid, gid = (None, None) if sandboxed else self._config.run_as or (None, None)
+        command = [*self._config.sandbox, *shell] if sandboxed else shell
         return subprocess.Popen(
-            [SHELL, "-c", SHELL_PRELUDE + self._command],
+            joining_command(group, command) if group is not None else command,
+            cwd=self._config.command_dir,
             env=self._config.command_environment,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
@@ -310,6 +370,7 @@ class LearnerAgent:
             user=uid,
             group=gid,
             extra_groups=None if uid is None else [],
+            process_group=0 if sandboxed else None,
         )
 
     # -- the tasks ------------------------------------------------------------------------------
@@ -327,11 +388,6 @@ class LearnerAgent:
                     self._log.error("learner log cannot be written: dropping its output", error=str(error))
             self._beat = replace(self._beat, last_progress=self._clock())
             self._changed.set()
-
-    async def _tail_reports(self) -> None:
-        while True:
-            self._read_reports()
-            await asyncio.sleep(REPORT_POLL_INTERVAL_S)
 
     async def _keep_lease(self) -> None:
         while True:
@@ -388,41 +444,37 @@ class LearnerAgent:
             self._expired_lease = None
         self._changed.set()
 
-    def _read_reports(self) -> None:
-        for report in self._reports.read_new():
-            try:
-                self._apply(report)
-            except (KeyError, TypeError, ValueError) as error:  # ValidationError is a ValueError
-                self._log.warning("invalid learner report ignored", report=report, error=str(error))
-
-    def _apply(self, report: Any) -> None:
-        kind = report["type"]
+    def _take_report(self, report: Report) -> None:
+        """A report from the channel (already bounded): into the beat, or refused with a reason."""
         now = self._clock()
-        if kind == "progress":
-            progress = ReportProgress(
-                rank=self._config.rank,
-                attempt=self._config.attempt,
-                step=report["step"],
-                metrics=report.get("metrics", {}),
-            )
-            metrics = {**self._beat.metrics, **progress.metrics}
-            step = self._workers.report(report.get("local_rank"), progress.step)
+        if isinstance(report, ProgressReport):
+            for reason in report.dropped:
+                self._log.warning("learner metric dropped", reason=reason, local_rank=report.local_rank)
+            metrics = {**self._beat.metrics, **report.metrics}
+            step = self._workers.report(report.local_rank, report.step)
             self._beat = replace(
                 self._beat, step=step, metrics=metrics, workers=self._workers.by_rank, last_progress=now
             )
-        elif kind == "checkpoint":
+        elif isinstance(report, CheckpointReport):
+            problem = self._checkpoint_problem(report.uri)
+            if problem is not None:
+                self._log.warning(
+                    "learner checkpoint refused",
+                    uri=report.uri[:300],
+                    reason=problem,
+                    local_rank=report.local_rank,
+                )
+                return
             checkpoint = Checkpoint(
                 rank=self._config.rank,
                 attempt=self._config.attempt,
-                step=report["step"],
-                uri=report["uri"],
-                size_bytes=report.get("size_bytes", 0),
-                checksum=report.get("checksum", ""),
+                step=report.step,
+                uri=report.uri,
+                size_bytes=report.size_bytes,
+                checksum=report.checksum,
             )
             self._beat = replace(self._beat, checkpoint=checkpoint.model_dump(mode="json"), last_progress=now)
             self._log.info("checkpoint reported", step=checkpoint.step, uri=checkpoint.uri)
-        else:
-            raise ValueError(f"unknown report type {kind!r}")
         self._changed.set()
 
     def _found(self, found: checkpoints.Found) -> None:
@@ -430,15 +482,35 @@ class LearnerAgent:
         known = self._beat.checkpoint
         if known is not None and int(known.get("step", -1)) >= found.step:
             return
-        directory = self._config.command_environment[checkpoints.CHECKPOINT_DIR_VARIABLE]
+        # the directory as the learner sees it (its sandbox binds it at the same path, so it is
+        # also where the agent scanned): inside the job's checkpoint place, as the owner requires
         checkpoint = checkpoints.as_checkpoint(
-            found, directory, rank=self._config.rank, attempt=self._config.attempt
+            found, self._config.checkpoint_dir, rank=self._config.rank, attempt=self._config.attempt
         )
         self._beat = replace(
             self._beat, checkpoint=checkpoint.model_dump(mode="json"), last_progress=self._clock()
         )
         self._log.info("checkpoint discovered", step=checkpoint.step, uri=checkpoint.uri)
         self._changed.set()
+
+    def _checkpoint_problem(self, uri: str) -> str | None:
+        """Why a checkpoint at ``uri`` is not the job's, or None: it must be a ``file://`` path inside
+        the job's checkpoint directory, reached without a symbolic link (which could lead out)."""
+        root = self._config.checkpoint_dir
+        path = checkpoint_path(uri, root) if root else None
+        if path is None:
+            return f"not a file:// path inside the job's checkpoint directory {root!r}"
+        current = Path(root)
+        for part in Path(path).relative_to(root).parts:
+            current = current / part
+            try:
+                if current.is_symlink():
+                    return f"{current} is a symbolic link"
+            except OSError as error:
+                return f"{current}: {error.strerror}"
+        if not current.exists():
+            return "no such file or directory"
+        return None
 
     async def _finish(self, exit_code: int) -> int:
         """Publish the final beat and the exit record, then revoke the lease; bounded by a deadline."""
@@ -473,8 +545,14 @@ class LearnerAgent:
         if self._config.log_file is None:
             yield sys.stdout.buffer
             return
-        self._config.log_file.parent.mkdir(parents=True, exist_ok=True)
-        with self._config.log_file.open("ab") as sink:
+        self._config.log_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # the platform's alone: a job's output may hold what another job must not read
+        descriptor = os.open(
+            self._config.log_file,
+            os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o600,
+        )
+        with os.fdopen(descriptor, "ab") as sink:
             yield sink
 
     def _note_store_reachable(self) -> None:
@@ -505,7 +583,7 @@ async def run_agent(config: AgentConfig, store: HeartbeatStore, command: str) ->
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m ffdl.learner.agent -- COMMAND...``: the words after ``--`` form one shell command."""
+    """``python -I -u -m ffdl.learner.agent -- COMMAND...``: the words after ``--`` form one shell command."""
     configure_logging(os.environ.get("FFDL_LOG_FORMAT", "console"), os.environ.get("FFDL_LOG_LEVEL", "info"))
     words = list(sys.argv[1:] if argv is None else argv)
     if words[:1] == ["--"]:

@@ -7,11 +7,11 @@ projection rebuilt from the log is byte-for-byte the live one.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from ffdl.core.job import Job
 from ffdl.core.nodes import NodeRecord
+from ffdl.events.reports import strict_dumps
 
 JsonObject = dict[str, Any]
 
@@ -105,4 +105,6 @@ def why_summary(answer: JsonObject) -> str:
 
 
 def dumps(document: JsonObject) -> str:
-    return json.dumps(document, sort_keys=True, separators=(",", ":"))
+    """A document as the projection stores it: a non-finite number (only an old log's events can
+    hold one) is stored as null, so every reader gets JSON a strict parser accepts."""
+    return strict_dumps(document, sort_keys=True, separators=(",", ":"))

@@ -41,6 +41,7 @@ from ffdl.events.codec import (
     trusted_any_event_from_json,
 )
 from ffdl.events.position import Position
+from ffdl.events.reports import loads_finite
 from ffdl.projections.documents import JsonObject, dumps, job_document, node_document, why_summary
 
 #: The current states: jobs, nodes; and how far the projection has read each partition.
@@ -395,7 +396,7 @@ class Projection:
 
     def get(self, job_id: str) -> JsonObject | None:
         document = self.get_document(job_id)
-        return json.loads(document) if document is not None else None
+        return loads_finite(document) if document is not None else None
 
     def get_document(self, job_id: str) -> str | None:
         """The job's document as stored (JSON text), for readers that pass it on unparsed."""
@@ -404,7 +405,7 @@ class Projection:
         return str(row[0]) if row else None
 
     def list_jobs(self, **filters: Any) -> list[JsonObject]:
-        return [json.loads(document) for document in self.list_documents(**filters)]
+        return [loads_finite(document) for document in self.list_documents(**filters)]
 
     def list_documents(
         self,
@@ -458,7 +459,7 @@ class Projection:
                 "ORDER BY seq LIMIT ?",
                 (identity, after_seq, limit),
             ).fetchall()
-        return [{**json.loads(body), "position": position} for body, position in rows]
+        return [{**loads_finite(body), "position": position} for body, position in rows]
 
     def state(self, kind: AggregateKind[S, Any, Any, Any], identity: str) -> S | None:
         """The aggregate as its projected events fold: what a writer asks a decider about."""
@@ -477,24 +478,36 @@ class Projection:
                     return str(row[0])
         return None
 
-    def changed_jobs(self, after: int, limit: int = 500) -> tuple[int, list[JsonObject], list[str]]:
+    def changed_jobs(self, after: int, limit: int = 500) -> tuple[int, list[JsonObject], dict[str, str]]:
         """Jobs that changed since history row ``after`` (its rowid; 0: from the start): the last
         row read (what a follower of the job list asks after next), the current documents of those
-        that changed, and the ids of those deleted from the listings.
+        that changed, and the ids of those deleted from the listings with their tenants (from their
+        first event: the document that named it is gone), so a follower is shown only its own.
         Rows only ever append, so the rowid is a cursor over every change in projection order."""
         with self._connection() as db:
             rows = db.execute(
                 "SELECT rowid, job_id FROM history WHERE rowid > ? ORDER BY rowid LIMIT ?", (after, limit)
             ).fetchall()
             if not rows:
-                return after, [], []
+                return after, [], {}
             changed = sorted({job_id for _, job_id in rows})
             documents = db.execute(
                 f"SELECT document FROM jobs WHERE job_id IN ({','.join('?' * len(changed))})", changed
             ).fetchall()
-        found = [json.loads(doc) for (doc,) in documents]
-        gone = sorted(set(changed) - {document["job_id"] for document in found})
-        return int(rows[-1][0]), found, gone
+            found = [loads_finite(doc) for (doc,) in documents]
+            gone = sorted(set(changed) - {document["job_id"] for document in found})
+            owners = (
+                dict(
+                    db.execute(
+                        f"SELECT job_id, json_extract(body, '$.tenant') FROM history"
+                        f" WHERE seq = 1 AND job_id IN ({','.join('?' * len(gone))})",
+                        gone,
+                    ).fetchall()
+                )
+                if gone
+                else {}
+            )
+        return int(rows[-1][0]), found, {job_id: str(owners.get(job_id, "")) for job_id in gone}
 
     def last_change(self) -> int:
         """The cursor of :meth:`changed_jobs` at the present (the last history row)."""
@@ -533,12 +546,12 @@ class Projection:
         """Every node the inventory ever had (removed ones too, with their status), by name."""
         with self._connection() as db:
             rows = db.execute("SELECT document FROM nodes ORDER BY name").fetchall()
-        return [json.loads(doc) for (doc,) in rows]
+        return [loads_finite(doc) for (doc,) in rows]
 
     def node(self, name: str) -> JsonObject | None:
         with self._connection() as db:
             row = db.execute("SELECT document FROM nodes WHERE name = ?", (name,)).fetchone()
-        return json.loads(row[0]) if row else None
+        return loads_finite(row[0]) if row else None
 
     def reached(self, partition: int, offset: int) -> bool:
         """Whether the event at ``partition:offset`` has been applied."""
@@ -565,7 +578,7 @@ class Projection:
                 "SELECT document FROM jobs WHERE json_extract(document, '$.placement') IS NOT NULL "
                 "ORDER BY job_id"
             ).fetchall()
-        return [json.loads(doc) for (doc,) in rows]
+        return [loads_finite(doc) for (doc,) in rows]
 
     def queue(self) -> list[JsonObject]:
         """QUEUED jobs in the order the scheduler considers them (priority, then time queued)."""
@@ -573,7 +586,7 @@ class Projection:
             rows = db.execute(
                 "SELECT document FROM jobs WHERE state = 'QUEUED' ORDER BY priority DESC, queued_at, job_id"
             ).fetchall()
-        return [json.loads(doc) for (doc,) in rows]
+        return [loads_finite(doc) for (doc,) in rows]
 
     def ignored_events(self) -> int:
         with self._connection() as db:

@@ -25,9 +25,10 @@ the run of events at the point the previous commands left off. Where the file do
 owner decided a command, its events do: the owner's clock is their ``occurred_at``, the owner their
 ``producer``. The leader's token the owner checked a fenced command against is the command's own
 when the decision was anything but a refusal (a deposed sender's command is refused); a refusal of
-a fenced command is tried both ways, since the log cannot tell a deposed sender from an illegal
-request. A command that caused no event was decided to nothing (a repeat, a stale observation) and
-must be re-decided to nothing, on its own ``issued_at``.
+a fenced command is tried every way, since the log cannot tell a deposed sender, a sender when no
+scheduler led (the election's lease had lapsed) and an illegal request apart. A command that
+caused no event was decided to nothing (a repeat, a stale observation) and must be re-decided to
+nothing, on its own ``issued_at``.
 
 Three things are told apart from a divergence:
 
@@ -38,7 +39,10 @@ Three things are told apart from a divergence:
   gate is such a change (``principals``): a command recorded without a principal that today's gate
   refuses (a reactor's admission, a scheduler's command checked against no leader, an allocation on
   a node the log never had) is decided again without the gate, as the release before it decided it,
-  and counted under its name when that is the recorded decision.
+  and counted under its name when that is the recorded decision. A checkpoint the owner refused as
+  outside the job's checkpoint place (``checkpoint-places``) is one too: the place is the owner's
+  configuration, not in the log, so checkpoints are decided with no place and such a refusal is
+  taken for the owner's decision.
 * **Commands not decided yet.** The owner decides a partition's commands in offset order and commits
   after appending their events, so every command before the last one of its partition that caused
   an event was decided. A command after it that caused nothing may not have been read yet when the
@@ -76,6 +80,7 @@ from ffdl.core.job import Job, evolve
 from ffdl.core.kinds import JOBS, KINDS, NODES, aggregate_kinds
 from ffdl.core.nodes import NodeRecord
 from ffdl.core.restart import RestartPolicy
+from ffdl.core.tenancy import PriorityCeilings
 from ffdl.events import job_commands as cmd
 from ffdl.events import job_events as ev
 from ffdl.events import nodes as nd
@@ -88,7 +93,7 @@ from ffdl.events.codec import (
     command_to_json,
     event_to_dict,
 )
-from ffdl.events.envelope import Event
+from ffdl.events.envelope import Command, Event
 from ffdl.events.ids import derived_id
 from ffdl.events.position import Position
 from ffdl.handlers.messaging import Topics, misrouted, principal_of
@@ -305,6 +310,29 @@ def _launch_in_the_allocation(
     return [allocated, launching]
 
 
+def _refused_outside_the_place(
+    before: State | None, command: AnyCommand, recorded: Sequence[AnyEvent]
+) -> list[AnyEvent] | None:
+    """A ``ReportCheckpoint`` the owner refused as outside the job's checkpoint place.
+
+    The place is the owner's configuration (the learners' root, ``FFDL_CHECKPOINT_PLACE``), which
+    the log does not hold, so the re-decider decides checkpoints with no place and takes the owner's
+    refusal, recognised by its reason, for the decision the owner made with its place.
+    """
+    if not (
+        isinstance(before, Job)
+        and isinstance(command, Command)
+        and isinstance(command.data, cmd.ReportCheckpoint)
+        and len(recorded) == 1
+        and isinstance(recorded[0], Event)
+        and isinstance(recorded[0].data, ev.CommandRejected)
+        and recorded[0].data.reason.startswith(f"checkpoint {command.data.checkpoint.uri!r:.300} refused: ")
+    ):
+        return None
+    at, owner = recorded[0].occurred_at, recorded[0].producer
+    return list(JOBS.decide(before, command, at, producer=owner, leader_token=None))
+
+
 #: The owner's gate (:func:`~ffdl.core.authorization.decide_as`): who may send what, the scheduler's
 #: commands only with the leader's token, allocations checked against the cluster. A command recorded
 #: without a principal was decided by a release without the gate.
@@ -314,6 +342,7 @@ PRINCIPALS = DecisionChange("principals")
 DECISION_CHANGES: tuple[DecisionChange, ...] = (
     DecisionChange("launch-in-allocation", _launch_in_the_allocation),
     PRINCIPALS,
+    DecisionChange("checkpoint-places", _refused_outside_the_place),
 )
 
 
@@ -453,7 +482,9 @@ def _decided_ways(item: RecordedCommand, caused: Sequence[AnyEvent], owner: str)
     leads = Decided(at, by, token)
     refused = len(caused) == 1 and isinstance(caused[0].data, ev.CommandRejected | nd.NodeCommandRejected)
     if token is not None and refused:
-        return [leads, Decided(at, by, NOT_THE_SENDERS)]
+        # another scheduler led, or the owner could not read the election, or none led (the
+        # leader's lease had lapsed, as in an etcd outage longer than its TTL)
+        return [leads, Decided(at, by, NOT_THE_SENDERS), Decided(at, by, None)]
     return [leads]
 
 
@@ -502,9 +533,10 @@ class _ClusterTimeline:
 class _Folded:
     """The jobs and nodes folded so far from the recorded events, and the one decision step on them."""
 
-    def __init__(self, policy: RestartPolicy) -> None:
+    def __init__(self, policy: RestartPolicy, ceilings: PriorityCeilings | None) -> None:
         self.kinds = aggregate_kinds(policy)
         self.book = Aggregates(self.kinds)
+        self.ceilings = ceilings
 
     def state(self, command: AnyCommand) -> State | None:
         kind = self.kinds.of(command)
@@ -531,6 +563,7 @@ class _Folded:
                 producer=way.by,
                 leader_token=way.leader_token,
                 outside=cluster.refusal,
+                ceilings=self.ceilings,
             )
             return [*decided]
         except UnknownAggregate:
@@ -546,9 +579,12 @@ def redecide(
     events: Iterable[LoggedEvent],
     policy: RestartPolicy,
     changes: Sequence[DecisionChange] = DECISION_CHANGES,
+    ceilings: PriorityCeilings | None = None,
 ) -> Redecided:
     """Decide every command again, each on its job or node folded from the recorded events before it,
-    and compare with the events the log records for it; ``changes``: the known changes of decision."""
+    and compare with the events the log records for it; ``changes``: the known changes of decision;
+    ``ceilings``: the tenants' priority ceilings the owner held submissions to (they are the tenants
+    file's, not the log's: without them a submission refused for its priority diverges)."""
     items = list(commands)
     logged_events = list(events)
     index_of = {(logged.partition, logged.offset): index for index, logged in enumerate(logged_events)}
@@ -558,7 +594,7 @@ def redecide(
     in_file = {item.command.command_id for item in items}
     maybe_undecided = _maybe_undecided(items, causes)
     found = Redecided(commands=len(items), events=read, skipped=skipped)
-    folded = _Folded(policy)
+    folded = _Folded(policy, ceilings)
     cursor = dict.fromkeys(histories, 0)
     owner = "owner"
     for index, item in enumerate(items):
@@ -646,10 +682,12 @@ def _explained(
     return None
 
 
-def redecide_files(events_path: Path | str, policy: RestartPolicy) -> JsonObject:
+def redecide_files(
+    events_path: Path | str, policy: RestartPolicy, ceilings: PriorityCeilings | None = None
+) -> JsonObject:
     """:func:`redecide` over ``NAME.events.jsonl`` and the ``NAME.commands.jsonl`` beside it."""
     commands_path = commands_beside(events_path)
-    found = redecide(read_commands(commands_path), read_log(events_path), policy)
+    found = redecide(read_commands(commands_path), read_log(events_path), policy, ceilings=ceilings)
     log.info("log re-decided", events=str(events_path), commands=found.commands, divergences=found.diverged)
     return {
         "events_file": str(events_path),

@@ -13,7 +13,8 @@ nothing new is placed there.
 The API is served by ``api_workers`` processes (one per usable CPU by default) sharing its port: the
 projection file takes any number of readers. Bounds on what API callers may ask for:
 ``max_request_bytes`` per request body, ``max_followers`` open streams (events, logs) in all and
-``max_followers_per_tenant`` per tenant (each API process admits its share). A job's
+``max_followers_per_tenant`` per tenant (each API process admits its share), ``api_header_timeout_s``
+for a connection to send a request's headers and ``api_max_connections`` open per process. A job's
 ``data_dir`` and ``result_dir`` are URIs the platform never opens (``s3://...``), paths relative
 to the job's own directory, or absolute paths under ``data_roots`` / ``result_roots``
 (``FFDL_DATA_ROOTS='["/data"]'``); with no roots configured no absolute path is accepted.
@@ -38,8 +39,10 @@ from pydantic_settings import (
 
 from ffdl.adapters.bus.kafka_config import KafkaConfig
 from ffdl.adapters.heartbeats.etcd_auth import EtcdConfig
+from ffdl.adapters.launchers.k8s_manifests import CHECKPOINT_DIR
 from ffdl.adapters.launchers.kube_config import KubeConfig
 from ffdl.core.allocator import Node
+from ffdl.core.places import JOB_ID_FIELD, CheckpointPlaces
 from ffdl.core.restart import RestartPolicy
 from ffdl.core.scheduling import SchedulerPolicy
 from ffdl.core.tenancy import TenancyPolicy, TenantQuota
@@ -135,6 +138,11 @@ class Settings(BaseSettings):
         description="local launcher, platform running as root: whom learners' commands run as "
         "(a name, UID or UID:GID; root: as the platform itself, with no isolation)",
     )
+    sandbox: Literal["bwrap", "off"] = Field(
+        default="bwrap",
+        description="local launcher: run every learner in a bubblewrap sandbox (the platform refuses to "
+        "run tenant code when it cannot make one); off: unconfined, the operator's explicit choice",
+    )
     log_format: Literal["console", "json"] = "console"
     log_level: str = "info"
     tenants_file: Path | None = Field(
@@ -144,6 +152,12 @@ class Settings(BaseSettings):
         default=None, description="mqtt://HOST:PORT: retained job status out, telemetry in"
     )
     max_request_bytes: int = Field(default=256 * 1024, gt=0)
+    api_header_timeout_s: float = Field(
+        default=10.0, gt=0, description="seconds a connection has to send a request's headers, whole"
+    )
+    api_max_connections: int = Field(
+        default=1024, ge=1, description="open connections each API process keeps; more are closed at once"
+    )
     direct_tenants: list[Annotated[str, Field(pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")]] = Field(
         default_factory=list,
         description="tenants that write commands to the broker themselves, each to TOPIC_PREFIX.tenant."
@@ -156,6 +170,11 @@ class Settings(BaseSettings):
     )
     result_roots: list[Path] = Field(
         default_factory=list, description="absolute result_dir paths must be under one of these"
+    )
+    checkpoint_place: str | None = Field(
+        default=None,
+        description="where each job's checkpoints must lie: a directory or URI prefix with {job_id} "
+        "(s3://bucket/ckpt/{job_id}); default: the launcher's checkpoint directory of the job",
     )
 
     @classmethod
@@ -230,6 +249,18 @@ class Settings(BaseSettings):
         if not job_id or job_id in (".", "..") or "/" in job_id or "\0" in job_id:
             return None
         return self.work_dir / job_id
+
+    @property
+    def checkpoint_places(self) -> CheckpointPlaces:
+        """Where the owner believes a job's reported checkpoints, and resumes from (DESIGN §6a):
+        ``checkpoint_place``, else the launcher's checkpoint directory as its learners see it (on
+        Kubernetes the job's own volume at one path in every pod; locally ``checkpoints/`` in the
+        job's directory, as :mod:`ffdl.adapters.launchers.local` lays it out)."""
+        if self.checkpoint_place:
+            return CheckpointPlaces(self.checkpoint_place)
+        if self.launcher == "kubernetes":
+            return CheckpointPlaces(CHECKPOINT_DIR)
+        return CheckpointPlaces(f"{self.work_dir.resolve()}/{JOB_ID_FIELD}/checkpoints")
 
     @property
     def projection_path(self) -> Path:

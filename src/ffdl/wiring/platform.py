@@ -42,6 +42,7 @@ from ffdl.adapters.election import open_election
 from ffdl.adapters.heartbeats import EtcdJobUsers, open_job_logins, open_store
 from ffdl.adapters.inventory import ConfiguredInventory
 from ffdl.adapters.launchers.isolation import protect_data_dir
+from ffdl.adapters.tenants import TenantRegistry
 from ffdl.core.authorization import ANONYMOUS, SCHEDULER, Principal
 from ffdl.core.kinds import aggregate_kinds
 from ffdl.handlers.aio import Backoff, supervise
@@ -83,7 +84,12 @@ def open_launcher(
 
         return InstantLauncher(heartbeats, heartbeat_ttl_s=settings.heartbeat_ttl_s)
     from ffdl.adapters.launchers.local import LocalLauncher  # noqa: PLC0415
+    from ffdl.adapters.launchers.sandbox import Sandbox  # noqa: PLC0415
 
+    sandbox = None
+    if settings.sandbox == "bwrap":
+        protected = [settings.data_dir, settings.tenants_path, settings.work_dir]
+        sandbox = Sandbox.for_this_interpreter(protected)
     return LocalLauncher(
         settings.work_dir,
         settings.heartbeats_url,
@@ -91,6 +97,7 @@ def open_launcher(
         user=settings.learner_user,
         log_format=settings.log_format,
         logins=logins,
+        sandbox=sandbox,
     )
 
 
@@ -165,6 +172,7 @@ class Platform:
                 stop_grace_s=s.stop_grace_s,
                 job_dir=s.job_dir,
                 result_roots=tuple(s.result_roots),
+                checkpoints=s.checkpoint_places,
             )
             monitor = Monitor(
                 self.heartbeats,
@@ -179,12 +187,14 @@ class Platform:
                 self.topics,
                 self.election,
                 producer=f"owner@{self.instance}",
-                kinds=aggregate_kinds(self.policy),
+                kinds=aggregate_kinds(self.policy, s.checkpoint_places),
+                ceilings=TenantRegistry(s.tenants_path).max_priority,
             )
             owner, reactor = self.owner, self.reactor
             owners, reactors = self.owners_group, self._group("reactors")
             self._supervise(
-                "owner", lambda: consume(self.bus, owners, [self.topics.commands], owner, self._stop)
+                "owner",
+                lambda: consume(self.bus, owners, [self.topics.commands], owner, self._stop, fenced=True),
             )
             self._supervise(
                 "reactor", lambda: consume(self.bus, reactors, [self.topics.events], reactor, self._stop)

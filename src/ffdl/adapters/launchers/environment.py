@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import posixpath
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -42,7 +43,26 @@ RUN_AS_VARIABLE = "FFDL_RUN_AS"
 #: The heartbeat store's credentials: for the agent, not for the command.
 HEARTBEATS_USERNAME_VARIABLE = "FFDL_HEARTBEATS_USERNAME"
 HEARTBEATS_PASSWORD_VARIABLE = "FFDL_HEARTBEATS_PASSWORD"
-_AGENT_ONLY = frozenset({RUN_AS_VARIABLE, HEARTBEATS_USERNAME_VARIABLE, HEARTBEATS_PASSWORD_VARIABLE})
+#: The sandbox the agent starts the command in (bwrap's arguments, JSON; local launcher).
+SANDBOX_VARIABLE = "FFDL_SANDBOX"
+#: The learner's cgroup limits (JSON; local launcher).
+CGROUP_VARIABLE = "FFDL_CGROUP"
+#: Where the command runs (the agent itself runs elsewhere: in a directory the learner cannot write).
+COMMAND_DIR_VARIABLE = "FFDL_COMMAND_DIR"
+#: Where ``ffdl.learner`` sends its reports: the socket the agent listens on, as the command sees it.
+REPORT_SOCKET_VARIABLE = "FFDL_REPORT_SOCKET"
+#: The socket's name in the agent's working directory, where the agent listens.
+REPORT_SOCKET_NAME = "report.sock"
+_AGENT_ONLY = frozenset(
+    {
+        RUN_AS_VARIABLE,
+        HEARTBEATS_USERNAME_VARIABLE,
+        HEARTBEATS_PASSWORD_VARIABLE,
+        SANDBOX_VARIABLE,
+        CGROUP_VARIABLE,
+        COMMAND_DIR_VARIABLE,
+    }
+)
 
 
 class RefusedEnvironment(ValueError):
@@ -84,11 +104,11 @@ def _check(job_env: Mapping[str, str]) -> None:
 class LearnerSite:
     """Where a launcher runs the learners of one attempt, in the learners' own terms.
 
-    ``files`` holds the agent's file names (``FFDL_LOG_FILE``, ``FFDL_REPORT_FILE``) a launcher
-    sets; ``worker_addresses`` where each learner's TensorFlow server listens (a job of another
-    framework ignores them); ``base`` is what lies under everything (what the learner keeps of the
-    launcher process's environment, the learner's home, an image's defaults), overridden by the
-    request and the contract, and, for the command only, by the job's env.
+    ``files`` holds the agent's file and socket names (``FFDL_LOG_FILE``, ``FFDL_REPORT_SOCKET``) a
+    launcher sets; ``worker_addresses`` where each learner's TensorFlow server listens (a job of
+    another framework ignores them); ``base`` is what lies under everything (what the learner keeps
+    of the launcher process's environment, the learner's home, an image's defaults), overridden by
+    the request and the contract, and, for the command only, by the job's env.
     """
 
     master_addr: str
@@ -103,9 +123,24 @@ class LearnerSite:
     worker_addresses: Sequence[str] = ()
 
 
-def resume_path(checkpoint: Checkpoint | None) -> str:
-    """``FFDL_RESUME_FROM``: the checkpoint to resume from as a path (``file://`` dropped), or ""."""
-    return checkpoint.uri.removeprefix("file://") if checkpoint else ""
+def checkpoint_path(uri: str, checkpoint_dir: str) -> str | None:
+    """The path a ``file://`` checkpoint ``uri`` names when it lies inside ``checkpoint_dir`` (by its
+    words: ``..`` cannot climb out), else None. Symbolic links are the caller's to refuse."""
+    if not uri.startswith("file:///") or "\0" in uri:
+        return None
+    path = posixpath.normpath(uri.removeprefix("file://"))
+    root = posixpath.normpath(checkpoint_dir)
+    if not posixpath.isabs(root) or path == root or not path.startswith(root.rstrip("/") + "/"):
+        return None
+    return path
+
+
+def resume_path(checkpoint: Checkpoint | None, checkpoint_dir: str) -> str:
+    """``FFDL_RESUME_FROM``: the checkpoint to resume from as a path inside ``checkpoint_dir``, or ""
+    (a fresh start, or a checkpoint recorded outside it, which no learner is handed)."""
+    if checkpoint is None:
+        return ""
+    return checkpoint_path(checkpoint.uri, checkpoint_dir) or ""
 
 
 #: The ``framework`` names (in any case) that get a ``TF_CONFIG``.
@@ -234,7 +269,7 @@ def learner_environment(
         "FFDL_TENANT": request.tenant,
         "FFDL_ATTEMPT": str(request.attempt),
         "FFDL_CHECKPOINT_DIR": site.checkpoint_dir,
-        "FFDL_RESUME_FROM": resume_path(request.resume_from),
+        "FFDL_RESUME_FROM": resume_path(request.resume_from, site.checkpoint_dir),
         "FFDL_HEARTBEATS": site.heartbeats_url,
         "FFDL_HEARTBEAT_TTL": str(site.heartbeat_ttl_s),
         "FFDL_KEEP_CHECKPOINTS": str(spec.keep_checkpoints),

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import pwd
 import stat
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +33,12 @@ DATA_DIR_MODE = 0o700
 TRAVERSE_ONLY_MODE = 0o711
 #: Directories a learner owns: its working directory, checkpoints and results.
 LEARNER_DIR_MODE = 0o700
+#: Directories only the platform enters: a job's logs, pidfiles and report channels.
+PLATFORM_DIR_MODE = 0o700
+
+
+class LearnersCannotRun(RuntimeError):
+    """No learner could run as this launcher is set up; the message names the cause and the fix."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,11 +164,14 @@ def make_directory(path: Path, mode: int, owner: LearnerUser | None = None) -> N
     path.chmod(mode)
 
 
-def make_learner_file(path: Path, owner: LearnerUser | None) -> None:
-    """Create an empty file the learner appends to (its reports), owned by the learner."""
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        if owner is not None:
-            os.fchown(descriptor, owner.uid, owner.gid)
-    finally:
-        os.close(descriptor)
+def check_interpreter_reachable(user: LearnerUser, python: str) -> None:
+    """Refuse to start when unsandboxed learners, run as ``user``, could not run ``python`` (a Python
+    under ``/root``, mode 0700): every job would fail with exit status 127, restart after restart."""
+    needed = {Path(python).parent, Path(python).resolve().parent, Path(sys.prefix), Path(sys.base_prefix)}
+    unreachable = sorted(str(directory) for directory in needed if not user.can_enter(directory))
+    if unreachable:
+        raise LearnersCannotRun(
+            f"the learner user {user.name} cannot reach this Python ({python}: {', '.join(unreachable)} "
+            "closed to it), so no learner could run; run learners sandboxed (the default, FFDL_SANDBOX), "
+            "install Python where others can reach it, or set FFDL_LEARNER_USER"
+        )

@@ -17,7 +17,7 @@ learner, lower-cased DNS labels of at most 63 characters; a job id that is not a
 labels ``ffdl.io/job``, ``ffdl.io/tenant``, ``ffdl.io/attempt`` and ``ffdl.io/rank`` select and
 describe the objects; the exact job id and tenant are also kept in annotations, which allow any text.
 
-Each learner runs ``tini -s -g -- python -m ffdl.learner.agent -- <command>``: the container runtime
+Each learner runs ``tini -s -g -- python -I -u -m ffdl.learner.agent -- <command>``: the container runtime
 signals only the container's first process, and tini forwards SIGTERM to the whole process group,
 so the agent and the learner's command both get it, as they do from the local launcher.
 
@@ -38,6 +38,8 @@ from urllib.parse import urlsplit
 from ffdl.adapters.launchers.environment import (
     HEARTBEATS_PASSWORD_VARIABLE,
     HEARTBEATS_USERNAME_VARIABLE,
+    REPORT_SOCKET_NAME,
+    REPORT_SOCKET_VARIABLE,
     LearnerSite,
     learner_command,
     learner_environment,
@@ -64,7 +66,8 @@ RENDEZVOUS_PORT_NAME = "rendezvous"
 WORK_DIR = "/ffdl/work"
 CHECKPOINT_DIR = "/ffdl/checkpoints"
 RESULT_DIR = "/ffdl/results"
-REPORT_FILE = f"{WORK_DIR}/.ffdl-reports.jsonl"
+#: The agent listens in its working directory (the learner's, in its own pod: the pod is the boundary).
+REPORT_SOCKET = f"{WORK_DIR}/{REPORT_SOCKET_NAME}"
 #: The key of the password in a job's heartbeat-login Secret.
 PASSWORD_KEY = "password"
 DNS_PORT = 53
@@ -100,6 +103,9 @@ class PodSettings:
     service_account: str | None = None
     storage_claim: str | None = None
     run_as_user: int = 1000
+    #: The most each scratch volume (/tmp, the working directory) may hold: the kubelet evicts a pod
+    #: past it, so one job's learner cannot fill a node's disk under other tenants' pods.
+    scratch_limit_mb: int = 16384
     termination_grace_s: int = 30
     gpu_type_labels: tuple[str, ...] = ("ffdl.io/gpu-type", "nvidia.com/gpu.product")
     entrypoint: tuple[str, ...] = ("tini", "-s", "-g", "--")
@@ -313,7 +319,7 @@ def pod_manifest(
         default_result_dir=RESULT_DIR,
         heartbeats_url=settings.heartbeats_url,
         heartbeat_ttl_s=settings.heartbeat_ttl_s,
-        files={"FFDL_REPORT_FILE": REPORT_FILE},
+        files={REPORT_SOCKET_VARIABLE: REPORT_SOCKET},
         # The container's log is the learner's output: the agent adds only its warnings, as JSON.
         base={"HOME": WORK_DIR, "FFDL_LOG_LEVEL": "warning", "FFDL_LOG_FORMAT": "json"},
         # Every pod has an address of its own: TensorFlow's servers share the rendezvous port.
@@ -332,6 +338,7 @@ def pod_manifest(
         **{LABEL_ATTEMPT: str(request.attempt), LABEL_RANK: str(learner.rank)},
     )
     metadata["ownerReferences"] = [owner_reference(owner)]
+    scratch = {"sizeLimit": f"{settings.scratch_limit_mb}Mi"}
     pod_spec: KubeObject = {
         "restartPolicy": "Never",
         "hostname": name,
@@ -361,6 +368,8 @@ def pod_manifest(
                 "command": [
                     *settings.entrypoint,
                     settings.python,
+                    "-I",
+                    "-u",
                     "-m",
                     "ffdl.learner.agent",
                     "--",
@@ -387,8 +396,8 @@ def pod_manifest(
             }
         ],
         "volumes": [
-            {"name": "tmp", "emptyDir": {}},
-            {"name": "work", "emptyDir": {}},
+            {"name": "tmp", "emptyDir": scratch},
+            {"name": "work", "emptyDir": scratch},
             *_storage_volumes(settings),
         ],
     }

@@ -21,6 +21,12 @@ class KubeConfig(BaseModel):
     service_account: str | None = None
     storage_claim: str | None = Field(default=None, description="ReadWriteMany PVC: checkpoints, results")
     run_as_user: int = Field(default=1000, gt=0)
+    scratch_limit_mb: int = Field(
+        default=16384,
+        ge=16,
+        description="each scratch volume of a learner pod (/tmp, its working directory): past it the kubelet "
+        "evicts the pod, before it fills the node's disk",
+    )
     rendezvous_port: int = Field(default=29500, gt=0, lt=65536)
     cluster_domain: str = "cluster.local"
     gpu_type_labels: list[str] = Field(default_factory=lambda: ["ffdl.io/gpu-type", "nvidia.com/gpu.product"])

@@ -256,6 +256,7 @@ class KubernetesCluster:
             service_account=kube.service_account,
             storage_claim=kube.storage_claim,
             run_as_user=kube.run_as_user,
+            scratch_limit_mb=kube.scratch_limit_mb,
             termination_grace_s=math.ceil(stop_grace_s),
             gpu_type_labels=tuple(kube.gpu_type_labels),
             dns_peer=kube.dns_peer,

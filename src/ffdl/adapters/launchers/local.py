@@ -1,26 +1,31 @@
 """The local launcher: every learner is a process on this machine, under a learner agent (architecture §6).
 
-Each learner runs as ``python -m ffdl.learner.agent -- <command>`` in a new session, so the agent
-and every process of the learner form one process group whose id is the agent's pid; stopping a
-learner signals that group. A job's files live under ``work_dir/<job_id>/`` (the learners' root,
-outside the platform's data directory)::
+Each learner runs as ``python -I -u -m ffdl.learner.agent -- <command>`` in a new session, so the
+agent is the leader of a process group whose id is its pid; stopping a learner signals that group
+(the agent passes the signal on into the learner's sandbox). A job's files live under
+``work_dir/<job_id>/`` (the learners' root, outside the platform's data directory)::
 
     work/                                 the learners' working directory and HOME      learner's
     checkpoints/                          FFDL_CHECKPOINT_DIR, shared by the job's attempts  learner's
     results/                              RESULT_DIR unless the spec names one          learner's
-    logs/attempt-<n>/learner-<r>.log      the learner's output (FFDL_LOG_FILE)
-    logs/attempt-<n>/learner-<r>.reports.jsonl   what ffdl.learner reported (FFDL_REPORT_FILE)  learner's
-    logs/attempt-<n>/agent-<r>.log        the agent's own log
+    logs/attempt-<n>/learner-<r>.log      the learner's output (FFDL_LOG_FILE), 0600
+    logs/attempt-<n>/agent-<r>.log        the agent's own log, 0600
+    channels/attempt-<n>-rank-<r>/        the agent's working directory, where it listens for the
+                                          learner's reports (report.sock, FFDL_REPORT_SOCKET)
     run/attempt-<n>.launch                the attempt's launch claim: created once, never removed
     run/attempt-<n>-rank-<r>.pid          the agent's pid (its process group) and its start time
 
-Isolation (:mod:`ffdl.adapters.launchers.isolation`): the agent gets an environment the platform
-builds (never the platform's own: its credentials stay out), and the job's env reaches only the
-command. Where the platform runs as root, the command runs as the learner user and owns only what
-is marked "learner's" above; everything else (the job's directory, ``logs/``, ``run/``) is the
-platform's, so a learner can neither plant a pidfile the launcher would signal nor swap a file the
-agent writes. Learners of every job share that user: they are kept from the platform, not from
-each other.
+Isolation: every learner's command runs in a sandbox of its own
+(:mod:`ffdl.adapters.launchers.sandbox`: bubblewrap; its own PID, IPC, mount and user namespaces)
+that holds only what is marked "learner's" above, writable, and its report socket; in a cgroup with
+the manifest's ``cpus`` and ``memory_mb`` where the host has cgroups
+(:mod:`ffdl.adapters.launchers.cgroups`). ``logs/``, ``run/`` and ``channels/`` are the platform's
+(0700) and exist in no sandbox. The agent runs isolated (``-I``) from its channel directory, which no
+learner can write, and gets an environment the platform builds (never the platform's own: its
+credentials stay out); the job's env reaches only the command. Without a sandbox (the operator
+opted out: ``sandbox=None``) and where the platform runs as root, the command runs as the learner
+user (:mod:`ffdl.adapters.launchers.isolation`) and owns the learner's directories: learners are
+then kept from the platform, not from each other.
 
 The files are the launcher's whole memory, so a restarted platform adopts the learners that kept
 running: ``running`` and ``stop`` work from the pidfiles, whoever started the agents. A pidfile
@@ -59,10 +64,16 @@ from pathlib import Path
 
 import structlog
 
+from ffdl.adapters.launchers.cgroups import Limits, remove_job_groups
 from ffdl.adapters.launchers.environment import (
+    CGROUP_VARIABLE,
+    COMMAND_DIR_VARIABLE,
     HEARTBEATS_PASSWORD_VARIABLE,
     HEARTBEATS_USERNAME_VARIABLE,
+    REPORT_SOCKET_NAME,
+    REPORT_SOCKET_VARIABLE,
     RUN_AS_VARIABLE,
+    SANDBOX_VARIABLE,
     LearnerSite,
     inherited_environment,
     learner_command,
@@ -71,13 +82,15 @@ from ffdl.adapters.launchers.environment import (
 )
 from ffdl.adapters.launchers.isolation import (
     LEARNER_DIR_MODE,
+    PLATFORM_DIR_MODE,
     TRAVERSE_ONLY_MODE,
+    check_interpreter_reachable,
     learner_user,
     make_directory,
-    make_learner_file,
     prepare_learners_root,
 )
 from ffdl.adapters.launchers.logins import HeartbeatLogins, new_password
+from ffdl.adapters.launchers.sandbox import REPORT_SOCKET_INSIDE, LearnerPlaces, Sandbox
 from ffdl.adapters.processes import wait_for_exit
 from ffdl.events.model import LearnerPlacement
 from ffdl.handlers.ports import LaunchRequest, LearnerHandle
@@ -142,10 +155,14 @@ class LocalLauncher:
         user: str | None = None,
         log_format: str = "console",
         logins: HeartbeatLogins | None = None,
+        sandbox: Sandbox | None = None,
     ) -> None:
         """``user``: whom learners' commands run as where the platform runs as root (a name,
         ``UID`` or ``UID:GID``; None: the platform's user). ``logins``: where the heartbeat store
-        authenticates, each job's agents get a login of their own. Creates and checks ``work_dir``."""
+        authenticates, each job's agents get a login of their own. ``sandbox``: how learners are
+        contained (None: not at all, the operator's explicit choice). Creates and checks
+        ``work_dir``; makes one sandbox to check that learners can run in it, or raises
+        :class:`~ffdl.adapters.launchers.sandbox.SandboxUnavailable` naming the cause and the fix."""
         self._work_dir = work_dir.resolve()
         self._heartbeats_url = heartbeats_url
         self._heartbeat_ttl_s = heartbeat_ttl_s
@@ -153,7 +170,15 @@ class LocalLauncher:
         self._user = learner_user(user) if user is not None else None
         self._log_format = log_format
         self._logins = logins
-        prepare_learners_root(self._work_dir, self._user)
+        self._sandbox = sandbox
+        if sandbox is not None:
+            prepare_learners_root(self._work_dir, None)
+            uid, gid = self._sandbox_identity()
+            sandbox.check(uid, gid, inherited_environment(os.environ))
+        else:
+            prepare_learners_root(self._work_dir, self._user)
+            if self._user is not None:
+                check_interpreter_reachable(self._user, python)
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._reapers: set[asyncio.Task[None]] = set()
 
@@ -183,6 +208,16 @@ class LocalLauncher:
 
     def _run_dir(self, job_id: str) -> Path:
         return self.job_dir(job_id) / "run"
+
+    def _channel_dir(self, job_id: str, attempt: int, rank: int) -> Path:
+        """The learner's agent's working directory, where it listens for the learner's reports."""
+        return self.job_dir(job_id) / "channels" / f"attempt-{attempt}-rank-{rank}"
+
+    def _sandbox_identity(self) -> tuple[int, int]:
+        """The uid and gid a sandboxed learner has inside (mapped to the platform's user outside)."""
+        if self._user is not None:
+            return self._user.uid, self._user.gid
+        return os.geteuid(), os.getegid()
 
     def _pidfile(self, job_id: str, attempt: int, rank: int) -> Path:
         return self._run_dir(job_id) / f"attempt-{attempt}-rank-{rank}.pid"
@@ -244,7 +279,19 @@ class LocalLauncher:
                     learner.pidfile.unlink(missing_ok=True)
             if self._logins is not None:
                 await self._logins.revoke(job_id)
+            if not remaining:
+                await self._remove_cgroups(job_id)
             log.info("learners stopped", job_id=job_id, learners=len(recorded), grace_s=grace_s)
+
+    async def _remove_cgroups(self, job_id: str) -> None:
+        """Remove the cgroups an agent killed after the grace left; its sandbox's processes, killed
+        with it, may take a moment to leave them."""
+        deadline = time.monotonic() + KILL_WAIT_S
+        while problems := remove_job_groups(job_id):
+            if time.monotonic() >= deadline:
+                log.warning("learner cgroups left behind", job_id=job_id, problems=problems)
+                return
+            await asyncio.sleep(STOP_POLL_INTERVAL_S)
 
     async def running(self) -> list[LearnerHandle]:
         run_dirs = sorted(self._work_dir.glob("*/run")) if self._work_dir.is_dir() else []
@@ -279,7 +326,7 @@ class LocalLauncher:
         """Claim the attempt for this launch; False when it was claimed before."""
         claim = self._claim_path(request.job_id, request.attempt)
         make_directory(self.job_dir(request.job_id), TRAVERSE_ONLY_MODE)
-        make_directory(claim.parent, 0o700)
+        make_directory(claim.parent, PLATFORM_DIR_MODE)
         try:
             descriptor = os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         except FileExistsError:
@@ -310,10 +357,16 @@ class LocalLauncher:
     ) -> subprocess.Popen[bytes]:
         environment = {**self._learner_environment(request, learner, master_port), **login}
         agent_log = self._attempt_logs(request.job_id, request.attempt) / f"agent-{learner.rank}.log"
-        with agent_log.open("ab") as agent_output:
+        descriptor = os.open(
+            agent_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+        )
+        with os.fdopen(descriptor, "ab") as agent_output:
+            # -I: no user site, no working directory on sys.path, no PYTHON* variable: the agent
+            # imports only the platform's code, whatever a learner wrote anywhere (and so -u: it
+            # would not read PYTHONUNBUFFERED, and its log must be current)
             return subprocess.Popen(
-                [self._python, "-m", "ffdl.learner.agent", "--", learner_command(request.spec)],
-                cwd=self._learner_work_dir(request.job_id),
+                [self._python, "-I", "-u", "-m", "ffdl.learner.agent", "--", learner_command(request.spec)],
+                cwd=self._channel_dir(request.job_id, request.attempt, learner.rank),
                 env=environment,
                 stdin=subprocess.DEVNULL,
                 stdout=agent_output,
@@ -327,6 +380,7 @@ class LocalLauncher:
         """The learner environment contract over what a learner keeps of this process's environment;
         the learner's GPUs by index; whom the agent runs the command as."""
         log_file = self.log_path(request.job_id, request.attempt, learner.rank)
+        channel = self._channel_dir(request.job_id, request.attempt, learner.rank)
         site = LearnerSite(
             master_addr=MASTER_ADDR,
             master_port=master_port,
@@ -336,7 +390,9 @@ class LocalLauncher:
             heartbeat_ttl_s=self._heartbeat_ttl_s,
             files={
                 "FFDL_LOG_FILE": str(log_file),
-                "FFDL_REPORT_FILE": str(_report_file(log_file)),
+                REPORT_SOCKET_VARIABLE: REPORT_SOCKET_INSIDE
+                if self._sandbox
+                else str(channel / REPORT_SOCKET_NAME),
             },
             base={
                 **inherited_environment(os.environ),
@@ -350,24 +406,71 @@ class LocalLauncher:
             ),
         )
         environment = learner_environment(request, learner, learner.gpus, site)
-        if self._user is not None:
+        if request.resume_from is not None and not environment["FFDL_RESUME_FROM"]:
+            log.warning(
+                "checkpoint outside the job's checkpoint directory not handed to the learner",
+                job_id=request.job_id,
+                tenant=request.tenant,
+                uri=request.resume_from.uri[:300],
+            )
+        environment[COMMAND_DIR_VARIABLE] = str(self._learner_work_dir(request.job_id))
+        limits = Limits.for_learner(
+            request.job_id, request.attempt, learner.rank, request.spec.cpus, request.spec.memory_mb
+        )
+        environment[CGROUP_VARIABLE] = limits.to_json()
+        if self._sandbox is not None:
+            uid, gid = self._sandbox_identity()
+            places = self._places(request, learner, channel / REPORT_SOCKET_NAME)
+            environment[SANDBOX_VARIABLE] = json.dumps(self._sandbox.arguments(places, uid, gid))
+        elif self._user is not None:
             environment[RUN_AS_VARIABLE] = self._user.run_as
         return environment
 
+    def _places(
+        self, request: LaunchRequest, learner: LearnerPlacement, report_socket: Path
+    ) -> LearnerPlaces:
+        """What of the host a learner's sandbox holds: its job's own directories, writable; the data
+        and result places the manifest names by absolute path (which the API accepts only under the
+        operator's roots) where they exist."""
+        job_id, spec = request.job_id, request.spec
+        writable = [self._learner_work_dir(job_id), self._checkpoint_dir(job_id)]
+        writable.append(Path(spec.result_dir) if spec.result_dir else self._default_result_dir(job_id))
+        readable = [Path(spec.data_dir)] if spec.data_dir else []
+        present = [path for path in writable if path.is_absolute() and path.is_dir()]
+        readable = [path for path in readable if path.is_absolute() and path.is_dir()]
+        for path in {*writable, *readable} - {*present, *readable}:
+            if path.is_absolute():
+                log.warning(
+                    "a place the manifest names does not exist: not in the sandbox",
+                    job_id=job_id,
+                    path=str(path),
+                )
+        return LearnerPlaces(
+            writable=present,
+            readable=readable,
+            report_socket=report_socket,
+            work_dir=self._learner_work_dir(job_id),
+            gpus=learner.gpus,
+        )
+
     def _make_directories(self, request: LaunchRequest) -> None:
-        """The learner's own directories and report files (handed to the learner user), and the
-        platform's log directories they sit in."""
-        job_id, user = request.job_id, self._user
+        """The learner's own directories (the learner user's where it runs as one, unsandboxed; in a
+        sandbox the learner writes as the platform's user), the platform's log directories (0700)
+        and each learner's channel directory (the learner user must reach its socket unsandboxed)."""
+        job_id = request.job_id
+        owner = None if self._sandbox is not None else self._user
         learners_own = [self._learner_work_dir(job_id), self._checkpoint_dir(job_id)]
         if request.spec.result_dir is None:
             learners_own.append(self._default_result_dir(job_id))
         for directory in learners_own:
-            make_directory(directory, LEARNER_DIR_MODE, user)
+            make_directory(directory, LEARNER_DIR_MODE, owner)
         logs = self._attempt_logs(job_id, request.attempt)
-        make_directory(logs.parent, TRAVERSE_ONLY_MODE)
-        make_directory(logs, TRAVERSE_ONLY_MODE)
+        make_directory(logs.parent, PLATFORM_DIR_MODE)
+        make_directory(logs, PLATFORM_DIR_MODE)
+        channel_mode = PLATFORM_DIR_MODE if owner is None else TRAVERSE_ONLY_MODE
+        make_directory(self.job_dir(job_id) / "channels", channel_mode)
         for placed in request.placement.learners:
-            make_learner_file(_report_file(self.log_path(job_id, request.attempt, placed.rank)), user)
+            make_directory(self._channel_dir(job_id, request.attempt, placed.rank), channel_mode)
 
     def _write_pidfile(self, handle: LearnerHandle, pid: int) -> None:
         """Record the agent atomically: a pidfile is either absent or complete."""
@@ -412,10 +515,6 @@ class LocalLauncher:
             handle = LearnerHandle(run_dir.parent.name, int(match[1]), int(match[2]))
             recorded.append(_RecordedLearner(pidfile, handle, pid, start_ticks))
         return recorded
-
-
-def _report_file(log_file: Path) -> Path:
-    return log_file.with_suffix(".reports.jsonl")
 
 
 def _free_port() -> int:

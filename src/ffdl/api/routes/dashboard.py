@@ -16,18 +16,27 @@ storage. Its own reads follow the API's tenancy: a tenant sees its jobs, others'
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import APIRouter, Header, HTTPException, Query, Request
 from fastapi.responses import FileResponse, StreamingResponse
 
 from ffdl.adapters.tenants import Principal
-from ffdl.api.dependencies import Backend, Caller, PlatformBackend, principal, problem, read
+from ffdl.api.dependencies import (
+    MAX_OFFSET,
+    Backend,
+    Caller,
+    PlatformBackend,
+    event_id,
+    principal,
+    problem,
+    read,
+)
 from ffdl.api.followers import KEEP_ALIVE_S
+from ffdl.events.reports import strict_dumps
 from ffdl.projections.timemachine import cluster_at, hide_others, tenant_rows, utilisation
 
 router = APIRouter()
@@ -64,12 +73,16 @@ async def whoami(request: Request, backend: Backend) -> dict[str, Any]:
 
 @router.get("/v1/jobs:follow", response_model=None)
 async def follow_jobs(
-    request: Request, caller: Caller, backend: Backend, after: Annotated[int, Query(ge=0)] = -1
+    request: Request,
+    caller: Caller,
+    backend: Backend,
+    after: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = -1,
+    last_event_id: Annotated[str | None, Header(description="the id: of the last event read")] = None,
 ) -> StreamingResponse:
     """Server-Sent Events (``event: jobs``) of the caller's jobs as they change: ``{"jobs": [...],
-    "gone": [...]}``. From now on by default; resumable with ``Last-Event-ID`` or ``after``."""
-    last = request.headers.get("last-event-id", "")
-    start = int(last) if last.isdigit() else after
+    "gone": [...]}`` (``gone``: the caller's jobs deleted from the listings). From now on by default;
+    resumable with ``Last-Event-ID`` or ``after``."""
+    start = event_id(last_event_id, "Last-Event-ID") if last_event_id else after
     if start < 0:
         start = await read(backend.projection.last_change)
     backend.followers.admit(caller.tenant)
@@ -95,8 +108,9 @@ async def _job_changes(
         cursor = cursor_after
         mine = [document for document in documents if caller.may_see(document["tenant"])]
         mine = await backend.redacted(caller, mine)
-        if mine or gone:
-            data = json.dumps({"jobs": mine, "gone": gone})
+        mine_gone = [job_id for job_id, tenant in gone.items() if caller.may_see(tenant)]
+        if mine or mine_gone:
+            data = strict_dumps({"jobs": mine, "gone": mine_gone})
             yield f"id: {cursor}\nevent: jobs\ndata: {data}\n\n".encode()
 
 

@@ -8,7 +8,6 @@ away is noticed and its stream closed; the open streams are capped in all and pe
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
@@ -16,10 +15,11 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
 from ffdl.adapters.tenants import Principal
-from ffdl.api.dependencies import MAX_OFFSET, Backend, Caller, PlatformBackend, problem, read
+from ffdl.api.dependencies import MAX_OFFSET, Backend, Caller, PlatformBackend, event_id, read
 from ffdl.api.followers import KEEP_ALIVE_S
 from ffdl.core.kinds import JOBS
 from ffdl.core.states import JobState
+from ffdl.events.reports import strict_dumps
 
 router = APIRouter()
 
@@ -43,9 +43,7 @@ async def events(
         return {"events": await backend.redacted(caller, history)}
     start = after_seq
     if last := request.headers.get("last-event-id", ""):
-        if not (last.isascii() and last.isdigit() and len(last) <= 19 and int(last) <= MAX_OFFSET):
-            raise problem(422, f"must be the seq of an event: an integer up to {MAX_OFFSET}", "Last-Event-ID")
-        start = int(last)
+        start = event_id(last, "Last-Event-ID")
     backend.followers.admit(caller.tenant)
     return backend.followers.stream(
         caller.tenant,
@@ -67,7 +65,7 @@ async def follow_events(
         batch = backend.projection.history(JOBS, job_id, seq, FOLLOW_BATCH)
         for event in await backend.redacted(caller, batch):
             seq = event["seq"]
-            yield f"id: {seq}\nevent: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
+            yield f"id: {seq}\nevent: {event['type']}\ndata: {strict_dumps(event)}\n\n".encode()
         if len(batch) == FOLLOW_BATCH:
             continue  # more to read now
         document = backend.projection.get(job_id)

@@ -1,7 +1,7 @@
-"""Jobs: submit, list, show, cancel or delete, halt and resume.
+"""Jobs: submit, list, show, cancel, delete, halt and resume.
 
 A write answers with the log position of the event it caused once the projection has applied it;
-one its owner decided to nothing (halting a halting job, cancelling a cancelled one) answers 200 with
+one its owner decided to nothing (halting a halting job, deleting a deleted one) answers 200 with
 the job as it is, ``position: null`` and ``changed: false``; one undecided when the wait ran out
 answers (still 201/202) with the command's id; an illegal one answers 409 with the owner's reason.
 """
@@ -9,6 +9,7 @@ answers (still 201/202) with the command's id; an illegal one answers 409 with t
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from datetime import UTC, datetime
 from typing import Annotated, Any
@@ -19,10 +20,13 @@ from pydantic import AfterValidator
 
 from ffdl.adapters.tenants import Principal
 from ffdl.api.dependencies import Backend, Caller, Manifest, PlatformBackend, problem, read
+from ffdl.api.strict_json import StrictJSONResponse
 from ffdl.core.kinds import JOBS
 from ffdl.core.states import JobState
+from ffdl.core.tenancy import priority_problem
 from ffdl.events import job_commands as cmd
 from ffdl.events.envelope import CommandData
+from ffdl.events.reports import loads_finite, strict_dumps
 
 router = APIRouter()
 
@@ -48,7 +52,12 @@ async def write_job(
 
 @router.post("/v1/jobs", status_code=201)
 async def submit(caller: Caller, spec: Manifest, backend: Backend, response: Response) -> dict[str, Any]:
-    """Submit a job: JSON or YAML, our manifest or FfDL's. Answers once the job is on the log."""
+    """Submit a job: JSON or YAML, our manifest or FfDL's. Answers once the job is on the log. A
+    tenant's job may not have a priority above its ceiling (403 naming ``priority``)."""
+    if not caller.admin:
+        ceiling = backend.tenants.max_priority(caller.tenant)
+        if above := priority_problem(caller.tenant, spec.priority, ceiling):
+            raise problem(403, above, "priority")
     job_id = f"{spec.name}-{uuid.uuid4().hex[:8]}"
     return await write_job(backend, caller, job_id, caller.tenant, cmd.SubmitJob(spec=spec), response)
 
@@ -118,11 +127,18 @@ async def list_jobs(
         last = json.loads(documents[-1])
         next_cursor = f"{last['submitted_at']}|{last['job_id']}"
     if not caller.admin:  # a tenant's documents are parsed: their reasons may name other tenants' jobs
-        shown = await backend.redacted(caller, [json.loads(document) for document in documents])
-        documents = [json.dumps(document) for document in shown]
-    # an admin's are JSON already: passed on without parsing and re-encoding each
+        shown = await backend.redacted(caller, [loads_finite(document) for document in documents])
+        documents = [strict_dumps(document) for document in shown]
+    else:  # an admin's are JSON already: passed on without parsing and re-encoding each, unless one
+        # stored by an older platform holds a non-finite number's token
+        documents = [strict_dumps(loads_finite(d)) if _NON_FINITE.search(d) else d for d in documents]
     body = f'{{"jobs":[{",".join(documents)}],"next_cursor":{json.dumps(next_cursor)}}}'
     return Response(body, media_type="application/json")
+
+
+#: The tokens Python's ``json`` writes for non-finite numbers (also inside strings: then a document
+#: is re-encoded that needed none, which is harmless).
+_NON_FINITE = re.compile(r"NaN|Infinity")
 
 
 @router.get("/v1/jobs/{job_id}", response_model=None)
@@ -133,17 +149,23 @@ async def get_job(job_id: str, caller: Caller, backend: Backend, after: str | No
     alive = await backend.heartbeats.of(job_id) if not JobState(document["state"]).terminal else {}
     for learner in document["learners"]:
         learner["heartbeat"] = alive.get(learner["rank"], {"alive": False})
-    return JSONResponse(await backend.redacted(caller, document))
+    return StrictJSONResponse(await backend.redacted(caller, document))
 
 
-@router.delete("/v1/jobs/{job_id}", status_code=202)
-async def cancel_or_delete(
-    job_id: str, caller: Caller, backend: Backend, response: Response
-) -> dict[str, Any]:
-    """Cancel a live job; delete an ended one from the listings (its events stay on the log)."""
+@router.delete("/v1/jobs/{job_id}", status_code=202, responses={409: {"description": "the job has ended"}})
+async def cancel(job_id: str, caller: Caller, backend: Backend, response: Response) -> dict[str, Any]:
+    """Cancel a live job: its learners stop and its GPUs are freed. A job that has ended has nothing
+    left to cancel (409): removing it from the listings is ``POST /v1/jobs/{id}:delete``, a separate
+    call, so that cancelling twice never makes a job disappear."""
     document = await backend.visible_job(job_id, caller)
-    if JobState(document["state"]).terminal:
-        return await write_job(backend, caller, job_id, document["tenant"], cmd.DeleteJob(), response)
+    state = JobState(document["state"])
+    if state.terminal:
+        raise problem(
+            409,
+            f"{job_id} has ended ({state}): there is nothing to cancel; "
+            f"`ffdl delete {job_id}` (POST /v1/jobs/{job_id}:delete) removes it from the listings",
+            "state",
+        )
     return await write_job(
         backend,
         caller,
@@ -152,6 +174,14 @@ async def cancel_or_delete(
         cmd.CancelJob(reason="cancelled through the API"),
         response,
     )
+
+
+@router.post("/v1/jobs/{job_id}:delete", status_code=202, responses={409: {"description": "the job is live"}})
+async def delete(job_id: str, caller: Caller, backend: Backend, response: Response) -> dict[str, Any]:
+    """Remove an ended job from the listings (its events stay on the log, ``ffdl replay`` reads them).
+    A live job is refused (409): cancel it first."""
+    document = await backend.visible_job(job_id, caller)
+    return await write_job(backend, caller, job_id, document["tenant"], cmd.DeleteJob(), response)
 
 
 @router.post("/v1/jobs/{job_id}:halt", status_code=202)

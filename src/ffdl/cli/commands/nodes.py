@@ -7,8 +7,8 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from ffdl.cli.commands.common import JsonFlag, call_api, data_summary
-from ffdl.cli.render import console, node_line, nodes_table, print_json, when
+from ffdl.cli.commands.common import JsonFlag, Output, OutputOption, call_api, data_summary, output_of
+from ffdl.cli.render import console, node_line, nodes_table, print_json, print_table, print_yaml, when
 
 app = typer.Typer(
     help="The inventory: list and show nodes; cordon, drain, uncordon them (admins).", no_args_is_help=True
@@ -17,13 +17,19 @@ ReasonOption = Annotated[str, typer.Option("--reason", help="Why, for the node's
 
 
 @app.command("list")
-def nodes_list(json_output: JsonFlag = False) -> None:
+def nodes_list(output: OutputOption = None, json_output: JsonFlag = False) -> None:
     """List every node of the inventory (lost and removed ones too) with its status."""
+    chosen = output_of(output, json_output)
     nodes = call_api(lambda c: c.nodes())
-    if json_output:
+    if chosen is Output.JSON:
         print_json(nodes)
+    elif chosen is Output.YAML:
+        print_yaml(nodes)
+    elif chosen is Output.NAME:
+        for node in nodes:
+            print(node["name"])
     else:
-        console.print(nodes_table(nodes))
+        print_table(nodes_table(nodes, wide=chosen is Output.WIDE), wide=chosen is Output.WIDE)
 
 
 @app.command("show")

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from ffdl.cli.commands.common import JsonFlag, fail
+from ffdl.cli.commands.common import JsonFlag, fail, usage
 from ffdl.cli.render import console, print_json
 from ffdl.wiring.config import Settings
 from ffdl.wiring.logging import configure_logging
@@ -19,28 +19,44 @@ app = typer.Typer()
 
 @app.command()
 def up(
-    roles: Annotated[str, typer.Option(help="Comma-separated roles: api,workers,scheduler,projector")] = "",
+    roles: Annotated[
+        str, typer.Option(help="Comma-separated roles: api,workers,scheduler,projector,notifier")
+    ] = "",
     open_api: Annotated[
         bool, typer.Option("--open", help="Serve the API with no tenant: every caller is admin (a laptop).")
     ] = False,
+    no_sandbox: Annotated[
+        bool,
+        typer.Option(
+            "--no-sandbox",
+            help="Run local learners unconfined, with no bubblewrap sandbox (a laptop; FFDL_SANDBOX=off).",
+        ),
+    ] = False,
 ) -> None:
     """Run the platform (all roles by default) until interrupted."""
+    from ffdl.adapters.launchers.isolation import LearnersCannotRun  # noqa: PLC0415
     from ffdl.adapters.tenants import TenantError  # noqa: PLC0415
     from ffdl.cli.serve import serve  # noqa: PLC0415 - heavy imports only for this command
+    from ffdl.wiring.platform import ALL_ROLES  # noqa: PLC0415
 
-    settings = Settings()
-    configure_logging(settings.log_format, settings.log_level)
     chosen = frozenset(r.strip() for r in roles.split(",") if r.strip()) or None
+    unknown = sorted((chosen or frozenset()) - ALL_ROLES)
+    if unknown:
+        raise usage(f"--roles: no role {', '.join(unknown)}; the roles are {', '.join(sorted(ALL_ROLES))}")
+    settings = Settings()
+    if no_sandbox:
+        settings = settings.model_copy(update={"sandbox": "off"})
+    configure_logging(settings.log_format, settings.log_level)
     try:
         asyncio.run(serve(settings, chosen, open_api=open_api))
-    except TenantError as exc:
+    except (TenantError, LearnersCannotRun) as exc:
         raise fail(exc) from exc
 
 
 @app.command()
 def demo(
     chaos: Annotated[bool, typer.Option("--chaos/--no-chaos", help="Kill one learner partway.")] = True,
-    steps: Annotated[int, typer.Option(help="Training steps of the demo job.")] = 240,
+    steps: Annotated[int, typer.Option(min=1, help="Training steps of the demo job.")] = 240,
     keep: Annotated[bool, typer.Option(help="Keep the demo's data directory.")] = False,
     linger: Annotated[
         float, typer.Option(min=0, help="Seconds the dashboard stays up after the job ends.")

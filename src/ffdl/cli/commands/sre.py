@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ffdl.cli.commands.common import JsonFlag
+from ffdl.cli.commands.common import JsonFlag, fail, usage
 from ffdl.cli.render import (
     cluster_tables,
     console,
@@ -65,8 +65,7 @@ def _sre(work: Any) -> Any:
     try:
         return work()
     except (OSError, ValueError, NotInLogError, TargetNotEmptyError) as exc:
-        err_console.print(f"[bold red]error:[/] {exc}")
-        raise typer.Exit(2) from exc
+        raise fail(exc) from exc
 
 
 def _log_events(log: str | None, bus: str | None, settings: Settings) -> Any:
@@ -213,26 +212,26 @@ def replay(
 
     settings = _sre_settings(partitions)
     if [job is not None, node is not None, cluster, rebuild].count(True) != 1:
-        raise _sre_usage("say what to replay: --job JOB, --node NODE, --cluster, or --rebuild")
+        raise usage("say what to replay: --job JOB, --node NODE, --cluster, or --rebuild")
     if at is not None and not cluster:
-        raise _sre_usage("--at is the moment of --cluster; a job or node replays with --until")
+        raise usage("--at is the moment of --cluster; a job or node replays with --until")
     if cluster:
         _replay_cluster(log, bus, at, settings, json_output)
         return
     if rebuild:
         if until is not None or diff is not None:
-            raise _sre_usage("--until and --diff replay a job or node; a rebuild folds the whole log")
+            raise usage("--until and --diff replay a job or node; a rebuild folds the whole log")
         _rebuild(log, bus, out, settings, json_output)
         return
     if node is not None:
         if diff is not None:
-            raise _sre_usage("--diff compares two points of a job; a node replays with --until")
+            raise usage("--diff compares two points of a job; a node replays with --until")
         _replay_node(log, bus, node, until, settings, json_output)
         return
     assert job is not None
     if diff is not None:
         if until is not None:
-            raise _sre_usage("--diff A B compares two points; leave out --until")
+            raise usage("--diff A B compares two points; leave out --until")
         first, second = diff
         report = _sre(
             lambda: sre.diff_job(
@@ -281,11 +280,6 @@ def _replay_cluster(
         )
 
 
-def _sre_usage(message: str) -> typer.Exit:
-    err_console.print(f"[bold red]error:[/] {message}")
-    return typer.Exit(2)
-
-
 def _replay_node(
     log: str | None, bus: str | None, name: str, until: str | None, settings: Settings, as_json: bool
 ) -> None:
@@ -319,7 +313,7 @@ def _rebuild(log: str | None, bus: str | None, out: Path | None, settings: Setti
 
     if log is not None:
         if bus is not None:
-            raise _sre_usage("read either a LOG file or --bus, not both")
+            raise usage("read either a LOG file or --bus, not both")
         target = out or Path(f"{Path(log).stem if log != '-' else 'stdin'}.projections.sqlite")
         report = _sre(lambda: sre.rebuild_file(log, target))
     else:
@@ -331,11 +325,12 @@ def _rebuild(log: str | None, bus: str | None, out: Path | None, settings: Setti
     statuses = ", ".join(
         f"{node_status(status)} {count}" for status, count in report["node_statuses"].items()
     )
-    jobs = f"{report['jobs']} job(s) of {report['tenants']} tenant(s) and {report['nodes']} node(s)"
     console.print(
-        f"rebuilt {jobs} from {report['events']} events ({report['ignored']} ignored) into "
-        f"{report['path']}: {states or 'no jobs'}; {statuses or 'no nodes'}"
+        f"rebuilt {report['path']} from {report['events']} events ({report['ignored']} ignored)",
+        soft_wrap=True,
     )
+    console.print(f"jobs:  {report['jobs']} of {report['tenants']} tenant(s): {states or 'none'}")
+    console.print(f"nodes: {report['nodes']}: {statuses or 'none'}")
     if report.get("undecodable"):
         err_console.print(f"[yellow]warning:[/] {report['undecodable']} record(s) of the log are no event")
     if report.get("identical") is not None:
@@ -354,20 +349,25 @@ def verify(
     ] = False,
     json_output: JsonFlag = False,
 ) -> None:
-    """Check every invariant of the log (architecture §5), jobs and nodes; exit 1 on any violation.
+    """Check every invariant of the log, jobs and nodes; exit 1 on any violation.
 
     A record of the bus that is no event is a violation too (kind 'undecodable', at its position).
     With --redecide, LOG (NAME.events.jsonl) is decided again with today's deciders, command by command
-    from NAME.commands.jsonl ('ffdl export --commands'); exit 1 on a decision that differs.
+    from NAME.commands.jsonl ('ffdl export --commands'); exit 1 on a decision that differs. Tenants'
+    submissions are held to the priority ceilings of the tenants file (FFDL_TENANTS_FILE), if it exists.
     """
+    from ffdl.adapters.tenants import TenantRegistry  # noqa: PLC0415
     from ffdl.tools import sre  # noqa: PLC0415
     from ffdl.tools.redecide import redecide_files, report_lines  # noqa: PLC0415
 
     settings = _sre_settings(partitions)
     if redecide:
         if log is None or bus is not None:
-            raise _sre_usage("--redecide reads a LOG file (NAME.events.jsonl), not a bus")
-        report = _sre(lambda: redecide_files(log, settings.restart_policy))
+            raise usage("--redecide reads a LOG file (NAME.events.jsonl), not a bus")
+        # the owner held tenants' submissions to the ceilings of the tenants file: this one, if any
+        tenants = settings.tenants_path
+        ceilings = TenantRegistry(tenants).max_priority if tenants.exists() else None
+        report = _sre(lambda: redecide_files(log, settings.restart_policy, ceilings))
         if json_output:
             print_json(report)
         else:

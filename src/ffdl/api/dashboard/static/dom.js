@@ -15,6 +15,9 @@ export function h(tag, attrs = {}, ...children) {
   return element;
 }
 
+// "1 update", "3 updates": a count in words, not "update(s)".
+export const counted = (n, one, many = `${one}s`) => `${n} ${n === 1 ? one : many}`;
+
 export const stateBadge = (state) => h("span", { class: `state s-${state}` }, state);
 
 export function age(iso, now = Date.now()) {

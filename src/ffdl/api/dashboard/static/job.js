@@ -20,9 +20,30 @@ function gantt(job) {
       style: { flex: `${width} 0 0`, background: STATE_COLOURS[entry.state] || "#888" } }, entry.state);
   });
   const seen = [...new Set(history.map((e) => e.state))];
-  return h("div", {}, h("div", { class: "gantt", id: "gantt", "aria-label": "Timeline of states" }, bars),
+  const strip = h("div", { class: "gantt", id: "gantt", "aria-label": "Timeline of states" }, bars);
+  // a bar too narrow for its state's name shows none (the legend and its hover name it): a cut
+  // name ("UNCHI") reads as a word that is not there; measured again when the strip's width changes
+  new ResizeObserver(() => fitLabels(strip)).observe(strip);
+  return h("div", {}, strip,
     h("div", { class: "gantt-legend" }, seen.map((s) => h("span", {}, h("span", { class: "swatch", style: { background: STATE_COLOURS[s] } }), s))),
     h("p", { class: "muted" }, `${job.restarts} restart(s), attempt ${job.attempt}. Hover or focus a bar for its reason.`));
+}
+
+// A checkpoint's URI as a table shows it: a file:// one by its file's name (its directory is the
+// job's, the same for every row), any other whole; the cell's title holds the whole URI.
+const shortUri = (uri) => (uri.startsWith("file://") ? `…/${uri.split("/").filter(Boolean).at(-1)}` : uri);
+
+function fitLabels(strip) {
+  for (const bar of strip.children) {
+    bar.textContent = bar.dataset.state;
+    if (bar.scrollWidth > bar.clientWidth) bar.textContent = "";
+  }
+}
+
+// The latest value of a series (a legend shows it while no point is hovered, not "--").
+function latest(values) {
+  for (let i = values.length - 1; i >= 0; i--) if (values[i] != null) return values[i];
+  return null;
 }
 
 // Metric curves: x = step; one series per (metric, attempt); markers at checkpoints and restarts.
@@ -69,7 +90,12 @@ class Curves {
       axes: [{ label: "step" }, {}],
       series: [{ label: "step" }, ...keys.map((k) => {
         const [metric, attempt] = k.split("|");
-        return { label: `${metric} (attempt ${attempt})`, stroke: colour(k), spanGaps: true, points: { show: true, size: 4 } };
+        return { label: `${metric} (attempt ${attempt})`, stroke: colour(k), spanGaps: true, points: { show: true, size: 4 },
+          // the hovered step's value; with none hovered (or none at that step), the series' latest
+          value: (u, value, series) => {
+            const shown = value ?? latest(u.data[series]);
+            return shown == null ? "—" : String(Number(shown.toPrecision(4)));
+          } };
       })],
       hooks: { draw: [(u) => {
         const ctx = u.ctx;
@@ -91,6 +117,9 @@ export async function jobPage(jobId, { main, signal }) {
   const alert = h("div", { class: "alert", role: "alert" });
   const head = h("div", {}), timeline = h("div", {}), learners = h("div", {}), why = h("div", {}), checkpoints = h("div", {});
   const chart = h("div", { class: "chart", id: "curves", "data-points": "0" });
+  // shown only while the job waits: a running job is not "pending", and a card saying so is noise
+  const whyCard = h("section", { class: "card", id: "why-card", "aria-labelledby": "wp", hidden: true },
+    h("h2", { id: "wp" }, "Why pending"), why);
   const rank = h("select", { id: "log-rank", "aria-label": "Learner" });
   const log = h("pre", { class: "log", id: "log", tabindex: 0, "aria-label": "Log tail" });
   main.append(h("h1", {}, jobId), alert, head,
@@ -99,7 +128,7 @@ export async function jobPage(jobId, { main, signal }) {
       h("p", { class: "muted" }, "Per attempt, by step; dashed lines: checkpoints (green) and restarts (orange)."), chart),
     h("div", { class: "grid2" },
       h("section", { class: "card", "aria-labelledby": "ln" }, h("h2", { id: "ln" }, "Learners"), learners),
-      h("section", { class: "card", "aria-labelledby": "wp" }, h("h2", { id: "wp" }, "Why pending"), why)),
+      whyCard),
     h("section", { class: "card", "aria-labelledby": "ck" }, h("h2", { id: "ck" }, "Checkpoints"), checkpoints),
     h("section", { class: "card", "aria-labelledby": "lg" }, h("div", { class: "row" }, h("h2", { id: "lg" }, "Log"),
       h("label", {}, "Learner", rank)), log));
@@ -111,8 +140,9 @@ export async function jobPage(jobId, { main, signal }) {
         h("dt", {}, "Tenant"), h("dd", {}, job.tenant),
         h("dt", {}, "Learners × GPUs"), h("dd", {}, `${job.spec.learners} × ${job.spec.gpus}`),
         h("dt", {}, "Attempt"), h("dd", {}, `${job.attempt} (${job.restarts} restart(s))`),
-        // why it is in its state now (the last timeline entry), not the job's last-noted reason
-        h("dt", {}, "Reason"), h("dd", { id: "job-reason" }, job.history.at(-1)?.reason || job.reason || "—"),
+        // why it is in its state now (the API's reason is the current state's, a queued job's refined
+        // by the scheduler's latest word)
+        h("dt", {}, "Reason"), h("dd", { id: "job-reason" }, job.reason || "—"),
         job.result ? [h("dt", {}, "Result"), h("dd", {}, JSON.stringify(job.result))] : null),
       h("div", { class: "row", style: { marginTop: "8px" } }, actionsFor(job, alert, () => refresh()))));
     timeline.replaceChildren(gantt(job));
@@ -121,18 +151,19 @@ export async function jobPage(jobId, { main, signal }) {
         h("td", {}, l.step ?? "—"), h("td", {}, l.heartbeat?.alive ? "alive" : "—")))));
     checkpoints.replaceChildren(job.checkpoints.length
       ? table(["Attempt", "Rank", "Step", "URI", "Size"], job.checkpoints.map((c) => h("tr", {}, h("td", {}, c.attempt),
-        h("td", {}, c.rank), h("td", {}, c.step), h("td", {}, c.uri), h("td", {}, c.size_bytes))))
+        h("td", {}, c.rank), h("td", {}, c.step), h("td", { class: "uri", title: c.uri }, shortUri(c.uri)),
+        h("td", {}, c.size_bytes))))
       : h("p", { class: "muted" }, "None yet."));
   };
   const draw = async () => {
     keepingFocus(main, drawJob);
-    if (job.state === "QUEUED" || job.state === "SUBMITTED") {
+    const pending = job.state === "QUEUED" || job.state === "SUBMITTED";
+    whyCard.hidden = !pending;
+    if (pending) {
       const answer = await api(`/v1/jobs/${id}/why`);
       why.replaceChildren(h("p", { id: "why" }, answer.summary),
         answer.position ? h("p", { class: "muted" }, `Position ${answer.position} of ${answer.queue_length}; ` +
           `${answer.tenant_position} within ${answer.tenant}, which holds ${answer.tenant_gpus_held} GPU(s).`) : null);
-    } else {
-      why.replaceChildren(h("p", { class: "muted" }, `Not pending: ${job.state}.`));
     }
     const ranks = job.learners.map((l) => String(l.rank));
     if ([...rank.options].map((o) => o.value).join() !== ranks.join()) {

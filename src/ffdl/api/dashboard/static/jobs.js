@@ -1,7 +1,7 @@
 // The job list: filters, pages of 50 (never every job at once), live over /v1/jobs:follow.
 import { api, follow } from "./api.js";
 import { actionsFor } from "./actions.js";
-import { age, h, keepingFocus, stateBadge, table } from "./dom.js";
+import { age, counted, h, keepingFocus, stateBadge, table } from "./dom.js";
 
 const PAGE = 50;
 const STATES = ["SUBMITTED", "QUEUED", "SCHEDULED", "LAUNCHING", "RUNNING", "RESTARTING", "HALTING", "HALTED",
@@ -116,7 +116,7 @@ export async function jobsPage({ main, me, signal, hash }) {
       }
     }
     for (const id of gone) { rows.get(id)?.remove(); rows.delete(id); }
-    live.textContent = `Live: ${received} update(s)`;
+    live.textContent = `Live: ${counted(received, "update")}`;
     live.dataset.updates = String(received);
   }, signal, { reconnect: true }).catch((error) => { alert.textContent = error.message; });
 }

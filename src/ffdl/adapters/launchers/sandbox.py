@@ -1,0 +1,310 @@
+"""The namespace sandbox every local learner's command runs in (bubblewrap; DESIGN §6a).
+
+The learner agent stays outside, as the platform's user: it keeps the heartbeat and writes the
+learner's log. Only the command runs inside ``bwrap``, which the agent starts with the arguments
+built here:
+
+* **its own user, PID, IPC and cgroup namespaces** (``--unshare-user --unshare-pid --unshare-ipc
+  --unshare-cgroup-try``): the learner sees only its own processes in ``/proc``, cannot signal or
+  ``ptrace`` anything outside, has its own System V IPC and POSIX message queues; it cannot make
+  user namespaces of its own (``--disable-userns``), which keeps much of the kernel out of reach;
+* **a root of its own** built from nothing: the system's programs and libraries read-only
+  (``/usr`` and the ``/bin``, ``/lib``... beside it, a short list of ``/etc`` files), the platform's
+  interpreter and import path read-only (so a Python under ``/root``, mode 0700, runs: the bind is
+  made by bwrap as the platform's user), a fresh ``/proc``, a minimal ``/dev`` (with a private
+  ``/dev/shm``), a private ``/tmp``; and of the learners' root only the job's own working, checkpoint
+  and result directories, writable, and the learner's report socket. Nothing else of the host
+  exists in it: not the data directory, not the tenants file, not other jobs' directories, not
+  the job's logs or pidfiles. The root itself is read-only (``--remount-ro /``): only the job's
+  directories, ``/tmp`` and ``/dev/shm`` can be written. A protected path that lies inside a bound
+  directory is covered again (a tmpfs over a directory, ``/dev/null`` over a file);
+* **one life** (``--die-with-parent``, PID namespace): when the learner's shell ends, bwrap's init
+  (PID 1 of the namespace) exits and the kernel kills every process left in the namespace, whatever
+  ``setsid`` or double fork it did; when the agent dies, bwrap and the namespace die with it;
+* **no controlling terminal** (``--new-session``) and no new privileges (bwrap sets
+  ``PR_SET_NO_NEW_PRIVS``; set-uid programs do not elevate).
+
+Run as root, bwrap maps the learner's uid inside to root outside: the kernel checks the files a
+learner touches as the owner of every root-owned file it can see. So the sandbox hides by mounts:
+what is not bound does not exist, and what is bound read-only cannot be changed. The job's own
+directories belong to the platform's user for that reason (inside they show as the learner's).
+
+The network namespace stays the host's: a job's learners rendezvous on the loopback interface
+(``torch.distributed``), which a namespace per learner would cut. What that leaves open is in
+docs/security.md.
+
+:func:`probe` checks once per process that the sandbox can be made here, with the interpreter in it.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ffdl.adapters.launchers.isolation import LearnersCannotRun
+
+#: Where the learner's report socket appears inside its sandbox (``FFDL_REPORT_SOCKET``).
+REPORT_SOCKET_INSIDE = "/run/ffdl/report.sock"
+#: The system's read-only top-level directories (or their symbolic links, on merged-/usr systems).
+SYSTEM_DIRECTORIES = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+#: What of ``/etc`` a program needs: users' names, name resolution, TLS roots, the loader, locale.
+#: Nothing secret (``shadow``, host keys, the platform's own files) is among them.
+ETC_FILES = (
+    "passwd",
+    "group",
+    "hosts",
+    "host.conf",
+    "nsswitch.conf",
+    "resolv.conf",
+    "gai.conf",
+    "protocols",
+    "services",
+    "localtime",
+    "timezone",
+    "os-release",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "alternatives",
+    "ssl/certs",
+    "ca-certificates.conf",
+    "mime.types",
+    "fonts",
+)
+#: GPU device nodes every CUDA program needs besides its own ``/dev/nvidiaN`` (and MIG's capabilities).
+NVIDIA_CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset", "nvidia-caps")
+PROBE_TIMEOUT_S = 60.0
+
+
+class SandboxUnavailable(LearnersCannotRun):
+    """The sandbox cannot be made on this host; the message names the cause and the fix."""
+
+
+@dataclass(frozen=True, slots=True)
+class LearnerPlaces:
+    """What one learner's sandbox holds of the host besides the system and the interpreter."""
+
+    #: Directories the learner writes (its job's working, checkpoint and result directories).
+    writable: Sequence[Path]
+    #: Directories it reads (a job's data directory).
+    readable: Sequence[Path]
+    #: The agent's report socket outside, bound at :data:`REPORT_SOCKET_INSIDE`.
+    report_socket: Path
+    #: Its working directory inside.
+    work_dir: Path
+    #: The host's GPU indices it holds.
+    gpus: Sequence[int] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Sandbox:
+    """How to make learners' sandboxes on this host: bwrap, the paths every sandbox reads, and the
+    paths no sandbox may see even where they lie inside one of those."""
+
+    bwrap: str
+    interpreter: tuple[Path, ...]
+    protected: tuple[Path, ...]
+
+    @classmethod
+    def for_this_interpreter(cls, protected: Iterable[Path], bwrap: str | None = None) -> Sandbox:
+        """The sandbox for learners run with this process's interpreter and import path.
+
+        Raises :class:`SandboxUnavailable` when there is no bwrap."""
+        found = bwrap or shutil.which("bwrap")
+        if found is None:
+            raise SandboxUnavailable(
+                "bubblewrap (bwrap) is not installed: install it (apt-get install bubblewrap) so that "
+                "learners run sandboxed, or opt out with FFDL_SANDBOX=off (ffdl up --no-sandbox) to run "
+                "tenant code unconfined"
+            )
+        resolved = tuple(sorted({path.resolve() for path in protected}))
+        return cls(found, interpreter_paths(), resolved)
+
+    def base_arguments(self, uid: int, gid: int) -> list[str]:
+        """Everything of a learner's sandbox that is the same for every learner."""
+        arguments = [
+            self.bwrap,
+            "--unshare-user",
+            "--disable-userns",
+            "--uid",
+            str(uid),
+            "--gid",
+            str(gid),
+            "--unshare-pid",
+            "--unshare-ipc",
+            "--unshare-cgroup-try",
+            "--die-with-parent",
+            "--new-session",
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--tmpfs",
+            "/tmp",
+        ]
+        arguments += _system_arguments()
+        for path in self.interpreter:
+            arguments += ["--ro-bind", str(path), str(path)]
+        for path in self.protected:
+            if path.exists() and any(path.is_relative_to(bound) for bound in self.interpreter):
+                arguments += (
+                    ["--tmpfs", str(path)] if path.is_dir() else ["--ro-bind", "/dev/null", str(path)]
+                )
+        return arguments
+
+    def arguments(self, places: LearnerPlaces, uid: int, gid: int) -> list[str]:
+        """bwrap's command line for one learner, up to the ``--`` after which its command follows."""
+        arguments = self.base_arguments(uid, gid)
+        for directory in places.readable:
+            arguments += ["--ro-bind", str(directory), str(directory)]
+        for directory in places.writable:
+            arguments += ["--bind", str(directory), str(directory)]
+        arguments += ["--ro-bind", str(places.report_socket), REPORT_SOCKET_INSIDE]
+        arguments += _gpu_arguments(places.gpus)
+        return [*arguments, "--remount-ro", "/", "--chdir", str(places.work_dir), "--"]
+
+    def check(self, uid: int, gid: int, environment: dict[str, str]) -> None:
+        """Make one sandbox now, and run this interpreter in it to import the learners' helper, as a
+        learner would: raises :class:`SandboxUnavailable` naming what failed (cached per process)."""
+        problem = _probe(
+            tuple(self.base_arguments(uid, gid)), sys.executable, tuple(sorted(environment.items()))
+        )
+        if problem:
+            raise SandboxUnavailable(
+                f"bubblewrap cannot run a learner here: {problem}. Learners need user, mount and PID "
+                "namespaces (run as root, or enable unprivileged user namespaces) and this Python "
+                f"({sys.executable}) inside; fix that, or opt out with FFDL_SANDBOX=off "
+                "(ffdl up --no-sandbox) to run tenant code unconfined"
+            )
+
+
+def interpreter_paths() -> tuple[Path, ...]:
+    """The directories this interpreter needs, read-only: its prefixes, its executable's directory
+    and its import path (a venv's ``.pth`` files may add other trees), outside ``/usr`` (bound
+    whole), each once, none inside another (a protected path inside one is covered again by
+    :meth:`Sandbox.base_arguments`)."""
+    candidates = {
+        Path(sys.prefix),
+        Path(sys.base_prefix),
+        Path(sys.exec_prefix),
+        Path(sys.executable).parent,
+        Path(os.path.realpath(sys.executable)).parent,
+        *(Path(entry) for entry in sys.path if entry and os.path.isabs(entry)),
+    }
+    # the path as this process names it and the path it resolves to: both must exist inside
+    existing = {form for path in candidates if path.exists() for form in (path.absolute(), path.resolve())}
+    roots: list[Path] = []
+    for path in sorted(existing, key=lambda candidate: len(candidate.parts)):
+        if path.is_relative_to("/usr") or any(path.is_relative_to(root) for root in roots):
+            continue
+        if path == Path(path.anchor):
+            raise SandboxUnavailable(
+                f"the interpreter's import path holds {path}: binding it would show the host"
+            )
+        roots.append(path)
+    return tuple(roots)
+
+
+def _system_arguments() -> list[str]:
+    arguments: list[str] = []
+    for name in SYSTEM_DIRECTORIES:
+        path = Path(name)
+        if path.is_symlink():
+            arguments += ["--symlink", os.readlink(path), name]
+        elif path.is_dir():
+            arguments += ["--ro-bind", name, name]
+    for name in ETC_FILES:
+        path = Path("/etc") / name
+        if path.exists():
+            arguments += ["--ro-bind", str(path), str(path)]
+    return arguments
+
+
+def _gpu_arguments(gpus: Sequence[int]) -> list[str]:
+    """The GPUs' device nodes (and what the driver reads in ``/sys``), where this host has them."""
+    nodes = [Path(f"/dev/nvidia{gpu}") for gpu in gpus]
+    nodes = [node for node in nodes if node.exists()]
+    if not nodes:
+        return []
+    nodes += [Path("/dev") / name for name in NVIDIA_CONTROL_DEVICES if (Path("/dev") / name).exists()]
+    arguments = [argument for node in nodes for argument in ("--dev-bind", str(node), str(node))]
+    return [*arguments, "--ro-bind", "/sys", "/sys"]
+
+
+@functools.cache
+def _probe(base: tuple[str, ...], python: str, environment: tuple[tuple[str, str], ...]) -> str | None:
+    """What keeps a learner from running here, or None."""
+    command = [*base, "--chdir", "/", "--", python, "-c", "import ffdl.learner"]
+    try:
+        result = subprocess.run(
+            command,
+            env=dict(environment),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=PROBE_TIMEOUT_S,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return str(error)
+    if result.returncode != 0:
+        return (result.stderr.decode(errors="replace").strip() or f"exit status {result.returncode}")[-400:]
+    return None
+
+
+def sandbox_processes(bwrap_pid: int) -> list[int]:
+    """The processes of the sandbox ``bwrap_pid`` runs, as this process's pids, but its init (PID 1
+    inside, bwrap's own reaper): those a stop signal is for."""
+    try:
+        children = Path(f"/proc/{bwrap_pid}/task/{bwrap_pid}/children").read_text().split()
+    except OSError:
+        return []
+    inits = [int(child) for child in children]
+    namespaces = {namespace for init in inits if (namespace := _pid_namespace(init)) is not None}
+    if not namespaces:
+        return []
+    members = []
+    for entry in os.scandir("/proc"):
+        if (
+            entry.name.isdigit()
+            and int(entry.name) not in inits
+            and _pid_namespace(int(entry.name)) in namespaces
+        ):
+            members.append(int(entry.name))
+    return members
+
+
+def signal_sandbox(bwrap_pid: int, signum: int) -> int:
+    """Send ``signum`` to every process of the sandbox (as a process group signal would reach them
+    all, ``setsid`` or not); how many got it."""
+    sent = 0
+    for pid in sandbox_processes(bwrap_pid):
+        try:
+            os.kill(pid, signum)
+            sent += 1
+        except ProcessLookupError:
+            continue
+    return sent
+
+
+def _pid_namespace(pid: int) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}/ns/pid").st_ino
+    except OSError:
+        return None
+
+
+__all__ = [
+    "REPORT_SOCKET_INSIDE",
+    "LearnerPlaces",
+    "Sandbox",
+    "SandboxUnavailable",
+    "interpreter_paths",
+    "sandbox_processes",
+    "signal_sandbox",
+]

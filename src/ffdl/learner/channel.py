@@ -1,0 +1,250 @@
+"""The report channel: a unix stream socket one learner agent listens on for its learner (DESIGN §6a).
+
+The agent makes the socket (``report.sock``) in its own working directory, a directory of the
+platform's that the learner cannot write; the local launcher binds that one socket into the
+learner's sandbox at ``FFDL_REPORT_SOCKET`` and nowhere else, so only that learner's processes can
+connect. :mod:`ffdl.learner`'s helpers connect once per process and send newline-delimited JSON,
+one report per line::
+
+    {"type": "progress", "step": 12, "metrics": {"loss": 0.3}}
+    {"type": "checkpoint", "step": 12, "uri": "file:///c/step-12.pt", "size_bytes": 9, "checksum": "sha256:."}
+
+Each line may carry an integer ``local_rank`` (the process's rank among the learner's workers), which
+is parsed and kept. Whatever arrives is untrusted data, parsed as bounded data only:
+
+* a line longer than :data:`~ffdl.events.reports.MAX_REPORT_BYTES` is dropped unread (the bytes up to
+  its newline are skipped without being kept);
+* a line that is not a JSON object of a known type with a valid step is dropped; metrics are brought
+  inside :func:`~ffdl.events.reports.bound_metrics` (each drop with its reason);
+* at most :data:`MAX_CONNECTIONS` connections at a time; each is read in its own task, and the
+  reader yields to the agent's other tasks after every line, so a flood of reports, an endless line
+  or a connection that stalls mid-line never holds up the heartbeat or the exit report; a
+  connection that sent :data:`MAX_DROPS_PER_CONNECTION` bad lines is closed.
+
+Every drop is logged with the job, rank and reason (the first :data:`LOGGED_DROPS` of a connection;
+then only their count, when it closes), which is what the operator reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ffdl.adapters.launchers.environment import REPORT_SOCKET_NAME
+from ffdl.events.reports import MAX_REPORT_BYTES, bound_metrics, bound_step
+
+MAX_CONNECTIONS = 64
+READ_CHUNK_BYTES = 64 * 1024
+#: Drops logged one by one per connection; the rest are counted.
+LOGGED_DROPS = 20
+#: Drops after which a connection is closed: a program that sends that much garbage is broken or
+#: hostile, and reading it would only cost the agent the time its heartbeat needs.
+MAX_DROPS_PER_CONNECTION = 1000
+MAX_URI_LENGTH = 4096
+MAX_CHECKSUM_LENGTH = 200
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressReport:
+    step: int
+    metrics: dict[str, float]
+    #: Why metrics of the report were dropped.
+    dropped: tuple[str, ...] = ()
+    local_rank: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointReport:
+    step: int
+    uri: str
+    size_bytes: int = 0
+    checksum: str = ""
+    local_rank: int | None = None
+
+
+Report = ProgressReport | CheckpointReport
+
+
+class Dropped(ValueError):
+    """A report line that is not taken, with the reason."""
+
+
+def parse_report(line: bytes) -> Report:
+    """One line as a report, or :class:`Dropped` saying why it is none."""
+    if len(line) > MAX_REPORT_BYTES:
+        raise Dropped(f"report of {len(line)} bytes is over the limit of {MAX_REPORT_BYTES}")
+    try:
+        raw = json.loads(line)
+    except (ValueError, RecursionError) as error:
+        raise Dropped(f"not JSON: {str(error)[:120]}") from None
+    if not isinstance(raw, dict):
+        raise Dropped(f"not a JSON object: {type(raw).__name__}")
+    local_rank = raw.get("local_rank")
+    if local_rank is not None and (
+        isinstance(local_rank, bool) or not isinstance(local_rank, int) or not 0 <= local_rank < 2**16
+    ):
+        raise Dropped(f"local_rank is not a small integer: {local_rank!r:.40}")
+    try:
+        step = bound_step(raw.get("step"))
+    except ValueError as error:
+        raise Dropped(str(error)) from None
+    kind = raw.get("type")
+    if kind == "progress":
+        bounded = bound_metrics(raw.get("metrics"))
+        return ProgressReport(step, bounded.metrics, bounded.dropped, local_rank)
+    if kind == "checkpoint":
+        uri, size_bytes, checksum = raw.get("uri"), raw.get("size_bytes", 0), raw.get("checksum", "")
+        if not isinstance(uri, str) or not 0 < len(uri) <= MAX_URI_LENGTH:
+            raise Dropped(f"checkpoint uri is not a string of 1 to {MAX_URI_LENGTH} characters")
+        if isinstance(size_bytes, bool) or not isinstance(size_bytes, int) or not 0 <= size_bytes < 2**63:
+            raise Dropped(f"checkpoint size_bytes is not a size: {size_bytes!r:.40}")
+        if not isinstance(checksum, str) or len(checksum) > MAX_CHECKSUM_LENGTH:
+            raise Dropped(f"checkpoint checksum is not a string of at most {MAX_CHECKSUM_LENGTH} characters")
+        return CheckpointReport(step, uri, size_bytes, checksum, local_rank)
+    raise Dropped(f"unknown report type {kind!r:.40}")
+
+
+async def bounded_lines(reader: asyncio.StreamReader) -> AsyncIterator[bytes | None]:
+    """The lines of ``reader`` without their newline; None for a line over the limit, whose bytes
+    are skipped as they come, never held."""
+    buffer = bytearray()
+    skipping = False
+    while chunk := await reader.read(READ_CHUNK_BYTES):
+        buffer += chunk
+        while (end := buffer.find(b"\n")) >= 0:
+            line = bytes(buffer[:end])
+            del buffer[: end + 1]
+            if skipping:
+                skipping = False
+                continue
+            yield line if len(line) <= MAX_REPORT_BYTES else None
+        if len(buffer) > MAX_REPORT_BYTES:
+            if not skipping:
+                skipping = True
+                yield None
+            buffer.clear()
+    if buffer.strip() and not skipping:
+        yield bytes(buffer)  # a last line without its newline: the writer ended
+
+
+class ReportChannel:
+    """The agent's end of the channel: a server on ``report.sock`` in ``directory``.
+
+    ``on_report`` gets each report (in the loop's thread, between reads); ``owner``: whom the socket
+    is handed to (the learner user, where the learner runs as one without a sandbox)."""
+
+    def __init__(
+        self,
+        directory: Path,
+        on_report: Callable[[Report], None],
+        logger: Any,
+        *,
+        owner: tuple[int, int] | None = None,
+    ) -> None:
+        self._path = directory / REPORT_SOCKET_NAME
+        self._on_report = on_report
+        self._log = logger
+        self._owner = owner
+        self._listening: socket.socket | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+        self._refused = 0
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    async def start(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self._path.unlink()  # left by an agent of this learner that was killed
+        listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        # The path is relative to the agent's working directory when the launcher says so: a socket's
+        # path may not exceed 107 bytes, and the learners' root can be deep.
+        listening.bind(str(self._path))
+        os.chmod(self._path, 0o600)
+        if self._owner is not None:
+            os.chown(self._path, *self._owner)
+        listening.listen(MAX_CONNECTIONS)
+        listening.setblocking(False)
+        self._listening = listening
+        asyncio.get_running_loop().add_reader(listening.fileno(), self._accept_waiting)
+
+    async def close(self, drain_s: float) -> None:
+        """Stop accepting (taking in the connections already made: a learner may report and exit at
+        once); give open connections ``drain_s`` to deliver what was sent before the learner ended,
+        then cut them."""
+        if self._listening is not None:
+            asyncio.get_running_loop().remove_reader(self._listening.fileno())
+            self._accept_waiting()
+            self._listening.close()
+            self._listening = None
+        if self._connections:
+            await asyncio.wait(set(self._connections), timeout=drain_s)
+        for task in set(self._connections):
+            task.cancel()
+        await asyncio.gather(*self._connections, return_exceptions=True)
+        with contextlib.suppress(FileNotFoundError):
+            self._path.unlink()
+
+    def _accept_waiting(self) -> None:
+        """Accept every connection waiting (called when the socket is readable, and at close): none
+        made is ever lost."""
+        assert self._listening is not None
+        while True:
+            try:
+                connection, _ = self._listening.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as error:  # out of descriptors: the connection waits for the next call
+                self._log.warning("report connection not accepted", error=str(error))
+                return
+            self._take(connection)
+
+    def _take(self, connection: socket.socket) -> None:
+        if len(self._connections) >= MAX_CONNECTIONS:
+            connection.close()
+            self._refused += 1
+            if self._refused & (self._refused - 1) == 0:  # the 1st, 2nd, 4th...: a loop cannot flood the log
+                self._log.warning(
+                    "report connection refused: too many open", limit=MAX_CONNECTIONS, refused=self._refused
+                )
+            return
+        task = asyncio.create_task(self._read(connection))
+        self._connections.add(task)
+        task.add_done_callback(self._connections.discard)
+
+    async def _read(self, connection: socket.socket) -> None:
+        reader, writer = await asyncio.open_unix_connection(sock=connection)
+        await self._serve(reader, writer)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        drops = 0
+        try:
+            async for line in bounded_lines(reader):
+                try:
+                    if line is None:
+                        raise Dropped(f"report over the limit of {MAX_REPORT_BYTES} bytes")
+                    if line.strip():
+                        self._on_report(parse_report(line))
+                except Dropped as dropped:
+                    drops += 1
+                    if drops <= LOGGED_DROPS:
+                        self._log.warning("learner report dropped", reason=str(dropped))
+                    elif drops == LOGGED_DROPS + 1:
+                        self._log.warning("learner reports dropped: further drops are only counted")
+                    if drops >= MAX_DROPS_PER_CONNECTION:
+                        self._log.warning("report connection closed: too many bad reports", dropped=drops)
+                        return
+                await asyncio.sleep(0)  # a flood of lines must not starve the heartbeat
+        except (ConnectionError, OSError) as error:
+            self._log.info("report connection broke", error=str(error))
+        finally:
+            if drops > LOGGED_DROPS:
+                self._log.warning("learner reports dropped on one connection", dropped=drops)
+            writer.close()

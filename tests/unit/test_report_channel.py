@@ -1,0 +1,163 @@
+"""The report channel's parsing, its bounded reading, its server, and the confinement of checkpoints:
+whatever a learner sends is bounded data or dropped with a reason, never an exception of another kind."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ffdl.adapters.launchers.environment import checkpoint_path, resume_path
+from ffdl.events.model import Checkpoint
+from ffdl.events.reports import MAX_METRICS, MAX_REPORT_BYTES
+from ffdl.learner.channel import (
+    MAX_DROPS_PER_CONNECTION,
+    CheckpointReport,
+    Dropped,
+    ProgressReport,
+    Report,
+    ReportChannel,
+    bounded_lines,
+    parse_report,
+)
+
+
+def test_a_progress_report_is_bounded_and_keeps_its_local_rank() -> None:
+    line = b'{"type": "progress", "step": 3, "metrics": {"loss": NaN, "acc": 0.5}, "local_rank": 2}'
+
+    report = parse_report(line)
+
+    assert isinstance(report, ProgressReport)
+    assert (report.step, report.metrics, report.local_rank) == (3, {"acc": 0.5}, 2)
+    assert report.dropped and "not finite" in report.dropped[0]
+
+
+def test_a_checkpoint_report_is_taken_as_data() -> None:
+    line = b'{"type": "checkpoint", "step": 4, "uri": "file:///c/step-4", "size_bytes": 9, "checksum": "x"}'
+    assert parse_report(line) == CheckpointReport(4, "file:///c/step-4", 9, "x")
+
+
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [
+        (b"not json", "not JSON"),
+        (b"[1, 2]", "not a JSON object"),
+        (b"[" * 5000 + b"]" * 5000, "not JSON"),
+        (b'{"type": "progress", "step": -1}', "out of range"),
+        (b'{"type": "progress", "step": true}', "not an integer"),
+        (b'{"type": "progress", "step": 1, "local_rank": "0"}', "local_rank"),
+        (b'{"type": "shell", "step": 1}', "unknown report type"),
+        (b'{"type": "checkpoint", "step": 1, "uri": 7}', "uri"),
+        (b'{"type": "checkpoint", "step": 1, "uri": "file:///c", "size_bytes": -1}', "size_bytes"),
+        (b'{"type": "progress", "step": 1, "pad": "' + b"x" * MAX_REPORT_BYTES + b'"}', "over the limit"),
+    ],
+)
+def test_what_is_not_a_report_is_dropped_with_its_reason(line: bytes, reason: str) -> None:
+    with pytest.raises(Dropped, match=reason):
+        parse_report(line)
+
+
+@given(
+    st.binary(max_size=300)
+    | st.dictionaries(st.text(max_size=5), st.floats() | st.integers()).map(
+        lambda metrics: json.dumps({"type": "progress", "step": 1, "metrics": metrics}).encode()
+    )
+)
+def test_any_line_is_a_bounded_report_or_dropped(line: bytes) -> None:
+    try:
+        report = parse_report(line)
+    except Dropped:
+        return
+    if isinstance(report, ProgressReport):
+        assert len(report.metrics) <= MAX_METRICS
+        assert all(math.isfinite(value) for value in report.metrics.values())
+
+
+async def lines_of(*chunks: bytes) -> list[bytes | None]:
+    reader = asyncio.StreamReader()
+    for chunk in chunks:
+        reader.feed_data(chunk)
+    reader.feed_eof()
+    return [line async for line in bounded_lines(reader)]
+
+
+async def test_a_line_over_the_limit_is_skipped_as_it_comes_and_the_next_lines_are_read() -> None:
+    endless = [b"x" * 50_000 for _ in range(10)]
+
+    lines = await lines_of(b"a\n", *endless, b"tail of the long line\nb\n", b"c")
+
+    assert lines == [b"a", None, b"b", b"c"]
+
+
+@given(st.text(alphabet="ab/.", max_size=30))
+def test_a_checkpoint_path_is_inside_its_directory_or_none(suffix: str) -> None:
+    root = "/learners/job/checkpoints"
+    path = checkpoint_path(f"file://{root}/{suffix}", root)
+    if path is not None:
+        assert path.startswith(root + "/") and ".." not in path.split("/")
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "file:///tmp/evil-ckpt.pt",
+        "file:///learners/job/checkpoints/../../other/checkpoints/x",
+        "file:///learners/job/checkpoints",
+        "file:///learners/job/checkpoints-evil/x",
+        "s3://bucket/x",
+        "/learners/job/checkpoints/x",
+    ],
+)
+def test_no_learner_is_handed_a_checkpoint_outside_its_place(uri: str) -> None:
+    checkpoint = Checkpoint(rank=0, attempt=1, step=1, uri=uri)
+    assert resume_path(checkpoint, "/learners/job/checkpoints") == ""
+
+
+def test_a_checkpoint_inside_its_place_is_handed_on() -> None:
+    checkpoint = Checkpoint(rank=0, attempt=1, step=1, uri="file:///learners/job/checkpoints/a/./step-1")
+    assert resume_path(checkpoint, "/learners/job/checkpoints") == "/learners/job/checkpoints/a/step-1"
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.reports: list[Report] = []
+        self.warnings: list[dict[str, Any]] = []
+
+    def warning(self, event: str, **fields: Any) -> None:
+        self.warnings.append({"event": event, **fields})
+
+    def info(self, event: str, **fields: Any) -> None:
+        pass
+
+
+async def test_the_channel_takes_reports_and_closes_a_connection_that_sends_only_garbage(
+    tmp_path: Path,
+) -> None:
+    recorder = Recorder()
+    channel = ReportChannel(tmp_path, recorder.reports.append, recorder)
+    await channel.start()
+    assert channel.path.stat().st_mode & 0o777 == 0o600
+
+    def send(payload: bytes) -> None:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+            connection.connect(str(channel.path))
+            connection.sendall(payload)
+
+    await asyncio.to_thread(
+        send, b'{"type": "progress", "step": 1}\nnot json\n{"type": "progress", "step": 2}'
+    )
+    await asyncio.to_thread(send, b"junk\n" * (MAX_DROPS_PER_CONNECTION + 10))
+    await channel.close(drain_s=5.0)
+
+    assert [report.step for report in recorder.reports] == [1, 2]
+    events = [warning["event"] for warning in recorder.warnings]
+    assert events.count("learner report dropped") == 1 + 20
+    assert "report connection closed: too many bad reports" in events
+    assert not channel.path.exists()

@@ -1,0 +1,140 @@
+"""The sandbox's command line and the learner's cgroup: what a learner's sandbox holds, what its
+limits are, and how its processes are found; the sandbox itself runs in the contract and hostile suites."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ffdl.adapters.launchers.cgroups import (
+    CPU_PERIOD_US,
+    PIDS_MAX,
+    Limits,
+    joining_command,
+    make_group,
+    remove_job_groups,
+)
+from ffdl.adapters.launchers.sandbox import (
+    REPORT_SOCKET_INSIDE,
+    LearnerPlaces,
+    Sandbox,
+    SandboxUnavailable,
+    interpreter_paths,
+    sandbox_processes,
+)
+from tests.services import wait_until
+
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+
+
+def binds(arguments: list[str], kind: str) -> list[str]:
+    return [arguments[index + 2] for index, word in enumerate(arguments) if word == kind]
+
+
+def test_a_learner_holds_its_own_places_writable_and_nothing_of_the_platform(tmp_path: Path) -> None:
+    data_dir, root = tmp_path / "data", tmp_path / "learners"
+    data_dir.mkdir()
+    root.mkdir()
+    interpreter = tmp_path  # an interpreter installed above the platform's directories
+    sandbox = Sandbox("/usr/bin/bwrap", (interpreter,), (data_dir, root))
+    job = root / "job-1"
+    places = LearnerPlaces(
+        writable=[job / "work", job / "checkpoints"],
+        readable=[Path("/datasets/digits")],
+        report_socket=job / "channels" / "attempt-1-rank-0" / "report.sock",
+        work_dir=job / "work",
+    )
+
+    arguments = sandbox.arguments(places, 65534, 65534)
+
+    assert arguments[-5:] == ["--remount-ro", "/", "--chdir", str(job / "work"), "--"]
+    assert binds(arguments, "--bind") == [str(job / "work"), str(job / "checkpoints")]
+    assert str(places.report_socket) in arguments and REPORT_SOCKET_INSIDE in arguments
+    assert "/datasets/digits" in binds(arguments, "--ro-bind")
+    # the platform's places inside the bound interpreter tree are covered again, before the job's
+    tmpfs = [arguments[index + 1] for index, word in enumerate(arguments) if word == "--tmpfs"]
+    assert {str(data_dir.resolve()), str(root.resolve())} <= set(tmpfs)
+    assert arguments.index(str(root.resolve())) < arguments.index(str(job / "work"))
+    flags = ("--unshare-user", "--disable-userns", "--unshare-pid", "--unshare-ipc", "--die-with-parent")
+    for flag in (*flags, "--new-session"):
+        assert flag in arguments
+    assert "/etc" not in binds(arguments, "--ro-bind")
+    assert not any(path.endswith("shadow") for path in binds(arguments, "--ro-bind"))
+
+
+def test_the_interpreter_paths_cover_this_python_and_none_twice() -> None:
+    paths = interpreter_paths()
+    assert any(Path(os.path.realpath(sys.executable)).is_relative_to(path) for path in paths)
+    assert all(not a.is_relative_to(b) for a in paths for b in paths if a != b)
+
+
+def test_without_bwrap_the_sandbox_cannot_be_made_and_says_how_to_opt_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(SandboxUnavailable, match="FFDL_SANDBOX=off"):
+        Sandbox.for_this_interpreter([])
+
+
+@needs_bwrap
+def test_the_processes_of_a_sandbox_are_found_from_outside_but_its_init(tmp_path: Path) -> None:
+    sandbox = Sandbox.for_this_interpreter([])
+    base = sandbox.base_arguments(os.geteuid(), os.getegid())
+    bwrap = subprocess.Popen([*base, "--", "/bin/sh", "-c", "setsid sleep 30 & exec sleep 31"])
+
+    def commands() -> list[bytes]:
+        found = []
+        for pid in sandbox_processes(bwrap.pid):
+            with contextlib.suppress(OSError):
+                found.append(Path(f"/proc/{pid}/cmdline").read_bytes())
+        return sorted(found)
+
+    try:
+        # both sleeps, the setsid one too, and not bwrap's init
+        wait_until(lambda: commands() == [b"sleep\x0030\x00", b"sleep\x0031\x00"], 10.0, what="both sleeps")
+    finally:
+        bwrap.kill()
+        bwrap.wait()
+
+
+def test_limits_come_from_the_manifest() -> None:
+    limits = Limits.for_learner("job-1", 2, 0, cpus=1.5, memory_mb=512)
+    assert limits == Limits("job-1-a2-r0", 512 << 20, 150_000, PIDS_MAX)
+    assert Limits.from_json(limits.to_json()) == limits
+    with pytest.raises(ValueError, match="cannot name a directory"):
+        Limits.from_json(limits.to_json().replace("job-1-a2-r0", "../escape"))
+
+
+def test_a_v1_host_gets_each_limit_in_its_controller_and_says_which_it_lacks(tmp_path: Path) -> None:
+    for controller in ("memory", "cpu"):
+        (tmp_path / controller).mkdir()
+    (tmp_path / "pids").write_text("not a hierarchy")
+    limits = Limits.for_learner("job-1", 1, 0, cpus=2, memory_mb=64)
+
+    group = make_group(limits, tmp_path)
+
+    memory = tmp_path / "memory" / "ffdl" / "job-1-a1-r0"
+    cpu = tmp_path / "cpu" / "ffdl" / "job-1-a1-r0"
+    assert group.directories == (memory, cpu)
+    assert (memory / "memory.limit_in_bytes").read_text() == str(64 << 20)
+    assert (cpu / "cpu.cfs_quota_us").read_text() == str(2 * CPU_PERIOD_US)
+    assert [problem.split(":")[0] for problem in group.not_enforced] == ["pids"]
+    command = joining_command(group, ["bwrap", "--"])
+    assert command[-2:] == ["bwrap", "--"] and str(memory / "cgroup.procs") in command
+
+
+def test_a_stopped_jobs_leftover_groups_are_removed_and_no_other_jobs(tmp_path: Path) -> None:
+    for controller in ("memory", "pids"):
+        for name in ("job-1-a1-r0", "job-1-a2-r3", "job-1-a1-r0x", "job-1-abc-a1-r0", "job-2-a1-r0"):
+            (tmp_path / controller / "ffdl" / name).mkdir(parents=True)
+
+    assert remove_job_groups("job-1", tmp_path) == []
+
+    left = sorted(path.name for path in (tmp_path / "memory" / "ffdl").iterdir())
+    assert left == ["job-1-a1-r0x", "job-1-abc-a1-r0", "job-2-a1-r0"]
