@@ -26,7 +26,8 @@ pytest.importorskip("torch", reason="the test extra (torch==2.13.0) is not insta
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
-TRAIN = f"{sys.executable} -m ffdl.examples.torch_ddp.train"
+TRAIN_MODULE = "ffdl.examples.torch_ddp.train"
+TRAIN = f"{sys.executable} -m {TRAIN_MODULE}"
 LOSS = re.compile(r"^step (\d+) loss ([0-9.]+)$", re.MULTILINE)
 
 
@@ -40,13 +41,16 @@ async def settings(tmp_path: Path) -> Settings:
 @pytest.fixture(autouse=True)
 def torchrun_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``torchrun`` as the learners find it on their PATH: this interpreter's (the test's venv need
-    not be on PATH)."""
+    not be on PATH), in a directory every learner's sandbox holds. A sandbox holds the platform's
+    interpreter and import path, read-only, where an installed torch's ``torchrun`` lies beside it;
+    the shim's directory joins the import path before the platform starts, to be held the same way."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     shim = bin_dir / "torchrun"
     shim.write_text(f'#!/bin/sh\nexec {sys.executable} -m torch.distributed.run "$@"\n')
     shim.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.syspath_prepend(str(bin_dir))
 
 
 def torch_manifest(name: str, command: str, **extra: Any) -> str:
@@ -63,11 +67,26 @@ def checkpoint_dir(settings: Settings, job_id: str) -> Path:
     return settings.work_dir / job_id / "checkpoints"
 
 
-def python_of(shell_pid: int) -> int:
-    """The training process the learner's shell runs (the shell is what the heartbeat names)."""
-    children = Path(f"/proc/{shell_pid}/task/{shell_pid}/children").read_text().split()
-    assert len(children) == 1, children
-    return int(children[0])
+def python_of(learner_pid: int) -> int:
+    """The training process a learner runs: the one process under the pid its heartbeat names (its
+    sandbox's bwrap, or its shell unsandboxed) with the training module as an argument of its own
+    (the shell that runs it has the module only inside its ``-c`` script)."""
+    found = [pid for pid in descendants(learner_pid) if TRAIN_MODULE in arguments(pid)]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def descendants(pid: int) -> list[int]:
+    children = [
+        int(child)
+        for task in Path(f"/proc/{pid}/task").iterdir()
+        for child in (task / "children").read_text().split()
+    ]
+    return [pid for child in children for pid in (child, *descendants(child))]
+
+
+def arguments(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
 
 
 def tails(settings: Settings, job: dict[str, Any]) -> str:
