@@ -163,6 +163,32 @@ async def test_the_beat_carries_progress_metrics_and_the_latest_checkpoint(
     assert learner_key(JOB, 0) not in store.keys  # the lease was revoked
 
 
+async def test_each_workers_reports_arrive_over_the_channel_apart_and_the_learner_is_at_the_slowest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run_agent: AgentRunner
+) -> None:
+    """Under torchrun a learner's workers report with their LOCAL_RANK: learner 1 of two workers each
+    holds global ranks 2 and 3, and its step is the slower one's."""
+    store = FlakyStore()
+    monkeypatch.setenv("FFDL_REPORT_SOCKET", str(tmp_path / "report.sock"))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+
+    def worker(local_rank: int, step: int) -> str:
+        program = f"from ffdl import learner; learner.report_progress({step})"
+        return f'LOCAL_RANK={local_rank} {sys.executable} -c "{program}"'
+
+    command = f"{worker(0, 5)} && {worker(1, 3)} && {until_go(tmp_path / 'go')}"
+    agent = LearnerAgent(replace(config(tmp_path), rank=1), store, command)
+    running = run_agent(agent)
+
+    await wait_until_async(
+        lambda: (b := store.beat(1)) is not None and b.workers == {2: 5, 3: 3}, WAIT_S, what="both workers"
+    )
+    beat = store.beat(1)
+    assert beat is not None and beat.step == 3
+    (tmp_path / "go").touch()
+    assert await running == 0
+
+
 async def test_new_output_counts_as_progress_but_does_not_move_the_step(
     tmp_path: Path, run_agent: AgentRunner
 ) -> None:
