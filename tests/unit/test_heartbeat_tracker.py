@@ -477,13 +477,18 @@ def test_a_new_checkpoint_is_progress() -> None:
     assert losses(tracked.tick(AFTER_GRACE + PROGRESS_TIMEOUT_S + 5, WALL)) == []
 
 
-def test_a_learner_left_alone_by_its_exited_peers_is_still_watched() -> None:
+def test_a_learner_left_alone_by_its_exited_peers_is_still_watched_from_when_they_finished() -> None:
+    """Rank 0 trains and logs, rank 1 is silent: when rank 0 finishes, rank 1 (still tearing down)
+    has the timeout from then to finish too, and is hung only after it."""
     tracked = following(running(learners=2))
     tracked.put(learner_key(JOB_ID, 0), beat(step=3), AFTER_GRACE)
-    tracked.put(learner_key(JOB_ID, 1), beat(step=3), AFTER_GRACE)
-    tracked.put(exit_key(JOB_ID, 1, 1), encode_exit(0), AFTER_GRACE + 1)
-    [hung] = losses(tracked.tick(AFTER_GRACE + PROGRESS_TIMEOUT_S + 1, WALL))
-    assert hung.rank == 0
+    tracked.put(learner_key(JOB_ID, 1), beat(step=0), AFTER_GRACE)
+    finished = AFTER_GRACE + 2 * PROGRESS_TIMEOUT_S
+    tracked.put(learner_key(JOB_ID, 0), beat(step=4), finished - 1)
+    tracked.put(exit_key(JOB_ID, 1, 0), encode_exit(0), finished)
+    assert losses(tracked.tick(finished + PROGRESS_TIMEOUT_S, WALL)) == []
+    [hung] = losses(tracked.tick(finished + PROGRESS_TIMEOUT_S + 0.1, WALL))
+    assert hung.rank == 1
 
 
 @settings(max_examples=60, deadline=None)

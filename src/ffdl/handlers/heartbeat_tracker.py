@@ -264,22 +264,26 @@ class HeartbeatTracker:
         """The rank to report hung when the job's gang made no progress for its timeout: of the
         learners running (they beat, and have not exited), the one whose last progress is oldest;
         None while the gang progresses, or once one of its learners is lost (the gang restarts:
-        one report is enough). A learner not beating yet is the launch timeout's business."""
+        one report is enough). A learner that finished counts as progress when it finished, so the
+        silent ranks it leaves behind have the timeout to finish too. A learner not beating yet is
+        the launch timeout's business."""
         job = watched.job
         if job.state is not JobState.RUNNING:
             return None
-        progressed: list[tuple[float, int]] = []
+        latest = 0.0
+        running: list[tuple[float, int]] = []
         for state in job.learners:
-            if not state.active:
-                continue
             learner = watched.learner(state.rank)
-            if learner.lost:
+            if state.active and learner.lost:
                 return None
-            if learner.beat is not None and not learner.exited:
-                progressed.append((learner.progress_at, state.rank))
-        if not progressed or now - max(progressed)[0] <= job.spec.progress_timeout_s:
+            if learner.beat is None or not (state.active or learner.exited):
+                continue
+            latest = max(latest, learner.progress_at)
+            if state.active and not learner.exited:
+                running.append((learner.progress_at, state.rank))
+        if not running or now - latest <= job.spec.progress_timeout_s:
             return None
-        return min(progressed)[1]
+        return min(running)[1]
 
     # -- reactions --------------------------------------------------------------------------------
 
@@ -374,6 +378,9 @@ class HeartbeatTracker:
         self._maybe_progress(watched.job, rank, learner, now, force=True)
         self._maybe_checkpoint(watched.job, rank, learner)
         learner.exited = True
+        if code == 0:
+            # finishing is progress: its peers (often silent ranks) get the timeout to finish too
+            learner.progress_at = now
         self._report(
             watched.job, cmd.ReportLearnerExited(rank=rank, attempt=watched.job.attempt, exit_code=code)
         )
