@@ -7,8 +7,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 APT_PACKAGES := etcd-server mosquitto mosquitto-clients tini chromium iproute2 bubblewrap
 PYTEST_ARGS ?=
-# The extras `make test` installs (the project itself always, editable).
-EXTRAS ?= dev
+# The extras the venv gets (the project itself always, editable): the suite needs the tools (dev),
+# the frameworks it runs real jobs of (test) and the example learners (examples); `make demo` needs
+# only the examples.
+EXTRAS ?= dev,test,examples
 # Every package of the project and all its extras, pinned: what the venv and the image install
 # (as constraints: each installs only what it needs, at the locked version). `make lock` writes it.
 LOCK := requirements.lock
@@ -41,8 +43,9 @@ services:
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
 	fi
 
+demo: EXTRAS = examples
 demo: $(STAMP)
-	$(BIN)/pip install --quiet --no-deps -e .
+	$(BIN)/pip install --quiet -c $(LOCK) -e '.[$(EXTRAS)]'
 	$(BIN)/ffdl demo
 
 lint: $(STAMP)
@@ -53,7 +56,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy -p ffdl
 
 test: $(STAMP) services
-	$(BIN)/pip install --quiet --no-deps -e .
+	$(BIN)/pip install --quiet -c $(LOCK) -e '.[$(EXTRAS)]'
 	$(BIN)/ruff check .
 	$(BIN)/mypy -p ffdl
 	$(BIN)/pytest -q $(PYTEST_ARGS)

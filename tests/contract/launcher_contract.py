@@ -200,7 +200,15 @@ class LauncherContract:
             assert env["DATA_DIR"] == "/data/digits"
             assert env["FROM_SPEC"] == "spec value"
             assert env["FROM_PLATFORM"] == "platform value"
-        assert [env["LOCAL_RANK"] for env in environments] == ["0", "1", "0"]
+        # Each learner is one torch elastic node whose only worker sees only its own GPUs.
+        for rank, env in enumerate(environments):
+            assert env["LOCAL_RANK"] == "0"
+            assert env["LOCAL_WORLD_SIZE"] == "1"
+            assert env["GROUP_RANK"] == env["NODE_RANK"] == env["ROLE_RANK"] == str(rank)
+            assert env["GROUP_WORLD_SIZE"] == env["ROLE_WORLD_SIZE"] == "3"
+            assert env["TORCHELASTIC_RUN_ID"] == job_id
+            assert env["TORCHELASTIC_RESTART_COUNT"] == "1"
+            assert env["OMP_NUM_THREADS"].isdigit()
         visible = [rig.visible_devices(gpus) for gpus in ((0,), (3,), (1,))]
         assert [env["CUDA_VISIBLE_DEVICES"] for env in environments] == visible
         shared = ("MASTER_ADDR", "MASTER_PORT", "FFDL_CHECKPOINT_DIR", "RESULT_DIR")

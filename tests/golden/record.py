@@ -28,12 +28,15 @@ by the owner that launches in the allocation's own decision are the ``NAME_direc
 were recorded before principals: their commands name none, the reactor admitted jobs, the scheduler's
 commands were checked against no leader and jobs were placed on nodes the log never had, all of which
 today's owner refuses; those decisions replay through the known change ``principals``. The stories
-told with each command sent for its principal and every node observed before a job is placed on it
-are the ``NAME_principals`` logs, with ``forged_commands_principals``: what a hostile sender tries.
-Today's stories, the same with learners' progress in its second version (bounded metrics and the reasons of
-what was dropped, ``LearnerProgressed`` and ``ReportProgress`` v2; ``JobCompleted`` and
-``FinishStoring`` v2), are the ``NAME_bounded_reports`` logs; the ``_principals`` logs replay through
-the upcasters.
+told for principals, each command sent for its principal and every node observed before a job is
+placed on it, are the ``NAME_principals`` logs, with ``forged_commands_principals``: what a hostile
+sender tries. The same stories were told again by two changes made side by side: with version 2
+specs (``SubmitJob`` and ``JobSubmitted``: launcher, nproc_per_node, keep_checkpoints and
+stop_grace_s), the ``NAME_spec_v2`` logs; and with learners' progress in its second version (bounded
+metrics and the reasons of what was dropped, ``LearnerProgressed`` and ``ReportProgress`` v2;
+``JobCompleted`` and ``FinishStoring`` v2), the ``NAME_bounded_reports`` logs. Each older log replays
+through the upcasters of what it predates. Today's stories, with both, are the
+``NAME_specs_and_reports_v2`` logs.
 
 The :class:`Owner` here is the partition owner without I/O: the owner's gate and the job and node
 deciders, their folds and the cluster view, on a virtual clock, the way ``handlers/owner.py`` runs
@@ -735,21 +738,21 @@ def forged_commands(owner: Owner) -> None:
 
 #: Each scenario as today's platform tells it, with its owner's restart policy.
 SCENARIOS: dict[str, tuple[Callable[[Owner], None], RestartPolicy]] = {
-    "happy_path_bounded_reports": (happy_path, RestartPolicy()),
-    "restart_after_kill_bounded_reports": (
+    "happy_path_specs_and_reports_v2": (happy_path, RestartPolicy()),
+    "restart_after_kill_specs_and_reports_v2": (
         restart_after_kill,
         RestartPolicy(base_s=1.0, factor=2.0, max_backoff_s=60.0),
     ),
-    "halt_resume_bounded_reports": (halt_resume, RestartPolicy()),
-    "cancel_bounded_reports": (cancel, RestartPolicy()),
-    "max_restarts_failure_bounded_reports": (
+    "halt_resume_specs_and_reports_v2": (halt_resume, RestartPolicy()),
+    "cancel_specs_and_reports_v2": (cancel, RestartPolicy()),
+    "max_restarts_failure_specs_and_reports_v2": (
         max_restarts_failure,
         RestartPolicy(base_s=0.5, factor=3.0, max_backoff_s=30.0),
     ),
-    "rejected_commands_bounded_reports": (rejected_commands, RestartPolicy()),
-    "preemption_bounded_reports": (preemption, RestartPolicy()),
-    "node_drain_bounded_reports": (node_drain, RestartPolicy()),
-    "forged_commands_bounded_reports": (forged_commands, RestartPolicy()),
+    "rejected_commands_specs_and_reports_v2": (rejected_commands, RestartPolicy()),
+    "preemption_specs_and_reports_v2": (preemption, RestartPolicy()),
+    "node_drain_specs_and_reports_v2": (node_drain, RestartPolicy()),
+    "forged_commands_specs_and_reports_v2": (forged_commands, RestartPolicy()),
 }
 #: The instant every golden log starts at.
 START = datetime(2024, 5, 1, 9, 0, tzinfo=UTC)

@@ -230,6 +230,23 @@ def test_learner_exit_nonzero_restarts_the_next_attempt_from_the_latest_checkpoi
     assert (second[-1].data.attempt, second[-1].data.backoff_s) == (3, 6.0)
 
 
+def test_a_relaunch_resumes_from_a_checkpoint_recorded_while_the_gang_was_stopping() -> None:
+    """The surviving learners' agents record what they find on their way out (rank 0 saved just
+    before its peer died): the next attempt starts from it, and says so."""
+    owner = Owner(_spec(learners=2))
+    owner.reach(S.RUNNING)
+    owner.send(cmd.ReportCheckpoint(checkpoint=_checkpoint(step=40)))
+    restarting = owner.send(owner._exited(1, -9))[-1].data
+    assert isinstance(restarting, ev.JobRestarting) and restarting.resume_from == _checkpoint(step=40)
+
+    newest = _checkpoint(step=60)
+    owner.send(cmd.ReportCheckpoint(checkpoint=newest))
+    relaunch = owner.send(cmd.BeginLaunch(attempt=2))
+
+    assert relaunch[0].data == ev.JobLaunching(attempt=2, resume_from=newest)
+    assert owner.job is not None and owner.job.resume_from == newest
+
+
 def test_restarts_beyond_the_manifest_limit_fail_the_job_with_c200_naming_the_learner() -> None:
     owner = Owner(_spec(learners=2, max_restarts=1))
     owner.reach(S.RUNNING)

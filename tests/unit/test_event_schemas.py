@@ -293,7 +293,7 @@ def test_undecodable_events_say_why(value: bytes | str, reason: str) -> None:
             json.dumps(_without(_submit_command(), "tenant")),
             "invalid command envelope: tenant: Field required",
         ),
-        (json.dumps({**_submit_command(), "schema_version": 2}), "SubmitJob schema_version 2 is newer"),
+        (json.dumps({**_submit_command(), "schema_version": 3}), "SubmitJob schema_version 3 is newer"),
     ],
     ids=["bytes", "string", "unknown-type", "no-spec", "no-spec-command", "no-tenant", "newer-version"],
 )

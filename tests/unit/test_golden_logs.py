@@ -93,14 +93,26 @@ WRITTEN_BEFORE_PRINCIPALS = (
     | {f"{name}_direct_launch" for name in WRITTEN_BEFORE_THE_LAUNCH_HOP_WAS_DROPPED - {"halt_resume_v1"}}
     | {"halt_resume_direct_launch"}
 )
-
-
-#: The stories told with principals, before progress reports were bounded (``LearnerProgressed`` v1).
-WRITTEN_BEFORE_BOUNDED_REPORTS = {name.replace("_bounded_reports", "_principals") for name in SCENARIOS}
+#: Today's stories, each by its name.
+STORIES = {name.removesuffix("_specs_and_reports_v2") for name in SCENARIOS}
+#: The stories told with principals, with version 1 specs (before launcher, nproc_per_node,
+#: keep_checkpoints and stop_grace_s) and unbounded reports (``LearnerProgressed`` v1): they replay
+#: through both upcasters, deciding the same.
+WRITTEN_BEFORE_SPEC_V2_AND_BOUNDED_REPORTS = {f"{story}_principals" for story in STORIES}
+#: The same stories told with bounded reports and version 1 specs: through the spec's upcaster.
+WRITTEN_BEFORE_SPEC_V2 = {f"{story}_bounded_reports" for story in STORIES}
+#: The same stories told with version 2 specs and unbounded reports: through the reports' upcasters.
+WRITTEN_BEFORE_BOUNDED_REPORTS = {f"{story}_spec_v2" for story in STORIES}
 
 
 def test_every_recorded_scenario_of_the_issue_has_a_golden_log() -> None:
-    assert WRITTEN_BEFORE_PRINCIPALS | WRITTEN_BEFORE_BOUNDED_REPORTS | SCENARIOS.keys() == set(GOLDEN)
+    assert (
+        WRITTEN_BEFORE_PRINCIPALS
+        | WRITTEN_BEFORE_SPEC_V2_AND_BOUNDED_REPORTS
+        | WRITTEN_BEFORE_SPEC_V2
+        | WRITTEN_BEFORE_BOUNDED_REPORTS
+        | SCENARIOS.keys()
+    ) == set(GOLDEN)
 
 
 def test_todays_deciders_decide_every_recorded_command_exactly_as_recorded(golden: GoldenLog) -> None:

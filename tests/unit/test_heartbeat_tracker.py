@@ -304,7 +304,10 @@ def test_a_learner_that_stops_progressing_is_lost_as_hung() -> None:
     assert reports(tracked.tick(AFTER_GRACE + 20 + PROGRESS_TIMEOUT_S, WALL)) == []
     [hung] = reports(tracked.tick(AFTER_GRACE + 20 + PROGRESS_TIMEOUT_S + 0.1, WALL))
     assert hung == cmd.ReportLearnerLost(
-        rank=0, attempt=1, reason=LossReason.HUNG, detail="no progress for 30s (step 2)"
+        rank=0,
+        attempt=1,
+        reason=LossReason.HUNG,
+        detail="the gang made no progress for 30s (rank 0 at step 2)",
     )
 
 
@@ -440,3 +443,87 @@ def test_a_learner_that_beats_with_progress_is_never_lost(waits: list[float]) ->
         now += wait
         effects += tracked.tick(now, WALL + timedelta(seconds=now))
         assert losses(effects) == []
+
+
+def test_a_quiet_rank_whose_gang_progresses_is_not_hung() -> None:
+    """Only rank 0 logs, as is normal practice: rank 1's beat never changes after it started."""
+    tracked = following(running(learners=2))
+    tracked.put(learner_key(JOB_ID, 1), beat(step=0), AFTER_GRACE)
+    for second in range(0, 3 * int(PROGRESS_TIMEOUT_S), 5):
+        tracked.put(learner_key(JOB_ID, 0), beat(step=second), AFTER_GRACE + second)
+        assert losses(tracked.tick(AFTER_GRACE + second + 1, WALL)) == []
+
+
+def test_a_gang_stuck_behind_one_stopped_rank_is_hung_once_naming_the_rank_quiet_the_longest() -> None:
+    tracked = following(running(learners=3))
+    for rank in range(3):
+        tracked.put(learner_key(JOB_ID, rank), beat(step=10), AFTER_GRACE)
+    tracked.put(learner_key(JOB_ID, 0), beat(step=11), AFTER_GRACE + 2)
+    tracked.put(learner_key(JOB_ID, 2), beat(step=11), AFTER_GRACE + 3)  # rank 1 stopped before step 11
+
+    assert losses(tracked.tick(AFTER_GRACE + 3 + PROGRESS_TIMEOUT_S, WALL)) == []
+    [hung] = losses(tracked.tick(AFTER_GRACE + 3 + PROGRESS_TIMEOUT_S + 0.1, WALL))
+    assert (hung.rank, hung.reason) == (1, LossReason.HUNG)
+    assert hung.detail == "the gang made no progress for 30s (rank 1 at step 10)"
+    assert losses(tracked.tick(AFTER_GRACE + 10 * PROGRESS_TIMEOUT_S, WALL)) == []  # one report
+
+
+def test_a_new_checkpoint_is_progress() -> None:
+    tracked = following(running())
+    key = learner_key(JOB_ID, 0)
+    tracked.put(key, beat(step=5), AFTER_GRACE)
+    checkpoint = {"step": 5, "uri": "file:///ckpt/5.pt"}
+    tracked.put(key, beat(step=5, checkpoint=checkpoint), AFTER_GRACE + 20)
+    assert losses(tracked.tick(AFTER_GRACE + PROGRESS_TIMEOUT_S + 5, WALL)) == []
+
+
+def test_a_learner_left_alone_by_its_exited_peers_is_still_watched_from_when_they_finished() -> None:
+    """Rank 0 trains and logs, rank 1 is silent: when rank 0 finishes, rank 1 (still tearing down)
+    has the timeout from then to finish too, and is hung only after it."""
+    tracked = following(running(learners=2))
+    tracked.put(learner_key(JOB_ID, 0), beat(step=3), AFTER_GRACE)
+    tracked.put(learner_key(JOB_ID, 1), beat(step=0), AFTER_GRACE)
+    finished = AFTER_GRACE + 2 * PROGRESS_TIMEOUT_S
+    tracked.put(learner_key(JOB_ID, 0), beat(step=4), finished - 1)
+    tracked.put(exit_key(JOB_ID, 1, 0), encode_exit(0), finished)
+    assert losses(tracked.tick(finished + PROGRESS_TIMEOUT_S, WALL)) == []
+    [hung] = losses(tracked.tick(finished + PROGRESS_TIMEOUT_S + 0.1, WALL))
+    assert hung.rank == 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    learners=st.integers(min_value=1, max_value=4),
+    progress=st.lists(
+        st.tuples(st.floats(min_value=0, max_value=200), st.integers(min_value=0, max_value=3)), max_size=30
+    ),
+    ticks=st.lists(st.floats(min_value=0, max_value=300), min_size=1, max_size=20),
+)
+def test_the_gang_is_hung_exactly_when_no_rank_progressed_for_the_timeout(
+    learners: int, progress: list[tuple[float, int]], ticks: list[float]
+) -> None:
+    """Every learner beats at the start; later beats of any rank are progress (a new step each).
+    Whatever the interleaving, a hang is reported at the first tick that finds the gang's last
+    progress more than the timeout ago, and never before."""
+    tracked = following(running(learners=learners))
+    steps = dict.fromkeys(range(learners), 0)
+    for rank in range(learners):
+        tracked.put(learner_key(JOB_ID, rank), beat(step=0), AFTER_GRACE)
+    inputs = sorted(
+        [(AFTER_GRACE + at, "beat", rank % learners) for at, rank in progress]
+        + [(AFTER_GRACE + at, "tick", -1) for at in ticks]
+    )
+    last_progress = AFTER_GRACE
+    reported = False
+    for at, kind, rank in inputs:
+        if kind == "beat":
+            if reported:
+                continue
+            steps[rank] += 1
+            tracked.put(learner_key(JOB_ID, rank), beat(step=steps[rank]), at)
+            last_progress = at
+            continue
+        found = losses(tracked.tick(at, WALL))
+        expected = not reported and at - last_progress > PROGRESS_TIMEOUT_S
+        assert bool(found) == expected, (at, last_progress)
+        reported = reported or expected

@@ -59,7 +59,7 @@ LOGIN = PodLogin("ffdl-job-mnist-1a2b", login_secret_name("mnist-1a2b"))
 def pod(
     launch: LaunchRequest, rank: int = 0, settings: PodSettings = SETTINGS, login: PodLogin | None = None
 ) -> dict[str, Any]:
-    return pod_manifest(launch, launch.placement.learners[rank], 0, SERVICE, settings, login)
+    return pod_manifest(launch, launch.placement.learners[rank], SERVICE, settings, login)
 
 
 def env_of(manifest: dict[str, Any]) -> dict[str, str]:

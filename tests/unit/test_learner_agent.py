@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 import signal
 import subprocess
 import sys
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -159,6 +161,32 @@ async def test_the_beat_carries_progress_metrics_and_the_latest_checkpoint(
     assert await running == 0
     assert parse_exit(store.keys[exit_key(JOB, 1, 0)][0]) == 0
     assert learner_key(JOB, 0) not in store.keys  # the lease was revoked
+
+
+async def test_each_workers_reports_arrive_over_the_channel_apart_and_the_learner_is_at_the_slowest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run_agent: AgentRunner
+) -> None:
+    """Under torchrun a learner's workers report with their LOCAL_RANK: learner 1 of two workers each
+    holds global ranks 2 and 3, and its step is the slower one's."""
+    store = FlakyStore()
+    monkeypatch.setenv("FFDL_REPORT_SOCKET", str(tmp_path / "report.sock"))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+
+    def worker(local_rank: int, step: int) -> str:
+        program = f"from ffdl import learner; learner.report_progress({step})"
+        return f'LOCAL_RANK={local_rank} {sys.executable} -c "{program}"'
+
+    command = f"{worker(0, 5)} && {worker(1, 3)} && {until_go(tmp_path / 'go')}"
+    agent = LearnerAgent(replace(config(tmp_path), rank=1), store, command)
+    running = run_agent(agent)
+
+    await wait_until_async(
+        lambda: (b := store.beat(1)) is not None and b.workers == {2: 5, 3: 3}, WAIT_S, what="both workers"
+    )
+    beat = store.beat(1)
+    assert beat is not None and beat.step == 3
+    (tmp_path / "go").touch()
+    assert await running == 0
 
 
 async def test_new_output_counts_as_progress_but_does_not_move_the_step(
@@ -321,3 +349,51 @@ async def test_a_learner_ended_by_sigterm_is_reported_as_signal_15(tmp_path: Pat
     status, reported = await stop_group_and_collect(tmp_path, start_agent(tmp_path, command))
 
     assert (status, reported) == (128 + signal.SIGTERM, -signal.SIGTERM)
+
+
+def with_checkpoint_dir(tmp_path: Path, directory: Path, keep: int = 3) -> AgentConfig:
+    environment = {
+        **config(tmp_path).command_environment,
+        "FFDL_CHECKPOINT_DIR": str(directory),
+        "FFDL_KEEP_CHECKPOINTS": str(keep),
+    }
+    return replace(config(tmp_path), command_environment=environment)
+
+
+async def test_a_checkpoint_the_program_saves_without_ffdl_is_discovered_while_it_runs(
+    tmp_path: Path, run_agent: AgentRunner
+) -> None:
+    store = FlakyStore()
+    directory = tmp_path / "checkpoints"
+    directory.mkdir()
+    command = f"printf weights > {directory}/ckpt_step_12.pt.tmp && mv {directory}/ckpt_step_12.pt.tmp "
+    command += f"{directory}/ckpt_step_12.pt && {until_go(tmp_path / 'go')}"
+    running = run_agent(LearnerAgent(with_checkpoint_dir(tmp_path, directory), store, command))
+
+    await wait_until_async(
+        lambda: (b := store.beat()) is not None and b.checkpoint is not None, WAIT_S, what="a checkpoint"
+    )
+    beat = store.beat()
+    assert beat is not None and beat.checkpoint is not None
+    assert beat.checkpoint["step"] == 12
+    assert beat.checkpoint["uri"] == f"file://{directory}/ckpt_step_12.pt"
+    assert beat.checkpoint["size_bytes"] == len(b"weights")
+    assert beat.checkpoint["checksum"] == "sha256:" + hashlib.sha256(b"weights").hexdigest()
+    (tmp_path / "go").touch()
+    assert await running == 0
+
+
+async def test_a_checkpoint_written_just_before_the_exit_is_in_the_last_beat(
+    tmp_path: Path, run_agent: AgentRunner
+) -> None:
+    store = FlakyStore()
+    directory = tmp_path / "checkpoints"
+    directory.mkdir()
+    for step in (10, 20):
+        (directory / f"{step}.pt").write_bytes(b"old")
+    agent = LearnerAgent(
+        with_checkpoint_dir(tmp_path, directory, keep=1), store, f"printf new > {directory}/30.pt"
+    )
+    assert await run_agent(agent) == 0
+    assert agent.beat.checkpoint is not None and agent.beat.checkpoint["step"] == 30
+    assert sorted(path.name for path in directory.iterdir()) == ["30.pt"]  # kept: the newest one

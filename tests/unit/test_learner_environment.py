@@ -49,12 +49,14 @@ SITE = LearnerSite(
     heartbeat_ttl_s=5.0,
     files={"FFDL_LOG_FILE": "/learners/job/logs/l.log", "FFDL_REPORT_SOCKET": "/run/ffdl/report.sock"},
     base={**inherited_environment(PLATFORM), "HOME": "/learners/job/work"},
+    worker_addresses=["127.0.0.1:29500"],
 )
 
 
 def request(env: dict[str, str]) -> LaunchRequest:
     # model_construct: a spec as an older version may have put it on the log, unchecked
-    spec = JobSpec.model_construct(**{**JobSpec(name="job", command="train").model_dump(), "env": env})
+    spec = JobSpec(name="job", command="train", framework="tensorflow")
+    spec = JobSpec.model_construct(**{**spec.model_dump(), "env": env})
     placement = Placement(learners=(LearnerPlacement(rank=0, node="node-a", gpus=(1,)),))
     return LaunchRequest("job-1", "acme", 1, spec, placement, None, env={"FFDL_HEARTBEATS": "embedded:///x"})
 
@@ -71,7 +73,7 @@ def test_a_learner_keeps_only_the_allow_listed_part_of_the_platforms_environment
 def test_the_agent_gets_the_jobs_env_only_wrapped_and_the_command_gets_it_unwrapped() -> None:
     agent = learner_environment(request({"OMP_NUM_THREADS": "4", "PATH": "/opt/conda/bin"}), *placed(), SITE)
     assert agent["PATH"] == "/usr/bin:/bin"  # the agent runs with what the platform chose
-    assert "OMP_NUM_THREADS" not in agent
+    assert agent["OMP_NUM_THREADS"] == "1"  # the platform's default, from the learner's one CPU
     assert agent[f"{JOB_ENV_PREFIX}OMP_NUM_THREADS"] == "4"
     assert not {"FFDL_TOKEN", "FFDL_KAFKA__SASL_PASSWORD", "AWS_SECRET_ACCESS_KEY"} & set(agent)
     assert set(agent) >= LEARNER_CONTRACT_VARIABLES
@@ -89,9 +91,9 @@ def test_the_agent_gets_the_jobs_env_only_wrapped_and_the_command_gets_it_unwrap
     assert RUN_AS_VARIABLE not in command and HEARTBEATS_PASSWORD_VARIABLE not in command
 
 
-def placed() -> tuple[LearnerPlacement, int, tuple[int, ...]]:
+def placed() -> tuple[LearnerPlacement, tuple[int, ...]]:
     learner = LearnerPlacement(rank=0, node="node-a", gpus=(1,))
-    return learner, 0, learner.gpus
+    return learner, learner.gpus
 
 
 @pytest.mark.parametrize("name", ["LD_PRELOAD", "PYTHONPATH", "FFDL_HEARTBEATS", "RANK"])

@@ -26,7 +26,7 @@ from tests.node_history import JOB, NODE, node_and_job_events, positioned
 PREEMPTION = GOLDEN_DIR / "preemption.events.jsonl"
 LEGACY = GOLDEN_DIR / "halt_resume_v1.events.jsonl"
 #: A log of today's versions only: an older one reads back upcast, so not byte for byte.
-TODAYS = GOLDEN_DIR / "preemption_bounded_reports.events.jsonl"
+TODAYS = GOLDEN_DIR / "preemption_specs_and_reports_v2.events.jsonl"
 
 
 def test_a_written_log_reads_back_to_the_same_events_and_the_same_bytes(tmp_path: Path) -> None:

@@ -109,8 +109,9 @@ async def test_a_role_that_folds_the_type_decodes_it_and_says_when_it_cannot(bus
 
 
 def test_the_type_comes_from_the_cloudevents_header() -> None:
-    record = event_records([submission("a")], "test")[0]
-    assert dict(record.headers)["ce_type"] == b"io.ffdl.JobSubmitted.v1"
+    event = submission("a")
+    record = event_records([event], "test")[0]
+    assert dict(record.headers)["ce_type"] == f"io.ffdl.JobSubmitted.v{event.schema_version}".encode()
     assert record_type(Record(TOPIC, 0, 0, record.key, record.value, record.headers)) == "JobSubmitted"
     assert record_type(Record(TOPIC, 0, 0, record.key, record.value)) is None
 

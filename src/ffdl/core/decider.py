@@ -225,13 +225,19 @@ def next_attempt(job: Job) -> int | None:
 
 
 def _begin_launch(d: _Decision, job: Job, attempt: int, checkpoints: CheckpointPlaces | None) -> None:
-    """A launch after a restart's backoff (or of a job an older owner left in SCHEDULED)."""
+    """A launch after a restart's backoff (or of a job an older owner left in SCHEDULED).
+
+    A relaunch resumes from the latest checkpoint recorded by now (inside the job's checkpoint
+    place), not only by the failure: the learners that outlived the failed one, stopped since, may
+    have saved a newer one on their way out (their agents record it before they report their exit),
+    and it is the one a program that resumes from its newest file will load, so the attempt says
+    truthfully where it starts."""
     due = next_attempt(job)
     if due == attempt:
         if job.state is S.SCHEDULED:
             d.emit(launch_on_allocation(job, checkpoints))
         else:
-            d.emit(ev.JobLaunching(attempt=attempt, resume_from=job.resume_from))
+            d.emit(ev.JobLaunching(attempt=attempt, resume_from=resume_point(job, checkpoints)))
     elif not (attempt <= job.attempt and job.state.holds_learners):
         d.reject(f"launch of attempt {attempt} is not due in state {job.state} (attempt {job.attempt})")
 

@@ -33,6 +33,13 @@ def _not_requeued(data: JsonObject) -> JsonObject:
     return {**data, "requeue": False}
 
 
+def _spec_defaults(data: JsonObject) -> JsonObject:
+    """v1 -> v2 of ``SubmitJob`` and ``JobSubmitted``: a v1 spec knew no launcher, nproc_per_node,
+    keep_checkpoints nor stop_grace_s; their defaults are what a v1 job meant (its command as it is,
+    checkpoints kept as the platform keeps them, the platform's grace)."""
+    return data
+
+
 def _bounded_progress(data: JsonObject) -> JsonObject:
     """v1 -> v2 of ``ReportProgress`` and ``LearnerProgressed``: the metrics brought inside the bounds
     (a v1 log may hold a ``NaN`` loss), each drop with its reason in ``dropped``."""
@@ -52,6 +59,8 @@ def _bounded_result(data: JsonObject) -> JsonObject:
 UPCASTERS: dict[tuple[str, int], Upcaster] = {
     ("HaltJob", 1): _not_requeued,
     ("HaltRequested", 1): _not_requeued,
+    ("SubmitJob", 1): _spec_defaults,
+    ("JobSubmitted", 1): _spec_defaults,
     ("ReportProgress", 1): _bounded_progress,
     ("LearnerProgressed", 1): _bounded_progress,
     ("FinishStoring", 1): _bounded_result,

@@ -17,6 +17,8 @@ from ffdl.events.reports import MAX_STEP, DropReasons, ReportedMetrics
 
 
 class SubmitJob(CommandData):
+    VERSION = 2  # v2: the spec's launcher, nproc_per_node, keep_checkpoints and stop_grace_s
+
     spec: JobSpec
 
     @field_validator("spec")

@@ -26,6 +26,8 @@ NodeNames = Annotated[tuple[str, ...], Field(max_length=1024)]
 
 
 class JobSubmitted(EventData):
+    VERSION = 2  # v2: the spec's launcher, nproc_per_node, keep_checkpoints and stop_grace_s
+
     spec: JobSpec
     submitted_by: str = ""
 

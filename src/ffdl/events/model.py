@@ -24,14 +24,27 @@ LEARNER_CONTRACT_VARIABLES = frozenset(
         "FFDL_RESUME_FROM",
         "FFDL_HEARTBEATS",
         "FFDL_HEARTBEAT_TTL",
+        "FFDL_KEEP_CHECKPOINTS",
         "FFDL_LOG_FILE",
         "FFDL_REPORT_SOCKET",
         "RANK",
         "WORLD_SIZE",
         "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "GROUP_WORLD_SIZE",
+        "ROLE_RANK",
+        "ROLE_NAME",
+        "ROLE_WORLD_SIZE",
+        "NODE_RANK",
         "MASTER_ADDR",
         "MASTER_PORT",
+        "TORCHELASTIC_RUN_ID",
+        "TORCHELASTIC_RESTART_COUNT",
+        "TORCHELASTIC_MAX_RESTARTS",
+        "TF_CONFIG",
         "CUDA_VISIBLE_DEVICES",
+        "CUDA_DEVICE_ORDER",
         "LEARNER_ID",
         "NUM_LEARNERS",
         "CHECKPOINT_DIR",
@@ -45,6 +58,7 @@ LEARNER_CONTRACT_VARIABLES = frozenset(
 _FORBIDDEN_ENV_PREFIXES = {
     "FFDL_": "the platform's own variables",
     "LD_": "the dynamic loader's variables",
+    "PET_": "torchrun's options, which the platform sets for its rendezvous",
 }
 #: Names that make an interpreter or a shell run code other than the command's: Python's module and
 #: startup paths, the shell's startup files and traced prompts, glibc's charset converter modules.
@@ -173,6 +187,22 @@ class JobSpec(Frozen):
     placement: Literal["pack", "spread"] = "pack"
     max_restarts: Annotated[int, Field(ge=0, le=100)] = 3
     progress_timeout_s: Annotated[float, Field(gt=0, le=86_400)] = 300.0
+    launcher: Annotated[
+        Literal["command", "torchrun"],
+        Field(description="command: run the command as it is; torchrun: under torchrun, one per learner"),
+    ] = "command"
+    nproc_per_node: Annotated[
+        int | None, Field(ge=1, le=64, description="torchrun's workers per learner (default: its GPUs, or 1)")
+    ] = None
+    keep_checkpoints: Annotated[
+        int, Field(ge=0, le=10_000, description="complete checkpoints kept in the checkpoint dir; 0: all")
+    ] = 3
+    stop_grace_s: Annotated[
+        float | None,
+        Field(
+            ge=0, le=3600, description="seconds from SIGTERM to SIGKILL on a stop (default: the platform's)"
+        ),
+    ] = None
 
     @field_validator("name")
     @classmethod
@@ -190,6 +220,14 @@ class JobSpec(Frozen):
             raise ValueError(f"at most {MAP_ENTRIES_MAX} entries")
         return value
 
+    @property
+    def workers_per_learner(self) -> int:
+        """The processes each learner runs: torchrun's ``nproc_per_node`` (default: the learner's GPUs,
+        or 1), else one."""
+        if self.launcher != "torchrun":
+            return 1
+        return self.nproc_per_node or max(self.gpus, 1)
+
     def submission_problems(self) -> list[tuple[str, str]]:
         """Why this spec may not be submitted now, as (field, message) pairs; empty when it may.
 
@@ -197,7 +235,10 @@ class JobSpec(Frozen):
         manifest parser) and again by the launchers, not whenever a spec is decoded: a job submitted
         under older rules stays readable on the log, and is refused when it would launch.
         """
-        return [*env_problems(self.env), *label_problems(self.labels)]
+        problems = [*env_problems(self.env), *label_problems(self.labels)]
+        if self.nproc_per_node is not None and self.launcher != "torchrun":
+            problems.append(("nproc_per_node", "only with launcher: torchrun"))
+        return problems
 
 
 class LearnerPlacement(Frozen):

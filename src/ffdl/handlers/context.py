@@ -29,6 +29,12 @@ class ReactionContext:
     #: Where a job's checkpoints must lie: an attempt is never launched from one elsewhere.
     checkpoints: CheckpointPlaces | None = None
 
+    def grace_s(self, job: Job) -> float:
+        """How long a stop of ``job``'s learners waits between SIGTERM and SIGKILL: the job's
+        ``stop_grace_s`` when its manifest names one (a job that checkpoints for long on SIGTERM
+        asks for more), else the platform's."""
+        return self.stop_grace_s if job.spec.stop_grace_s is None else job.spec.stop_grace_s
+
     async def send(self, job: Job, action: Action, *data: CommandData) -> None:
         """Send the commands an action calls for, in one append, each with an id fixed by the job,
         action, state entry and its place among them, so re-running the action after a crash or

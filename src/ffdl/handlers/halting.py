@@ -12,4 +12,4 @@ from ffdl.handlers.context import ReactionContext
 
 
 async def stop_learners(job: Job, action: Action, ctx: ReactionContext) -> None:
-    await ctx.launcher.stop(job.job_id, ctx.stop_grace_s)
+    await ctx.launcher.stop(job.job_id, ctx.grace_s(job))

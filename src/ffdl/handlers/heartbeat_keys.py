@@ -89,6 +89,8 @@ class LearnerBeat:
     last_progress: float = 0.0
     started_at: float = 0.0
     checkpoint: dict[str, Any] | None = None
+    #: Under torchrun, each local worker's step by its global rank (empty for one worker).
+    workers: dict[int, int] = field(default_factory=dict)
     dropped: tuple[str, ...] = ()
 
     def to_json(self) -> bytes:
@@ -103,6 +105,7 @@ class LearnerBeat:
                 "last_progress": self.last_progress,
                 "started_at": self.started_at,
                 "checkpoint": self.checkpoint,
+                "workers": {str(rank): step for rank, step in self.workers.items()},
             },
             sort_keys=True,
             allow_nan=False,
@@ -143,6 +146,7 @@ class LearnerBeat:
         # read as data only (the monitor validates it as a Checkpoint): a NaN in it is null
         checkpoint = finite_or_null(checkpoint)
         host = raw.get("host", "")
+        workers = _workers(raw.get("workers"), dropped)
         return cls(
             attempt=attempt,
             pid=_pid(raw.get("pid")),
@@ -153,6 +157,7 @@ class LearnerBeat:
             last_progress=_instant(raw.get("last_progress")),
             started_at=_instant(raw.get("started_at")),
             checkpoint=checkpoint,
+            workers=workers,
             dropped=few_reasons([*dropped, *metrics.dropped]),
         )
 
@@ -161,6 +166,30 @@ class LearnerBeat:
 MAX_BEAT_BYTES = 64 * 1024
 #: The longest host name kept from a beat (a DNS name is at most 253 characters).
 MAX_HOST_LENGTH = 253
+
+
+#: The most workers' steps kept from a beat (a learner runs at most this many torchrun workers).
+MAX_BEAT_WORKERS = 256
+
+
+def _workers(raw: object, dropped: list[str]) -> dict[int, int]:
+    """The workers' steps by global rank, or what of them is well formed (the rest noted in ``dropped``)."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        dropped.append(f"workers is not an object: {type(raw).__name__}")
+        return {}
+    workers: dict[int, int] = {}
+    for rank, step in list(raw.items())[:MAX_BEAT_WORKERS]:
+        try:
+            if not (isinstance(rank, str) and rank.isdigit() and int(rank) < 2**31):
+                raise ValueError(f"worker rank {rank!r:.40} is not a small integer")
+            workers[int(rank)] = bound_step(step)
+        except ValueError as exc:
+            dropped.append(str(exc))
+    if len(raw) > MAX_BEAT_WORKERS:
+        dropped.append(f"{len(raw) - MAX_BEAT_WORKERS} workers over the limit of {MAX_BEAT_WORKERS}")
+    return workers
 
 
 def _pid(raw: object) -> int | None:

@@ -11,8 +11,13 @@ and turns what happens into reports for the jobs' owners:
 * an exit record -> ``ReportLearnerExited`` with the code (also when the record was read before
   the job was observed: a monitor that starts reads the store before its jobs are folded from the log);
 * a learner key deleted without an exit record (its lease expired) -> ``ReportLearnerLost(expired)``;
-* no progress for the job's ``progress_timeout_s`` -> ``ReportLearnerLost(hung)``; process liveness
-  is not progress.
+* no progress of the *gang* for the job's ``progress_timeout_s`` -> ``ReportLearnerLost(hung)`` of
+  the learner that progressed last the longest ago; process liveness is not progress. Any learner's
+  progress is the gang's: a new step or metric, a new checkpoint, any new output line (each moves
+  the beat's ``last_progress``). Ranks of a data-parallel job advance together or not at all (each
+  step ends in a collective), so a quiet rank whose gang progresses is alive (only rank 0 logging
+  is normal practice), and a gang stuck in a collective behind one stopped or deadlocked rank makes
+  no progress anywhere, which is what is detected. Liveness stays per learner: its lease.
 
 Exit records have no lease (they must outlive the agent), so they are marked *spent* once they
 matter no more, for the shell to delete: when the job leaves the attempt they belong to (its owner
@@ -221,6 +226,7 @@ class HeartbeatTracker:
     def _check(self, watched: _Watched, now: float, wall: datetime) -> None:
         job = watched.job
         exits = self._exits.get(job.job_id, {})
+        hung = self._hung_learner(watched, now)
         for state in job.learners:
             if not state.active:
                 continue
@@ -246,9 +252,38 @@ class HeartbeatTracker:
                 limit = self._launch_timeout_s if job.state is JobState.LAUNCHING else self._grace_s
                 if waited > limit:
                     self._lose(watched, state.rank, LossReason.EXPIRED, f"no heartbeat within {limit:.0f}s")
-            elif job.state is JobState.RUNNING and now - learner.progress_at > job.spec.progress_timeout_s:
-                detail = f"no progress for {job.spec.progress_timeout_s:.0f}s (step {learner.beat.step})"
+            elif state.rank == hung:
+                timeout = job.spec.progress_timeout_s
+                detail = (
+                    f"the gang made no progress for {timeout:.0f}s (rank {hung} at step {learner.beat.step})"
+                )
                 self._lose(watched, state.rank, LossReason.HUNG, detail)
+                hung = None
+
+    def _hung_learner(self, watched: _Watched, now: float) -> int | None:
+        """The rank to report hung when the job's gang made no progress for its timeout: of the
+        learners running (they beat, and have not exited), the one whose last progress is oldest;
+        None while the gang progresses, or once one of its learners is lost (the gang restarts:
+        one report is enough). A learner that finished counts as progress when it finished, so the
+        silent ranks it leaves behind have the timeout to finish too. A learner not beating yet is
+        the launch timeout's business."""
+        job = watched.job
+        if job.state is not JobState.RUNNING:
+            return None
+        latest = 0.0
+        running: list[tuple[float, int]] = []
+        for state in job.learners:
+            learner = watched.learner(state.rank)
+            if state.active and learner.lost:
+                return None
+            if learner.beat is None or not (state.active or learner.exited):
+                continue
+            latest = max(latest, learner.progress_at)
+            if state.active and not learner.exited:
+                running.append((learner.progress_at, state.rank))
+        if not running or now - latest <= job.spec.progress_timeout_s:
+            return None
+        return min(running)[1]
 
     # -- reactions --------------------------------------------------------------------------------
 
@@ -307,7 +342,8 @@ class HeartbeatTracker:
         if (
             new
             or previous is None
-            or (beat.step, beat.last_progress) != (previous.step, previous.last_progress)
+            or (beat.step, beat.last_progress, beat.checkpoint)
+            != (previous.step, previous.last_progress, previous.checkpoint)
         ):
             learner.progress_at = now
         learner.beat = beat
@@ -342,6 +378,9 @@ class HeartbeatTracker:
         self._maybe_progress(watched.job, rank, learner, now, force=True)
         self._maybe_checkpoint(watched.job, rank, learner)
         learner.exited = True
+        if code == 0:
+            # finishing is progress: its peers (often silent ranks) get the timeout to finish too
+            learner.progress_at = now
         self._report(
             watched.job, cmd.ReportLearnerExited(rank=rank, attempt=watched.job.attempt, exit_code=code)
         )

@@ -64,7 +64,7 @@ def _check_resume_point(job: Job, ctx: ReactionContext) -> None:
 
 
 async def relaunch(job: Job, action: Action, ctx: ReactionContext) -> None:
-    await ctx.launcher.stop(job.job_id, ctx.stop_grace_s)
+    await ctx.launcher.stop(job.job_id, ctx.grace_s(job))
     log.info("relaunching after backoff", job_id=job.job_id, attempt=action.attempt, backoff_s=action.delay_s)
     await asyncio.sleep(action.delay_s)
     await ctx.send(job, action, cmd.BeginLaunch(attempt=action.attempt))

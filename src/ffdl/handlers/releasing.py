@@ -13,5 +13,5 @@ from ffdl.handlers.context import ReactionContext
 
 
 async def release_gpus(job: Job, action: Action, ctx: ReactionContext) -> None:
-    await ctx.launcher.stop(job.job_id, ctx.stop_grace_s)
+    await ctx.launcher.stop(job.job_id, ctx.grace_s(job))
     await ctx.send(job, action, cmd.ReleaseGpus())

@@ -111,5 +111,5 @@ async def store_results(job: Job, action: Action, ctx: ReactionContext) -> None:
     # each learner's metrics are inside the bounds; all of them together need not be
     bounded = bound_metrics(metrics).metrics
     summary = ResultSummary(result_dir=shown, files=files, size_bytes=size, metrics=bounded)
-    await ctx.launcher.stop(job.job_id, ctx.stop_grace_s)
+    await ctx.launcher.stop(job.job_id, ctx.grace_s(job))
     await ctx.send(job, action, cmd.FinishStoring(result=summary), cmd.ReleaseGpus())

@@ -59,7 +59,7 @@ def report_progress(step: int, **metrics: float) -> None:
     if step < 0:
         raise ValueError(f"step must not be negative, got {step}")
     finite = {name: float(value) for name, value in metrics.items() if math.isfinite(value)}
-    _append({"type": "progress", "step": int(step), "metrics": finite, "time": time.time()})
+    _append({"type": "progress", "step": int(step), "metrics": finite, "time": time.time(), **_local_rank()})
 
 
 def report_checkpoint(path: str | Path, step: int) -> None:
@@ -96,6 +96,12 @@ def checkpoint_dir() -> Path:
     directory = Path(value or DEFAULT_CHECKPOINT_DIR)
     directory.mkdir(parents=True, exist_ok=True)
     return directory
+
+
+def _local_rank() -> dict[str, int]:
+    """``local_rank``: which of its learner's workers reports (torchrun's ``LOCAL_RANK``), if known."""
+    value = os.environ.get("LOCAL_RANK", "")
+    return {"local_rank": int(value)} if value.isdigit() else {}
 
 
 def _append(report: dict[str, object]) -> None:

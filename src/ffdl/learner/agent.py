@@ -89,7 +89,9 @@ from ffdl.adapters.processes import exit_code_of, wait_for_exit
 from ffdl.events.model import Checkpoint
 from ffdl.handlers.heartbeat_keys import LearnerBeat, encode_exit
 from ffdl.handlers.ports import HeartbeatStore, StoreUnavailable
+from ffdl.learner import checkpoints
 from ffdl.learner.channel import CheckpointReport, ProgressReport, Report, ReportChannel
+from ffdl.learner.workers import WorkerSteps
 from ffdl.wiring.logging import configure_logging
 
 log = structlog.get_logger(__name__)
@@ -255,6 +257,8 @@ class LearnerAgent:
             if config.report_dir is not None
             else None
         )
+        self._checkpoints = checkpoints.scanner_for(config.command_environment, config.rank)
+        self._workers = WorkerSteps.from_environment(config.command_environment, config.rank)
 
     @property
     def beat(self) -> LearnerBeat:
@@ -305,6 +309,8 @@ class LearnerAgent:
                 asyncio.create_task(self._keep_lease()),
                 asyncio.create_task(self._publish()),
             ]
+            if self._checkpoints is not None:
+                helpers.append(asyncio.create_task(checkpoints.discover(self._checkpoints, self._found)))
             try:
                 returncode = await wait_for_exit(child)
                 # Output still in the pipe belongs to the log; a daemon the command left behind may
@@ -319,6 +325,8 @@ class LearnerAgent:
                     task.cancel()
                 await asyncio.gather(pump, *helpers, return_exceptions=True)
                 pipe.close()
+        if self._checkpoints is not None:
+            await checkpoints.final_scan(self._checkpoints, self._found)
         return returncode
 
     def _learner_group(self) -> LearnerGroup | None:
@@ -443,7 +451,10 @@ class LearnerAgent:
             for reason in report.dropped:
                 self._log.warning("learner metric dropped", reason=reason, local_rank=report.local_rank)
             metrics = {**self._beat.metrics, **report.metrics}
-            self._beat = replace(self._beat, step=report.step, metrics=metrics, last_progress=now)
+            step = self._workers.report(report.local_rank, report.step)
+            self._beat = replace(
+                self._beat, step=step, metrics=metrics, workers=self._workers.by_rank, last_progress=now
+            )
         elif isinstance(report, CheckpointReport):
             problem = self._checkpoint_problem(report.uri)
             if problem is not None:
@@ -464,6 +475,22 @@ class LearnerAgent:
             )
             self._beat = replace(self._beat, checkpoint=checkpoint.model_dump(mode="json"), last_progress=now)
             self._log.info("checkpoint reported", step=checkpoint.step, uri=checkpoint.uri)
+        self._changed.set()
+
+    def _found(self, found: checkpoints.Found) -> None:
+        """A checkpoint discovered in the checkpoint directory: the learner's, if it is the newest."""
+        known = self._beat.checkpoint
+        if known is not None and int(known.get("step", -1)) >= found.step:
+            return
+        # the directory as the learner sees it (its sandbox binds it at the same path, so it is
+        # also where the agent scanned): inside the job's checkpoint place, as the owner requires
+        checkpoint = checkpoints.as_checkpoint(
+            found, self._config.checkpoint_dir, rank=self._config.rank, attempt=self._config.attempt
+        )
+        self._beat = replace(
+            self._beat, checkpoint=checkpoint.model_dump(mode="json"), last_progress=self._clock()
+        )
+        self._log.info("checkpoint discovered", step=checkpoint.step, uri=checkpoint.uri)
         self._changed.set()
 
     def _checkpoint_problem(self, uri: str) -> str | None:

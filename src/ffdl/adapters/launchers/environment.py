@@ -19,11 +19,13 @@ Pure functions, no I/O.
 
 from __future__ import annotations
 
+import json
+import math
 import posixpath
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ffdl.events.model import Checkpoint, LearnerPlacement, env_problems
+from ffdl.events.model import Checkpoint, JobSpec, LearnerPlacement, env_problems
 from ffdl.handlers.ports import LaunchRequest
 
 #: What a learner keeps of the environment the platform runs in; everything else of it (the
@@ -103,9 +105,10 @@ class LearnerSite:
     """Where a launcher runs the learners of one attempt, in the learners' own terms.
 
     ``files`` holds the agent's file and socket names (``FFDL_LOG_FILE``, ``FFDL_REPORT_SOCKET``) a
-    launcher sets; ``base`` is what lies under everything (what the learner keeps of the launcher process's
-    environment, the learner's home, an image's defaults), overridden by the request and the
-    contract, and, for the command only, by the job's env.
+    launcher sets; ``worker_addresses`` where each learner's TensorFlow server listens (a job of
+    another framework ignores them); ``base`` is what lies under everything (what the learner keeps
+    of the launcher process's environment, the learner's home, an image's defaults), overridden by
+    the request and the contract, and, for the command only, by the job's env.
     """
 
     master_addr: str
@@ -116,17 +119,8 @@ class LearnerSite:
     heartbeat_ttl_s: float
     files: Mapping[str, str] = field(default_factory=dict)
     base: Mapping[str, str] = field(default_factory=dict)
-
-
-def local_ranks(learners: Iterable[LearnerPlacement]) -> list[tuple[LearnerPlacement, int]]:
-    """Each learner with its index among the job's learners on the same node, in rank order."""
-    on_node: dict[str, int] = {}
-    ranked = []
-    for learner in sorted(learners, key=lambda placed: placed.rank):
-        local_rank = on_node.get(learner.node, 0)
-        on_node[learner.node] = local_rank + 1
-        ranked.append((learner, local_rank))
-    return ranked
+    #: Each learner's ``host:port`` by rank, for TensorFlow's ``TF_CONFIG``; empty: no TF_CONFIG.
+    worker_addresses: Sequence[str] = ()
 
 
 def checkpoint_path(uri: str, checkpoint_dir: str) -> str | None:
@@ -149,24 +143,127 @@ def resume_path(checkpoint: Checkpoint | None, checkpoint_dir: str) -> str:
     return checkpoint_path(checkpoint.uri, checkpoint_dir) or ""
 
 
+#: The ``framework`` names (in any case) that get a ``TF_CONFIG``.
+TENSORFLOW_FRAMEWORKS = frozenset({"tensorflow", "tf", "keras"})
+#: What a simulated GPU placement exposes instead of CUDA devices (there are none behind it).
+SIMULATED_GPU_TYPE = "simulated"
+
+
+def is_tensorflow(framework: str | None) -> bool:
+    return (framework or "").strip().lower() in TENSORFLOW_FRAMEWORKS
+
+
+def tf_config(worker_addresses: Sequence[str], rank: int) -> str:
+    """TensorFlow's ``TF_CONFIG`` for learner ``rank``: every learner a worker of one cluster, as
+    ``MultiWorkerMirroredStrategy`` and ``TFConfigClusterResolver`` read it (the first worker is the
+    chief, as TensorFlow's own default says)."""
+    return json.dumps(
+        {"cluster": {"worker": list(worker_addresses)}, "task": {"type": "worker", "index": rank}},
+        separators=(",", ":"),
+    )
+
+
+def torch_elastic_environment(
+    request: LaunchRequest, learner: LearnerPlacement, site: LearnerSite
+) -> dict[str, str]:
+    """The names torch elastic (``torchrun``) gives its workers, for a learner as ffdl runs it.
+
+    One learner is one elastic *node* (a worker group under one agent, as each learner is under
+    one ffdl agent): ``GROUP_RANK`` = ``NODE_RANK`` = the learner's rank, and the learner's own
+    processes are its local workers. ``CUDA_VISIBLE_DEVICES`` holds only the learner's GPUs, so
+    ``LOCAL_RANK`` indexes them from 0 and ``torch.cuda.set_device(LOCAL_RANK)`` picks the right one.
+    A plain command is the node's only worker (``LOCAL_RANK`` 0, ``LOCAL_WORLD_SIZE`` 1, ``RANK`` =
+    the learner's rank). Under ``launcher: torchrun`` the learner's torchrun gets its options as
+    its ``PET_*`` variables (torchrun's documented equivalent of its flags: static rendezvous at
+    rank 0's address, this learner's node rank, ``nproc_per_node`` workers, no restarts of its own
+    since ffdl restarts the gang) and sets ``RANK``, ``LOCAL_RANK`` ... for each worker itself.
+    ``TORCHELASTIC_RESTART_COUNT`` is the number of restarts before this attempt.
+    """
+    spec = request.spec
+    workers = spec.workers_per_learner
+    learners = len(request.placement.learners)
+    world = str(learners * workers)
+    environment = {
+        "RANK": str(learner.rank),
+        "WORLD_SIZE": world,
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": str(workers),
+        "GROUP_RANK": str(learner.rank),
+        "GROUP_WORLD_SIZE": str(learners),
+        "NODE_RANK": str(learner.rank),
+        "ROLE_NAME": "default",
+        "ROLE_RANK": str(learner.rank),
+        "ROLE_WORLD_SIZE": world,
+        "MASTER_ADDR": site.master_addr,
+        "MASTER_PORT": str(site.master_port),
+        "TORCHELASTIC_RUN_ID": request.job_id,
+        "TORCHELASTIC_RESTART_COUNT": str(request.attempt - 1),
+        "TORCHELASTIC_MAX_RESTARTS": str(spec.max_restarts),
+    }
+    if spec.launcher == "torchrun":
+        environment |= {
+            "PET_NNODES": str(learners),
+            "PET_NODE_RANK": str(learner.rank),
+            "PET_NPROC_PER_NODE": str(workers),
+            "PET_MASTER_ADDR": site.master_addr,
+            "PET_MASTER_PORT": str(site.master_port),
+            "PET_RDZV_BACKEND": "static",
+            "PET_MAX_RESTARTS": "0",
+            "PET_RUN_ID": request.job_id,
+        }
+    return environment
+
+
+def local_worker_addresses(host: str, first_port: int, learners: int) -> list[str]:
+    """Where the learners of one machine listen for TensorFlow: consecutive ports from the attempt's
+    rendezvous port (free when the launch chose it; the ones above it are most likely free too)."""
+    return [f"{host}:{first_port + rank}" for rank in range(learners)]
+
+
+#: The program ``launcher: torchrun`` runs the command under, found on the learner's ``PATH``.
+TORCHRUN = "torchrun"
+
+
+def learner_command(spec: JobSpec) -> str:
+    """The shell command a learner's agent runs: the spec's, under ``torchrun`` for ``launcher:
+    torchrun`` (a command that names ``torchrun`` itself is taken as it is, so ``torchrun train.py``
+    and ``train.py`` mean the same). torchrun reads its options from the ``PET_*`` variables
+    :func:`torch_elastic_environment` sets; an option written in the command wins over them."""
+    if spec.launcher != "torchrun" or spec.command.split(maxsplit=1)[:1] == [TORCHRUN]:
+        return spec.command
+    return f"{TORCHRUN} {spec.command}"
+
+
+def threads_per_worker(cpus: float, workers: int) -> int:
+    """``OMP_NUM_THREADS``: the learner's CPUs shared by its workers, at least one thread each."""
+    return max(1, math.floor(cpus / workers))
+
+
 def learner_environment(
     request: LaunchRequest,
     learner: LearnerPlacement,
-    local_rank: int,
     visible_gpus: Sequence[int],
     site: LearnerSite,
 ) -> dict[str, str]:
     """The environment of one learner's agent: the contract over the site's base and the request's,
     with the spec's env wrapped for the command (:func:`command_environment`).
 
-    Precedence, lowest first: ``site.base``, ``PYTHONUNBUFFERED=1`` (so a Python learner's prints
-    reach the log, and count as progress, as they happen), the request's env, and the contract's
-    names, which nothing overrides. ``visible_gpus`` are the GPU indices as the learner sees them
-    (on a shared machine its placement's indices; in a container that holds only its own GPUs,
-    0..G-1). Raises :class:`RefusedEnvironment` for a job env no learner may run with.
+    Precedence, lowest first: ``site.base``, the defaults a job may change (``PYTHONUNBUFFERED=1``,
+    so a Python learner's prints reach the log, and count as progress, as they happen;
+    ``OMP_NUM_THREADS`` from the learner's ``cpus``), the request's env, and the contract's names
+    (:func:`torch_elastic_environment`, ``TF_CONFIG`` for a TensorFlow job, FfDL's), which nothing
+    overrides. ``visible_gpus`` are the GPU indices as the learner sees them (on a shared machine
+    its placement's indices, in PCI bus order as ``nvidia-smi`` numbers them; in a container that
+    holds only its own GPUs, 0..G-1); simulated GPUs
+    are no CUDA devices, so their learner sees none (``CUDA_VISIBLE_DEVICES`` empty) and finds its
+    share in ``FFDL_SIMULATED_GPUS``. Raises :class:`RefusedEnvironment` for a job env no learner
+    may run with.
     """
     _check(request.spec.env)
+    spec = request.spec
     learners = str(len(request.placement.learners))
+    simulated = learner.gpu_type == SIMULATED_GPU_TYPE
+    gpus = ",".join(str(gpu) for gpu in visible_gpus)
     contract = {
         "FFDL_JOB_ID": request.job_id,
         "FFDL_TENANT": request.tenant,
@@ -175,18 +272,27 @@ def learner_environment(
         "FFDL_RESUME_FROM": resume_path(request.resume_from, site.checkpoint_dir),
         "FFDL_HEARTBEATS": site.heartbeats_url,
         "FFDL_HEARTBEAT_TTL": str(site.heartbeat_ttl_s),
+        "FFDL_KEEP_CHECKPOINTS": str(spec.keep_checkpoints),
         **site.files,
-        "RANK": str(learner.rank),
-        "WORLD_SIZE": learners,
-        "LOCAL_RANK": str(local_rank),
-        "MASTER_ADDR": site.master_addr,
-        "MASTER_PORT": str(site.master_port),
-        "CUDA_VISIBLE_DEVICES": ",".join(str(gpu) for gpu in visible_gpus),
+        **torch_elastic_environment(request, learner, site),
+        "CUDA_VISIBLE_DEVICES": "" if simulated else gpus,
         "LEARNER_ID": str(learner.rank + 1),
         "NUM_LEARNERS": learners,
         "CHECKPOINT_DIR": site.checkpoint_dir,
-        "RESULT_DIR": request.spec.result_dir or site.default_result_dir,
-        "DATA_DIR": request.spec.data_dir or "",
+        "RESULT_DIR": spec.result_dir or site.default_result_dir,
+        "DATA_DIR": spec.data_dir or "",
     }
-    wrapped = {JOB_ENV_PREFIX + name: value for name, value in request.spec.env.items()}
-    return {**site.base, "PYTHONUNBUFFERED": "1", **request.env, **contract, **wrapped}
+    if simulated:
+        contract["FFDL_SIMULATED_GPUS"] = gpus
+    elif gpus:
+        # The placement's indices are nvidia-smi's (PCI bus order); CUDA's own default order is
+        # fastest first, which would hand a learner another learner's GPU on a mixed machine.
+        contract["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    if is_tensorflow(spec.framework) and site.worker_addresses:
+        contract["TF_CONFIG"] = tf_config(site.worker_addresses, learner.rank)
+    defaults = {
+        "PYTHONUNBUFFERED": "1",
+        "OMP_NUM_THREADS": str(threads_per_worker(spec.cpus, spec.workers_per_learner)),
+    }
+    wrapped = {JOB_ENV_PREFIX + name: value for name, value in spec.env.items()}
+    return {**site.base, **defaults, **request.env, **contract, **wrapped}

@@ -41,6 +41,7 @@ from ffdl.adapters.launchers.environment import (
     REPORT_SOCKET_NAME,
     REPORT_SOCKET_VARIABLE,
     LearnerSite,
+    learner_command,
     learner_environment,
 )
 from ffdl.events.model import LearnerPlacement
@@ -291,14 +292,18 @@ def login_password(secret: Mapping[str, Any]) -> str:
 
 def master_address(request: LaunchRequest, settings: PodSettings) -> str:
     """Rank 0's DNS name through the job's headless Service."""
-    rank0 = pod_name(request.job_id, request.attempt, 0)
-    return f"{rank0}.{service_name(request.job_id)}.{settings.namespace}.svc.{settings.cluster_domain}"
+    return learner_address(request, settings, 0)
+
+
+def learner_address(request: LaunchRequest, settings: PodSettings, rank: int) -> str:
+    """A learner's DNS name through the job's headless Service."""
+    pod = pod_name(request.job_id, request.attempt, rank)
+    return f"{pod}.{service_name(request.job_id)}.{settings.namespace}.svc.{settings.cluster_domain}"
 
 
 def pod_manifest(
     request: LaunchRequest,
     learner: LearnerPlacement,
-    local_rank: int,
     owner: Mapping[str, Any],
     settings: PodSettings,
     login: PodLogin | None = None,
@@ -317,9 +322,14 @@ def pod_manifest(
         files={REPORT_SOCKET_VARIABLE: REPORT_SOCKET},
         # The container's log is the learner's output: the agent adds only its warnings, as JSON.
         base={"HOME": WORK_DIR, "FFDL_LOG_LEVEL": "warning", "FFDL_LOG_FORMAT": "json"},
+        # Every pod has an address of its own: TensorFlow's servers share the rendezvous port.
+        worker_addresses=[
+            f"{learner_address(request, settings, placed.rank)}:{settings.rendezvous_port}"
+            for placed in request.placement.learners
+        ],
     )
     # The device plugin gives the container exactly its GPUs, which it sees as 0..G-1.
-    environment = learner_environment(request, learner, local_rank, range(len(learner.gpus)), site)
+    environment = learner_environment(request, learner, range(len(learner.gpus)), site)
     metadata = _metadata(
         name,
         request.job_id,
@@ -335,7 +345,9 @@ def pod_manifest(
         "subdomain": service_name(request.job_id),
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": settings.termination_grace_s,
+        "terminationGracePeriodSeconds": (
+            settings.termination_grace_s if spec.stop_grace_s is None else math.ceil(spec.stop_grace_s)
+        ),
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": settings.run_as_user,
@@ -361,7 +373,7 @@ def pod_manifest(
                     "-m",
                     "ffdl.learner.agent",
                     "--",
-                    spec.command,
+                    learner_command(spec),
                 ],
                 "workingDir": WORK_DIR,
                 "env": [

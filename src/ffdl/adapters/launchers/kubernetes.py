@@ -41,7 +41,6 @@ from typing import Any
 
 import structlog
 
-from ffdl.adapters.launchers.environment import local_ranks
 from ffdl.adapters.launchers.k8s_client import (
     NETWORK_POLICIES,
     PODS,
@@ -120,8 +119,8 @@ class KubernetesLauncher:
             )
             login = await self._login(request, service)
             created = 0
-            for learner, local_rank in local_ranks(request.placement.learners):
-                pod = pod_manifest(request, learner, local_rank, service, settings, login)
+            for learner in request.placement.learners:
+                pod = pod_manifest(request, learner, service, settings, login)
                 _, made = await self._client.create(PODS, self._namespace, pod)
                 created += made
             log.info(

@@ -76,8 +76,9 @@ from ffdl.adapters.launchers.environment import (
     SANDBOX_VARIABLE,
     LearnerSite,
     inherited_environment,
+    learner_command,
     learner_environment,
-    local_ranks,
+    local_worker_addresses,
 )
 from ffdl.adapters.launchers.isolation import (
     LEARNER_DIR_MODE,
@@ -239,9 +240,9 @@ class LocalLauncher:
             try:
                 self._make_directories(request)
                 login = await self._login(request.job_id)
-                for learner, local_rank in local_ranks(request.placement.learners):
+                for learner in request.placement.learners:
                     handle = LearnerHandle(request.job_id, request.attempt, learner.rank)
-                    process = self._start_agent(request, learner, local_rank, master_port, login)
+                    process = self._start_agent(request, learner, master_port, login)
                     started.append((handle, process))
                     self._write_pidfile(handle, process.pid)
             except BaseException:
@@ -356,11 +357,10 @@ class LocalLauncher:
         self,
         request: LaunchRequest,
         learner: LearnerPlacement,
-        local_rank: int,
         master_port: int,
         login: dict[str, str],
     ) -> subprocess.Popen[bytes]:
-        environment = {**self._learner_environment(request, learner, local_rank, master_port), **login}
+        environment = {**self._learner_environment(request, learner, master_port), **login}
         agent_log = self._attempt_logs(request.job_id, request.attempt) / f"agent-{learner.rank}.log"
         descriptor = os.open(
             agent_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
@@ -370,7 +370,7 @@ class LocalLauncher:
             # imports only the platform's code, whatever a learner wrote anywhere (and so -u: it
             # would not read PYTHONUNBUFFERED, and its log must be current)
             return subprocess.Popen(
-                [self._python, "-I", "-u", "-m", "ffdl.learner.agent", "--", request.spec.command],
+                [self._python, "-I", "-u", "-m", "ffdl.learner.agent", "--", learner_command(request.spec)],
                 cwd=self._channel_dir(request.job_id, request.attempt, learner.rank),
                 env=environment,
                 stdin=subprocess.DEVNULL,
@@ -380,7 +380,7 @@ class LocalLauncher:
             )
 
     def _learner_environment(
-        self, request: LaunchRequest, learner: LearnerPlacement, local_rank: int, master_port: int
+        self, request: LaunchRequest, learner: LearnerPlacement, master_port: int
     ) -> dict[str, str]:
         """The learner environment contract over what a learner keeps of this process's environment;
         the learner's GPUs by index; whom the agent runs the command as."""
@@ -403,9 +403,14 @@ class LocalLauncher:
                 **inherited_environment(os.environ),
                 "HOME": str(self._learner_work_dir(request.job_id)),
                 "FFDL_LOG_FORMAT": self._log_format,
+                # Learners of one machine rendezvous on loopback: NCCL's sockets too (a job may change it).
+                "NCCL_SOCKET_IFNAME": "lo",
             },
+            worker_addresses=local_worker_addresses(
+                MASTER_ADDR, master_port, len(request.placement.learners)
+            ),
         )
-        environment = learner_environment(request, learner, local_rank, learner.gpus, site)
+        environment = learner_environment(request, learner, learner.gpus, site)
         if request.resume_from is not None and not environment["FFDL_RESUME_FROM"]:
             log.warning(
                 "checkpoint outside the job's checkpoint directory not handed to the learner",

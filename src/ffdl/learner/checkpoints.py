@@ -1,0 +1,414 @@
+"""Checkpoint discovery and retention in ``FFDL_CHECKPOINT_DIR``, for the learner agent (architecture §6a).
+
+A training program written for ``torchrun`` saves checkpoints and never calls ffdl; the agent finds
+them. What counts as a checkpoint, at the top of the checkpoint directory:
+
+* a regular file with a step in its name (``ckpt_step_120.pt``, ``120.pt``, ``step=120.ckpt``,
+  ``epoch=2-step=120.ckpt``, ``model-120.safetensors``) whose size, modification time and inode
+  stayed the same over two scans. A file renamed into place is complete as it appears; a file
+  written in place (``torch.save(state, "ckpt_120.pt")``) is complete once it stops changing;
+* a directory with a step in its name (``checkpoint-120/``, ``step_120/``) holding a completion
+  marker (:data:`COMPLETION_MARKERS`: ``torch.distributed.checkpoint``'s ``.metadata``, written
+  last, or an explicit ``COMPLETE``), whose listing stayed the same over two scans.
+
+The step comes from the name (after ``step``, else the last number of it) or from a sidecar
+``NAME.step`` holding the number, which wins. Names that say "not done" (a leading dot, ``.tmp``,
+``.partial``, ``~``...) are never checkpoints. A checkpoint is recorded once its SHA-256 is known
+(for a directory: the hash of its manifest of files, as :func:`ffdl.learner.report_checkpoint`
+computes it), with its size; the newest (highest step) becomes the learner's checkpoint, which the
+monitor records and the next attempt gets as ``FFDL_RESUME_FROM``.
+
+Retention (``FFDL_KEEP_CHECKPOINTS``, the manifest's ``keep_checkpoints``; 0 keeps everything):
+after a new checkpoint is recorded, complete checkpoints beyond the newest N are deleted, never the
+one the attempt resumed from, nor the newest.
+
+The directory is written by the tenant's code, which may be hostile, while the agent runs with the
+platform's privileges. So: the directory and everything in it are opened relative to directory
+descriptors with ``O_NOFOLLOW`` (a symlink is never followed, at any depth: each component is
+opened on its own), a file is read only after ``fstat`` on the opened descriptor says it is a
+regular file with one link (no FIFO blocks the agent, no hard link to another's file is hashed),
+a scan looks at most at :data:`MAX_ENTRIES` names and hashes at most :data:`HASH_BYTES_PER_SCAN`
+bytes (a big checkpoint is hashed over several scans, incrementally, and only once), and deletion
+is ``unlinkat`` / ``shutil.rmtree`` relative to the directory's descriptor, after checking that the
+name still holds what was recorded. The agent runs each scan in a worker thread, so the heartbeat
+never waits for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import hashlib
+import os
+import re
+import shutil
+import stat
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+from ffdl.events.model import Checkpoint, JobSpec
+
+#: Names in the checkpoint directory looked at per scan.
+MAX_ENTRIES = 1000
+#: Files in one checkpoint directory, and its depth.
+MAX_FILES_PER_CHECKPOINT = 10_000
+MAX_DEPTH = 8
+#: Bytes hashed per scan, over every checkpoint still being hashed.
+HASH_BYTES_PER_SCAN = 32 * 1024 * 1024
+READ_CHUNK = 1024 * 1024
+#: What a sidecar ``NAME.step`` may hold.
+SIDECAR_MAX_BYTES = 32
+SIDECAR_SUFFIX = ".step"
+#: Files whose presence says a checkpoint directory is completely written.
+COMPLETION_MARKERS = frozenset({".metadata", "COMPLETE", ".complete", "_SUCCESS", "DONE"})
+#: What a learner keeps without ``FFDL_KEEP_CHECKPOINTS``: the manifest's default.
+DEFAULT_KEEP: int = JobSpec.model_fields["keep_checkpoints"].default
+
+_NOT_DONE = re.compile(r"(\A\.|~\Z|\.(tmp|temp|part|partial|lock|incomplete)(\.|\Z)|\Atmp)", re.IGNORECASE)
+_STEP_NAMED = re.compile(r"step[_=-]?(\d{1,18})", re.IGNORECASE)
+_LAST_NUMBER = re.compile(r"(\d{1,18})(?!.*\d)")
+_EXTENSIONS = re.compile(r"(\.[A-Za-z][A-Za-z0-9]{0,15})+\Z")
+_OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_OPEN_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+
+
+def step_of_name(name: str) -> int | None:
+    """The step a checkpoint's name says: the number after ``step``, else the last number of the
+    name without its extensions (``checkpoint-120`` 120, ``120.pt`` 120, ``epoch=2-step=120.ckpt``
+    120); None when there is none."""
+    if found := _STEP_NAMED.search(name):
+        return int(found.group(1))
+    stem = _EXTENSIONS.sub("", name)
+    found = _LAST_NUMBER.search(stem)
+    return int(found.group(1)) if found else None
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """A complete checkpoint: its name in the directory, step, size and ``sha256:`` checksum."""
+
+    name: str
+    step: int
+    size_bytes: int
+    checksum: str
+    mtime_ns: int
+
+
+@dataclass(slots=True)
+class _Hashing:
+    """A checkpoint being hashed, over as many scans as its size needs."""
+
+    identity: tuple[int, ...]
+    step: int
+    mtime_ns: int
+    files: list[tuple[str, ...]]  # paths from the checkpoint directory: (name,) for a file
+    sizes: list[int]
+    is_dir: bool
+    index: int = 0
+    offset: int = 0
+    current: hashlib._Hash = field(default_factory=hashlib.sha256)
+    manifest: hashlib._Hash = field(default_factory=hashlib.sha256)
+
+
+class CheckpointScanner:
+    """Finds the complete checkpoints in one directory, scan after scan; see the module docstring.
+
+    Not thread-safe: one scan at a time (the agent runs them one after another in a thread).
+    """
+
+    def __init__(self, directory: str, *, resume_from: str = "", keep: int = DEFAULT_KEEP) -> None:
+        self._directory = directory
+        self._resume_name = _name_in(directory, resume_from)
+        self._keep = keep
+        self._seen: dict[str, tuple[int, ...]] = {}  # name -> what it looked like last scan
+        self._hashing: dict[str, _Hashing] = {}
+        self._recorded: dict[str, tuple[Found, tuple[int, ...]]] = {}
+
+    @property
+    def settling(self) -> bool:
+        """Whether a checkpoint seen in the last scan is still to be confirmed or hashed."""
+        return bool(self._hashing) or any(name not in self._recorded for name in self._seen)
+
+    @property
+    def recorded(self) -> list[Found]:
+        """Every checkpoint recorded and not deleted, oldest step first."""
+        return sorted((found for found, _ in self._recorded.values()), key=_order)
+
+    def scan(self) -> list[Found]:
+        """One bounded scan: the checkpoints found complete by it, oldest step first (then pruned)."""
+        try:
+            root = os.open(self._directory, _OPEN_DIR)
+        except OSError:
+            return []  # not there yet, or not a directory the agent may read
+        try:
+            fresh = self._scan(root)
+            if fresh:
+                self._prune(root)
+            return fresh
+        finally:
+            os.close(root)
+
+    def _scan(self, root: int) -> list[Found]:
+        current: dict[str, tuple[int, ...]] = {}
+        for name, info in _entries(root, MAX_ENTRIES):
+            if _NOT_DONE.search(name) or name.endswith(SIDECAR_SUFFIX) or name in self._recorded:
+                continue
+            identity = _identity(info)
+            listing = None
+            if stat.S_ISDIR(info.st_mode):
+                listing = _listing(root, name)
+                if listing is None or not COMPLETION_MARKERS & {
+                    path[0] for path, _ in listing if len(path) == 1
+                }:
+                    continue
+                identity += (hash(tuple(listing)),)
+            elif not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+                continue
+            step = _sidecar_step(root, name + SIDECAR_SUFFIX)
+            if step is None:
+                step = step_of_name(name)
+            if step is None:
+                continue
+            current[name] = identity
+            if self._seen.get(name) == identity and name not in self._hashing:
+                files: list[tuple[str, ...]]
+                if listing is None:
+                    files, sizes = [(name,)], [info.st_size]
+                else:
+                    files, sizes = [(name, *path) for path, _ in listing], [size for _, size in listing]
+                self._hashing[name] = _Hashing(
+                    identity, step, info.st_mtime_ns, files, sizes, is_dir=listing is not None
+                )
+        for name in [
+            name for name, hashing in self._hashing.items() if current.get(name) != hashing.identity
+        ]:
+            del self._hashing[name]  # changed or gone while being hashed: start again when it settles
+        self._seen = current
+        return self._hash(root)
+
+    def _hash(self, root: int) -> list[Found]:
+        budget = HASH_BYTES_PER_SCAN
+        fresh: list[Found] = []
+        for name, hashing in sorted(self._hashing.items(), key=lambda item: item[1].step, reverse=True):
+            if budget <= 0:
+                break
+            try:
+                budget -= _advance(root, hashing, budget)
+            except OSError:
+                del self._hashing[name]  # swapped or unreadable: looked at again when it settles
+                continue
+            if hashing.index < len(hashing.files):
+                continue
+            del self._hashing[name]
+            digest = hashing.manifest.hexdigest() if hashing.is_dir else hashing.current.hexdigest()
+            found = Found(name, hashing.step, sum(hashing.sizes), f"sha256:{digest}", hashing.mtime_ns)
+            self._recorded[name] = (found, hashing.identity)
+            fresh.append(found)
+        return sorted(fresh, key=_order)
+
+    # -- retention ----------------------------------------------------------------------------
+
+    def _prune(self, root: int) -> None:
+        if self._keep <= 0:
+            return
+        ordered = self.recorded
+        for found in ordered[: max(len(ordered) - self._keep, 0)]:
+            if found.name == self._resume_name:
+                continue
+            _, identity = self._recorded.pop(found.name)
+            _delete(root, found.name, identity)
+
+
+def _order(found: Found) -> tuple[int, int]:
+    return (found.step, found.mtime_ns)
+
+
+def _name_in(directory: str, path: str) -> str:
+    """``path``'s name when it lies directly in ``directory``, else ""."""
+    if not path:
+        return ""
+    head, _, tail = path.rstrip("/").rpartition("/")
+    return tail if os.path.normpath(head) == os.path.normpath(directory) else ""
+
+
+def _identity(info: os.stat_result) -> tuple[int, ...]:
+    return (info.st_dev, info.st_ino, info.st_mode, info.st_size, info.st_mtime_ns)
+
+
+def _entries(directory: int, limit: int) -> Iterator[tuple[str, os.stat_result]]:
+    """Up to ``limit`` names in ``directory`` (a descriptor) with their ``lstat``."""
+    with os.scandir(directory) as entries:
+        for count, entry in enumerate(entries):
+            if count >= limit:
+                return
+            with contextlib.suppress(OSError):
+                yield entry.name, entry.stat(follow_symlinks=False)
+
+
+def _listing(root: int, name: str) -> list[tuple[tuple[str, ...], int]] | None:
+    """A checkpoint directory's regular files (relative paths, sizes) in name order, its
+    subdirectories walked without following a link; None when it holds more than allowed or
+    anything but files and directories."""
+    files: list[tuple[tuple[str, ...], int]] = []
+
+    def walk(parent: int, entry: str, prefix: tuple[str, ...]) -> bool:
+        try:
+            descriptor = os.open(entry, _OPEN_DIR, dir_fd=parent)
+        except OSError:
+            return False
+        try:
+            for child, info in _entries(descriptor, MAX_FILES_PER_CHECKPOINT + 1):
+                path = (*prefix, child)
+                if stat.S_ISREG(info.st_mode) and info.st_nlink == 1:
+                    files.append((path, info.st_size))
+                elif not (
+                    stat.S_ISDIR(info.st_mode) and len(path) < MAX_DEPTH and walk(descriptor, child, path)
+                ):
+                    return False
+                if len(files) > MAX_FILES_PER_CHECKPOINT:
+                    return False
+            return True
+        finally:
+            os.close(descriptor)
+
+    return sorted(files) if walk(root, name, ()) else None
+
+
+def _open_beneath(root: int, path: tuple[str, ...]) -> int:
+    """Open the regular file at ``path`` under ``root``, each component without following a link."""
+    descriptors: list[int] = []
+    try:
+        parent = root
+        for component in path[:-1]:
+            parent = os.open(component, _OPEN_DIR, dir_fd=parent)
+            descriptors.append(parent)
+        descriptor = os.open(path[-1], _OPEN_FILE, dir_fd=parent)
+    finally:
+        for opened in descriptors:
+            os.close(opened)
+    info = os.fstat(descriptor)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+        os.close(descriptor)
+        raise OSError(errno.EINVAL, f"{'/'.join(path)} is no plain file")
+    return descriptor
+
+
+def _advance(root: int, hashing: _Hashing, budget: int) -> int:
+    """Hash up to ``budget`` more bytes of ``hashing``; the bytes read. A file that is not its
+    recorded size any more raises ``OSError`` (the checkpoint changed)."""
+    spent = 0
+    while hashing.index < len(hashing.files) and spent < budget:
+        path, size = hashing.files[hashing.index], hashing.sizes[hashing.index]
+        descriptor = _open_beneath(root, path)
+        try:
+            if os.fstat(descriptor).st_size != size:
+                raise OSError(errno.ESTALE, f"{'/'.join(path)} changed")
+            while hashing.offset < size and spent < budget:
+                chunk = os.pread(
+                    descriptor, min(READ_CHUNK, budget - spent, size - hashing.offset), hashing.offset
+                )
+                if not chunk:
+                    raise OSError(errno.ESTALE, f"{'/'.join(path)} shrank")
+                hashing.current.update(chunk)
+                hashing.offset += len(chunk)
+                spent += len(chunk)
+        finally:
+            os.close(descriptor)
+        if hashing.offset < size:
+            break
+        if hashing.is_dir:
+            relative = "/".join(path[1:])
+            hashing.manifest.update(f"{relative}\0{size}\0{hashing.current.hexdigest()}\n".encode())
+            hashing.current = hashlib.sha256()
+        hashing.index += 1
+        hashing.offset = 0
+    return spent
+
+
+def _sidecar_step(root: int, name: str) -> int | None:
+    try:
+        descriptor = _open_beneath(root, (name,))
+    except OSError:
+        return None
+    try:
+        text = os.read(descriptor, SIDECAR_MAX_BYTES + 1)
+    finally:
+        os.close(descriptor)
+    value = text.strip()
+    if len(text) > SIDECAR_MAX_BYTES or not value.isdigit():
+        return None
+    return int(value)
+
+
+def _delete(root: int, name: str, identity: tuple[int, ...]) -> None:
+    """Delete the checkpoint ``name`` if it is still what was recorded, without following a link."""
+    try:
+        info = os.stat(name, dir_fd=root, follow_symlinks=False)
+    except OSError:
+        return
+    if _identity(info)[:3] != identity[:3]:
+        return  # the name holds something else now: not ours to delete
+    with contextlib.suppress(OSError):
+        if stat.S_ISDIR(info.st_mode):
+            shutil.rmtree(name, dir_fd=root)
+        else:
+            os.unlink(name, dir_fd=root)
+        with contextlib.suppress(OSError):
+            os.unlink(name + SIDECAR_SUFFIX, dir_fd=root)
+
+
+#: How often the agent scans, and how long its last scan after the learner's exit may take.
+SCAN_INTERVAL_S = 1.0
+FINAL_SCAN_TIMEOUT_S = 10.0
+CHECKPOINT_DIR_VARIABLE = "FFDL_CHECKPOINT_DIR"
+RESUME_FROM_VARIABLE = "FFDL_RESUME_FROM"
+KEEP_VARIABLE = "FFDL_KEEP_CHECKPOINTS"
+
+
+def scanner_for(environment: Mapping[str, str], rank: int) -> CheckpointScanner | None:
+    """The scanner of a learner's agent: rank 0's only (the learners of a job share the directory,
+    and rank 0 is who saves in data-parallel training), None without a checkpoint directory."""
+    directory = environment.get(CHECKPOINT_DIR_VARIABLE, "")
+    if rank != 0 or not directory:
+        return None
+    keep = environment.get(KEEP_VARIABLE, "")
+    return CheckpointScanner(
+        directory,
+        resume_from=environment.get(RESUME_FROM_VARIABLE, ""),
+        keep=int(keep) if keep.isdigit() else DEFAULT_KEEP,
+    )
+
+
+def as_checkpoint(found: Found, directory: str, *, rank: int, attempt: int) -> Checkpoint:
+    """The record of a found checkpoint, named as the learner sees it (its ``FFDL_RESUME_FROM``)."""
+    return Checkpoint(
+        rank=rank,
+        attempt=attempt,
+        step=found.step,
+        uri=f"file://{os.path.join(directory, found.name)}",
+        size_bytes=found.size_bytes,
+        checksum=found.checksum,
+    )
+
+
+async def discover(scanner: CheckpointScanner, on_found: Callable[[Found], None]) -> None:
+    """Scan every :data:`SCAN_INTERVAL_S` in a worker thread, handing what is found to ``on_found``
+    on the caller's loop, until cancelled."""
+    while True:
+        for found in await asyncio.to_thread(scanner.scan):
+            on_found(found)
+        await asyncio.sleep(SCAN_INTERVAL_S)
+
+
+async def final_scan(scanner: CheckpointScanner, on_found: Callable[[Found], None]) -> None:
+    """After the learner exited nothing writes any more: scan until nothing is left to settle or
+    hash (a checkpoint written on SIGTERM is recorded before the exit is reported), within
+    :data:`FINAL_SCAN_TIMEOUT_S`."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(FINAL_SCAN_TIMEOUT_S):
+            while True:
+                for found in await asyncio.to_thread(scanner.scan):
+                    on_found(found)
+                if not scanner.settling:
+                    return

@@ -1,0 +1,239 @@
+"""Checkpoint discovery and retention in a checkpoint directory the tenant's code writes (and may
+turn against the agent): what is found complete, with which step, size and checksum, what is never
+followed, read or deleted, and what is kept."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ffdl.learner import checkpoints
+from ffdl.learner.checkpoints import CheckpointScanner, Found, scanner_for, step_of_name
+
+
+def sha256(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def settle(scanner: CheckpointScanner, scans: int = 2) -> list[Found]:
+    found: list[Found] = []
+    for _ in range(scans):
+        found += scanner.scan()
+    return found
+
+
+@pytest.mark.parametrize(
+    ("name", "step"),
+    [
+        ("ckpt_step_120.pt", 120),
+        ("checkpoint-120", 120),
+        ("120.pt", 120),
+        ("step=120.ckpt", 120),
+        ("epoch=2-step=120.ckpt", 120),
+        ("model_v2-120.safetensors", 120),
+        ("global_step7", 7),
+        ("last.ckpt", None),
+        ("model.pt", None),
+    ],
+)
+def test_the_step_comes_from_the_name(name: str, step: int | None) -> None:
+    assert step_of_name(name) == step
+
+
+def test_a_file_is_recorded_once_it_stopped_changing_with_its_size_and_checksum(tmp_path: Path) -> None:
+    scanner = CheckpointScanner(str(tmp_path))
+    target = tmp_path / "ckpt_step_20.pt"
+    target.write_bytes(b"half")
+    assert scanner.scan() == []  # seen once: it may still be written
+    target.write_bytes(b"half and the rest")
+    assert scanner.scan() == []  # it changed
+    [found] = scanner.scan()
+    assert (found.name, found.step, found.size_bytes) == ("ckpt_step_20.pt", 20, 17)
+    assert found.checksum == sha256(b"half and the rest")
+    assert settle(scanner) == []  # recorded once
+
+
+def test_names_that_say_not_done_are_never_checkpoints_and_a_rename_completes_them(tmp_path: Path) -> None:
+    scanner = CheckpointScanner(str(tmp_path))
+    for name in ("ckpt_5.pt.tmp", ".ckpt_5.pt", "ckpt_5.pt~", "tmpab12_5.pt", "ckpt_5.partial"):
+        (tmp_path / name).write_bytes(b"x")
+    assert settle(scanner, 3) == []
+    os.rename(tmp_path / "ckpt_5.pt.tmp", tmp_path / "ckpt_5.pt")
+    assert [found.step for found in settle(scanner)] == [5]
+
+
+def test_a_directory_is_complete_with_its_marker_and_checksummed_as_the_helper_does(tmp_path: Path) -> None:
+    scanner = CheckpointScanner(str(tmp_path))
+    directory = tmp_path / "checkpoint-40"
+    (directory / "shards").mkdir(parents=True)
+    (directory / "__0_0.distcp").write_bytes(b"rank0")
+    (directory / "shards" / "extra.bin").write_bytes(b"more")
+    assert settle(scanner, 3) == []  # no marker yet: still being written
+    (directory / ".metadata").write_bytes(b"meta")
+    [found] = settle(scanner)
+    assert (found.step, found.size_bytes) == (40, 13)
+    manifest = "".join(
+        f"{name}\0{len(data)}\0{hashlib.sha256(data).hexdigest()}\n"
+        for name, data in sorted(
+            [(".metadata", b"meta"), ("__0_0.distcp", b"rank0"), ("shards/extra.bin", b"more")]
+        )
+    )
+    assert found.checksum == sha256(manifest.encode())
+
+
+def test_a_sidecar_names_the_step(tmp_path: Path) -> None:
+    (tmp_path / "last.ckpt").write_bytes(b"weights")
+    (tmp_path / "last.ckpt.step").write_text("300\n")
+    [found] = settle(CheckpointScanner(str(tmp_path)))
+    assert (found.name, found.step) == ("last.ckpt", 300)
+
+
+# -- hostile directories ---------------------------------------------------------------------------
+
+
+def test_links_are_never_followed(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"the platform's")
+    directory = tmp_path / "ckpt"
+    directory.mkdir()
+    (directory / "ckpt_1.pt").symlink_to(secret)
+    os.link(secret, directory / "ckpt_2.pt")  # a hard link to a file that is not the learner's
+    linked = directory / "checkpoint-3"
+    linked.mkdir()
+    (linked / "COMPLETE").write_bytes(b"")
+    (linked / "weights").symlink_to(secret)
+    (directory / "checkpoint-4").symlink_to(linked, target_is_directory=True)
+    assert settle(CheckpointScanner(str(directory)), 3) == []
+
+
+def test_the_directory_itself_is_not_followed_when_it_is_a_link(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "ckpt_1.pt").write_bytes(b"x")
+    (tmp_path / "link").symlink_to(real, target_is_directory=True)
+    assert settle(CheckpointScanner(str(tmp_path / "link"))) == []
+
+
+def test_a_fifo_named_like_a_checkpoint_never_blocks_the_scan(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "ckpt_9.pt")
+    done = threading.Event()
+
+    def scan() -> None:
+        settle(CheckpointScanner(str(tmp_path)), 3)
+        done.set()
+
+    threading.Thread(target=scan, daemon=True).start()
+    assert done.wait(10), "the scan blocked on a FIFO"
+
+
+def test_a_scan_looks_at_a_bounded_number_of_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(checkpoints, "MAX_ENTRIES", 5)
+    for step in range(50):
+        (tmp_path / f"ckpt_{step}.pt").write_bytes(b"x")
+    assert len(settle(CheckpointScanner(str(tmp_path)))) <= 5
+
+
+def test_a_big_checkpoint_is_hashed_over_several_scans_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(checkpoints, "HASH_BYTES_PER_SCAN", 1000)
+    data = os.urandom(4500)
+    (tmp_path / "ckpt_7.pt").write_bytes(data)
+    scanner = CheckpointScanner(str(tmp_path))
+    results = [scanner.scan() for _ in range(8)]
+    # seen; confirmed and hashed 1000 bytes a scan, the last 500 in the sixth scan; then recorded once
+    assert [len(found) for found in results] == [0, 0, 0, 0, 0, 1, 0, 0]
+    assert results[5][0].checksum == sha256(data)
+
+
+def test_a_checkpoint_rewritten_while_hashed_is_hashed_again_from_its_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(checkpoints, "HASH_BYTES_PER_SCAN", 1000)
+    target = tmp_path / "ckpt_7.pt"
+    target.write_bytes(b"a" * 3000)
+    scanner = CheckpointScanner(str(tmp_path))
+    assert settle(scanner, 3) == []
+    target.write_bytes(b"b" * 2000)
+    found = settle(scanner, 8)
+    assert [item.checksum for item in found] == [sha256(b"b" * 2000)]
+
+
+# -- retention -------------------------------------------------------------------------------------
+
+
+def test_retention_keeps_the_newest_and_the_one_resumed_from(tmp_path: Path) -> None:
+    scanner = CheckpointScanner(str(tmp_path), resume_from=str(tmp_path / "ckpt_10.pt"), keep=2)
+    for step in (10, 20, 30, 40):
+        (tmp_path / f"ckpt_{step}.pt").write_bytes(b"x")
+        settle(scanner)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["ckpt_10.pt", "ckpt_30.pt", "ckpt_40.pt"]
+    assert [found.step for found in scanner.recorded] == [10, 30, 40]
+
+
+def test_keep_zero_keeps_everything(tmp_path: Path) -> None:
+    scanner = CheckpointScanner(str(tmp_path), keep=0)
+    for step in range(5):
+        (tmp_path / f"{step}.pt").write_bytes(b"x")
+    settle(scanner)
+    assert len(list(tmp_path.iterdir())) == 5
+
+
+def test_retention_deletes_directories_and_never_what_a_link_swapped_in_points_to(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious").write_bytes(b"keep me")
+    directory = tmp_path / "ckpt"
+    directory.mkdir()
+    scanner = CheckpointScanner(str(directory), keep=1)
+    for step in (1, 2):
+        (directory / f"checkpoint-{step}").mkdir()
+        (directory / f"checkpoint-{step}" / "COMPLETE").write_bytes(b"")
+    (directory / "ckpt_3.pt").write_bytes(b"x")
+    settle(scanner)
+    assert sorted(path.name for path in directory.iterdir()) == ["ckpt_3.pt"]
+
+    (directory / "ckpt_4.pt").write_bytes(b"x")
+    settle(scanner)  # ckpt_3 is now the one to delete...
+    (directory / "ckpt_5.pt").write_bytes(b"x")
+    (directory / "ckpt_4.pt").unlink()
+    (directory / "ckpt_4.pt").symlink_to(outside / "precious")  # ...and ckpt_4 is swapped for a link
+    settle(scanner)
+    assert (outside / "precious").read_bytes() == b"keep me"
+    assert (directory / "ckpt_4.pt").is_symlink()
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    steps=st.lists(st.integers(min_value=0, max_value=10_000), min_size=1, max_size=12, unique=True),
+    keep=st.integers(min_value=1, max_value=5),
+    resumed=st.integers(min_value=0, max_value=11),
+)
+def test_retention_never_deletes_the_newest_nor_the_resumed_and_keeps_at_most_keep_others(
+    tmp_path_factory: pytest.TempPathFactory, steps: list[int], keep: int, resumed: int
+) -> None:
+    directory = tmp_path_factory.mktemp("ckpt")
+    resume = f"ckpt_{steps[resumed % len(steps)]}.pt"
+    scanner = CheckpointScanner(str(directory), resume_from=str(directory / resume), keep=keep)
+    for step in steps:
+        (directory / f"ckpt_{step}.pt").write_bytes(b"x")
+        settle(scanner)
+    left = {path.name for path in directory.iterdir()}
+    assert resume in left
+    assert f"ckpt_{max(steps)}.pt" in left
+    newest = {f"ckpt_{step}.pt" for step in sorted(steps)[-keep:]}
+    assert left <= newest | {resume}
+
+
+def test_only_rank_0_scans_and_the_platforms_keep_is_read() -> None:
+    environment = {"FFDL_CHECKPOINT_DIR": "/ckpt", "FFDL_KEEP_CHECKPOINTS": "7"}
+    assert scanner_for(environment, 1) is None
+    assert scanner_for({}, 0) is None
+    scanner = scanner_for(environment, 0)
+    assert scanner is not None and scanner._keep == 7
