@@ -152,6 +152,69 @@ def test_a_high_priority_arrival_preempts_and_the_victim_finishes_its_work_later
     assert low.end == 230.0 + 100.0 + 800.0  # resumed after urgent, with the 800 s of work it had left
 
 
+def test_with_service_bands_a_short_arrival_preempts_a_job_past_its_threshold() -> None:
+    trace = [
+        TraceJob("long", 0.0, "a", 1, 8, 10_000.0),
+        TraceJob("short", 1000.0, "b", 1, 8, 100.0),
+    ]
+    fifo = simulate(trace, nodes(1), SchedulerPolicy(), halt_s=30.0)
+    assert fifo.outcomes[1].end == 10_100.0  # without bands it waits for the long job
+    policy = SchedulerPolicy(service_queues=(3600.0,))  # 1 GPU-hour: 450 s on 8 GPUs
+    long, short = simulate(trace, nodes(1), policy, halt_s=30.0).outcomes
+    assert short.first_start == 1030.0 and short.end == 1130.0  # after the long job's checkpoint
+    assert long.preemptions == 1 and long.end == 1130.0 + 9000.0  # resumed with its 9,000 s left
+
+
+def test_with_service_bands_a_job_below_its_threshold_is_not_preempted_by_a_new_one() -> None:
+    trace = [TraceJob("first", 0.0, "a", 1, 8, 400.0), TraceJob("second", 100.0, "b", 1, 8, 10.0)]
+    policy = SchedulerPolicy(service_queues=(3600.0,))
+    first, second = simulate(trace, nodes(1), policy).outcomes
+    assert first.preemptions == 0 and second.first_start == 400.0  # both in the top band: FIFO
+
+
+def test_aging_lifts_a_starved_job_and_the_cap_ends_the_ping_pong() -> None:
+    trace = [TraceJob("a", 0.0, "t", 1, 8, 5000.0), TraceJob("b", 0.0, "u", 1, 8, 5000.0)]
+    policy = SchedulerPolicy(service_queues=(3600.0,), starve_after_s=600.0, max_service_preemptions=2)
+    result = simulate(trace, nodes(1), policy, halt_s=30.0)
+    a, b = result.outcomes
+    # a runs first; past 450 s it is in the lower band and b (top band) halts it; a then waits
+    # 600 s, is lifted to the top band and halts b, which by then has attained its threshold
+    assert b.first_start == 480.0
+    assert a.preemptions == 2 and b.preemptions >= 1
+    assert result.preemptions == a.preemptions + b.preemptions
+    assert max(a.preemptions, b.preemptions) <= 2
+    assert {a.end, b.end} == {result.last_end, min(a.end or 0, b.end or 0)}
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    jobs=st.lists(
+        st.tuples(
+            st.floats(0, 500),
+            st.sampled_from("abc"),
+            st.integers(1, 2),
+            st.sampled_from([2, 8]),
+            st.floats(1, 900),
+        ),
+        min_size=1,
+        max_size=30,
+    ),
+    cap=st.integers(0, 3),
+)
+def test_service_bands_lose_no_work_and_no_job_is_halted_past_the_cap(
+    jobs: list[tuple[float, str, int, int, float]], cap: int
+) -> None:
+    trace = [TraceJob(f"j{i}", *job) for i, job in enumerate(jobs)]
+    policy = SchedulerPolicy(
+        min_runtime_s=10.0, service_queues=(600.0, 3000.0), starve_after_s=300.0, max_service_preemptions=cap
+    )
+    result = simulate(trace, nodes(2), policy, halt_s=5.0)
+    for outcome in result.outcomes:
+        assert outcome.end is not None and outcome.first_start is not None
+        assert outcome.end - outcome.first_start >= outcome.job.runtime - 1e-6
+        assert outcome.preemptions <= cap  # one class: only the bands preempt, and not past the cap
+
+
 def test_the_cli_generates_a_trace_and_prints_the_report_as_json(tmp_path: Path) -> None:
     out = tmp_path / "philly.jsonl"
     runner = CliRunner()
@@ -167,6 +230,11 @@ def test_the_cli_generates_a_trace_and_prints_the_report_as_json(tmp_path: Path)
     assert json.loads(again.output)["cluster"]["placement"] == "spread"
     table = runner.invoke(app, ["simulate", str(out), "--nodes", "8"])
     assert table.exit_code == 0 and "queueing delay p50" in table.output
+    banded = runner.invoke(app, ["simulate", str(out), "--nodes", "8", "--service-queues", "1,16", "--json"])
+    assert banded.exit_code == 0, banded.output
+    assert json.loads(banded.output)["jobs"] == 150
+    unsorted = runner.invoke(app, ["simulate", str(out), "--service-queues", "16,1"])
+    assert unsorted.exit_code == 2 and "rising GPU-hours" in unsorted.output
     wrong = runner.invoke(app, ["simulate", str(out), "--policy", "random"])
     assert wrong.exit_code == 2 and "pack or spread" in wrong.output
 

@@ -204,6 +204,14 @@ class SchedulerPolicy:
     preempt_drains: bool = False
     #: the GPU-seconds per GPU one halt and resume costs: writing the checkpoint, reading it back
     checkpoint_cost_s: float = 120.0
+    #: least attained service within a class (Tiresias' discretised LAS), applied by the simulator
+    #: alone: the thresholds in GPU-seconds a job has run that split each class into bands, the
+    #: least served first (empty: off). See :func:`ffdl.core.simulation.simulate`.
+    service_queues: tuple[float, ...] = ()
+    #: aging: a job of a lower band that has waited this long moves to the top band again
+    starve_after_s: float = 24 * 3600.0
+    #: a loop guard: a job preempted this often by the bands is no longer moved down while it runs
+    max_service_preemptions: int = 16
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,7 @@ each run, and renders the report as tables or one JSON object.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -72,6 +73,17 @@ def run_simulation(
     if html is not None:
         html.write_text(render_report(report, results, nodes))
     return report
+
+
+def parse_service_queues(text: str) -> tuple[float, ...]:
+    """``--service-queues``: GPU-hour thresholds, comma-separated, rising; in GPU-seconds."""
+    try:
+        hours = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"--service-queues takes rising GPU-hours such as 1,16, not {text!r}") from None
+    if any(h <= 0 or not math.isfinite(h) for h in hours) or hours != sorted(set(hours)):
+        raise ValueError(f"--service-queues takes rising GPU-hours such as 1,16, not {text!r}")
+    return tuple(h * 3600 for h in hours)
 
 
 def parse_compare(text: str) -> list[str]:

@@ -4,6 +4,7 @@ scheduler in virtual time over a workload trace)."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -95,6 +96,13 @@ def simulate(
             help="Also run these baselines on the same trace and cluster: fifo,backfill,las,oracle."
         ),
     ] = "",
+    service_queues: Annotated[
+        str,
+        typer.Option(
+            help="Least attained service within each priority class: the thresholds in GPU-hours "
+            "a job has run that split it into bands, e.g. 1,16 (simulator only; docs/scheduling.md)."
+        ),
+    ] = "",
     json_output: JsonFlag = False,
 ) -> None:
     """Run a workload trace through the scheduler in virtual time and report how it went.
@@ -109,6 +117,7 @@ def simulate(
         raise fail(ValueError(f"--policy is pack or spread, not {policy!r}"))
     try:
         baselines = simulation.parse_compare(compare)
+        thresholds = simulation.parse_service_queues(service_queues)
     except ValueError as exc:
         raise fail(exc) from exc
     if generate is not None:
@@ -129,9 +138,8 @@ def simulate(
             raise fail(exc) from exc
     cluster = simulation.homogeneous_cluster(nodes, gpus_per_node)
     placement = simulation.PLACEMENTS.get(policy or "")
-    report = simulation.run_simulation(
-        jobs, cluster, Settings().scheduler_policy(), placement, html, baselines
-    )
+    scheduler = replace(Settings().scheduler_policy(), service_queues=thresholds)
+    report = simulation.run_simulation(jobs, cluster, scheduler, placement, html, baselines)
     if json_output:
         print_json(report)
         return
