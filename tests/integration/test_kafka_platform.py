@@ -192,7 +192,9 @@ async def test_bad_commands_are_dead_lettered_with_their_reason_and_origin_and_c
         reasons[kind] = reason
     assert reasons["undecodable"].startswith("not JSON")
     assert reasons["unknown_type"] == "unknown type 'LaunchRockets'"
-    assert reasons["schema_version"] == "SubmitJob schema_version 7 is newer than this platform's 1"
+    assert reasons["schema_version"] == (
+        f"SubmitJob schema_version 7 is newer than this platform's {cmd.SubmitJob.VERSION}"
+    )
     assert reasons["unknown_job"] == "no job job-d for ResumeJob"
     assert reasons["bad_principal"].startswith("bad ffdl_principal header: 'root' names no kind of principal")
     assert reasons["refused"] == (
