@@ -47,12 +47,9 @@ def print_table(table: Table, *, wide: bool = False) -> None:
     (as kubectl's ``-o wide`` lines run on) rather than squeezed into it."""
     if wide:
         needed = Measurement.get(console, console.options.update(width=10_000), table).maximum
-        terminal = console.width
-        console.width = max(terminal, needed)  # print's own width is capped at the console's
-        try:
-            console.print(table)
-        finally:
-            console.width = terminal
+        # print's own width is capped at the console's, and setting the shared console's width would
+        # pin it for good (it follows the terminal only while unset): a console of that width, once
+        Console(width=max(console.width, needed)).print(table)
     else:
         console.print(table)
 
