@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from ffdl.core.job import Job, evolve, start
 from ffdl.events import job_events as ev
 from ffdl.events.envelope import Event, EventData
-from ffdl.events.model import JobSpec
+from ffdl.events.model import Checkpoint, JobSpec, LearnerPlacement, Placement
 
 
 def folded_job(
@@ -32,6 +32,24 @@ def folded_job(
     for event in events[1:]:
         job = evolve(job, event)
     return job, events
+
+
+def running_job(name: str, at: datetime, checkpoints: Sequence[Checkpoint] = ()) -> Job:
+    """Job ``job-1`` of one learner on ``node-a``, folded to RUNNING in attempt 1 with
+    ``checkpoints`` recorded, each event occurring ``at``."""
+    spec = JobSpec(name=name, command="true", learners=1, gpus=1)
+    placement = Placement(learners=(LearnerPlacement(rank=0, node="node-a", gpus=(0,)),))
+    datas: list[EventData] = [
+        ev.JobSubmitted(spec=spec),
+        ev.JobAccepted(),
+        ev.JobQueued(),
+        ev.GpusAllocated(placement=placement),
+        ev.JobLaunching(attempt=1),
+        ev.LearnerStarted(rank=0, attempt=1),
+        ev.JobRunning(attempt=1),
+        *(ev.CheckpointRecorded(checkpoint=checkpoint) for checkpoint in checkpoints),
+    ]
+    return folded_job(datas, at)[0]
 
 
 def submission(job_id: str, at: datetime = datetime(2026, 1, 1, tzinfo=UTC)) -> Event:

@@ -33,7 +33,7 @@ from ffdl.handlers.context import ReactionContext
 from ffdl.handlers.launching import launch
 from ffdl.handlers.messaging import CommandSender, Topics
 from ffdl.handlers.ports import LaunchRequest, LearnerHandle
-from tests.job_history import folded_job
+from tests.job_history import folded_job, running_job
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 E = TypeVar("E", bound=EventData)
@@ -144,19 +144,7 @@ def test_a_store_prefix_confines_to_the_jobs_own_prefix() -> None:
 
 
 def running(checkpoints: tuple[Checkpoint, ...] = ()) -> Job:
-    spec = JobSpec(name="victim", command="true", learners=1, gpus=1)
-    placement = Placement(learners=(LearnerPlacement(rank=0, node="node-a", gpus=(0,)),))
-    datas: list[EventData] = [
-        ev.JobSubmitted(spec=spec),
-        ev.JobAccepted(),
-        ev.JobQueued(),
-        ev.GpusAllocated(placement=placement),
-        ev.JobLaunching(attempt=1),
-        ev.LearnerStarted(rank=0, attempt=1),
-        ev.JobRunning(attempt=1),
-        *(ev.CheckpointRecorded(checkpoint=checkpoint) for checkpoint in checkpoints),
-    ]
-    return folded_job(datas, NOW, job_id="job-1")[0]
+    return running_job("victim", NOW, checkpoints)
 
 
 def command(job: Job, data: cmd.CommandData) -> Command:

@@ -38,7 +38,7 @@ from ffdl.handlers.messaging import CommandSender, Topics
 from ffdl.handlers.monitoring import Monitor
 from ffdl.handlers.ports import Bus, OutgoingRecord, Position, RecordTooLarge
 from ffdl.projections.documents import dumps, job_document
-from tests.job_history import folded_job
+from tests.job_history import folded_job, running_job
 from tests.services import wait_until_async
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -206,18 +206,7 @@ def test_a_progress_report_of_version_1_is_brought_inside_the_bounds() -> None:
 
 
 def running() -> Job:
-    spec = JobSpec(name="learning", command="true", learners=1, gpus=1)
-    placement = Placement(learners=(LearnerPlacement(rank=0, node="node-a", gpus=(0,)),))
-    datas: list[EventData] = [
-        ev.JobSubmitted(spec=spec),
-        ev.JobAccepted(),
-        ev.JobQueued(),
-        ev.GpusAllocated(placement=placement),
-        ev.JobLaunching(attempt=1),
-        ev.LearnerStarted(rank=0, attempt=1),
-        ev.JobRunning(attempt=1),
-    ]
-    return folded_job(datas, NOW)[0]
+    return running_job("learning", NOW)
 
 
 @settings(max_examples=60, deadline=None)
