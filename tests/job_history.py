@@ -34,9 +34,11 @@ def folded_job(
     return job, events
 
 
-def running_job(name: str, at: datetime, checkpoints: Sequence[Checkpoint] = ()) -> Job:
-    """Job ``job-1`` of one learner on ``node-a``, folded to RUNNING in attempt 1 with
-    ``checkpoints`` recorded, each event occurring ``at``."""
+def running_job(
+    name: str, at: datetime, checkpoints: Sequence[Checkpoint] = (), *, job_id: str = "job-1"
+) -> tuple[Job, list[Event]]:
+    """A job of one learner on ``node-a``, folded to RUNNING in attempt 1 with ``checkpoints``
+    recorded, each event occurring ``at``; and its events."""
     spec = JobSpec(name=name, command="true", learners=1, gpus=1)
     placement = Placement(learners=(LearnerPlacement(rank=0, node="node-a", gpus=(0,)),))
     datas: list[EventData] = [
@@ -49,7 +51,7 @@ def running_job(name: str, at: datetime, checkpoints: Sequence[Checkpoint] = ())
         ev.JobRunning(attempt=1),
         *(ev.CheckpointRecorded(checkpoint=checkpoint) for checkpoint in checkpoints),
     ]
-    return folded_job(datas, at)[0]
+    return folded_job(datas, at, job_id=job_id)
 
 
 def submission(job_id: str, at: datetime = datetime(2026, 1, 1, tzinfo=UTC)) -> Event:

@@ -144,7 +144,7 @@ def test_a_store_prefix_confines_to_the_jobs_own_prefix() -> None:
 
 
 def running(checkpoints: tuple[Checkpoint, ...] = ()) -> Job:
-    return running_job("victim", NOW, checkpoints)
+    return running_job("victim", NOW, checkpoints)[0]
 
 
 def command(job: Job, data: cmd.CommandData) -> Command:

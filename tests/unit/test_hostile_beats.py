@@ -27,10 +27,8 @@ from ffdl.core.authorization import Principal
 from ffdl.core.decider import decide
 from ffdl.core.job import Job, evolve
 from ffdl.events import job_commands as cmd
-from ffdl.events import job_events as ev
 from ffdl.events.codec import DecodeError, command_from_json, event_from_json, event_to_json
-from ffdl.events.envelope import Event, EventData
-from ffdl.events.model import JobSpec, LearnerPlacement, Placement
+from ffdl.events.envelope import Event
 from ffdl.events.reports import MAX_DROP_REASONS, MAX_METRICS, MAX_STEP, loads_finite, strict_dumps
 from ffdl.handlers.heartbeat_keys import MAX_BEAT_WORKERS, LearnerBeat, learner_key, parse_exit, parse_key
 from ffdl.handlers.heartbeat_tracker import HeartbeatTracker, Note, Report
@@ -38,7 +36,7 @@ from ffdl.handlers.messaging import CommandSender, Topics
 from ffdl.handlers.monitoring import Monitor
 from ffdl.handlers.ports import Bus, OutgoingRecord, Position, RecordTooLarge
 from ffdl.projections.documents import dumps, job_document
-from tests.job_history import folded_job, running_job
+from tests.job_history import running_job
 from tests.services import wait_until_async
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -206,7 +204,7 @@ def test_a_progress_report_of_version_1_is_brought_inside_the_bounds() -> None:
 
 
 def running() -> Job:
-    return running_job("learning", NOW)
+    return running_job("learning", NOW)[0]
 
 
 @settings(max_examples=60, deadline=None)
@@ -263,18 +261,7 @@ class SmallRecords:
 
 
 def learning(job_id: str) -> tuple[Job, Event]:
-    spec = JobSpec(name=job_id, command="true", learners=1, gpus=1)
-    placement = Placement(learners=(LearnerPlacement(rank=0, node="node-a", gpus=(0,)),))
-    datas: list[EventData] = [
-        ev.JobSubmitted(spec=spec),
-        ev.JobAccepted(),
-        ev.JobQueued(),
-        ev.GpusAllocated(placement=placement),
-        ev.JobLaunching(attempt=1),
-        ev.LearnerStarted(rank=0, attempt=1),
-        ev.JobRunning(attempt=1),
-    ]
-    job, events = folded_job(datas, datetime.now(UTC), job_id=job_id)
+    job, events = running_job(job_id, datetime.now(UTC), job_id=job_id)
     return job, events[-1]
 
 
