@@ -253,3 +253,20 @@ def test_the_figures_of_a_run_worked_out_by_hand() -> None:
     assert report["preemptions"] == report["max_preemptions_per_job"] == 0 and report["lost_gpu_hours"] == 0.0
     assert [report["tenants"][t]["slowdown_p50"] for t in "abc"] == [1.0, 2.0, 3.0]
     assert report["tenant_slowdown_spread"] == 3.0 / 2.0
+
+
+def test_the_cli_applies_the_configured_service_bands_unless_told_off(tmp_path: Path) -> None:
+    out = tmp_path / "two.jsonl"
+    write_trace(
+        [TraceJob("long", 0.0, "a", 1, 8, 10_000.0), TraceJob("short", 1000.0, "b", 1, 8, 100.0)], out
+    )
+    runner = CliRunner()
+    figures = {}
+    for bands in ("", "off", "1"):
+        made = runner.invoke(app, ["simulate", str(out), "--nodes", "1", "--json", "--service-queues", bands])
+        assert made.exit_code == 0, made.output
+        figures[bands] = json.loads(made.output)["policies"]["ffdl"]
+    assert figures[""]["preemptions"] == figures["1"]["preemptions"] == 1  # the default: 1 and 16 GPU-hours
+    assert figures["off"]["preemptions"] == 0 and figures["off"]["jct_mean_s"] > figures[""]["jct_mean_s"]
+    refused = runner.invoke(app, ["simulate", str(out), "--nodes", "1", "--service-queues", "16,1"])
+    assert refused.exit_code != 0 and "rising GPU-hours" in refused.output

@@ -111,6 +111,7 @@ class Job:
     waiting: WaitRecord | None = None
     waiting_since: datetime | None = None
     requeue_on_halt: bool = False
+    preemptions: int = 0  # halts that requeued it: preemptions, moves off a lost or drained node
     recent_commands: tuple[int, ...] = field(default=(), repr=False)  # the ids' ints (``remember``)
 
     @property
@@ -348,6 +349,8 @@ def _payload_changes(job: Job, event: Event) -> dict[str, object]:
                 "waiting_since": None,
                 "requeue_on_halt": False,
             }
+        case ev.JobHalted() if job.requeue_on_halt:
+            return {"preemptions": job.preemptions + 1}
         case ev.HaltRequested(reason=reason, requeue=requeue):
             return {"reason": reason or job.reason, "requeue_on_halt": requeue}
         case ev.JobCancelled(reason=reason):

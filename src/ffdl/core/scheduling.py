@@ -204,14 +204,32 @@ class SchedulerPolicy:
     preempt_drains: bool = False
     #: the GPU-seconds per GPU one halt and resume costs: writing the checkpoint, reading it back
     checkpoint_cost_s: float = 120.0
-    #: least attained service within a class (Tiresias' discretised LAS), applied by the simulator
-    #: alone: the thresholds in GPU-seconds a job has run that split each class into bands, the
-    #: least served first (empty: off). See :func:`ffdl.core.simulation.simulate`.
+    #: least attained service within a class (Tiresias' discretised LAS, :mod:`ffdl.core.service`):
+    #: the thresholds in GPU-seconds a job has run that split each class into bands, the least
+    #: served first (empty: off; the configuration's default is 1 and 16 GPU-hours)
     service_queues: tuple[float, ...] = ()
     #: aging: a job of a lower band that has waited this long moves to the top band again
     starve_after_s: float = 24 * 3600.0
     #: a loop guard: a job preempted this often by the bands is no longer moved down while it runs
     max_service_preemptions: int = 16
+
+    def band_class(self, priority: int, band: int) -> int:
+        """The class the planner sees for a job of ``priority`` in service ``band``: each priority
+        class split into its bands, the least served (band 0) highest, below every band of a higher
+        priority. Without bands, the priority itself."""
+        bands = len(self.service_queues)
+        return priority * (bands + 1) + bands - band
+
+    def class_rank(self, planner_class: int) -> tuple[int, int]:
+        """The priority and the band a class of :meth:`band_class` stands for."""
+        bands = len(self.service_queues)
+        return planner_class // (bands + 1), bands - planner_class % (bands + 1)
+
+    def describe_band(self, band: int) -> str:
+        """How much GPU time a band stands for, in the user's words."""
+        if band == 0:
+            return f"run under {self.service_queues[0] / 3600:g} GPU-hours"
+        return f"run over {self.service_queues[band - 1] / 3600:g} GPU-hours"
 
 
 @dataclass(frozen=True, slots=True)
@@ -723,7 +741,13 @@ class Planner:
 
     def _eviction_reason(self, job: WaitingJob, victim: HeldJob) -> str:
         if victim.priority < job.priority:
-            return f"preempted by job {job.job_id} (priority {job.priority} over {victim.priority})"
+            (priority, band), (below, victim_band) = map(
+                self._policy.class_rank, (job.priority, victim.priority)
+            )
+            if priority > below:
+                return f"preempted by job {job.job_id} (priority {priority} over {below})"
+            served = f"{self._policy.describe_band(band)}, this one {self._policy.describe_band(victim_band)}"
+            return f"preempted by job {job.job_id}, which has had less GPU time ({served})"
         quota = self._ledger.quota(job.tenant)
         return (
             f"preempted to reclaim tenant {job.tenant}'s guarantee of {quota.guaranteed_gpus} GPUs "

@@ -10,30 +10,26 @@ preempted job keeps its GPUs for ``halt_s`` while it writes its checkpoint and s
 work (it resumes from that checkpoint), and queues again. A job that can never run (its gang fits
 no empty cluster, or it needs more than its tenant may ever hold) is reported, not queued.
 
-**Least attained service** (``SchedulerPolicy.service_queues``, off unless given). Each priority
-class is split into bands by the GPU-seconds a job has run (its running intervals, summed), the
-least served band highest: the planner sees the band as a finer priority class, so its queue order,
-reservations and preemption of a lower class (with the minimum runtime after each start) rank the
-least served first. A running job moves down a band when it crosses a threshold; a job of a lower
-band that has waited ``starve_after_s`` moves to the top band (aging), and a job preempted
-``max_service_preemptions`` times is no longer moved down while it runs (a loop guard). Each halt
-costs ``halt_s`` on the victim's GPUs. The planner's reasons then name the band's class as the
-job's priority: the scheduler role does not apply bands (its jobs have no attained service yet).
+**Least attained service** (``SchedulerPolicy.service_queues``; :mod:`ffdl.core.service`). The
+simulator keeps each job's service as virtual time goes by, and wakes up when a band changes with
+nothing else happening (a running job crossing a threshold, a waiting one aging), as the
+scheduler role does from its fold. Each halt costs ``halt_s`` on the victim's GPUs.
 """
 
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from heapq import heappop, heappush
 from typing import Any
 
+from ffdl.core import service as service_bands
 from ffdl.core.allocator import Node, PlacementPolicy
 from ffdl.core.cluster import ClusterRoom, ClusterState, Demand, HeldJob
 from ffdl.core.job import WaitRecord
 from ffdl.core.scheduling import Planner, SchedulerPolicy, WaitingJob, WaitingQueue
+from ffdl.core.service import Service
 
 _FINISHED = 0  # ends before halts and arrivals at the same instant, so their GPUs are free for the step
 _HALTED = 1
@@ -110,34 +106,30 @@ class _Simulator:
     timeline: list[tuple[float, int, str, int]] = field(default_factory=list)
     generation: int = 0
     lost_gpu_seconds: float = 0.0
-    attained: dict[str, float] = field(default_factory=dict)  # GPU-seconds run before the current run
+    #: with service bands: what each job has been served (:mod:`ffdl.core.service`)
+    services: dict[str, Service] = field(default_factory=dict)
     aging: dict[str, int] = field(default_factory=dict)  # waiting job of a lower band -> its wake-up
 
     def __post_init__(self) -> None:
         self.state = ClusterState(self.nodes)
 
-    def band(self, job_id: str, attained: float) -> int:
-        """The job's band: how many of the policy's service thresholds it has attained; the top band
-        for a job the bands have preempted ``max_service_preemptions`` times (a loop guard)."""
-        if self.outcomes[job_id].preemptions >= self.policy.max_service_preemptions:
-            return 0
-        return bisect_right(self.policy.service_queues, attained)
-
-    def priority(self, job: TraceJob, band: int) -> int:
-        """The class the planner sees: the job's priority, split into bands, the least served highest."""
-        bands = len(self.policy.service_queues)
-        return job.priority * (bands + 1) + bands - band
-
     def queue(self, job: TraceJob, now: float) -> None:
         """Queue ``job`` (again) in its band; one of a lower band wakes up to age."""
-        band = self.band(job.job_id, self.attained.get(job.job_id, 0.0))
-        self.waiting.put(
-            WaitingJob(job.job_id, job.tenant, self.demand(job), self.priority(job, band), (now, job.job_id))
-        )
-        if band > 0:
-            self.generation += 1
-            self.aging[job.job_id] = self.generation
-            heappush(self.timeline, (now + self.policy.starve_after_s, _AGED, job.job_id, self.generation))
+        priority = job.priority
+        if self.policy.service_queues:
+            service = self.services[job.job_id] = service_bands.queued(self.services[job.job_id], now)
+            priority = self.band_class(job, service, now)
+            wake = service_bands.next_change(self.policy, service, now)
+            if wake is not None:
+                self.generation += 1
+                self.aging[job.job_id] = self.generation
+                heappush(self.timeline, (wake, _AGED, job.job_id, self.generation))
+        self.waiting.put(WaitingJob(job.job_id, job.tenant, self.demand(job), priority, (now, job.job_id)))
+
+    def band_class(self, job: TraceJob, service: Service, now: float) -> int:
+        """The class the planner sees: the job's priority, split into bands, the least served highest."""
+        band = service_bands.band(self.policy, service, now)
+        return self.policy.band_class(job.priority, band)
 
     def demand(self, job: TraceJob) -> Demand:
         return Demand(job.learners, job.gpus_per_learner, job.gpu_type, policy=self.placement or "pack")
@@ -152,6 +144,7 @@ class _Simulator:
             outcome.never_runs = f"needs {job.gpus} GPUs; tenant {job.tenant} may hold at most {limit}"
         else:
             self.remaining[job.job_id] = job.runtime
+            self.services[job.job_id] = Service(job.gpus)
             self.queue(job, now)
 
     def happen(self, kind: int, job_id: str, generation: int, now: float) -> None:
@@ -160,8 +153,8 @@ class _Simulator:
             waiting = self.waiting.get(job_id)
             if waiting is not None and self.aging.get(job_id) == generation:
                 del self.aging[job_id]
-                self.attained[job_id] = 0.0  # served afresh from the top band
-                self.waiting.put(replace(waiting, priority=self.priority(self.outcomes[job_id].job, 0)))
+                job = self.outcomes[job_id].job
+                self.waiting.put(replace(waiting, priority=self.band_class(job, self.services[job_id], now)))
             return
         if kind == _DEMOTED:
             if running is not None and running.generation == generation:
@@ -182,22 +175,17 @@ class _Simulator:
         if held.stopping:
             return
         job = self.outcomes[job_id].job
-        running.band += 1
+        service = self.services[job_id]
+        running.band = service_bands.band(self.policy, service, now)
         self.state.release(job_id)
-        self.state.hold(replace(held, priority=self.priority(job, running.band)))
-        self.next_threshold(job, running)
+        self.state.hold(replace(held, priority=self.policy.band_class(job.priority, running.band)))
+        self.next_threshold(job_id, running, now)
 
-    def next_threshold(self, job: TraceJob, running: _Running) -> None:
-        """Wake up when the running job crosses its band's threshold, if it moves down at all (the
-        band is counted, not worked out again from the time, so rounding cannot wake it twice)."""
-        if job.gpus == 0 or self.outcomes[job.job_id].preemptions >= self.policy.max_service_preemptions:
-            return
-        thresholds = self.policy.service_queues
-        if running.band >= len(thresholds):
-            return
-        crossing = running.since + (thresholds[running.band] - self.attained.get(job.job_id, 0.0)) / job.gpus
-        if crossing < running.since + running.remaining:
-            heappush(self.timeline, (max(crossing, running.since), _DEMOTED, job.job_id, running.generation))
+    def next_threshold(self, job_id: str, running: _Running, now: float) -> None:
+        """Wake up when the running job crosses its band's next threshold, if before it ends."""
+        crossing = service_bands.next_change(self.policy, self.services[job_id], now)
+        if crossing is not None and crossing < running.since + running.remaining:
+            heappush(self.timeline, (crossing, _DEMOTED, job_id, running.generation))
 
     def step(self, now: float) -> None:
         decided = Planner(self.state, self.waiting, now, self.policy, weigh_all=self.weigh_all).run()
@@ -205,10 +193,10 @@ class _Simulator:
             running = self.running.pop(eviction.job_id)
             self.remaining[eviction.job_id] = max(0.0, running.remaining - (now - running.since))
             outcome = self.outcomes[eviction.job_id]
-            if self.policy.service_queues:
-                served = (now - running.since) * outcome.job.gpus
-                self.attained[eviction.job_id] = self.attained.get(eviction.job_id, 0.0) + served
             outcome.preemptions += 1
+            if self.policy.service_queues:
+                stopped = service_bands.stopped(self.services[eviction.job_id], now)
+                self.services[eviction.job_id] = replace(stopped, preemptions=outcome.preemptions)
             self.lost_gpu_seconds += self.halt_s * outcome.job.gpus
             heappush(self.timeline, (now + self.halt_s, _HALTED, eviction.job_id, running.generation))
         for allocation in decided.allocations:
@@ -216,15 +204,17 @@ class _Simulator:
             self.waiting.remove(job_id)
             self.generation += 1
             remaining = self.remaining[job_id]
-            self.running[job_id] = _Running(now, remaining, self.generation)
+            running = self.running[job_id] = _Running(now, remaining, self.generation)
             outcome = self.outcomes[job_id]
             if outcome.first_start is None:
                 outcome.first_start = now
             if self.policy.service_queues:
                 self.aging.pop(job_id, None)
-                running = self.running[job_id]
-                running.band = self.band(job_id, self.attained.get(job_id, 0.0))
-                self.next_threshold(outcome.job, running)
+                service = self.services[job_id] = service_bands.started(
+                    self.policy, self.services[job_id], now
+                )
+                running.band = service_bands.band(self.policy, service, now)
+                self.next_threshold(job_id, running, now)
             heappush(self.timeline, (now + remaining, _FINISHED, job_id, self.generation))
         for job_id, wait in decided.waits.items():  # a job not named keeps its reason
             waiting = self.waiting.get(job_id)

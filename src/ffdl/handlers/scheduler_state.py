@@ -18,6 +18,7 @@ replay can drive this alone.
 from __future__ import annotations
 
 from collections.abc import Callable
+from heapq import heappop, heappush
 from typing import Any, Protocol, TypeVar
 
 import structlog
@@ -28,6 +29,7 @@ from ffdl.core.job import Job, WaitRecord
 from ffdl.core.kinds import JOBS, NODES
 from ffdl.core.nodes import InventoryObservation, inventory_changes, schedulable_inventory
 from ffdl.core.scheduling import Plan, SchedulerPolicy, WaitingJob, WaitingQueue, plan
+from ffdl.core.service import Service, band, band_changes, service_of
 from ffdl.core.states import JobState
 from ffdl.events import job_commands as cmd
 from ffdl.events.codec import AnyCommand
@@ -89,6 +91,11 @@ class SchedulerState:
         self._holding: set[str] = set()  # jobs whose folded state holds GPUs
         self._demands: dict[str, Demand] = {}  # job -> its gang's demand (a spec never changes)
         self._gangs: dict[str, tuple[Placement, Gang]] = {}  # job -> its placement, as a gang
+        # With service bands (policy.service_queues): job -> (its history's length, its preemptions,
+        # the service they add up to), and when a band changes with no event (a run crossing a
+        # threshold, a wait aging): (time, job) to bring up to date at the first step from then.
+        self._services: dict[str, tuple[int, int, Service]] = {}
+        self._band_changes: list[tuple[float, str]] = []
         self._admission: Admission | None = None
         # What a planning step plans over, kept up to date between steps rather than rebuilt for
         # each (None: to rebuild, after a (re)load, a revocation or an inventory change): the jobs
@@ -114,7 +121,7 @@ class SchedulerState:
         jobs = self._jobs.keys()
         for ledger in (self._allocations, self._halts, self._reasons, self._admissions):
             ledger.keep_only(jobs)
-        for kept in (self._queued_order, self._demands, self._gangs):
+        for kept in (self._queued_order, self._demands, self._gangs, self._services):
             for job_id in kept.keys() - jobs:
                 del kept[job_id]
         self._submitted &= jobs
@@ -150,6 +157,9 @@ class SchedulerState:
             self._gangs.pop(job.job_id, None)
         if job.state.terminal:
             self._demands.pop(job.job_id, None)
+            self._services.pop(job.job_id, None)
+        elif self._policy.service_queues:
+            self._track_service(job)
         if job.state is S.SUBMITTED:
             self._submitted.add(job.job_id)
         else:
@@ -166,6 +176,25 @@ class SchedulerState:
             self._queued_order.pop(job.job_id, None)
             self._reasons.forget(job.job_id)
 
+    def _track_service(self, job: Job) -> None:
+        """Bring the job's service up to date with its history (only when that grew: progress
+        events leave it as it is) and note when its band changes next with no event."""
+        kept = self._services.get(job.job_id)
+        if kept is not None and kept[:2] == (len(job.history), job.preemptions):
+            return
+        service = service_of(job, self._policy)
+        self._services[job.job_id] = (len(job.history), job.preemptions, service)
+        for at in band_changes(self._policy, service):
+            heappush(self._band_changes, (at, job.job_id))
+
+    def _class(self, job: Job, now: float) -> int:
+        """The class the planner sees for the job at ``now``: its priority, or with service bands
+        its priority split by the band its attained service puts it in."""
+        kept = self._services.get(job.job_id)
+        if kept is None:
+            return job.spec.priority
+        return self._policy.band_class(job.spec.priority, band(self._policy, kept[2], now))
+
     # -- what a planning step sees ---------------------------------------------------------------
 
     def rebuilt(self, now: float) -> tuple[ClusterState, WaitingQueue]:
@@ -181,7 +210,7 @@ class SchedulerState:
                 state.hold(held)
         queue = WaitingQueue()
         for job_id in self._queued_order:
-            waiting = self._waiting(job_id)
+            waiting = self._waiting(job_id, now)
             if waiting is not None:
                 queue.put(waiting)
         return state, queue
@@ -203,25 +232,28 @@ class SchedulerState:
             job_id=job_id,
             tenant=job.tenant,
             demand=self._demand(job),
-            priority=job.spec.priority,
+            priority=self._class(job, now),
             gang=self._gang(job_id, placement),
             started_at=allocated_at.timestamp() if allocated_at else now,
             stopping=stopping,
         )
 
-    def _waiting(self, job_id: str) -> WaitingJob | None:
+    def _waiting(self, job_id: str, now: float) -> WaitingJob | None:
         """The job as the queue holds it, if it waits: queued, with no GPUs and none on the way."""
         order = self._queued_order.get(job_id)
         job = self._jobs.get(job_id)
         if order is None or job is None or job.placement is not None or job_id in self._allocations:
             return None
         return WaitingJob(
-            job_id, job.tenant, self._demand(job), job.spec.priority, order, self._current_reason(job)
+            job_id, job.tenant, self._demand(job), self._class(job, now), order, self._current_reason(job)
         )
 
     def _brought_up_to_date(self, now: float) -> tuple[ClusterState, WaitingQueue]:
         """The kept cluster state and queue with every job changed since the last step (and every
-        holding dated from the step's time) made as a rebuild would make them."""
+        holding dated from the step's time, and every job whose band changed by then) made as a
+        rebuild would make them."""
+        while self._band_changes and self._band_changes[0][0] <= now:
+            self._changed.add(heappop(self._band_changes)[1])
         if self._cluster is None:
             self._changed.clear()
             self._cluster, self._queue = self.rebuilt(now)
@@ -235,7 +267,7 @@ class SchedulerState:
                 state.release(job_id)
                 if held is not None:
                     state.hold(held)
-            waiting = self._waiting(job_id)
+            waiting = self._waiting(job_id, now)
             if waiting is None:
                 queue.remove(job_id)
             elif queue.get(job_id) != waiting:

@@ -75,14 +75,21 @@ def run_simulation(
     return report
 
 
-def parse_service_queues(text: str) -> tuple[float, ...]:
-    """``--service-queues``: GPU-hour thresholds, comma-separated, rising; in GPU-seconds."""
+def parse_service_queues(text: str) -> tuple[float, ...] | None:
+    """``--service-queues``: GPU-hour thresholds, comma-separated, rising, in GPU-seconds; ``off``
+    for none; empty for the configuration's (None)."""
+    if not text.strip():
+        return None
+    if text.strip() == "off":
+        return ()
     try:
         hours = [float(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise ValueError(f"--service-queues takes rising GPU-hours such as 1,16, not {text!r}") from None
+        raise ValueError(
+            f"--service-queues takes rising GPU-hours such as 1,16, or off, not {text!r}"
+        ) from None
     if any(h <= 0 or not math.isfinite(h) for h in hours) or hours != sorted(set(hours)):
-        raise ValueError(f"--service-queues takes rising GPU-hours such as 1,16, not {text!r}")
+        raise ValueError(f"--service-queues takes rising GPU-hours such as 1,16, or off, not {text!r}")
     return tuple(h * 3600 for h in hours)
 
 

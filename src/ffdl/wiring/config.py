@@ -90,6 +90,24 @@ class SchedulerConfig(BaseModel):
     preemption: bool = True
     min_runtime_s: float = Field(default=60.0, ge=0, description="seconds a job runs before preemption")
     max_reservations: int = Field(default=2, ge=0, description="waiting jobs that get nodes kept for them")
+    service_queues_gpu_hours: list[Annotated[float, Field(gt=0, allow_inf_nan=False)]] = Field(
+        default=[1.0, 16.0],
+        description="least attained service: GPU-hours run that split each priority class into "
+        "bands, the least served first (rising; [] turns it off)",
+    )
+    starve_after_s: float = Field(
+        default=24 * 3600.0, gt=0, description="a job of a lower band that waited this long is served first"
+    )
+    max_service_preemptions: int = Field(
+        default=16, ge=0, description="a job halted this often stays in the top band (a loop guard)"
+    )
+
+    @model_validator(mode="after")
+    def _rising(self) -> SchedulerConfig:
+        hours = self.service_queues_gpu_hours
+        if hours != sorted(set(hours)):
+            raise ValueError(f"service_queues_gpu_hours must rise, each once: {hours}")
+        return self
 
 
 class Settings(BaseSettings):
@@ -269,7 +287,15 @@ class Settings(BaseSettings):
     def scheduler_policy(self) -> SchedulerPolicy:
         tenancy = TenancyPolicy({name: tenant.quota() for name, tenant in self.tenant_quotas.items()})
         s = self.scheduler
-        return SchedulerPolicy(tenancy, s.preemption, s.min_runtime_s, s.max_reservations)
+        return SchedulerPolicy(
+            tenancy,
+            s.preemption,
+            s.min_runtime_s,
+            s.max_reservations,
+            service_queues=tuple(hours * 3600 for hours in s.service_queues_gpu_hours),
+            starve_after_s=s.starve_after_s,
+            max_service_preemptions=s.max_service_preemptions,
+        )
 
     def inventory(self) -> list[Node]:
         from ffdl.adapters.gpus import detect_local_node  # noqa: PLC0415 - only when no nodes are configured

@@ -100,7 +100,8 @@ def simulate(
         str,
         typer.Option(
             help="Least attained service within each priority class: the thresholds in GPU-hours "
-            "a job has run that split it into bands, e.g. 1,16 (simulator only; docs/scheduling.md)."
+            "a job has run that split it into bands, e.g. 1,16, or off; by default the "
+            "configuration's (scheduler.service_queues_gpu_hours, 1,16; docs/scheduling.md)."
         ),
     ] = "",
     json_output: JsonFlag = False,
@@ -138,7 +139,9 @@ def simulate(
             raise fail(exc) from exc
     cluster = simulation.homogeneous_cluster(nodes, gpus_per_node)
     placement = simulation.PLACEMENTS.get(policy or "")
-    scheduler = replace(Settings().scheduler_policy(), service_queues=thresholds)
+    scheduler = Settings().scheduler_policy()
+    if thresholds is not None:
+        scheduler = replace(scheduler, service_queues=thresholds)
     report = simulation.run_simulation(jobs, cluster, scheduler, placement, html, baselines)
     if json_output:
         print_json(report)

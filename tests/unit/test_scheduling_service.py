@@ -1,0 +1,135 @@
+"""Least attained service in the scheduler role: bands from the fold, their wake-ups, aging, the loop guard.
+
+The role derives each job's service from its folded history (:func:`ffdl.core.service.service_of`)
+and brings a job's class up to date when its band changes with no event: a run crossing a threshold,
+a wait aging. These drive the real deciders in virtual time (:class:`tests.scheduling.World`, which
+also holds every step to a plan over state rebuilt from the fold).
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+
+import pytest
+from pydantic import ValidationError
+
+from ffdl.core.scheduling import SchedulerPolicy
+from ffdl.core.service import Service, band, next_change, service_of, started, stopped
+from ffdl.core.states import JobState
+from ffdl.events import job_commands as cmd
+from ffdl.wiring.config import SchedulerConfig, Settings
+from tests.scheduling import World
+
+#: one threshold of 100 GPU-seconds: a job of one node's 4 GPUs crosses it after 25 s
+POLICY = SchedulerPolicy(min_runtime_s=10.0, service_queues=(100.0,), starve_after_s=300.0)
+
+
+def run(world: World, job_id: str) -> None:
+    """The job's learners start (it has GPUs)."""
+    job = world.jobs[job_id]
+    for rank in range(job.spec.learners):
+        world.user(job_id, cmd.ReportLearnerStarted(rank=rank, attempt=max(job.attempt, 1)))
+
+
+def exit_all(world: World, job_id: str) -> None:
+    """The job's learners exit 0 and its GPUs are released: a halting job is halted (and requeued,
+    if preempted)."""
+    job = world.jobs[job_id]
+    for rank in range(job.spec.learners):
+        world.user(job_id, cmd.ReportLearnerExited(rank=rank, attempt=job.attempt, exit_code=0))
+    world.user(job_id, cmd.ReleaseGpus())
+
+
+def tick(world: World, seconds: float) -> None:
+    world.clock += timedelta(seconds=seconds)
+
+
+def test_a_job_past_its_threshold_is_halted_for_a_newcomer_of_its_priority() -> None:
+    world = World(1, POLICY)
+    world.submit("a", 1, 4, 0)
+    world.settle()
+    run(world, "job-1")
+    tick(world, 20)
+    world.submit("b", 1, 4, 0)
+    world.settle()
+    assert world.jobs["job-1"].state is JobState.RUNNING, "under its threshold (80 of 100 GPU-s): FIFO"
+    assert world.jobs["job-2"].waiting is not None
+
+    tick(world, 10)  # 120 GPU-s: the band changed with no event, and the next step sees it
+    world.settle()
+    first = world.jobs["job-1"]
+    assert first.state is JobState.HALTING
+    assert "preempted by job job-2, which has had less GPU time" in first.reason, first.reason
+
+    exit_all(world, "job-1")
+    world.settle()
+    first, second = world.jobs["job-1"], world.jobs["job-2"]
+    assert first.state is JobState.QUEUED and first.preemptions == 1
+    assert second.placement is not None
+    service = service_of(first, POLICY)
+    assert service.attained == 4 * 30.0  # from its allocation to the halt's start
+    assert service.running_since is None and service.queued_since == world.now()
+
+
+def test_aging_serves_a_starved_job_first_and_it_starts_afresh() -> None:
+    world = World(1, POLICY)
+    world.submit("a", 1, 4, 0)
+    world.settle()
+    run(world, "job-1")
+    tick(world, 30)
+    world.submit("b", 1, 4, 0)
+    world.settle()
+    exit_all(world, "job-1")  # halted for job-2, requeued in the lower band
+    world.settle()
+    run(world, "job-2")
+    aged_at = world.jobs["job-1"].history[-1].at.timestamp() + POLICY.starve_after_s
+    assert next_change(POLICY, service_of(world.jobs["job-1"], POLICY), world.now()) == aged_at
+
+    tick(world, POLICY.starve_after_s)  # job-2 is past its threshold too; job-1 has aged on top
+    world.settle()
+    assert world.jobs["job-2"].state is JobState.HALTING
+    exit_all(world, "job-2")
+    world.settle()
+    first = world.jobs["job-1"]
+    assert first.placement is not None
+    assert service_of(first, POLICY).attained == 0.0, "aged into the top band, it is served afresh"
+
+
+def test_the_loop_guard_keeps_a_job_halted_often_enough_on_top() -> None:
+    guarded = SchedulerPolicy(min_runtime_s=10.0, service_queues=(100.0,), max_service_preemptions=1)
+    once = Service(gpus=4, attained=500.0, preemptions=1, running_since=0.0)
+    assert band(guarded, once, 1000.0) == 0 and next_change(guarded, once, 0.0) is None
+    assert band(POLICY, once, 1000.0) == 1
+
+
+def test_a_run_crosses_each_threshold_when_its_gpu_seconds_reach_it() -> None:
+    policy = SchedulerPolicy(service_queues=(100.0, 400.0))
+    service = started(policy, Service(gpus=4, attained=40.0), 1000.0)
+    assert [band(policy, service, at) for at in (1000.0, 1014.9, 1015.0, 1089.9, 1090.0)] == [0, 0, 1, 1, 2]
+    assert next_change(policy, service, 1000.0) == 1015.0
+    assert next_change(policy, service, 1015.0) == 1090.0
+    assert next_change(policy, service, 1090.0) is None
+    assert stopped(service, 1050.0).attained == 40.0 + 4 * 50.0
+
+
+def test_without_service_queues_the_class_is_the_priority() -> None:
+    world = World(1, SchedulerPolicy(min_runtime_s=10.0))
+    world.submit("a", 1, 4, 0)
+    world.settle()
+    run(world, "job-1")
+    tick(world, 3600)
+    world.submit("b", 1, 4, 0)
+    world.settle()
+    assert world.jobs["job-1"].state is JobState.RUNNING, "no bands: a newcomer of its class waits"
+
+
+def test_the_configuration_turns_bands_on_by_default_and_refuses_thresholds_that_do_not_rise() -> None:
+    assert Settings().scheduler_policy().service_queues == (3600.0, 16 * 3600.0)
+    assert (
+        Settings(scheduler=SchedulerConfig(service_queues_gpu_hours=[])).scheduler_policy().service_queues
+        == ()
+    )
+    for wrong in ([16.0, 1.0], [1.0, 1.0], [0.0], [math.inf]):
+        with pytest.raises(ValidationError):
+            SchedulerConfig(service_queues_gpu_hours=wrong)
