@@ -846,7 +846,8 @@ _DETAILS: dict[WaitReason, str] = {
     W.CAPACITY: "needs {need}; not enough are free",
     W.GPU_TYPE: "needs {need}; GPUs are free, but too few of that type",
     W.FRAGMENTATION: "needs {need}; enough GPUs are free, but not on few enough nodes to hold the gang",
-    W.PRIORITY: "needs {need}; higher-priority job {ahead} waits ahead of it for the same GPUs",
+    W.PRIORITY: "needs {need}; job {ahead}, of a higher priority or with less GPU time run, waits "
+    "ahead of it for the same GPUs",
     W.RESERVATION: "needs {need}; it would fit, but only on nodes kept free for {ahead}, ahead of it",
 }
 

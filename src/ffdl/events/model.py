@@ -310,7 +310,7 @@ class WaitReason(StrEnum):
     CAPACITY = "capacity"  # not enough GPUs are free
     FRAGMENTATION = "fragmentation"  # enough GPUs are free in total, but not on few enough nodes for the gang
     GPU_TYPE = "gpu-type"  # GPUs are free, but not of the type it asks for
-    PRIORITY = "priority"  # a higher-priority job waits ahead of it for the same GPUs
+    PRIORITY = "priority"  # a job of a higher priority (or service band) waits ahead of it for the same GPUs
     RESERVATION = "reservation"  # it would fit, but only on nodes reserved for a job ahead of it
     PREEMPTION = "preemption"  # lower-priority or borrowing jobs are being halted to make room for it
 
