@@ -194,6 +194,32 @@ def test_a_checkpoint_in_the_heartbeat_is_reported_once() -> None:
     assert expected not in reports(again)
 
 
+def test_a_checkpoint_saved_on_the_way_out_of_a_failed_attempt_reaches_the_restarting_job() -> None:
+    """Rank 1 died and the job restarts; rank 0, stopped since, saves (or finds in its final scan) a
+    newer checkpoint. The relaunch must know of it: a program resuming from its newest file loads it."""
+    job = running(learners=2)
+    tracked = following(job)
+    tracked.put(learner_key(JOB_ID, 0), beat(step=20), 1.0)
+    restarting = then(
+        then(job, ev.LearnerExited(rank=1, attempt=1, exit_code=-9)),
+        ev.JobRestarting(attempt=2, backoff_s=0.2, reason="learner 1 exited with -9"),
+    )
+    tracked.observe(restarting, adopted=False, now=1.5)
+    on_the_way_out = beat(step=40, checkpoint={"uri": "file:///c/ckpt_step_40.pt", "step": 40})
+
+    first = tracked.put(learner_key(JOB_ID, 0), on_the_way_out, 2.0)
+    again = tracked.put(learner_key(JOB_ID, 0), on_the_way_out, 2.1)
+    of_another_attempt = tracked.put(
+        learner_key(JOB_ID, 1), beat(step=9, attempt=2, checkpoint={"uri": "file:///c/9", "step": 9}), 2.2
+    )
+
+    saved = Checkpoint(uri="file:///c/ckpt_step_40.pt", step=40, rank=0, attempt=1)
+    assert reports(first) == [cmd.ReportCheckpoint(checkpoint=saved)]
+    assert reports(again) == [] and reports(of_another_attempt) == []
+    tracked.observe(then(restarting, ev.JobLaunching(attempt=2, resume_from=saved)), adopted=False, now=3.0)
+    assert reports(tracked.put(learner_key(JOB_ID, 0), on_the_way_out, 3.1)) == [], "that attempt is over"
+
+
 def test_an_exit_recorded_before_the_job_is_observed_is_reported_on_the_next_tick() -> None:
     tracked = tracker()
     tracked.resync({exit_key(JOB_ID, 1, 0): encode_exit(3)}, 0.0, revision=1)

@@ -7,7 +7,10 @@ and turns what happens into reports for the jobs' owners:
 * a change of step or metrics -> ``ReportProgress`` (at most every ``progress_interval_s`` per
   learner, flushed before an exit so final metrics are never lost); a change from what the job
   already records, that is: a learner at step 0 with no metrics yet reports nothing;
-* a new checkpoint in the heartbeat -> ``ReportCheckpoint``;
+* a new checkpoint in the heartbeat -> ``ReportCheckpoint``, also from the learners of the attempt
+  a restarting job has just left: they are stopped before the relaunch, and the checkpoint a
+  surviving rank saves (or finds in its final scan) on its way out is the one a program that
+  resumes from its newest file will load, so the relaunch must know of it;
 * an exit record -> ``ReportLearnerExited`` with the code (also when the record was read before
   the job was observed: a monitor that starts reads the store before its jobs are folded from the log);
 * a learner key deleted without an exit record (its lease expired) -> ``ReportLearnerLost(expired)``;
@@ -124,6 +127,8 @@ class HeartbeatTracker:
         self._exits: dict[str, dict[tuple[int, int], int]] = {}
         self._spent_exits: set[str] = set()
         self._past_attempt: dict[str, int] = {}  # job -> the last attempt it has moved past
+        # restarting jobs, whose past attempt's learners are being stopped -> the checkpoints sent
+        self._restarting: dict[str, tuple[Job, set[tuple[int, str, int]]]] = {}
         self._reap_after = 0.0
         self._effects: list[Effect] = []
         self.store_up = False
@@ -149,10 +154,17 @@ class HeartbeatTracker:
         if not job.state.observes_learners:
             self._watched.pop(job.job_id, None)
             # A restarting job already carries the number of the attempt it is about to launch.
-            past = job.attempt - 1 if job.state is JobState.RESTARTING else job.attempt
+            restarting = job.state is JobState.RESTARTING
+            past = job.attempt - 1 if restarting else job.attempt
             self._past_attempt[job.job_id] = past
             self._forget_exits(job.job_id, up_to_attempt=past)
+            if restarting:
+                sent = self._restarting.get(job.job_id, (job, set()))[1]
+                self._restarting[job.job_id] = (job, sent)
+            else:
+                self._restarting.pop(job.job_id, None)
             return
+        self._restarting.pop(job.job_id, None)
         watched = self._watched.get(job.job_id)
         if watched is None:
             watched = self._watched[job.job_id] = _Watched(job)
@@ -164,6 +176,7 @@ class HeartbeatTracker:
         for job_id in job_ids:
             self._watched.pop(job_id, None)
             self._past_attempt.pop(job_id, None)
+            self._restarting.pop(job_id, None)
 
     # -- the store --------------------------------------------------------------------------------
 
@@ -326,7 +339,10 @@ class HeartbeatTracker:
                 rank=parsed.rank,
                 reasons=list(beat.dropped),
             )
-        if watched is None or beat.attempt != watched.job.attempt:
+        if watched is None:
+            self._checkpoint_on_the_way_out(parsed.job_id, parsed.rank, beat)
+            return
+        if beat.attempt != watched.job.attempt:
             return
         new = previous is None or previous.attempt != beat.attempt
         self._take_beat(watched, parsed.rank, beat, now, new=new)
@@ -440,20 +456,40 @@ class HeartbeatTracker:
 
     def _maybe_checkpoint(self, job: Job, rank: int, learner: _Learner) -> None:
         beat = learner.beat
-        if beat is None or not beat.checkpoint:
-            return
-        try:
-            checkpoint = Checkpoint.model_validate({**beat.checkpoint, "rank": rank, "attempt": beat.attempt})
-        except ValueError as exc:
-            self._note(
-                "warning", "unreadable checkpoint in heartbeat", job_id=job.job_id, rank=rank, error=str(exc)
-            )
+        checkpoint = self._checkpoint_of(job, rank, beat)
+        if checkpoint is None:
             return
         marker = (checkpoint.uri, checkpoint.step)
         if marker == learner.sent_checkpoint:
             return
         learner.sent_checkpoint = marker
         self._report(job, cmd.ReportCheckpoint(checkpoint=checkpoint))
+
+    def _checkpoint_on_the_way_out(self, job_id: str, rank: int, beat: LearnerBeat) -> None:
+        """A checkpoint in a beat of the attempt a restarting job has just left, reported once."""
+        restarting = self._restarting.get(job_id)
+        if restarting is None:
+            return
+        job, sent = restarting
+        if beat.attempt != self._past_attempt.get(job_id):
+            return
+        checkpoint = self._checkpoint_of(job, rank, beat)
+        if checkpoint is None or (rank, checkpoint.uri, checkpoint.step) in sent:
+            return
+        sent.add((rank, checkpoint.uri, checkpoint.step))
+        self._report(job, cmd.ReportCheckpoint(checkpoint=checkpoint))
+
+    def _checkpoint_of(self, job: Job, rank: int, beat: LearnerBeat | None) -> Checkpoint | None:
+        """The checkpoint a beat names, as the owner records it; None without one or when unreadable."""
+        if beat is None or not beat.checkpoint:
+            return None
+        try:
+            return Checkpoint.model_validate({**beat.checkpoint, "rank": rank, "attempt": beat.attempt})
+        except ValueError as exc:
+            self._note(
+                "warning", "unreadable checkpoint in heartbeat", job_id=job.job_id, rank=rank, error=str(exc)
+            )
+            return None
 
     def _lose(self, watched: _Watched, rank: int, reason: LossReason, detail: str) -> None:
         job = watched.job
