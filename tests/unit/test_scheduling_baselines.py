@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from ffdl.core.allocator import Node
 from ffdl.core.baselines import BASELINES, simulate_baseline
-from ffdl.core.simulation import SimulationResult, TraceJob, summarize
+from ffdl.core.simulation import SimulationResult, TraceJob, simulate, summarize
 
 
 def nodes(count: int, gpus: int = 8) -> list[Node]:
@@ -37,6 +37,28 @@ def test_fifo_lets_no_job_pass_the_oldest_waiting_one() -> None:
 def test_backfill_runs_whatever_fits_now_without_keeping_room_for_the_oldest() -> None:
     result = simulate_baseline("backfill", BLOCKED, nodes(1))
     assert starts(result) == {"long": 0.0, "whole": 1000.0, "small": 20.0}
+
+
+@pytest.mark.parametrize(
+    ("policy", "backlogged_s", "busy_gpu_s"),
+    [
+        # the whole-node job waits from 10 to 1000 beside the long one (4 of 8 GPUs busy), then
+        # the small one waits behind it, the node full: a backlog from 10 to 1100
+        ("fifo", 1090.0, 4 * 990.0 + 8 * 100.0),
+        ("ffdl", 1090.0, 4 * 990.0 + 8 * 100.0),  # the node is kept for the whole-node job
+        # the small job runs from 20 to 70 beside the long one: the whole-node job waits to 1000
+        ("backfill", 990.0, 4 * 10.0 + 6 * 50.0 + 4 * 930.0),
+    ],
+)
+def test_utilisation_while_a_backlog_waits_counts_only_the_time_the_waiting_jobs_ask_for_the_idle_gpus(
+    policy: str, backlogged_s: float, busy_gpu_s: float
+) -> None:
+    result = simulate(BLOCKED, nodes(1)) if policy == "ffdl" else simulate_baseline(policy, BLOCKED, nodes(1))
+    figures = summarize(result)
+    assert figures["backlogged_s"] == backlogged_s
+    assert figures["utilization_backlogged"] == pytest.approx(busy_gpu_s / (8 * backlogged_s))
+    alone = summarize(simulate_baseline(policy if policy != "ffdl" else "fifo", BLOCKED[:1], nodes(1)))
+    assert (alone["backlogged_s"], alone["utilization_backlogged"]) == (0.0, None)  # nothing ever waits
 
 
 def test_las_preempts_a_job_that_has_had_more_service_and_counts_the_checkpoint() -> None:

@@ -75,6 +75,7 @@ class _Baseline:
     timeline: list[tuple[float, int, int, int]] = field(default_factory=list)
     jobs: list[_Job] = field(default_factory=list)
     in_use: int = 0
+    waiting_gpus: int = 0  # asked for by the waiting jobs
     #: demand -> the best key that found no room even by preempting, while nothing started or stopped
     hopeless: dict[Demand, Key] = field(default_factory=dict)
 
@@ -98,6 +99,7 @@ class _Baseline:
     def queue(self, job: _Job) -> None:
         demand = job.demand if self.name != "fifo" else _ONE_QUEUE
         heappush(self.waiting.setdefault(demand, []), (self.key(job), job))
+        self.waiting_gpus += job.demand.total_gpus
 
     def changed(self) -> None:
         self.hopeless.clear()
@@ -176,6 +178,7 @@ class _Baseline:
             if gang is None:
                 continue
             heappop(queue)
+            self.waiting_gpus -= job.demand.total_gpus
             self.start(job, gang, now)
             if queue:
                 insort(heads, (queue[0][0], demand))
@@ -268,7 +271,7 @@ def simulate_baseline(
     steps = count()
     while sim.timeline:
         at = sim.timeline[0][0]
-        result.busy_gpu_seconds += sim.in_use * (at - now)
+        result.account(now, at, sim.in_use, sim.waiting_gpus)
         now = at
         while sim.timeline and sim.timeline[0][0] == now:
             _, kind, order, generation = heappop(sim.timeline)

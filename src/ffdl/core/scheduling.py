@@ -82,6 +82,7 @@ class WaitingQueue:
 
     def __init__(self, jobs: Iterable[WaitingJob] = ()) -> None:
         self._jobs: dict[str, WaitingJob] = {}
+        self.gpus = 0  # the GPUs the waiting jobs ask for
         # priority -> tenant -> (queued order, job id) of its waiting jobs, sorted
         self._fifos: dict[int, dict[str, list[QueueKey]]] = {}
         self._claimants: dict[int, set[str]] = {}
@@ -110,6 +111,7 @@ class WaitingQueue:
             old = None
         self._jobs[job.job_id] = job
         if old is None:
+            self.gpus += job.demand.total_gpus
             insort(self._fifos.setdefault(job.priority, {}).setdefault(job.tenant, []), _key(job))
             insort(self._reasons_of(job).setdefault(said(job.wait), []), _key(job))
         elif (was := said(old.wait)) != (now := said(job.wait)):
@@ -126,6 +128,7 @@ class WaitingQueue:
         job = self._jobs.pop(job_id, None)
         if job is None:
             return None
+        self.gpus -= job.demand.total_gpus
         tenants = self._fifos[job.priority]
         fifo = tenants[job.tenant]
         del fifo[bisect_left(fifo, _key(job))]

@@ -77,10 +77,23 @@ class SimulationResult:
     cycles: int = 0
     #: GPU-seconds preempted jobs held their GPUs without working (writing and restoring checkpoints)
     lost_gpu_seconds: float = 0.0
+    #: the time a backlog waited (waiting jobs asked for at least the idle GPUs), and the GPU-seconds
+    #: held meanwhile: the utilisation an overloaded cluster keeps while it has work to give out
+    backlogged_seconds: float = 0.0
+    busy_backlogged_gpu_seconds: float = 0.0
     #: after each moment something happened, the GPUs in use (the utilisation curve)
     usage: list[tuple[float, int]] = field(default_factory=list)
     #: with ``record``: after each moment something happened, the GPUs each tenant held on each node
     samples: list[tuple[float, dict[str, dict[str, int]]]] = field(default_factory=list)
+
+    def account(self, since: float, until: float, in_use: int, waiting_gpus: int) -> None:
+        """The time from ``since`` to ``until``, with ``in_use`` GPUs held and ``waiting_gpus`` asked
+        for by the jobs waiting: a backlog waits while they ask for at least the idle GPUs."""
+        span = until - since
+        self.busy_gpu_seconds += in_use * span
+        if waiting_gpus and waiting_gpus >= self.capacity_gpus - in_use:
+            self.backlogged_seconds += span
+            self.busy_backlogged_gpu_seconds += in_use * span
 
 
 @dataclass(slots=True)
@@ -249,7 +262,7 @@ def simulate(
     while next_arrival < len(arrivals) or sim.timeline:
         arrival_at = arrivals[next_arrival].submit_time if next_arrival < len(arrivals) else math.inf
         at = min(arrival_at, sim.timeline[0][0] if sim.timeline else math.inf)
-        result.busy_gpu_seconds += in_use * (at - now)
+        result.account(now, at, in_use, sim.waiting.gpus)
         now = at
         while sim.timeline and sim.timeline[0][0] == now:
             _, kind, job_id, generation = heappop(sim.timeline)
@@ -364,6 +377,11 @@ def summarize(result: SimulationResult, load: float | None = None) -> dict[str, 
         "never_run": [{"job_id": o.job.job_id, "reason": o.never_runs} for o in outcomes if o.never_runs],
         **_times(outcomes),
         "utilization": result.busy_gpu_seconds / capacity if capacity > 0 else 0.0,
+        "utilization_backlogged": result.busy_backlogged_gpu_seconds
+        / (result.capacity_gpus * result.backlogged_seconds)
+        if result.backlogged_seconds > 0
+        else None,
+        "backlogged_s": result.backlogged_seconds,
         "offered_load": offered_load([o.job for o in outcomes], result.capacity_gpus)
         if load is None
         else load,

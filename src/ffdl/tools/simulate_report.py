@@ -41,6 +41,11 @@ def _percent(value: float) -> str:
     return f"{value:.1%}"
 
 
+def _percent_or_none(value: float | None) -> str:
+    """A share that may not exist (no backlog ever waited): a dash then."""
+    return "-" if value is None else _percent(value)
+
+
 #: The rows of the comparison (the table and the page): the figure, its label, how it is shown.
 ROWS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
     ("completed", "jobs completed", str),
@@ -50,6 +55,7 @@ ROWS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
     ("queue_delay_p50_s", "queueing delay p50", human_duration),
     ("queue_delay_p99_s", "queueing delay p99", human_duration),
     ("utilization", "GPU utilisation", _percent),
+    ("utilization_backlogged", "GPU utilisation while a backlog waits", _percent_or_none),
     ("makespan_s", "makespan", human_duration),
     ("preemptions", "preemptions", str),
     ("max_preemptions_per_job", "most preemptions of one job", str),
