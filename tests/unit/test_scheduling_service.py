@@ -133,3 +133,12 @@ def test_the_configuration_turns_bands_on_by_default_and_refuses_thresholds_that
     for wrong in ([16.0, 1.0], [1.0, 1.0], [0.0], [math.inf]):
         with pytest.raises(ValidationError):
             SchedulerConfig(service_queues_gpu_hours=wrong)
+
+
+def test_the_configuration_sets_whether_a_drain_may_preempt_and_what_a_halt_costs() -> None:
+    configured = Settings(scheduler=SchedulerConfig(preempt_drains=True, checkpoint_cost_s=600.0))
+    policy = configured.scheduler_policy()
+    assert (policy.preempt_drains, policy.checkpoint_cost_s) == (True, 600.0)
+    for wrong in (-1.0, math.inf):
+        with pytest.raises(ValidationError):
+            SchedulerConfig(checkpoint_cost_s=wrong)

@@ -90,6 +90,14 @@ class SchedulerConfig(BaseModel):
     preemption: bool = True
     min_runtime_s: float = Field(default=60.0, ge=0, description="seconds a job runs before preemption")
     max_reservations: int = Field(default=2, ge=0, description="waiting jobs that get nodes kept for them")
+    preempt_drains: bool = Field(
+        default=False,
+        description="a job waiting for its nodes to drain halts the jobs on them (with a checkpoint) "
+        "when the drain would idle more GPU-time than the halts lose",
+    )
+    checkpoint_cost_s: float = Field(
+        default=120.0, ge=0, allow_inf_nan=False, description="GPU-seconds per GPU one halt and resume cost"
+    )
     service_queues_gpu_hours: list[Annotated[float, Field(gt=0, allow_inf_nan=False)]] = Field(
         default=[1.0, 16.0],
         description="least attained service: GPU-hours run that split each priority class into "
@@ -292,6 +300,8 @@ class Settings(BaseSettings):
             s.preemption,
             s.min_runtime_s,
             s.max_reservations,
+            preempt_drains=s.preempt_drains,
+            checkpoint_cost_s=s.checkpoint_cost_s,
             service_queues=tuple(hours * 3600 for hours in s.service_queues_gpu_hours),
             starve_after_s=s.starve_after_s,
             max_service_preemptions=s.max_service_preemptions,
