@@ -57,6 +57,8 @@ def test_utilisation_while_a_backlog_waits_counts_only_the_time_the_waiting_jobs
     figures = summarize(result)
     assert figures["backlogged_s"] == backlogged_s
     assert figures["utilization_backlogged"] == pytest.approx(busy_gpu_s / (8 * backlogged_s))
+    # from the first submission (0) to the last (20) the long job alone holds 4 of the 8 GPUs
+    assert figures["utilization_while_arriving"] == pytest.approx(0.5)
     alone = summarize(simulate_baseline(policy if policy != "ffdl" else "fifo", BLOCKED[:1], nodes(1)))
     assert (alone["backlogged_s"], alone["utilization_backlogged"]) == (0.0, None)  # nothing ever waits
 

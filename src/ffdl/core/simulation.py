@@ -327,6 +327,22 @@ def offered_load(trace: Sequence[TraceJob], capacity_gpus: int) -> float:
     return work / (capacity_gpus * span) if span > 0 else 0.0
 
 
+def utilization_while_arriving(result: SimulationResult) -> float:
+    """The GPU-time held between the first and the last submission over the capacity then: the span
+    the offered load is measured over, so the two compare (the whole run's utilisation also counts
+    the drain-out after the last arrival, when there may be nothing left to run)."""
+    last_submit = max((o.job.submit_time for o in result.outcomes), default=result.first_submit)
+    span = last_submit - result.first_submit
+    if span <= 0 or result.capacity_gpus <= 0:
+        return 0.0
+    busy = 0.0
+    for (at, in_use), (until, _) in zip(result.usage, [*result.usage[1:], (last_submit, 0)], strict=True):
+        if at >= last_submit:
+            break
+        busy += in_use * (min(until, last_submit) - at)
+    return busy / (result.capacity_gpus * span)
+
+
 def _times(outcomes: Sequence[JobOutcome]) -> dict[str, float]:
     delays = [o.first_start - o.job.submit_time for o in outcomes if o.first_start is not None]
     completions = [o.end - o.job.submit_time for o in outcomes if o.end is not None]
@@ -377,6 +393,7 @@ def summarize(result: SimulationResult, load: float | None = None) -> dict[str, 
         "never_run": [{"job_id": o.job.job_id, "reason": o.never_runs} for o in outcomes if o.never_runs],
         **_times(outcomes),
         "utilization": result.busy_gpu_seconds / capacity if capacity > 0 else 0.0,
+        "utilization_while_arriving": utilization_while_arriving(result),
         "utilization_backlogged": result.busy_backlogged_gpu_seconds
         / (result.capacity_gpus * result.backlogged_seconds)
         if result.backlogged_seconds > 0

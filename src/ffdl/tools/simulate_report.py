@@ -55,6 +55,7 @@ ROWS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
     ("queue_delay_p50_s", "queueing delay p50", human_duration),
     ("queue_delay_p99_s", "queueing delay p99", human_duration),
     ("utilization", "GPU utilisation", _percent),
+    ("utilization_while_arriving", "GPU utilisation while jobs arrive", _percent),
     ("utilization_backlogged", "GPU utilisation while a backlog waits", _percent_or_none),
     ("makespan_s", "makespan", human_duration),
     ("preemptions", "preemptions", str),
