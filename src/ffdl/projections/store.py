@@ -20,6 +20,7 @@ import gc
 import json
 import sqlite3
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -231,6 +232,37 @@ def _as_stored(moment: datetime) -> str:
     return moment.astimezone(UTC).isoformat()
 
 
+#: How long a connection waits for another process's lock before it gives up.
+BUSY_TIMEOUT_S = 30.0
+
+
+def _open_wal(path: Path) -> sqlite3.Connection:
+    """A connection to the file at ``path`` in write-ahead-log mode.
+
+    Several processes open a new data directory's projection at once (the API's workers, the
+    projector, the scheduler). Turning a file to WAL upgrades a read lock to the write lock, and
+    where another process holds the write lock then, SQLite answers "database is locked" at once
+    rather than wait (waiting could deadlock), busy timeout or not: a scheduler died of it on start.
+    The mode belongs to the file, so the switch is tried again until the busy timeout has passed.
+    """
+    db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=True)
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    try:
+        while True:
+            try:
+                db.execute("PRAGMA journal_mode=WAL")
+                break
+            except sqlite3.OperationalError as error:
+                if "locked" not in str(error) or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.01)
+        db.execute("PRAGMA synchronous=NORMAL")
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
 class Projection:
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -250,9 +282,7 @@ class Projection:
     def _connection(self) -> Iterator[sqlite3.Connection]:
         db: sqlite3.Connection | None = getattr(self._local, "db", None)
         if db is None:
-            db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=True)
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=NORMAL")
+            db = _open_wal(self.path)
             self._local.db = db
         yield db
 
