@@ -139,6 +139,10 @@ class ClusterRoom:
                 buckets[node.gpus].append(index)
                 self._free[node.gpu_type] = self._free.get(node.gpu_type, 0) + node.gpus
         self._types = tuple(sorted(self._buckets))
+        #: bumped whenever a node's free GPU count changes: what a memo of a bound on slots checks
+        self.changes = 0
+        #: the schedulable rooms by node name (what a bound on slots reads, node by node)
+        self._usable = {name: room for name, room in self._rooms.items() if room.node.schedulable}
         self._max_gpus = max((len(b) - 1 for b in self._buckets.values()), default=0)
 
     # -- the view ---------------------------------------------------------------------------------
@@ -202,6 +206,7 @@ class ClusterRoom:
         after = len(room.free)
         if after == before:
             return
+        self.changes += 1
         if not node.schedulable:
             self._cordoned_free[node.gpu_type] += after - before
             return
@@ -243,19 +248,25 @@ class ClusterRoom:
         types = self._types_for(demand)
         per = demand.gpus
         total = self._slot_bound(demand, types)
-        rooms = self._rooms
-        for name, more in freed.items():
-            room = rooms.get(name)
-            if room is not None and name not in excluded:
-                node = room.node
-                if node.schedulable and node.gpu_type in types:
+        usable = self._usable if len(types) == len(self._types) else self._usable_of(types)
+        if per == 1:  # each freed GPU is one more slot: no node's free count to read
+            total += sum(more for name, more in freed.items() if name in usable and name not in excluded)
+        else:
+            for name, more in freed.items():
+                room = usable.get(name)
+                if room is not None and name not in excluded:
                     free = len(room.free)
                     total += (free + more) // per - free // per
+        rooms = self._rooms
         for name in excluded:
             room = rooms.get(name)
             if room is not None and room.node.schedulable and room.node.gpu_type in types:
                 total -= len(room.free) // per
         return total
+
+    def _usable_of(self, types: Sequence[str]) -> dict[str, NodeRoom]:
+        """The schedulable rooms of ``types``, by node name."""
+        return {name: room for name, room in self._usable.items() if room.node.gpu_type in types}
 
     def _rooms_by_free(self, types: Sequence[str], lowest: int, ascending: bool) -> Iterator[NodeRoom]:
         """Schedulable rooms with at least ``lowest`` free GPUs, by free GPUs, then type, then name."""
@@ -440,6 +451,8 @@ class ClusterState:
         self.evacuees: dict[str, str] = {}
         #: node -> the jobs holding GPUs on it (what a drain of that node waits for)
         self.on_node: dict[str, set[str]] = {}
+        #: bumped whenever ``gpus_on_nodes`` changes: what a memo of what they add up to checks
+        self.running_changes = 0
 
     def hold(self, job: HeldJob) -> None:
         if job.job_id in self.held:
@@ -494,6 +507,7 @@ class ClusterState:
     def _count_on_nodes(self, job: HeldJob, sign: int) -> None:
         """Add (``sign`` 1) or take away (-1) the running ``job``'s GPUs in its class's per-node
         counts, which a victim search reads to rule a preemptor out without listing victims."""
+        self.running_changes += 1
         on_nodes = self.gpus_on_nodes.setdefault(job.priority, {})
         for node, gpus in job.gang.learners:
             count = on_nodes.get(node, 0) + sign * len(gpus)
