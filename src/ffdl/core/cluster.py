@@ -141,6 +141,8 @@ class ClusterRoom:
         self._types = tuple(sorted(self._buckets))
         #: bumped whenever a node's free GPU count changes: what a memo of a bound on slots checks
         self.changes = 0
+        # (GPU types, GPUs per learner) -> (``changes`` when counted, :meth:`_slot_bound`)
+        self._slot_bounds: dict[tuple[tuple[str, ...], int], tuple[int, int]] = {}
         #: the schedulable rooms by node name (what a bound on slots reads, node by node)
         self._usable = {name: room for name, room in self._rooms.items() if room.node.schedulable}
         self._max_gpus = max((len(b) - 1 for b in self._buckets.values()), default=0)
@@ -233,13 +235,20 @@ class ClusterRoom:
         return self._types
 
     def _slot_bound(self, demand: Demand, types: Sequence[str]) -> int:
-        """Slots by free GPUs alone, ignoring CPUs, memory and exclusions: an upper bound, in O(buckets)."""
-        return sum(
+        """Slots by free GPUs alone, ignoring CPUs, memory and exclusions: an upper bound, in O(buckets),
+        memoised until a free count changes (a planning step asks it for every gang it places)."""
+        key = (tuple(types), demand.gpus)
+        known = self._slot_bounds.get(key)
+        if known is not None and known[0] == self.changes:
+            return known[1]
+        bound = sum(
             len(bucket) * (free // demand.gpus)
             for gpu_type in types
             for free, bucket in enumerate(self._buckets[gpu_type])
             if free >= demand.gpus
         )
+        self._slot_bounds[key] = (self.changes, bound)
+        return bound
 
     def slots_with(self, demand: Demand, freed: Mapping[str, int], excluded: Set[str]) -> int:
         """How many learners of ``demand`` (which needs GPUs) could fit outside ``excluded`` with
