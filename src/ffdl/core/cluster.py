@@ -143,6 +143,7 @@ class ClusterRoom:
         self.changes = 0
         # (GPU types, GPUs per learner) -> (``changes`` when counted, :meth:`_slot_bound`)
         self._slot_bounds: dict[tuple[tuple[str, ...], int], tuple[int, int]] = {}
+        self._when_empty: dict[Demand, list[tuple[NodeRoom, int]]] = {}  # see _holding_when_empty
         #: the schedulable rooms by node name (what a bound on slots reads, node by node)
         self._usable = {name: room for name, room in self._rooms.items() if room.node.schedulable}
         self._max_gpus = max((len(b) - 1 for b in self._buckets.values()), default=0)
@@ -357,21 +358,34 @@ class ClusterRoom:
         """The nodes to keep for ``demand`` until it fits: the fewest that could hold it once empty,
         those with the most free GPUs first (the quickest to drain); ``None`` if no such set exists."""
         rooms = [
-            room
-            for gpu_type in self._types_for(demand)
-            for bucket in self._buckets[gpu_type]
-            for room in map(self._by_index.__getitem__, bucket)
-            if room.node.name not in excluded and room.slots_when_empty(demand) > 0
+            (room, slots)
+            for room, slots in self._holding_when_empty(demand)
+            if room.node.name not in excluded
         ]
-        rooms.sort(key=lambda room: (-len(room.free), room.node.name))
+        rooms.sort(key=lambda pair: (-len(pair[0].free), pair[0].node.name))
         chosen: list[str] = []
         total = 0
-        for room in rooms:
+        for room, slots in rooms:
             chosen.append(room.node.name)
-            total += room.slots_when_empty(demand)
+            total += slots
             if total >= demand.learners:
                 return tuple(sorted(chosen))
         return None
+
+    def _holding_when_empty(self, demand: Demand) -> list[tuple[NodeRoom, int]]:
+        """The schedulable rooms of a usable type that could hold learners of ``demand`` once empty,
+        with how many: fixed for a room's life, so worked out once per demand."""
+        holding = self._when_empty.get(demand)
+        if holding is None:
+            rooms = (
+                self._by_index[index]
+                for gpu_type in self._types_for(demand)
+                for bucket in self._buckets[gpu_type]
+                for index in bucket
+            )
+            holding = [(room, slots) for room in rooms if (slots := room.slots_when_empty(demand)) > 0]
+            self._when_empty[demand] = holding
+        return holding
 
     def can_hold_when_empty(self, demand: Demand, nodes: Sequence[str]) -> bool:
         """Whether ``nodes`` (all schedulable and of a usable type) could hold the gang once empty."""

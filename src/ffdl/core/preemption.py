@@ -60,6 +60,10 @@ class VictimPool:
     slots_below: dict[tuple[int, int, str | None], tuple[tuple[int, int, frozenset[str]], int]] = field(
         default_factory=dict
     )
+    # (priority, GPU type) -> (victims chosen when found, what _eligible_of found for it)
+    eligible: dict[tuple[int, str | None], tuple[int, tuple[list[HeldJob], int, Mapping[str, int]]]] = field(
+        default_factory=dict
+    )
     # priority -> (ClusterState.running_changes when added up, the GPUs running jobs below it hold per node)
     held_below: dict[int, tuple[int, Mapping[str, int]]] = field(default_factory=dict)
 
@@ -109,11 +113,10 @@ class VictimPool:
         outranked = demand.gpus and not preemptor.reclaims
         if outranked and self._slots_below(preemptor, excluded) < demand.learners:
             return None
-        eligible = self._eligible(preemptor)
-        freeable = sum(victim.gang.gpus for victim in eligible)
+        eligible, freeable, per_node = self._eligible_of(preemptor)
         if not eligible or freeable < demand.total_gpus - room.free_for(demand):
             return None
-        if demand.gpus and room.slots_with(demand, _gpus_per_node(eligible), excluded) < demand.learners:
+        if demand.gpus and room.slots_with(demand, per_node, excluded) < demand.learners:
             return None  # not even halting every candidate would make room
         prefix = _Prefix(room, eligible)
         low, high = 0, 1  # the gang fits with ``high`` victims freed, not with ``low``
@@ -182,6 +185,21 @@ class VictimPool:
             for node, gpus in on_nodes.items():
                 held[node] = held.get(node, 0) + gpus
         return held
+
+    def _eligible_of(self, preemptor: Preemptor) -> tuple[list[HeldJob], int, Mapping[str, int]]:
+        """:meth:`_eligible`, with the GPUs they hold in all and on each node. For a preemptor that
+        does not reclaim they depend only on its class, its GPU type and the victims chosen so far
+        (which only grow), so they are memoised on those."""
+        demand = preemptor.demand
+        key = (preemptor.priority, demand.gpu_type if demand.gpus else None)
+        known = None if preemptor.reclaims else self.eligible.get(key)
+        if known is not None and known[0] == len(self.chosen):
+            return known[1]
+        eligible = self._eligible(preemptor)
+        found = (eligible, sum(victim.gang.gpus for victim in eligible), _gpus_per_node(eligible))
+        if not preemptor.reclaims:
+            self.eligible[key] = (len(self.chosen), found)
+        return found
 
     def _eligible(self, preemptor: Preemptor) -> list[HeldJob]:
         """The candidates that may be halted for ``preemptor`` and hold GPUs of a type it can use,
