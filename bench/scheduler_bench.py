@@ -17,14 +17,17 @@ the wall time, and the load average with the figures. Peak memory is measured by
 in a separate cold cycle (tracing slows the code, so the timed runs go without it).
 
 Last, the simulator's speed (``ffdl simulate``'s engine, ``ffdl.core.simulation``) on the same
-cluster: 100,000-job traces at offered load 0.9 and at 1.3 (overload: queues form and preemptions
-follow), in simulated jobs per wall second and per CPU second. The baseline for it, in the same
-run, is the planner weighing every waiting job on its own each step (``weigh_all``: the same
-decisions, checked by the digest of every job's outcome) on a shorter trace at load 1.3
-(``--baseline-jobs``, 20,000 by default; it grows with the queue, so 100,000 would take many minutes).
+cluster, under ffdl's policy as ``ffdl simulate`` runs it by default, the configured one
+(``Settings().scheduler_policy()``, least-attained-service bands included): 100,000-job traces
+at offered load 0.9 and at 1.3 (overload: queues form and preemptions follow), in simulated jobs
+per wall second and per CPU second. The baseline for it, in the same run, is the planner weighing
+every waiting job on its own each step (``weigh_all``: the same decisions, checked by the digest
+of every job's outcome) on a shorter trace at load 1.3 (``--baseline-jobs``, 20,000 by default;
+it grows with the queue, so 100,000 would take many minutes).
 
 Last, with ``--only philly``: the whole Philly trace (``../shared/traces/philly.csv``, 82,247 jobs;
-read where it lies, never copied) replayed through ffdl's policy on ``--philly-nodes`` x 8 GPUs.
+read where it lies, never copied) replayed through ffdl's configured policy (bands included, as
+above) on ``--philly-nodes`` x 8 GPUs.
 
 Run from the repository root (takes a few minutes):
 
@@ -55,6 +58,7 @@ from ffdl.core.simulation import TraceJob, percentile, simulate
 from ffdl.tools.simulate import homogeneous_cluster
 from ffdl.tools.trace_formats import load_trace
 from ffdl.tools.traces import generate_trace
+from ffdl.wiring.config import Settings
 
 NODES = 1000
 GPUS_PER_NODE = 8
@@ -203,9 +207,10 @@ def peak_memory_mib(nodes: list[Node], queue: list[WaitingJob]) -> float:
 
 def simulator_speed(nodes: list[Node], jobs: int, load: float, weigh_all: bool = False) -> dict[str, Any]:
     trace = generate_trace(jobs, nodes=NODES, gpus_per_node=GPUS_PER_NODE, load=load, seed=SEED)
+    policy = Settings().scheduler_policy()
     started = time.perf_counter()
     cpu_started = time.process_time()
-    result = simulate(trace, nodes, weigh_all=weigh_all)
+    result = simulate(trace, nodes, policy, weigh_all=weigh_all)
     seconds = time.perf_counter() - started
     cpu_seconds = time.process_time() - cpu_started
     digest = hashlib.sha256()
@@ -229,11 +234,12 @@ def simulator_speed(nodes: list[Node], jobs: int, load: float, weigh_all: bool =
 
 
 def philly_replay(path: Path, nodes: int) -> dict[str, Any]:
-    """ffdl's policy over the whole Philly trace on ``nodes`` x 8 GPUs: wall and CPU time."""
+    """ffdl's configured policy over the whole Philly trace on ``nodes`` x 8 GPUs: wall and CPU time."""
     trace = load_trace(path, GPUS_PER_NODE)
+    policy = Settings().scheduler_policy()
     started = time.perf_counter()
     cpu_started = time.process_time()
-    result = simulate(trace, homogeneous_cluster(nodes, GPUS_PER_NODE))
+    result = simulate(trace, homogeneous_cluster(nodes, GPUS_PER_NODE), policy)
     seconds = time.perf_counter() - started
     return {
         "trace": str(path),

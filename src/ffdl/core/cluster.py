@@ -139,6 +139,13 @@ class ClusterRoom:
                 buckets[node.gpus].append(index)
                 self._free[node.gpu_type] = self._free.get(node.gpu_type, 0) + node.gpus
         self._types = tuple(sorted(self._buckets))
+        #: bumped whenever a node's free GPU count changes: what a memo of a bound on slots checks
+        self.changes = 0
+        # (GPU types, GPUs per learner) -> (``changes`` when counted, :meth:`_slot_bound`)
+        self._slot_bounds: dict[tuple[tuple[str, ...], int], tuple[int, int]] = {}
+        self._when_empty: dict[Demand, list[tuple[NodeRoom, int]]] = {}  # see _holding_when_empty
+        #: the schedulable rooms by node name (what a bound on slots reads, node by node)
+        self._usable = {name: room for name, room in self._rooms.items() if room.node.schedulable}
         self._max_gpus = max((len(b) - 1 for b in self._buckets.values()), default=0)
 
     # -- the view ---------------------------------------------------------------------------------
@@ -202,6 +209,7 @@ class ClusterRoom:
         after = len(room.free)
         if after == before:
             return
+        self.changes += 1
         if not node.schedulable:
             self._cordoned_free[node.gpu_type] += after - before
             return
@@ -228,13 +236,20 @@ class ClusterRoom:
         return self._types
 
     def _slot_bound(self, demand: Demand, types: Sequence[str]) -> int:
-        """Slots by free GPUs alone, ignoring CPUs, memory and exclusions: an upper bound, in O(buckets)."""
-        return sum(
+        """Slots by free GPUs alone, ignoring CPUs, memory and exclusions: an upper bound, in O(buckets),
+        memoised until a free count changes (a planning step asks it for every gang it places)."""
+        key = (tuple(types), demand.gpus)
+        known = self._slot_bounds.get(key)
+        if known is not None and known[0] == self.changes:
+            return known[1]
+        bound = sum(
             len(bucket) * (free // demand.gpus)
             for gpu_type in types
             for free, bucket in enumerate(self._buckets[gpu_type])
             if free >= demand.gpus
         )
+        self._slot_bounds[key] = (self.changes, bound)
+        return bound
 
     def slots_with(self, demand: Demand, freed: Mapping[str, int], excluded: Set[str]) -> int:
         """How many learners of ``demand`` (which needs GPUs) could fit outside ``excluded`` with
@@ -243,19 +258,25 @@ class ClusterRoom:
         types = self._types_for(demand)
         per = demand.gpus
         total = self._slot_bound(demand, types)
-        rooms = self._rooms
-        for name, more in freed.items():
-            room = rooms.get(name)
-            if room is not None and name not in excluded:
-                node = room.node
-                if node.schedulable and node.gpu_type in types:
+        usable = self._usable if len(types) == len(self._types) else self._usable_of(types)
+        if per == 1:  # each freed GPU is one more slot: no node's free count to read
+            total += sum(more for name, more in freed.items() if name in usable and name not in excluded)
+        else:
+            for name, more in freed.items():
+                room = usable.get(name)
+                if room is not None and name not in excluded:
                     free = len(room.free)
                     total += (free + more) // per - free // per
+        rooms = self._rooms
         for name in excluded:
             room = rooms.get(name)
             if room is not None and room.node.schedulable and room.node.gpu_type in types:
                 total -= len(room.free) // per
         return total
+
+    def _usable_of(self, types: Sequence[str]) -> dict[str, NodeRoom]:
+        """The schedulable rooms of ``types``, by node name."""
+        return {name: room for name, room in self._usable.items() if room.node.gpu_type in types}
 
     def _rooms_by_free(self, types: Sequence[str], lowest: int, ascending: bool) -> Iterator[NodeRoom]:
         """Schedulable rooms with at least ``lowest`` free GPUs, by free GPUs, then type, then name."""
@@ -337,21 +358,34 @@ class ClusterRoom:
         """The nodes to keep for ``demand`` until it fits: the fewest that could hold it once empty,
         those with the most free GPUs first (the quickest to drain); ``None`` if no such set exists."""
         rooms = [
-            room
-            for gpu_type in self._types_for(demand)
-            for bucket in self._buckets[gpu_type]
-            for room in map(self._by_index.__getitem__, bucket)
-            if room.node.name not in excluded and room.slots_when_empty(demand) > 0
+            (room, slots)
+            for room, slots in self._holding_when_empty(demand)
+            if room.node.name not in excluded
         ]
-        rooms.sort(key=lambda room: (-len(room.free), room.node.name))
+        rooms.sort(key=lambda pair: (-len(pair[0].free), pair[0].node.name))
         chosen: list[str] = []
         total = 0
-        for room in rooms:
+        for room, slots in rooms:
             chosen.append(room.node.name)
-            total += room.slots_when_empty(demand)
+            total += slots
             if total >= demand.learners:
                 return tuple(sorted(chosen))
         return None
+
+    def _holding_when_empty(self, demand: Demand) -> list[tuple[NodeRoom, int]]:
+        """The schedulable rooms of a usable type that could hold learners of ``demand`` once empty,
+        with how many: fixed for a room's life, so worked out once per demand."""
+        holding = self._when_empty.get(demand)
+        if holding is None:
+            rooms = (
+                self._by_index[index]
+                for gpu_type in self._types_for(demand)
+                for bucket in self._buckets[gpu_type]
+                for index in bucket
+            )
+            holding = [(room, slots) for room in rooms if (slots := room.slots_when_empty(demand)) > 0]
+            self._when_empty[demand] = holding
+        return holding
 
     def can_hold_when_empty(self, demand: Demand, nodes: Sequence[str]) -> bool:
         """Whether ``nodes`` (all schedulable and of a usable type) could hold the gang once empty."""
@@ -440,6 +474,8 @@ class ClusterState:
         self.evacuees: dict[str, str] = {}
         #: node -> the jobs holding GPUs on it (what a drain of that node waits for)
         self.on_node: dict[str, set[str]] = {}
+        #: bumped whenever ``gpus_on_nodes`` changes: what a memo of what they add up to checks
+        self.running_changes = 0
 
     def hold(self, job: HeldJob) -> None:
         if job.job_id in self.held:
@@ -494,6 +530,7 @@ class ClusterState:
     def _count_on_nodes(self, job: HeldJob, sign: int) -> None:
         """Add (``sign`` 1) or take away (-1) the running ``job``'s GPUs in its class's per-node
         counts, which a victim search reads to rule a preemptor out without listing victims."""
+        self.running_changes += 1
         on_nodes = self.gpus_on_nodes.setdefault(job.priority, {})
         for node, gpus in job.gang.learners:
             count = on_nodes.get(node, 0) + sign * len(gpus)

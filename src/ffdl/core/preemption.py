@@ -54,6 +54,18 @@ class VictimPool:
     priorities: list[int]  # ascending
     sorted_classes: dict[int, list[HeldJob]] = field(default_factory=dict)
     chosen: set[str] = field(default_factory=set)
+    # (priority, GPUs per learner, GPU type) -> (the state it was counted in, the slots that halting
+    # every running job below that priority would give): every preemptor of that class and learner
+    # shape gets the same count, and most searches end on it
+    slots_below: dict[tuple[int, int, str | None], tuple[tuple[int, int, frozenset[str]], int]] = field(
+        default_factory=dict
+    )
+    # (priority, GPU type) -> (victims chosen when found, what _eligible_of found for it)
+    eligible: dict[tuple[int, str | None], tuple[int, tuple[list[HeldJob], int, Mapping[str, int]]]] = field(
+        default_factory=dict
+    )
+    # priority -> (ClusterState.running_changes when added up, the GPUs running jobs below it hold per node)
+    held_below: dict[int, tuple[int, Mapping[str, int]]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, state: ClusterState, ledger: TenantLedger, now: float, min_runtime_s: float) -> VictimPool:
@@ -96,17 +108,15 @@ class VictimPool:
         gang fits without. The room is left exactly as it was."""
         room = self.state.room
         demand = preemptor.demand
-        if demand.gpus and not preemptor.reclaims:
-            # Ruled out cheaply first, by what the state keeps: not even halting every running job
-            # of the classes it outranks (young ones too: more than may be halted) makes room.
-            below = self._held_below(preemptor.priority)
-            if room.slots_with(demand, below, excluded) < demand.learners:
-                return None
-        eligible = self._eligible(preemptor)
-        freeable = sum(victim.gang.gpus for victim in eligible)
+        # Ruled out cheaply first, by what the state keeps: not even halting every running job of
+        # the classes it outranks (young ones too: more than may be halted) makes room.
+        outranked = demand.gpus and not preemptor.reclaims
+        if outranked and self._slots_below(preemptor, excluded) < demand.learners:
+            return None
+        eligible, freeable, per_node = self._eligible_of(preemptor)
         if not eligible or freeable < demand.total_gpus - room.free_for(demand):
             return None
-        if demand.gpus and room.slots_with(demand, _gpus_per_node(eligible), excluded) < demand.learners:
+        if demand.gpus and room.slots_with(demand, per_node, excluded) < demand.learners:
             return None  # not even halting every candidate would make room
         prefix = _Prefix(room, eligible)
         low, high = 0, 1  # the gang fits with ``high`` victims freed, not with ``low``
@@ -140,8 +150,33 @@ class VictimPool:
         self.chosen.update(victim.job_id for victim in victims)
         return victims, gang
 
+    def _slots_below(self, preemptor: Preemptor, excluded: Set[str]) -> int:
+        """The preemptor's slots outside ``excluded`` were every running job of a class below its
+        own halted (:meth:`ClusterRoom.slots_with`), memoised while the room, the running jobs and
+        ``excluded`` stay as they were."""
+        demand = preemptor.demand
+        state = self.state
+        key = (preemptor.priority, demand.gpus, demand.gpu_type)
+        stamp = (state.room.changes, state.running_changes, frozenset(excluded))
+        known = self.slots_below.get(key)
+        if known is not None and known[0] == stamp:
+            return known[1]
+        slots = state.room.slots_with(demand, self._held_below(preemptor.priority), excluded)
+        self.slots_below[key] = (stamp, slots)
+        return slots
+
     def _held_below(self, priority: int) -> Mapping[str, int]:
-        """The GPUs running jobs of classes below ``priority`` hold on each node."""
+        """The GPUs running jobs of classes below ``priority`` hold on each node (memoised while
+        they stay as they were)."""
+        changes = self.state.running_changes
+        known = self.held_below.get(priority)
+        if known is not None and known[0] == changes:
+            return known[1]
+        held = self._add_up_below(priority)
+        self.held_below[priority] = (changes, held)
+        return held
+
+    def _add_up_below(self, priority: int) -> Mapping[str, int]:
         maps = [on_nodes for p, on_nodes in self.state.gpus_on_nodes.items() if p < priority and on_nodes]
         if len(maps) == 1:
             return maps[0]
@@ -150,6 +185,21 @@ class VictimPool:
             for node, gpus in on_nodes.items():
                 held[node] = held.get(node, 0) + gpus
         return held
+
+    def _eligible_of(self, preemptor: Preemptor) -> tuple[list[HeldJob], int, Mapping[str, int]]:
+        """:meth:`_eligible`, with the GPUs they hold in all and on each node. For a preemptor that
+        does not reclaim they depend only on its class, its GPU type and the victims chosen so far
+        (which only grow), so they are memoised on those."""
+        demand = preemptor.demand
+        key = (preemptor.priority, demand.gpu_type if demand.gpus else None)
+        known = None if preemptor.reclaims else self.eligible.get(key)
+        if known is not None and known[0] == len(self.chosen):
+            return known[1]
+        eligible = self._eligible(preemptor)
+        found = (eligible, sum(victim.gang.gpus for victim in eligible), _gpus_per_node(eligible))
+        if not preemptor.reclaims:
+            self.eligible[key] = (len(self.chosen), found)
+        return found
 
     def _eligible(self, preemptor: Preemptor) -> list[HeldJob]:
         """The candidates that may be halted for ``preemptor`` and hold GPUs of a type it can use,

@@ -49,6 +49,7 @@ from collections.abc import Generator, Iterable, Iterator, Set
 from dataclasses import dataclass, field
 from functools import lru_cache
 from heapq import heappop, heappush, merge
+from typing import NamedTuple
 
 from ffdl.core.cluster import ClusterState, Demand, Gang, HeldJob
 from ffdl.core.job import WaitRecord
@@ -70,6 +71,11 @@ class WaitingJob:
     priority: int
     queued_order: tuple[float, str]  # (when it was queued, a tie-breaker): first queued, first served
     wait: WaitRecord | None = None
+
+    def with_wait(self, wait: WaitRecord | None) -> WaitingJob:
+        """The job with ``wait`` recorded (what ``dataclasses.replace`` does, at a fraction of its cost:
+        a simulation records millions of reasons)."""
+        return WaitingJob(self.job_id, self.tenant, self.demand, self.priority, self.queued_order, wait)
 
 
 class WaitingQueue:
@@ -101,11 +107,11 @@ class WaitingQueue:
     def put(self, job: WaitingJob) -> None:
         """Queue ``job``, or replace the job of that id (its reason changed, say)."""
         old = self._jobs.get(job.job_id)
-        if old is not None and (old.priority, old.tenant, old.queued_order, old.demand) != (
-            job.priority,
-            job.tenant,
-            job.queued_order,
-            job.demand,
+        if old is not None and (
+            old.priority != job.priority
+            or old.tenant != job.tenant
+            or old.queued_order != job.queued_order
+            or old.demand != job.demand
         ):
             self.remove(job.job_id)
             old = None
@@ -251,9 +257,9 @@ class Eviction:
     preempted_by: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """What one planning step decided for one waiting job: GPUs now, or why not (and whom it preempts)."""
+class Decision(NamedTuple):
+    """What one planning step decided for one waiting job: GPUs now, or why not (and whom it preempts).
+    (A named tuple: a step makes one per waiting job it passes, and tuples are made fastest.)"""
 
     job: WaitingJob
     allocation: Allocation | None = None
@@ -402,10 +408,8 @@ class Planner:
         start = fifo[at]
         stop: QueueKey | None = None
         settled: list[tuple[dict[Said, list[QueueKey]], WaitRecord]] = []
-        for by_said in self._queue.by_reason(priority, tenant).values():
-            sample = self._queue.get(next(iter(by_said.values()))[0][1])
-            assert sample is not None
-            verdict = self._verdict(sample, self._alike(sample))
+        for demand, by_said in self._queue.by_reason(priority, tenant).items():
+            verdict = self._verdict(priority, tenant, demand, self._alike(priority, tenant, demand))
             if verdict is not None:
                 settled.append((by_said, verdict))
                 continue
@@ -491,8 +495,11 @@ class Planner:
             and job.job_id not in self._head_nodes
             and (job.wait is None or job.wait.code is not W.PREEMPTION)
         )
-        alike = self._alike(job) if settled else None
-        if alike is not None and (verdict := self._verdict(job, alike)) is not None:
+        alike = self._alike(job.priority, job.tenant, demand) if settled else None
+        if (
+            alike is not None
+            and (verdict := self._verdict(job.priority, job.tenant, demand, alike)) is not None
+        ):
             return Decision(job, wait=self._kept(job, verdict))
         if not self._ledger.within_limit(job.tenant, demand.total_gpus):
             wait = self._quota_wait(job)
@@ -524,56 +531,57 @@ class Planner:
             self._verdicts[alike] = (self._version, wait, (wait.code, wait.waiting_for))
         return Decision(job, wait=self._kept(job, wait))
 
-    def _alike(self, job: WaitingJob) -> Alike:
-        """Which settled jobs share ``job``'s verdict: those of its class and demand whose tenant
-        stands as its does. Over its quota, only its own tenant's (the wait names the tenant and its
-        quota). Inside it, the tenant matters only through whether the job reclaims its guarantee
-        (it may then preempt borrowers, so it has victims of its own): a job that reclaims shares
-        with its own tenant's, one that does not with every tenant's, as nothing else in its
-        verdict (room, victims of lower priority, the reason and its wording) reads the tenant."""
+    def _alike(self, priority: int, tenant: str, demand: Demand) -> Alike:
+        """Which settled jobs share the verdict of a job of ``priority``, ``tenant`` and ``demand``:
+        those of its class and demand whose tenant stands as its does. Over its quota, only its own
+        tenant's (the wait names the tenant and its quota). Inside it, the tenant matters only
+        through whether the job reclaims its guarantee (it may then preempt borrowers, so it has
+        victims of its own): a job that reclaims shares with its own tenant's, one that does not
+        with every tenant's, as nothing else in its verdict (room, victims of lower priority, the
+        reason and its wording) reads the tenant."""
         if self._alikes_at != self._version:
             self._alikes.clear()
             self._alikes_at = self._version
-        key = (job.priority, job.tenant, job.demand)
+        key = (priority, tenant, demand)
         alike = self._alikes.get(key)
         if alike is None:
-            need = job.demand.total_gpus
-            if not self._ledger.within_limit(job.tenant, need):
-                alike = (job.priority, job.demand, job.tenant, True)
+            need = demand.total_gpus
+            if not self._ledger.within_limit(tenant, need):
+                alike = (priority, demand, tenant, True)
             else:
-                reclaims = self._ledger.within_guarantee(job.tenant, need)
-                alike = (job.priority, job.demand, job.tenant if reclaims else None, False)
+                reclaims = self._ledger.within_guarantee(tenant, need)
+                alike = (priority, demand, tenant if reclaims else None, False)
             self._alikes[key] = alike
         return alike
 
-    def _verdict(self, job: WaitingJob, alike: Alike) -> WaitRecord | None:
-        """The verdict the last settled job alike to ``job`` got (``alike``: :meth:`_alike`), if it holds."""
+    def _verdict(self, priority: int, tenant: str, demand: Demand, alike: Alike) -> WaitRecord | None:
+        """The verdict the last settled job alike to one of ``priority``, ``tenant`` and ``demand``
+        got (``alike``: :meth:`_alike`), if it holds."""
         kept = self._verdicts.get(alike)
         if kept is None:
             return None
         version, record, grounds = kept
         if version != self._version:
-            if self._grounds(job) != grounds:
+            if self._grounds(priority, tenant, demand) != grounds:
                 return None
             self._verdicts[alike] = (self._version, record, grounds)
         return record
 
-    def _grounds(self, job: WaitingJob) -> Grounds | None:
+    def _grounds(self, priority: int, tenant: str, demand: Demand) -> Grounds | None:
         """What a settled job's verdict rests on now: its tenant over quota; or, its gang having
         found no room and no victims this step (both only ever stay so), the code and the jobs its
         reason names, which with the kind of job fix the reason's wording. None where it must be
         weighed: it might fit, or find victims."""
-        demand = job.demand
         need = demand.total_gpus
-        if not self._ledger.within_limit(job.tenant, need):
+        if not self._ledger.within_limit(tenant, need):
             return (W.QUOTA,)
         if demand not in self._no_fit:
             return None
         if self._policy.preemption:
-            reclaims = self._ledger.within_guarantee(job.tenant, need)
-            if (demand, job.priority, job.tenant if reclaims else None) not in self._no_victims:
+            reclaims = self._ledger.within_guarantee(tenant, need)
+            if (demand, priority, tenant if reclaims else None) not in self._no_victims:
                 return None
-        return self._blocking_reason(job, held_back=True)
+        return self._blocking_reason(priority, demand, held_back=True)
 
     @staticmethod
     def _kept(job: WaitingJob, wait: WaitRecord) -> WaitRecord:
@@ -760,15 +768,17 @@ class Planner:
     def _blocked_wait(self, job: WaitingJob) -> WaitRecord:
         demand = job.demand
         nodes = self._head_nodes.get(job.job_id, ())
-        code, waiting_for = self._blocking_reason(job, held_back=not nodes)
+        code, waiting_for = self._blocking_reason(job.priority, demand, held_back=not nodes)
         if code in _COMPETING:
             self._blocked.setdefault((job.priority, demand.gpu_type if demand.gpus else None), job.job_id)
         cordoned = self._cordoned_for(demand) if code in (W.CAPACITY, W.GPU_TYPE) and demand.gpus else 0
         return _blocked_record(code, demand, waiting_for, cordoned, nodes)
 
-    def _blocking_reason(self, job: WaitingJob, held_back: bool) -> tuple[WaitReason, tuple[str, ...]]:
-        """Why ``job`` does not fit; ``held_back``: whether to check if reservations are all that stop it."""
-        demand = job.demand
+    def _blocking_reason(
+        self, priority: int, demand: Demand, held_back: bool
+    ) -> tuple[WaitReason, tuple[str, ...]]:
+        """Why a job of ``priority`` and ``demand`` does not fit; ``held_back``: whether to check if
+        reservations are all that stop it."""
         room = self._room
         need = demand.total_gpus
         if demand.gpus and room.free_for(demand) < need:
@@ -778,7 +788,7 @@ class Planner:
             holders = self._held_back_by(demand) if held_back else ()
             if holders:
                 return W.RESERVATION, holders
-        ahead = self._higher_priority_blocked(job)
+        ahead = self._higher_priority_blocked(priority, demand)
         if ahead is not None:
             return W.PRIORITY, (ahead,)
         return code, ()
@@ -803,13 +813,13 @@ class Planner:
             self._held_back[demand] = holders
         return holders
 
-    def _higher_priority_blocked(self, job: WaitingJob) -> str | None:
-        """A job of a higher priority class that waits for the same kind of GPUs, if any."""
-        if not job.demand.gpus:
+    def _higher_priority_blocked(self, priority: int, demand: Demand) -> str | None:
+        """A job of a class above ``priority`` that waits for the same kind of GPUs as ``demand``, if any."""
+        if not demand.gpus:
             return None
-        wanted = job.demand.gpu_type
-        for (priority, gpu_type), job_id in self._blocked.items():
-            if priority > job.priority and (gpu_type is None or wanted is None or gpu_type == wanted):
+        wanted = demand.gpu_type
+        for (blocked, gpu_type), job_id in self._blocked.items():
+            if blocked > priority and (gpu_type is None or wanted is None or gpu_type == wanted):
                 return job_id
         return None
 

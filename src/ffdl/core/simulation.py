@@ -232,8 +232,8 @@ class _Simulator:
         for job_id, wait in decided.waits.items():  # a job not named keeps its reason
             waiting = self.waiting.get(job_id)
             assert waiting is not None
-            if not wait.same_as(waiting.wait):
-                self.waiting.put(replace(waiting, wait=wait))
+            if wait is not waiting.wait and not wait.same_as(waiting.wait):
+                self.waiting.put(waiting.with_wait(wait))
             self.outcomes[job_id].last_wait = wait
 
 

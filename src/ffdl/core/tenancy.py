@@ -87,6 +87,9 @@ class TenantLedger:
         self._usage = usage
         self._releasing = releasing
         self._claimed = claimed
+        # tenant -> (guaranteed GPUs, limit, weight), memoised: a planning step asks millions of
+        # times, and the policy never changes under a ledger
+        self._terms: dict[str, tuple[int, int | None, float]] = {}
 
     def usage(self, tenant: str) -> int:
         return self._usage.get(tenant, 0)
@@ -94,23 +97,30 @@ class TenantLedger:
     def quota(self, tenant: str) -> TenantQuota:
         return self._policy.quota(tenant)
 
+    def _terms_of(self, tenant: str) -> tuple[int, int | None, float]:
+        terms = self._terms.get(tenant)
+        if terms is None:
+            quota = self._policy.quota(tenant)
+            terms = self._terms[tenant] = (quota.guaranteed_gpus, quota.limit, quota.weight)
+        return terms
+
     def _kept(self, tenant: str) -> int:
         """What the tenant will hold once the preemptions under way are done."""
-        return self.usage(tenant) - self._releasing.get(tenant, 0) + self._claimed.get(tenant, 0)
+        return self._usage.get(tenant, 0) - self._releasing.get(tenant, 0) + self._claimed.get(tenant, 0)
 
     def within_limit(self, tenant: str, gpus: int) -> bool:
         """Whether the tenant may take ``gpus`` more: never beyond guaranteed + borrowing limit, at
         any instant (GPUs being freed still count until they are)."""
-        limit = self.quota(tenant).limit
-        return limit is None or self.usage(tenant) + self._claimed.get(tenant, 0) + gpus <= limit
+        limit = self._terms_of(tenant)[1]
+        return limit is None or self._usage.get(tenant, 0) + self._claimed.get(tenant, 0) + gpus <= limit
 
     def within_guarantee(self, tenant: str, gpus: int) -> bool:
         """Whether ``gpus`` more keep the tenant inside its guarantee."""
-        return self._kept(tenant) + gpus <= self.quota(tenant).guaranteed_gpus
+        return self._kept(tenant) + gpus <= self._terms_of(tenant)[0]
 
     def borrowed(self, tenant: str) -> int:
         """GPUs the tenant holds (or will) beyond its guarantee."""
-        return max(0, self._kept(tenant) - self.quota(tenant).guaranteed_gpus)
+        return max(0, self._kept(tenant) - self._terms_of(tenant)[0])
 
     def tenants(self) -> list[str]:
         """Every tenant that holds GPUs now."""
@@ -118,6 +128,6 @@ class TenantLedger:
 
     def order_key(self, tenant: str) -> tuple[bool, float, str]:
         """Who goes next among tenants of one priority: inside the guarantee first, then least per weight."""
-        quota = self.quota(tenant)
+        guaranteed, _, weight = self._terms_of(tenant)
         kept = self._kept(tenant)
-        return (kept >= quota.guaranteed_gpus, kept / quota.weight, tenant)
+        return (kept >= guaranteed, kept / weight, tenant)
