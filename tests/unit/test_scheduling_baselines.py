@@ -4,7 +4,7 @@ case small enough to work out by hand, and none breaks the cluster's bounds on a
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from ffdl.core.allocator import Node
@@ -105,6 +105,8 @@ def test_an_unknown_baseline_is_refused() -> None:
     ),
     node_count=st.integers(1, 3),
 )
+# no job fits the cluster: nothing ever runs, and the figures still come out
+@example(name="fifo", jobs=[(0.0, "a", 2, 8, 1.0), (1.0, "a", 2, 8, 1.0)], node_count=1)
 def test_a_baseline_never_uses_more_gpus_than_there_are_and_finishes_every_job_that_fits(
     name: str, jobs: list[tuple[float, str, int, int, float]], node_count: int
 ) -> None:

@@ -18,6 +18,7 @@ scheduler role does from its fold. Each halt costs ``halt_s`` on the victim's GP
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -336,7 +337,7 @@ def utilization_while_arriving(result: SimulationResult) -> float:
     if span <= 0 or result.capacity_gpus <= 0:
         return 0.0
     busy = 0.0
-    for (at, in_use), (until, _) in zip(result.usage, [*result.usage[1:], (last_submit, 0)], strict=True):
+    for (at, in_use), (until, _) in itertools.pairwise([*result.usage, (last_submit, 0)]):
         if at >= last_submit:
             break
         busy += in_use * (min(until, last_submit) - at)
