@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ffdl.core.allocator import Node, NodeCapacity, place_gang
-from ffdl.core.cluster import ClusterRoom, Demand, Gang, milli_cpus
+from ffdl.core.cluster import WHEN_EMPTY_KEPT, ClusterRoom, Demand, Gang, milli_cpus
 from ffdl.events.model import JobSpec
 
 TYPES = ("a100", "h100")
@@ -237,3 +237,14 @@ def test_a_reservation_prefers_the_nodes_closest_to_empty() -> None:
     assert room.reservation(Demand(2, 8), frozenset()) == ("n1", "n2")
     assert room.reservation(Demand(2, 8), frozenset({"n1"})) == ("n0", "n2")
     assert room.reservation(Demand(4, 8), frozenset()) is None
+
+
+def test_reservations_for_more_distinct_demands_than_a_room_keeps_stay_right_and_bounded() -> None:
+    # tenants choose their demands' CPUs and memory: a room kept for hours must not grow a memo per
+    # demand for ever, and clearing the memo changes no answer
+    room = ClusterRoom([Node(f"n{i}", 8, memory_mb=65536) for i in range(3)])
+    room.take(Demand(1, 6), Gang((("n0", tuple(range(6))),)))
+    for memory_mb in range(1, 3 * WHEN_EMPTY_KEPT):
+        assert room.reservation(Demand(2, 8, memory_mb=memory_mb), frozenset()) == ("n1", "n2")
+        assert room.reservation(Demand(2, 8, memory_mb=65536 + memory_mb), frozenset()) is None
+    assert len(room._when_empty) <= WHEN_EMPTY_KEPT

@@ -12,6 +12,8 @@ import math
 from datetime import timedelta
 
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from ffdl.core.scheduling import SchedulerPolicy
@@ -110,7 +112,38 @@ def test_a_run_crosses_each_threshold_when_its_gpu_seconds_reach_it() -> None:
     assert next_change(policy, service, 1000.0) == 1015.0
     assert next_change(policy, service, 1015.0) == 1090.0
     assert next_change(policy, service, 1090.0) is None
-    assert stopped(service, 1050.0).attained == 40.0 + 4 * 50.0
+    assert stopped(policy, service, 1050.0).attained == 40.0 + 4 * 50.0
+
+
+# Times as float seconds since the epoch: ``(q + s) - q`` may round below ``s``, and
+# ``since + (t - a) / g`` times ``g`` may round below ``t``; the band must not depend on it.
+SECONDS = st.floats(0, 2e9, allow_nan=False, allow_infinity=False)
+THRESHOLDS = (3600.0, 57600.0)
+
+
+@given(queued_at=SECONDS, attained=st.sampled_from([3600.0, 4000.0, 57600.0, 1e6]), wait=st.floats(1, 1e6))
+@example(queued_at=505834.93993568985, attained=4000.0, wait=86400.0)
+def test_a_waiting_job_is_in_the_top_band_when_its_aging_wakes_it(
+    queued_at: float, attained: float, wait: float
+) -> None:
+    policy = SchedulerPolicy(service_queues=THRESHOLDS, starve_after_s=wait)
+    service = Service(gpus=1, attained=attained, queued_since=queued_at)
+    wake = next_change(policy, service, queued_at)
+    assert wake is not None
+    assert band(policy, service, wake) == 0
+    assert started(policy, service, wake).attained == 0.0  # and it starts afresh
+
+
+@given(since=SECONDS, gpus=st.sampled_from([1, 2, 3, 4, 8, 16, 24]))
+@example(since=260457.0375251003, gpus=2)
+def test_a_run_stopped_as_it_crosses_a_threshold_has_attained_it(since: float, gpus: int) -> None:
+    policy = SchedulerPolicy(service_queues=THRESHOLDS)
+    service = started(policy, Service(gpus=gpus), since)
+    crossing = next_change(policy, service, since)
+    assert crossing is not None and band(policy, service, crossing) == 1
+    halted = stopped(policy, service, crossing)
+    assert halted.attained >= THRESHOLDS[0]
+    assert band(policy, halted, crossing) == 1
 
 
 def test_without_service_queues_the_class_is_the_priority() -> None:
@@ -142,3 +175,12 @@ def test_the_configuration_sets_whether_a_drain_may_preempt_and_what_a_halt_cost
     for wrong in (-1.0, math.inf):
         with pytest.raises(ValidationError):
             SchedulerConfig(checkpoint_cost_s=wrong)
+
+
+def test_the_configuration_refuses_an_endless_aging_or_minimum_runtime() -> None:
+    # an aging at infinity would be a wake-up the simulator runs to (and utilisation NaN) and one the
+    # role keeps for ever; a minimum runtime of NaN compares false with everything
+    for field in ("starve_after_s", "min_runtime_s"):
+        for wrong in (math.inf, math.nan):
+            with pytest.raises(ValidationError):
+                SchedulerConfig.model_validate({field: wrong})

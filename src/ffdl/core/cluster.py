@@ -117,6 +117,11 @@ class NodeRoom:
         return min(by_gpus, self.mcpus_when_empty // demand.mcpus, self.node.memory_mb // demand.memory_mb)
 
 
+#: distinct demands whose rooms-when-empty a room keeps: tenants choose demands (CPUs, memory), and
+#: the scheduler role keeps its room until the inventory changes, so the memo is bounded
+WHEN_EMPTY_KEPT = 256
+
+
 class ClusterRoom:
     """The free capacity of a set of nodes, with gang placement over it (see the module docstring)."""
 
@@ -384,6 +389,8 @@ class ClusterRoom:
                 for index in bucket
             )
             holding = [(room, slots) for room in rooms if (slots := room.slots_when_empty(demand)) > 0]
+            if len(self._when_empty) >= WHEN_EMPTY_KEPT:
+                self._when_empty.clear()
             self._when_empty[demand] = holding
         return holding
 

@@ -52,17 +52,23 @@ def _guarded(policy: SchedulerPolicy, service: Service) -> bool:
     return service.preemptions >= policy.max_service_preemptions
 
 
-def _crossings(policy: SchedulerPolicy, service: Service) -> list[float]:
-    """When the current run crosses each threshold it has not attained yet (one formula, so the band
-    and the time it changes agree to the last bit)."""
+def _crossings(policy: SchedulerPolicy, service: Service) -> list[tuple[float, float]]:
+    """Each threshold the current run has not attained yet, with when it crosses it (one formula, so
+    the band, the time it changes and what a run stopped then has attained agree to the last bit)."""
     since = service.running_since
     if since is None or service.gpus <= 0:
         return []
     return [
-        since + (threshold - service.attained) / service.gpus
+        (threshold, since + (threshold - service.attained) / service.gpus)
         for threshold in policy.service_queues
         if threshold > service.attained
     ]
+
+
+def _aged(policy: SchedulerPolicy, service: Service, now: float) -> bool:
+    """Whether the job has waited ``starve_after_s`` by ``now``: compared with the very sum its
+    wake-up is set for, so the wake-up always finds it aged (``now - queued_since`` may round below)."""
+    return service.queued_since is not None and now >= service.queued_since + policy.starve_after_s
 
 
 def band(policy: SchedulerPolicy, service: Service, now: float) -> int:
@@ -72,8 +78,8 @@ def band(policy: SchedulerPolicy, service: Service, now: float) -> int:
         return 0
     attained = sum(1 for threshold in policy.service_queues if threshold <= service.attained)
     if service.running_since is not None:
-        return attained + sum(1 for at in _crossings(policy, service) if at <= now)
-    if attained and service.queued_since is not None and now - service.queued_since >= policy.starve_after_s:
+        return attained + sum(1 for _, at in _crossings(policy, service) if at <= now)
+    if attained and _aged(policy, service, now):
         return 0
     return attained
 
@@ -84,7 +90,7 @@ def band_changes(policy: SchedulerPolicy, service: Service) -> list[float]:
     if not policy.service_queues or _guarded(policy, service):
         return []
     if service.running_since is not None:
-        return _crossings(policy, service)
+        return [at for _, at in _crossings(policy, service)]
     if service.queued_since is not None and any(t <= service.attained for t in policy.service_queues):
         return [service.queued_since + policy.starve_after_s]
     return []
@@ -98,19 +104,18 @@ def next_change(policy: SchedulerPolicy, service: Service, now: float) -> float 
 def started(policy: SchedulerPolicy, service: Service, now: float) -> Service:
     """The job gets GPUs at ``now``: a run starts; aged into the top band, it starts afresh."""
     attained = service.attained
-    if (
-        service.queued_since is not None
-        and now - service.queued_since >= policy.starve_after_s
-        and any(threshold <= attained for threshold in policy.service_queues)
-    ):
+    if _aged(policy, service, now) and any(threshold <= attained for threshold in policy.service_queues):
         attained = 0.0
     return Service(service.gpus, attained, service.preemptions, now, None)
 
 
-def stopped(service: Service, now: float) -> Service:
-    """The run ends at ``now``: what it ran is attained."""
-    since = service.running_since
-    attained = service.attained + (now - since) * service.gpus if since is not None else service.attained
+def stopped(policy: SchedulerPolicy, service: Service, now: float) -> Service:
+    """The run ends at ``now``: what it ran is attained, and at least every threshold it has crossed
+    by then (stopped at the very time of a crossing, the product may round just below it)."""
+    attained = service.attained
+    if service.running_since is not None:
+        attained += (now - service.running_since) * service.gpus
+        attained = max([attained, *(threshold for threshold, at in _crossings(policy, service) if at <= now)])
     return Service(service.gpus, attained, service.preemptions, None, None)
 
 
@@ -128,7 +133,7 @@ def service_of(job: Job, policy: SchedulerPolicy) -> Service:
         if entry.state is JobState.SCHEDULED:
             service = started(policy, service, at)
         elif service.running_since is not None and entry.state not in _SERVING:
-            service = stopped(service, at)
+            service = stopped(policy, service, at)
         if entry.state is JobState.QUEUED:
             service = queued(service, at)
     return replace(service, preemptions=job.preemptions)

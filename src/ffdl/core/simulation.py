@@ -209,7 +209,7 @@ class _Simulator:
             outcome = self.outcomes[eviction.job_id]
             outcome.preemptions += 1
             if self.policy.service_queues:
-                stopped = service_bands.stopped(self.services[eviction.job_id], now)
+                stopped = service_bands.stopped(self.policy, self.services[eviction.job_id], now)
                 self.services[eviction.job_id] = replace(stopped, preemptions=outcome.preemptions)
             self.lost_gpu_seconds += self.halt_s * outcome.job.gpus
             heappush(self.timeline, (now + self.halt_s, _HALTED, eviction.job_id, running.generation))

@@ -88,7 +88,9 @@ class TenantQuotaConfig(BaseModel):
 
 class SchedulerConfig(BaseModel):
     preemption: bool = True
-    min_runtime_s: float = Field(default=60.0, ge=0, description="seconds a job runs before preemption")
+    min_runtime_s: float = Field(
+        default=60.0, ge=0, allow_inf_nan=False, description="seconds a job runs before preemption"
+    )
     max_reservations: int = Field(default=2, ge=0, description="waiting jobs that get nodes kept for them")
     preempt_drains: bool = Field(
         default=False,
@@ -104,7 +106,10 @@ class SchedulerConfig(BaseModel):
         "bands, the least served first (rising; [] turns it off)",
     )
     starve_after_s: float = Field(
-        default=24 * 3600.0, gt=0, description="a job of a lower band that waited this long is served first"
+        default=24 * 3600.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="a job of a lower band that waited this long is served first",
     )
     max_service_preemptions: int = Field(
         default=16, ge=0, description="a job halted this often stays in the top band (a loop guard)"
