@@ -59,6 +59,47 @@ def test_a_file_is_recorded_once_it_stopped_changing_with_its_size_and_checksum(
     assert settle(scanner) == []  # recorded once
 
 
+async def test_the_final_scan_hands_over_what_a_scan_cut_off_by_the_exit_recorded(tmp_path: Path) -> None:
+    # the learner exits while discovery's scan runs in its thread: that scan records the checkpoint,
+    # but its caller is cancelled before handing it over; the final scan must still hand it over
+    scanner = CheckpointScanner(str(tmp_path))
+    (tmp_path / "ckpt_step_30.pt").write_bytes(b"last words")
+    settle(scanner)  # what the cut-off scans found, never handed over
+    handed: list[Found] = []
+    await checkpoints.final_scan(scanner, handed.append)
+    assert [found.step for found in handed] == [30]
+
+
+def test_scans_from_two_threads_run_one_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a scan whose caller was cancelled runs on in its thread while the final scan starts in another
+    scanner = CheckpointScanner(str(tmp_path))
+    inside = threading.Semaphore(0)
+    release = threading.Event()
+    overlapped: list[bool] = []
+    running = [0]
+    scan_once = scanner._scan
+
+    def slow_scan(root: int) -> list[Found]:
+        running[0] += 1
+        overlapped.append(running[0] > 1)
+        inside.release()
+        release.wait(5)
+        running[0] -= 1
+        return scan_once(root)
+
+    monkeypatch.setattr(scanner, "_scan", slow_scan)
+    first = threading.Thread(target=scanner.scan)
+    second = threading.Thread(target=scanner.scan)
+    first.start()
+    assert inside.acquire(timeout=5)
+    second.start()
+    assert not inside.acquire(timeout=0.2)  # the second waits for the first
+    release.set()
+    first.join(5)
+    second.join(5)
+    assert overlapped == [False, False]
+
+
 def test_names_that_say_not_done_are_never_checkpoints_and_a_rename_completes_them(tmp_path: Path) -> None:
     scanner = CheckpointScanner(str(tmp_path))
     for name in ("ckpt_5.pt.tmp", ".ckpt_5.pt", "ckpt_5.pt~", "tmpab12_5.pt", "ckpt_5.partial"):

@@ -44,6 +44,7 @@ import os
 import re
 import shutil
 import stat
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -114,7 +115,8 @@ class _Hashing:
 class CheckpointScanner:
     """Finds the complete checkpoints in one directory, scan after scan; see the module docstring.
 
-    Not thread-safe: one scan at a time (the agent runs them one after another in a thread).
+    Scans run one at a time (a lock): the agent scans in a worker thread, and a scan whose caller was
+    cancelled (the learner exited mid-scan) runs on to its end in that thread while the next waits.
     """
 
     def __init__(self, directory: str, *, resume_from: str = "", keep: int = DEFAULT_KEEP) -> None:
@@ -124,6 +126,7 @@ class CheckpointScanner:
         self._seen: dict[str, tuple[int, ...]] = {}  # name -> what it looked like last scan
         self._hashing: dict[str, _Hashing] = {}
         self._recorded: dict[str, tuple[Found, tuple[int, ...]]] = {}
+        self._lock = threading.RLock()
 
     @property
     def settling(self) -> bool:
@@ -133,21 +136,23 @@ class CheckpointScanner:
     @property
     def recorded(self) -> list[Found]:
         """Every checkpoint recorded and not deleted, oldest step first."""
-        return sorted((found for found, _ in self._recorded.values()), key=_order)
+        with self._lock:
+            return sorted((found for found, _ in self._recorded.values()), key=_order)
 
     def scan(self) -> list[Found]:
         """One bounded scan: the checkpoints found complete by it, oldest step first (then pruned)."""
-        try:
-            root = os.open(self._directory, _OPEN_DIR)
-        except OSError:
-            return []  # not there yet, or not a directory the agent may read
-        try:
-            fresh = self._scan(root)
-            if fresh:
-                self._prune(root)
-            return fresh
-        finally:
-            os.close(root)
+        with self._lock:
+            try:
+                root = os.open(self._directory, _OPEN_DIR)
+            except OSError:
+                return []  # not there yet, or not a directory the agent may read
+            try:
+                fresh = self._scan(root)
+                if fresh:
+                    self._prune(root)
+                return fresh
+            finally:
+                os.close(root)
 
     def _scan(self, root: int) -> list[Found]:
         current: dict[str, tuple[int, ...]] = {}
@@ -404,11 +409,15 @@ async def discover(scanner: CheckpointScanner, on_found: Callable[[Found], None]
 async def final_scan(scanner: CheckpointScanner, on_found: Callable[[Found], None]) -> None:
     """After the learner exited nothing writes any more: scan until nothing is left to settle or
     hash (a checkpoint written on SIGTERM is recorded before the exit is reported), within
-    :data:`FINAL_SCAN_TIMEOUT_S`."""
+    :data:`FINAL_SCAN_TIMEOUT_S`. Then every checkpoint recorded is handed over again, oldest first:
+    the scan :func:`discover` was in when the learner exited recorded what it found, but its caller
+    was cancelled before it could hand that over."""
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(FINAL_SCAN_TIMEOUT_S):
             while True:
                 for found in await asyncio.to_thread(scanner.scan):
                     on_found(found)
                 if not scanner.settling:
-                    return
+                    break
+    for found in await asyncio.to_thread(lambda: scanner.recorded):
+        on_found(found)
