@@ -70,6 +70,34 @@ async def test_the_final_scan_hands_over_what_a_scan_cut_off_by_the_exit_recorde
     assert [found.step for found in handed] == [30]
 
 
+async def test_the_final_scan_gives_up_at_its_deadline_while_a_scan_is_stuck(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a scan stuck in its thread (a hung file system) holds the scanner: the agent's exit must not
+    # wait for it beyond the final scan's deadline, handover included
+    monkeypatch.setattr(checkpoints, "FINAL_SCAN_TIMEOUT_S", 0.2)
+    scanner = CheckpointScanner(str(tmp_path))
+    (tmp_path / "ckpt_step_30.pt").write_bytes(b"last words")
+    settle(scanner)
+    stuck, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with scanner._lock:
+            stuck.set()
+            done.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert stuck.wait(5)
+    handed: list[Found] = []
+    try:
+        await checkpoints.final_scan(scanner, handed.append)
+    finally:
+        done.set()
+        holder.join(5)
+    assert handed == []
+
+
 def test_scans_from_two_threads_run_one_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # a scan whose caller was cancelled runs on in its thread while the final scan starts in another
     scanner = CheckpointScanner(str(tmp_path))

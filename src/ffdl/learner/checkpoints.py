@@ -409,9 +409,10 @@ async def discover(scanner: CheckpointScanner, on_found: Callable[[Found], None]
 async def final_scan(scanner: CheckpointScanner, on_found: Callable[[Found], None]) -> None:
     """After the learner exited nothing writes any more: scan until nothing is left to settle or
     hash (a checkpoint written on SIGTERM is recorded before the exit is reported), within
-    :data:`FINAL_SCAN_TIMEOUT_S`. Then every checkpoint recorded is handed over again, oldest first:
+    :data:`FINAL_SCAN_TIMEOUT_S`; then every checkpoint recorded is handed over again, oldest first:
     the scan :func:`discover` was in when the learner exited recorded what it found, but its caller
-    was cancelled before it could hand that over."""
+    was cancelled before it could hand that over. All within the deadline, since a scan stuck in
+    its thread (a hung file system) holds the scanner's lock."""
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(FINAL_SCAN_TIMEOUT_S):
             while True:
@@ -419,5 +420,5 @@ async def final_scan(scanner: CheckpointScanner, on_found: Callable[[Found], Non
                     on_found(found)
                 if not scanner.settling:
                     break
-    for found in await asyncio.to_thread(lambda: scanner.recorded):
-        on_found(found)
+            for found in await asyncio.to_thread(lambda: scanner.recorded):
+                on_found(found)
