@@ -418,9 +418,21 @@ async def main() -> None:
     bus = EmbeddedBus(Path(sys.argv[1]), 4)
     await bus.start()
     print("started", flush=True)
+    topic, partition = sys.argv[2], bus.partition_for("job-1")
+
+    async def parents() -> int:
+        return len([r async for r in bus.read(topic, partition) if r.value.startswith(b"parent-")])
+
+    before = 0
     for batch in range(100):
         records = [OutgoingRecord("job-1", f"child-{batch}-{i}".encode()) for i in range(10)]
-        await bus.publish(sys.argv[2], records)
+        await bus.publish(topic, records)
+        # Halfway, wait for an append of the parent's to land after our first: on a busy machine one
+        # process could otherwise append all it has before the other's first write lands.
+        if batch == 0:
+            before = await parents()
+        while batch == 49 and await parents() == before:
+            await asyncio.sleep(0.01)
     await bus.close()
 
 asyncio.run(main())
