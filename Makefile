@@ -7,6 +7,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 APT_PACKAGES := etcd-server mosquitto mosquitto-clients tini chromium iproute2 bubblewrap
 PYTEST_ARGS ?=
+# Test processes (pytest-xdist), each taking whole files: the end-to-end and integration tests mostly
+# wait on learner processes and services, so two take a third off the suite's time even on two CPUs.
+TEST_WORKERS ?= 2
 # The extras the venv gets (the project itself always, editable): the suite needs the tools (dev),
 # the frameworks it runs real jobs of (test) and the example learners (examples); `make demo` needs
 # only the examples.
@@ -59,7 +62,7 @@ test: $(STAMP) services
 	$(BIN)/pip install --quiet -c $(LOCK) -e '.[$(EXTRAS)]'
 	$(BIN)/ruff check .
 	$(BIN)/mypy -p ffdl
-	$(BIN)/pytest -q $(PYTEST_ARGS)
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 schemas: $(STAMP)
 	$(BIN)/python -m ffdl.events.schema_export
