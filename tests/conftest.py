@@ -29,6 +29,13 @@ def pytest_configure() -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked ``long`` (minutes each) first: the suite runs in two processes that each take
+    whole files in turn (``make test``), and one that starts the longest file last finishes minutes
+    after the other has run out of work."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
+
+
 @pytest.fixture
 async def settings(tmp_path: Path) -> Settings:
     return fast_settings(tmp_path / "ffdl")

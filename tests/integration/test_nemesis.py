@@ -13,7 +13,7 @@ import pytest
 
 from bench.nemesis import run_nemesis
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.integration, pytest.mark.long, pytest.mark.timeout(900)]
 
 SEED = 20261204
 MINUTES = 2.0
