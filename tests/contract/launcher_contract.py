@@ -127,7 +127,7 @@ async def exit_code(store: HeartbeatStore, job_id: str, attempt: int, rank: int)
         return bool(found)
 
     await wait_until_async(reported, EXIT_TIMEOUT_S, what=f"exit of {job_id} rank {rank}")
-    return parse_exit(found[0])
+    return parse_exit(found[0]).exit_code
 
 
 async def beat(store: HeartbeatStore, job_id: str, rank: int) -> LearnerBeat | None:

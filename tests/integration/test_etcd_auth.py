@@ -162,7 +162,7 @@ async def test_a_local_agent_reports_with_its_jobs_login_which_its_command_never
     try:
         await launcher.launch(launch_request(job, "env"))
         exit_record = await wait_for_exit_record(platform_store, job)
-        assert parse_exit(exit_record) == 0
+        assert parse_exit(exit_record).exit_code == 0
         output = launcher.log_path(job, 1, 0).read_text()
         assert "FFDL_HEARTBEATS_PASSWORD" not in output and "FFDL_HEARTBEATS_USERNAME" not in output
         await launcher.stop(job, 1.0)
@@ -186,7 +186,7 @@ async def test_a_learner_pod_reports_with_its_jobs_login_from_the_jobs_secret(
             await launcher.launch(launch_request(job, "true"))
             (secret,) = api.live(SECRETS, NAMESPACE)
             assert secret["metadata"]["name"] == login_secret_name(job)
-            assert parse_exit(await wait_for_exit_record(platform_store, job)) == 0
+            assert parse_exit(await wait_for_exit_record(platform_store, job)).exit_code == 0
             assert "password" not in kubelet.log_path(pod_name(job, 1, 0)).read_text().lower()
             await launcher.stop(job, 1.0)
             assert api.live(SECRETS, NAMESPACE) == []

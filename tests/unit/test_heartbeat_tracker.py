@@ -220,6 +220,58 @@ def test_a_checkpoint_saved_on_the_way_out_of_a_failed_attempt_reaches_the_resta
     assert reports(tracked.put(learner_key(JOB_ID, 0), on_the_way_out, 3.1)) == [], "that attempt is over"
 
 
+def test_an_exit_record_s_checkpoint_is_reported_before_the_exit_when_its_beat_went_unread() -> None:
+    """The final beat goes with the lease: a monitor that resynced after the agent revoked it never
+    read that beat, and the exit record is the last word on what the learner saved."""
+    tracked = following(running())
+    tracked.put(learner_key(JOB_ID, 0), beat(step=5, checkpoint={"uri": "s3://ckpt/5", "step": 5}), 1.0)
+    final = {"uri": "s3://ckpt/9", "step": 9, "rank": 7, "attempt": 99}  # rank and attempt: the key's
+
+    effects = tracked.put(exit_key(JOB_ID, 1, 0), encode_exit(0, final), 1.2)
+
+    assert reports(effects) == [
+        cmd.ReportCheckpoint(checkpoint=Checkpoint(uri="s3://ckpt/9", step=9, rank=0, attempt=1)),
+        cmd.ReportLearnerExited(rank=0, attempt=1, exit_code=0),
+    ]
+
+
+def test_an_exit_record_naming_the_checkpoint_already_reported_reports_only_the_exit() -> None:
+    tracked = following(running())
+    checkpoint = {"uri": "s3://ckpt/5", "step": 5}
+    tracked.put(learner_key(JOB_ID, 0), beat(step=5, checkpoint=checkpoint), 1.0)
+
+    effects = tracked.put(exit_key(JOB_ID, 1, 0), encode_exit(0, checkpoint), 1.2)
+
+    assert [type(data) for data in reports(effects)] == [cmd.ReportLearnerExited]
+
+
+def test_an_exit_record_with_an_unreadable_checkpoint_still_reports_the_exit() -> None:
+    tracked = following(running())
+
+    effects = tracked.put(exit_key(JOB_ID, 1, 0), encode_exit(0, {"uri": "", "step": -1}), 1.0)
+
+    assert reports(effects) == [cmd.ReportLearnerExited(rank=0, attempt=1, exit_code=0)]
+    assert notes(effects) == ["unreadable checkpoint in a learner's report"]
+
+
+def test_the_exit_record_of_a_rank_stopped_for_a_restart_reports_what_it_saved() -> None:
+    job = running(learners=2)
+    tracked = following(job)
+    restarting = then(
+        then(job, ev.LearnerExited(rank=1, attempt=1, exit_code=1)),
+        ev.JobRestarting(attempt=2, backoff_s=0.2, reason="learner 1 exited with code 1"),
+    )
+    tracked.observe(restarting, adopted=False, now=1.5)
+
+    effects = tracked.put(
+        exit_key(JOB_ID, 1, 0), encode_exit(-15, {"uri": "file:///c/40.pt", "step": 40}), 2.0
+    )
+
+    saved = Checkpoint(uri="file:///c/40.pt", step=40, rank=0, attempt=1)
+    assert reports(effects) == [cmd.ReportCheckpoint(checkpoint=saved)]
+    assert tracked.spent_exits == [exit_key(JOB_ID, 1, 0)]
+
+
 def test_an_exit_recorded_before_the_job_is_observed_is_reported_on_the_next_tick() -> None:
     tracked = tracker()
     tracked.resync({exit_key(JOB_ID, 1, 0): encode_exit(3)}, 0.0, revision=1)

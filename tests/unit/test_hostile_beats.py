@@ -30,7 +30,14 @@ from ffdl.events import job_commands as cmd
 from ffdl.events.codec import DecodeError, command_from_json, event_from_json, event_to_json
 from ffdl.events.envelope import Event
 from ffdl.events.reports import MAX_DROP_REASONS, MAX_METRICS, MAX_STEP, loads_finite, strict_dumps
-from ffdl.handlers.heartbeat_keys import MAX_BEAT_WORKERS, LearnerBeat, learner_key, parse_exit, parse_key
+from ffdl.handlers.heartbeat_keys import (
+    MAX_BEAT_WORKERS,
+    MAX_EXIT_BYTES,
+    LearnerBeat,
+    learner_key,
+    parse_exit,
+    parse_key,
+)
 from ffdl.handlers.heartbeat_tracker import HeartbeatTracker, Note, Report
 from ffdl.handlers.messaging import CommandSender, Topics
 from ffdl.handlers.monitoring import Monitor
@@ -148,11 +155,29 @@ def test_a_key_whose_rank_is_no_plain_number_is_no_learners(key: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "value", [b'{"exit_code": 1e999}', b'{"exit_code": ' + b"9" * 300 + b"}", b"[" * 300]
+    "value",
+    [
+        b'{"exit_code": 1e999}',
+        b'{"exit_code": ' + b"9" * 300 + b"}",
+        b'{"exit_code": ' + b"9" * 5000 + b"}",
+        b'{"exit_code": true}',
+        b"[" * 300,
+        b"[" * (MAX_EXIT_BYTES - 1),
+        b"\xff\xfe",
+        b'{"exit_code": 0, "checkpoint": {"uri": "' + b"x" * MAX_EXIT_BYTES + b'"}}',
+    ],
 )
 def test_a_hostile_exit_record_is_a_value_error(value: bytes) -> None:
     with pytest.raises(ValueError):
         parse_exit(value)
+
+
+@given(st.dictionaries(st.text(max_size=20), st.recursive(st.none() | st.integers() | st.text(), st.lists)))
+def test_an_exit_record_s_checkpoint_is_an_object_or_left_out(checkpoint: dict[str, Any]) -> None:
+    for named in (checkpoint, [checkpoint], "file:///c/1.pt", 7):
+        record = parse_exit(json.dumps({"exit_code": 3, "checkpoint": named}).encode())
+        assert record.exit_code == 3
+        assert record.checkpoint == (named if isinstance(named, dict) and named else None)
 
 
 def command(data: cmd.CommandData) -> str:

@@ -159,7 +159,7 @@ async def test_the_beat_carries_progress_metrics_and_the_latest_checkpoint(
 
     (tmp_path / "go").touch()
     assert await running == 0
-    assert parse_exit(store.keys[exit_key(JOB, 1, 0)][0]) == 0
+    assert parse_exit(store.keys[exit_key(JOB, 1, 0)][0]).exit_code == 0
     assert learner_key(JOB, 0) not in store.keys  # the lease was revoked
 
 
@@ -237,7 +237,7 @@ async def test_a_store_outage_longer_than_the_lease_neither_stops_the_learner_no
     await wait_until_async(re_established, WAIT_S, what="the key under a new lease")
     go_file.touch()
     assert await running == 0
-    assert parse_exit(store.keys[exit_key(JOB, 1, 0)][0]) == 0
+    assert parse_exit(store.keys[exit_key(JOB, 1, 0)][0]).exit_code == 0
 
 
 async def test_the_exit_is_reported_once_the_store_is_back(tmp_path: Path, run_agent: AgentRunner) -> None:
@@ -253,7 +253,7 @@ async def test_the_exit_is_reported_once_the_store_is_back(tmp_path: Path, run_a
     store.down = False
 
     assert await running == 4
-    assert parse_exit(store.keys[exit_key(JOB, 1, 0)][0]) == 4
+    assert parse_exit(store.keys[exit_key(JOB, 1, 0)][0]).exit_code == 4
 
 
 async def test_a_daemon_left_holding_the_output_does_not_hold_up_the_exit_report(
@@ -267,7 +267,7 @@ async def test_a_daemon_left_holding_the_output_does_not_hold_up_the_exit_report
     finally:
         with contextlib.suppress(FileNotFoundError, ProcessLookupError, ValueError):
             os.kill(int(daemon_pid.read_text()), signal.SIGKILL)
-    assert parse_exit(store.keys[exit_key(JOB, 1, 0)][0]) == 5
+    assert parse_exit(store.keys[exit_key(JOB, 1, 0)][0]).exit_code == 5
     assert (tmp_path / "learner.log").read_text() == "bye\n"
 
 
@@ -331,7 +331,7 @@ async def stop_group_and_collect(tmp_path: Path, agent: subprocess.Popen[bytes])
         values = (await store.snapshot(exit_key(JOB, 1, 0))).values
     finally:
         await store.close()
-    return status, parse_exit(values[exit_key(JOB, 1, 0)])
+    return status, parse_exit(values[exit_key(JOB, 1, 0)]).exit_code
 
 
 async def test_on_sigterm_the_agent_waits_for_the_learner_and_reports_its_exit(tmp_path: Path) -> None:
@@ -397,3 +397,8 @@ async def test_a_checkpoint_written_just_before_the_exit_is_in_the_last_beat(
     assert await run_agent(agent) == 0
     assert agent.beat.checkpoint is not None and agent.beat.checkpoint["step"] == 30
     assert sorted(path.name for path in directory.iterdir()) == ["30.pt"]  # kept: the newest one
+    # the exit record names it too: it outlives the beat, which goes with the lease
+    record = parse_exit(store.keys[exit_key(JOB, 1, 0)][0])
+    assert record.exit_code == 0
+    assert record.checkpoint == agent.beat.checkpoint
+    assert learner_key(JOB, 0) not in store.keys

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,7 +13,7 @@ from ffdl.core.reconcile import Action
 from ffdl.events.envelope import CommandData
 from ffdl.events.ids import reaction_command_id
 from ffdl.handlers.messaging import CommandSender
-from ffdl.handlers.ports import Launcher
+from ffdl.handlers.ports import HeartbeatStore, Launcher
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +28,9 @@ class ReactionContext:
     result_roots: tuple[Path, ...] = ()
     #: Where a job's checkpoints must lie: an attempt is never launched from one elsewhere.
     checkpoints: CheckpointPlaces | None = None
+    #: Where the learners' exit records are read: a relaunch reports the checkpoints its stopped
+    #: ranks saved on their way out before it asks for the next attempt (None: it does not).
+    heartbeats: HeartbeatStore | None = None
 
     def grace_s(self, job: Job) -> float:
         """How long a stop of ``job``'s learners waits between SIGTERM and SIGKILL: the job's
@@ -39,6 +42,15 @@ class ReactionContext:
         """Send the commands an action calls for, in one append, each with an id fixed by the job,
         action, state entry and its place among them, so re-running the action after a crash or
         redelivery sends the very same commands."""
+        await self.send_parts(
+            job, action, [(str(index) if index else "", item) for index, item in enumerate(data)]
+        )
+
+    async def send_parts(self, job: Job, action: Action, parts: Sequence[tuple[str, CommandData]]) -> None:
+        """Send commands in one append, in order, each with an id fixed by the job, action, state
+        entry and its part's name (the empty name: the action's own command), for commands that
+        are not always the same ones when the action is re-run: a name that says what the command
+        is about keeps one id from ever standing for two different commands."""
         address = JOBS.address(job.job_id, job.tenant)
         commands = [
             self.sender.make(
@@ -46,11 +58,11 @@ class ReactionContext:
                 item,
                 command_id=reaction_command_id(
                     job.job_id,
-                    f"{action.kind}/{index}" if index else action.kind,
+                    f"{action.kind}/{name}" if name else action.kind,
                     action.attempt,
                     action.since_seq,
                 ),
             )
-            for index, item in enumerate(data)
+            for name, item in parts
         ]
         await self.sender.send(*commands)

@@ -2,16 +2,20 @@
 
 ``/ffdl/jobs/<job>/learners/<rank>`` is bound to the learner's lease and holds its liveness and
 progress as JSON; ``/ffdl/jobs/<job>/exits/<attempt>/<rank>`` holds its exit code, written without
-a lease just before the agent revokes its lease, so a clean exit is never mistaken for a loss.
+a lease just before the agent revokes its lease, so a clean exit is never mistaken for a loss. The
+exit record also names the last checkpoint the agent knew of: it outlives the beat, so whoever
+relaunches a gang can still read what a stopped rank saved on its way out.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ffdl.events.model import Checkpoint
 from ffdl.events.reports import MAX_STEP, bound_metrics, bound_step, few_reasons, finite_or_null
 
 JOBS_PREFIX = "/ffdl/jobs/"
@@ -21,28 +25,63 @@ def learner_key(job_id: str, rank: int) -> str:
     return f"{JOBS_PREFIX}{job_id}/learners/{rank}"
 
 
+def exits_prefix(job_id: str, attempt: int) -> str:
+    """The prefix of the exit records of one attempt of a job."""
+    return f"{JOBS_PREFIX}{job_id}/exits/{attempt}/"
+
+
 def exit_key(job_id: str, attempt: int, rank: int) -> str:
-    return f"{JOBS_PREFIX}{job_id}/exits/{attempt}/{rank}"
+    return f"{exits_prefix(job_id, attempt)}{rank}"
 
 
-def encode_exit(exit_code: int) -> bytes:
-    """The exit record an agent writes: ``{"exit_code": N}`` (negative N: killed by signal N)."""
-    return json.dumps({"exit_code": exit_code}).encode()
+def encode_exit(exit_code: int, checkpoint: Mapping[str, Any] | None = None) -> bytes:
+    """The exit record an agent writes: ``{"exit_code": N}`` (negative N: killed by signal N), with
+    ``"checkpoint"``, the last one its beat named, when it knew of one."""
+    record: dict[str, Any] = {"exit_code": exit_code}
+    if checkpoint:
+        record["checkpoint"] = dict(checkpoint)
+    return json.dumps(record, sort_keys=True, allow_nan=False).encode()
 
 
-#: The largest exit record the monitor reads.
-MAX_EXIT_BYTES = 256
+#: The largest exit record the monitor reads: the code and a checkpoint (a URI of at most 4,096
+#: characters, which JSON may escape to six bytes each, and a few short fields).
+MAX_EXIT_BYTES = 32 * 1024
 
 
-def parse_exit(value: bytes) -> int:
-    """The exit code of an exit record, or :class:`ValueError` (the record is hostile input too)."""
+@dataclass(frozen=True, slots=True)
+class ExitRecord:
+    """What an exit record says: the command's exit code and the last checkpoint its agent knew of
+    (as the agent wrote it: :func:`recorded_checkpoint` makes it one the owner may record)."""
+
+    exit_code: int
+    checkpoint: dict[str, Any] | None = None
+
+
+def parse_exit(value: bytes) -> ExitRecord:
+    """The exit record in ``value``, or :class:`ValueError` (the record is hostile input too).
+
+    Over :data:`MAX_EXIT_BYTES`, not a JSON object, or without a 32-bit ``exit_code`` it is refused
+    whole; a ``checkpoint`` that is not an object is left out (the exit still counts)."""
     if len(value) > MAX_EXIT_BYTES:
         raise ValueError(f"exit record of {len(value)} bytes is over the limit of {MAX_EXIT_BYTES}")
-    raw = json.loads(value)  # within MAX_EXIT_BYTES no nesting reaches the parser's stack limit
+    try:
+        raw = json.loads(value)
+    except RecursionError as exc:
+        raise ValueError("exit record nested too deeply") from exc
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"exit record is not UTF-8: {exc}") from exc
     code = raw.get("exit_code") if isinstance(raw, dict) else None
     if isinstance(code, bool) or not isinstance(code, int) or not -(2**31) <= code < 2**31:
         raise ValueError('exit record must be {"exit_code": int} (32 bits)')
-    return code
+    checkpoint = raw.get("checkpoint")
+    return ExitRecord(code, checkpoint if isinstance(checkpoint, dict) and checkpoint else None)
+
+
+def recorded_checkpoint(named: Mapping[str, Any], rank: int, attempt: int) -> Checkpoint:
+    """The checkpoint a beat or an exit record names, as the job's owner records it: its rank and
+    attempt are the key's and the beat's, never what the learner's side claims. :class:`ValueError`
+    (pydantic's ``ValidationError`` is one) when it is not a checkpoint."""
+    return Checkpoint.model_validate({**named, "rank": rank, "attempt": attempt})
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,9 +10,13 @@ and turns what happens into reports for the jobs' owners:
 * a new checkpoint in the heartbeat -> ``ReportCheckpoint``, also from the learners of the attempt
   a restarting job has just left: they are stopped before the relaunch, and the checkpoint a
   surviving rank saves (or finds in its final scan) on its way out is the one a program that
-  resumes from its newest file will load, so the relaunch must know of it;
-* an exit record -> ``ReportLearnerExited`` with the code (also when the record was read before
-  the job was observed: a monitor that starts reads the store before its jobs are folded from the log);
+  resumes from its newest file will load, so the relaunch must know of it (the relaunch reads
+  their exit records itself too, since these reports and its ``BeginLaunch`` come from two
+  producers: ``handlers/launching.py``);
+* an exit record -> ``ReportLearnerExited`` with the code, after the checkpoint the record names
+  if it is new (the beat that named it may have gone with the lease unread); also when the record
+  was read before the job was observed: a monitor that starts reads the store before its jobs are
+  folded from the log;
 * a learner key deleted without an exit record (its lease expired) -> ``ReportLearnerLost(expired)``;
 * no progress of the *gang* for the job's ``progress_timeout_s`` -> ``ReportLearnerLost(hung)`` of
   the learner that progressed last the longest ago; process liveness is not progress. Any learner's
@@ -48,14 +52,22 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from ffdl.core.job import Job
 from ffdl.core.states import JobState
 from ffdl.events import job_commands as cmd
 from ffdl.events.envelope import CommandData
 from ffdl.events.model import Checkpoint, LossReason
-from ffdl.handlers.heartbeat_keys import LearnerBeat, exit_key, learner_key, parse_exit, parse_key
+from ffdl.handlers.heartbeat_keys import (
+    ExitRecord,
+    LearnerBeat,
+    exit_key,
+    learner_key,
+    parse_exit,
+    parse_key,
+    recorded_checkpoint,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +136,7 @@ class HeartbeatTracker:
         self._progress_interval_s = progress_interval_s
         self._watched: dict[str, _Watched] = {}
         self._beats_by_key: dict[str, LearnerBeat] = {}
-        self._exits: dict[str, dict[tuple[int, int], int]] = {}
+        self._exits: dict[str, dict[tuple[int, int], ExitRecord]] = {}
         self._spent_exits: set[str] = set()
         self._past_attempt: dict[str, int] = {}  # job -> the last attempt it has moved past
         # restarting jobs, whose past attempt's learners are being stopped -> the checkpoints sent
@@ -246,9 +258,9 @@ class HeartbeatTracker:
             learner = watched.learner(state.rank)
             if learner.lost or learner.exited:
                 continue
-            code = exits.get((job.attempt, state.rank))
-            if code is not None:
-                self._report_exit(watched, state.rank, code, now)
+            record = exits.get((job.attempt, state.rank))
+            if record is not None:
+                self._report_exit(watched, state.rank, record, now)
                 continue
             if learner.beat is None:
                 known = self._beats_by_key.get(learner_key(job.job_id, state.rank))
@@ -340,7 +352,7 @@ class HeartbeatTracker:
                 reasons=list(beat.dropped),
             )
         if watched is None:
-            self._checkpoint_on_the_way_out(parsed.job_id, parsed.rank, beat)
+            self._checkpoint_on_the_way_out(parsed.job_id, parsed.rank, beat.attempt, beat.checkpoint)
             return
         if beat.attempt != watched.job.attempt:
             return
@@ -368,32 +380,38 @@ class HeartbeatTracker:
             started = cmd.ReportLearnerStarted(rank=rank, attempt=beat.attempt, pid=beat.pid, host=beat.host)
             self._report(job, started)
         self._maybe_progress(job, rank, learner, now, force=False)
-        self._maybe_checkpoint(job, rank, learner)
+        self._maybe_checkpoint(job, rank, learner, beat.checkpoint)
 
     def _on_exit_record(self, job_id: str, attempt: int, rank: int, value: bytes, now: float) -> None:
         try:
-            code = parse_exit(value)
+            record = parse_exit(value)
         except ValueError as exc:
             self._note(
                 "warning", "unreadable exit record", job_id=job_id, rank=rank, attempt=attempt, error=str(exc)
             )
             return
-        self._exits.setdefault(job_id, {})[(attempt, rank)] = code
+        self._exits.setdefault(job_id, {})[(attempt, rank)] = record
         past = self._past_attempt.get(job_id, 0)
         if attempt <= past:  # written after its job moved on (a learner stopped by a halt or cancel)
+            self._checkpoint_on_the_way_out(job_id, rank, attempt, record.checkpoint)
             self._forget_exits(job_id, up_to_attempt=past)
             return
         watched = self._watched.get(job_id)
         if watched is not None and watched.job.attempt == attempt:
-            self._report_exit(watched, rank, code, now)
+            self._report_exit(watched, rank, record, now)
 
-    def _report_exit(self, watched: _Watched, rank: int, code: int, now: float) -> None:
+    def _report_exit(self, watched: _Watched, rank: int, record: ExitRecord, now: float) -> None:
+        """The learner's exit, after its last progress and checkpoint: its final beat's, and the exit
+        record's too (the beat may have gone with the lease before it was read)."""
         learner = watched.learner(rank)
         if learner.exited:
             return
         self._maybe_progress(watched.job, rank, learner, now, force=True)
-        self._maybe_checkpoint(watched.job, rank, learner)
+        if learner.beat is not None:
+            self._maybe_checkpoint(watched.job, rank, learner, learner.beat.checkpoint)
+        self._maybe_checkpoint(watched.job, rank, learner, record.checkpoint)
         learner.exited = True
+        code = record.exit_code
         if code == 0:
             # finishing is progress: its peers (often silent ranks) get the timeout to finish too
             learner.progress_at = now
@@ -454,9 +472,12 @@ class HeartbeatTracker:
         )
         self._report(job, progress)
 
-    def _maybe_checkpoint(self, job: Job, rank: int, learner: _Learner) -> None:
-        beat = learner.beat
-        checkpoint = self._checkpoint_of(job, rank, beat)
+    def _maybe_checkpoint(
+        self, job: Job, rank: int, learner: _Learner, named: Mapping[str, Any] | None
+    ) -> None:
+        """Report the checkpoint ``named`` (by a beat or an exit record of the job's current attempt)
+        unless it is the one last reported for this learner."""
+        checkpoint = self._checkpoint_of(job, rank, job.attempt, named)
         if checkpoint is None:
             return
         marker = (checkpoint.uri, checkpoint.step)
@@ -465,29 +486,39 @@ class HeartbeatTracker:
         learner.sent_checkpoint = marker
         self._report(job, cmd.ReportCheckpoint(checkpoint=checkpoint))
 
-    def _checkpoint_on_the_way_out(self, job_id: str, rank: int, beat: LearnerBeat) -> None:
-        """A checkpoint in a beat of the attempt a restarting job has just left, reported once."""
+    def _checkpoint_on_the_way_out(
+        self, job_id: str, rank: int, attempt: int, named: Mapping[str, Any] | None
+    ) -> None:
+        """A checkpoint named by a beat or an exit record of the attempt a restarting job has just
+        left, reported once."""
         restarting = self._restarting.get(job_id)
         if restarting is None:
             return
         job, sent = restarting
-        if beat.attempt != self._past_attempt.get(job_id):
+        if attempt != self._past_attempt.get(job_id):
             return
-        checkpoint = self._checkpoint_of(job, rank, beat)
+        checkpoint = self._checkpoint_of(job, rank, attempt, named)
         if checkpoint is None or (rank, checkpoint.uri, checkpoint.step) in sent:
             return
         sent.add((rank, checkpoint.uri, checkpoint.step))
         self._report(job, cmd.ReportCheckpoint(checkpoint=checkpoint))
 
-    def _checkpoint_of(self, job: Job, rank: int, beat: LearnerBeat | None) -> Checkpoint | None:
-        """The checkpoint a beat names, as the owner records it; None without one or when unreadable."""
-        if beat is None or not beat.checkpoint:
+    def _checkpoint_of(
+        self, job: Job, rank: int, attempt: int, named: Mapping[str, Any] | None
+    ) -> Checkpoint | None:
+        """The checkpoint a beat or an exit record names, as the owner records it; None without one
+        or when unreadable."""
+        if not named:
             return None
         try:
-            return Checkpoint.model_validate({**beat.checkpoint, "rank": rank, "attempt": beat.attempt})
+            return recorded_checkpoint(named, rank, attempt)
         except ValueError as exc:
             self._note(
-                "warning", "unreadable checkpoint in heartbeat", job_id=job.job_id, rank=rank, error=str(exc)
+                "warning",
+                "unreadable checkpoint in a learner's report",
+                job_id=job.job_id,
+                rank=rank,
+                error=str(exc),
             )
             return None
 

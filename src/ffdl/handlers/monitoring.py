@@ -10,7 +10,9 @@ Four tasks on one event loop share the tracker:
 * the follower: a snapshot of every learner key, then a watch from the snapshot's revision; after
   the watch breaks it starts over with a new snapshot;
 * the checker: every ``check_interval_s`` a tick (exits not yet reported, grace decisions, hangs),
-  then it deletes the exit records that are spent;
+  then it deletes the exit records that are spent, each once every report queued before it was
+  spent has been sent: a relaunch that finds a stopped rank's exit record gone can count on its
+  checkpoint being on the log already (``handlers/launching.py``);
 * the prober: reads the store every ``heartbeat_ttl_s / 4``; a read slower than that, or failed, is
   trouble. A frozen etcd keeps its connections open, so a watch on it just goes quiet; the probe is
   what notices. A live learner's lease can only expire in etcd when the store could not serve its
@@ -87,6 +89,9 @@ class Monitor:
         self._wall_clock = wall_clock
         self._outbox: list[Command] = []
         self._outbox_filled = asyncio.Event()
+        self._queued = 0  # reports ever queued: those sent (or dropped) are the first queued - len(outbox)
+        #: spent exit records -> how many reports had been queued when they were first seen spent
+        self._spent_since: dict[str, int] = {}
 
     @property
     def healthy(self) -> bool:
@@ -157,12 +162,20 @@ class Monitor:
             await self._delete_spent_exits()
 
     async def _delete_spent_exits(self) -> None:
-        """Delete the exit records of attempts that are over; what the store refuses now, next time."""
+        """Delete the exit records of attempts that are over, each once the reports queued before it
+        was spent are sent (they include what it and its rank's last beat said); what the store
+        refuses now, next time."""
         for key in self._tracker.spent_exits:
+            self._spent_since.setdefault(key, self._queued)
+        sent = self._queued - len(self._outbox)
+        for key, queued in list(self._spent_since.items()):
+            if queued > sent:
+                continue
             try:
                 await self._store.delete(key)
             except StoreUnavailable:
                 return
+            del self._spent_since[key]
             self._tracker.exit_deleted(key)
 
     async def _probe_forever(self, stop: asyncio.Event) -> None:
@@ -195,6 +208,7 @@ class Monitor:
                 self._outbox.append(
                     self._sender.make(JOBS.address(effect.job_id, effect.tenant), effect.data)
                 )
+                self._queued += 1
                 self._outbox_filled.set()
             else:
                 getattr(log, effect.level)(effect.message, **effect.details)

@@ -513,7 +513,9 @@ class LearnerAgent:
         return None
 
     async def _finish(self, exit_code: int) -> int:
-        """Publish the final beat and the exit record, then revoke the lease; bounded by a deadline."""
+        """Publish the final beat and the exit record, then revoke the lease; bounded by a deadline.
+        The exit record names the beat's checkpoint again: the beat goes with the lease, and the
+        relaunch of a gang this rank was stopped from reads what it saved on its way out there."""
         deadline = asyncio.get_running_loop().time() + EXIT_REPORT_TIMEOUT_S
         while True:
             try:
@@ -523,7 +525,7 @@ class LearnerAgent:
                         lease = self._lease = await self._store.grant(self._ttl_s)
                     await self._store.put(self._key, self._beat.to_json(), lease)
                     key = exit_key(self._config.job_id, self._config.attempt, self._config.rank)
-                    await self._store.put(key, encode_exit(exit_code))
+                    await self._store.put(key, encode_exit(exit_code, self._beat.checkpoint))
                 break
             except (LookupError, StoreUnavailable, TimeoutError) as error:
                 if isinstance(error, LookupError):

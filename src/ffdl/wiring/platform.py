@@ -175,6 +175,7 @@ class Platform:
                 job_dir=s.job_dir,
                 result_roots=tuple(s.result_roots),
                 checkpoints=s.checkpoint_places,
+                heartbeats=self.heartbeats,
             )
             monitor = Monitor(
                 self.heartbeats,
