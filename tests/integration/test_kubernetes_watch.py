@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from ffdl.adapters.bus.embedded import EmbeddedBus
+from ffdl.adapters.heartbeats import EmbeddedHeartbeatStore
 from ffdl.adapters.launchers.k8s_client import KubeClient
 from ffdl.adapters.launchers.k8s_manifests import PodSettings, pod_name
 from ffdl.adapters.launchers.k8s_watch import NodeInventory, PodWatcher
@@ -21,9 +22,10 @@ from ffdl.core.authorization import Principal
 from ffdl.events import job_commands as cmd
 from ffdl.events.codec import command_from_json
 from ffdl.events.envelope import Command
-from ffdl.events.model import JobSpec, LearnerPlacement, LossReason, Placement
+from ffdl.events.model import Checkpoint, JobSpec, LearnerPlacement, LossReason, Placement
 from ffdl.handlers.messaging import CommandSender, Topics
-from ffdl.handlers.ports import LaunchRequest
+from ffdl.handlers.heartbeat_keys import encode_exit, exit_key
+from ffdl.handlers.ports import HeartbeatStore, LaunchRequest
 from tests.kube import (
     NAMESPACE,
     PODS,
@@ -47,9 +49,12 @@ TOPICS = Topics()
 class Cluster:
     """kmock's API with two nodes, a launcher, a pod watcher and a node inventory reporting on a bus."""
 
-    def __init__(self, api: ApiServer, client: KubeClient, bus: EmbeddedBus) -> None:
+    def __init__(
+        self, api: ApiServer, client: KubeClient, bus: EmbeddedBus, heartbeats: HeartbeatStore
+    ) -> None:
         self.api = api
         self.bus = bus
+        self.heartbeats = heartbeats
         self.launcher = KubernetesLauncher(client, SETTINGS)
         self.owned = {"job-a"}
         sender = CommandSender(bus, TOPICS, "pods@test", Principal.platform("pods"))
@@ -61,6 +66,7 @@ class Cluster:
             pending_timeout_s=PENDING_TIMEOUT_S,
             check_interval_s=0.05,
             watch_timeout_s=1,
+            heartbeats=heartbeats,
         )
         self.nodes = NodeInventory(
             client,
@@ -116,7 +122,8 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
         client = KubeClient.at(url)
         bus = EmbeddedBus(tmp_path / "log.sqlite", partitions=1)
         await bus.start()
-        harness = Cluster(api, client, bus)
+        heartbeats = EmbeddedHeartbeatStore(tmp_path / "heartbeats.sqlite")
+        harness = Cluster(api, client, bus, heartbeats)
         stop = asyncio.Event()
         tasks = [asyncio.create_task(harness.watcher.run(stop)), asyncio.create_task(harness.nodes.run(stop))]
         await asyncio.wait_for(harness.watcher.informer.synced.wait(), 10)
@@ -127,7 +134,37 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
             stop.set()
             await asyncio.gather(*tasks)
             await bus.close()
+            await heartbeats.close()
             await client.close()
+
+
+@pytest.mark.parametrize("deleted", [False, True])
+async def test_the_checkpoint_a_learner_s_exit_record_names_is_reported_before_its_end(
+    cluster: Cluster, deleted: bool
+) -> None:
+    """A halt deletes the pods; the agent saves on SIGTERM and names the checkpoint in its exit record.
+    The owner decides the halt's resume point on the last learner's end, so the checkpoint comes
+    first, in the same append, whatever the monitor (another producer) has sent by then."""
+    await cluster.launch()
+    name = await cluster.bind()
+    claimed = {"uri": "file:///ckpt/40.pt", "step": 40, "rank": 3, "attempt": 9}  # rank, attempt: the pod's
+    await cluster.heartbeats.put(exit_key("job-a", 1, 0), encode_exit(-15, claimed))
+    await patch_pod_status(cluster.api, name, running_status())
+    await cluster.seen_running(name)
+
+    if deleted:
+        await request_json(
+            cluster.api, "DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/{name}?gracePeriodSeconds=0"
+        )
+    else:
+        await patch_pod_status(cluster.api, name, terminated_status(143))
+
+    saved, ended = await cluster.reports(2)
+    assert saved == cmd.ReportCheckpoint(
+        checkpoint=Checkpoint(uri="file:///ckpt/40.pt", step=40, rank=0, attempt=1)
+    )
+    assert isinstance(ended, cmd.ReportLearnerLost if deleted else cmd.ReportLearnerExited)
+    assert (ended.rank, ended.attempt) == (0, 1)
 
 
 async def test_a_learner_that_exits_is_reported_with_its_exit_code_and_its_start_is_left_to_heartbeats(

@@ -37,3 +37,9 @@ def reaction_command_id(job_id: str, action: str, attempt: int, since_seq: int) 
 def pod_ended_command_id(pod_uid: str) -> uuid.UUID:
     """The id of the report that the learner pod ``pod_uid`` ended (exited or lost): one per pod."""
     return uuid.uuid5(_POD_REPORT_NAMESPACE, f"{pod_uid}:ended")
+
+
+def pod_saved_command_id(pod_uid: str) -> uuid.UUID:
+    """The id of the report of the checkpoint the learner of pod ``pod_uid`` saved last, sent with
+    the report of its end: one per pod."""
+    return uuid.uuid5(_POD_REPORT_NAMESPACE, f"{pod_uid}:saved")

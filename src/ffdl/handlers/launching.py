@@ -14,10 +14,10 @@ import structlog
 from ffdl.core.job import Job
 from ffdl.core.reconcile import Action
 from ffdl.events import job_commands as cmd
-from ffdl.events.model import Checkpoint, LossReason
+from ffdl.events.model import LossReason
 from ffdl.handlers.context import ReactionContext
-from ffdl.handlers.heartbeat_keys import exit_key, exits_prefix, parse_exit, recorded_checkpoint
-from ffdl.handlers.ports import LaunchRequest, StoreUnavailable
+from ffdl.handlers.exit_records import saved_on_the_way_out
+from ffdl.handlers.ports import LaunchRequest
 
 log = structlog.get_logger(__name__)
 
@@ -72,47 +72,18 @@ async def relaunch(job: Job, action: Action, ctx: ReactionContext) -> None:
     one, so the attempt must name it. The monitor reports it, but as another producer: its report
     and this ``BeginLaunch`` have no fixed order on the job's partition, and the owner decides the
     resume point when the ``BeginLaunch`` comes. So the relaunch reads the stopped ranks' exit
-    records (each names the last checkpoint its agent knew of) and sends those checkpoints in the
-    same append, before the ``BeginLaunch``; the owner records each that is new and inside the job's
-    checkpoint place, as it does the monitor's. A record already deleted was spent by the monitor,
-    which deletes one only once the reports queued before are sent, so its checkpoint is on the
-    log already. A store that does not answer leaves only the monitor's reports, as before."""
+    records and sends the checkpoints they name in the same append, before the ``BeginLaunch``
+    (:mod:`ffdl.handlers.exit_records`)."""
     await ctx.launcher.stop(job.job_id, ctx.grace_s(job))
     log.info("relaunching after backoff", job_id=job.job_id, attempt=action.attempt, backoff_s=action.delay_s)
     await asyncio.sleep(action.delay_s)
-    saved = await _saved_on_the_way_out(job, action.attempt - 1, ctx)
+    stopped = action.attempt - 1
+    saved = (
+        await saved_on_the_way_out(ctx.heartbeats, job.job_id, stopped, range(job.spec.learners))
+        if ctx.heartbeats is not None and stopped >= 1
+        else []
+    )
     reports = [
         (f"checkpoint/{checkpoint.rank}", cmd.ReportCheckpoint(checkpoint=checkpoint)) for checkpoint in saved
     ]
     await ctx.send_parts(job, action, [*reports, ("", cmd.BeginLaunch(attempt=action.attempt))])
-
-
-async def _saved_on_the_way_out(job: Job, attempt: int, ctx: ReactionContext) -> list[Checkpoint]:
-    """The checkpoints the exit records of ``attempt``'s learners name, by rank (hostile input: only
-    the job's ranks, each record bounded and checked as the monitor checks it)."""
-    if ctx.heartbeats is None or attempt < 1:
-        return []
-    try:
-        snapshot = await ctx.heartbeats.snapshot(exits_prefix(job.job_id, attempt))
-    except (StoreUnavailable, TimeoutError) as exc:
-        log.warning(
-            "exit records unreadable: relaunching with the checkpoints reported so far",
-            job_id=job.job_id,
-            attempt=attempt,
-            error=str(exc) or type(exc).__name__,
-        )
-        return []
-    saved: list[Checkpoint] = []
-    for rank in range(job.spec.learners):
-        value = snapshot.values.get(exit_key(job.job_id, attempt, rank))
-        if value is None:
-            continue
-        try:
-            named = parse_exit(value).checkpoint
-            if named:
-                saved.append(recorded_checkpoint(named, rank, attempt))
-        except ValueError as exc:
-            log.warning(
-                "unreadable exit record", job_id=job.job_id, attempt=attempt, rank=rank, error=str(exc)
-            )
-    return saved

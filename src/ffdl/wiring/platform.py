@@ -211,7 +211,7 @@ class Platform:
             if self.kubernetes is not None:
                 kubernetes = self.kubernetes
                 pod_sender = self._role_sender("pods")
-                pods = kubernetes.pod_watcher(pod_sender, reactor.owns)
+                pods = kubernetes.pod_watcher(pod_sender, reactor.owns, self.heartbeats)
                 self._supervise("pods", lambda: pods.run(self._stop))
                 keeps = self._keeps_learners
                 self._supervise("orphans", lambda: kubernetes.remove_orphans_forever(keeps, self._stop))

@@ -13,7 +13,11 @@ pod, a pod deleted behind the platform's back, and the loss of a whole node.
   job's owner how its learner ended: ``ReportLearnerExited`` (the container's exit code, a death by
   signal N as -N like the agent) or ``ReportLearnerLost`` with the Kubernetes reason in the detail.
   It is sent once per pod, with a command id derived from the pod's uid, so a resend after a restart
-  is dropped by the owner; pending-too-long is found by a periodic check. A running container is not
+  is dropped by the owner; pending-too-long is found by a periodic check. Before it, in the same
+  append, goes the checkpoint the learner's exit record names (the agent saves on SIGTERM, say, as
+  its pod is deleted for a halt): the owner decides a halt's resume point on the last learner's end,
+  and the monitor's report of that checkpoint, another producer's, has no fixed order against this
+  one (:mod:`ffdl.handlers.exit_records`). A running container is not
   reported: a learner has started when its agent's first heartbeat arrives (the monitor reports
   that), and reporting it earlier would move the job to RUNNING before any heartbeat exists, leaving
   the agent only the monitor's grace instead of the launch timeout to register.
@@ -60,10 +64,12 @@ from ffdl.core.kinds import JOBS
 from ffdl.core.nodes import InventoryObservation
 from ffdl.events import job_commands as cmd
 from ffdl.events.envelope import CommandData
-from ffdl.events.ids import pod_ended_command_id
+from ffdl.events.ids import pod_ended_command_id, pod_saved_command_id
 from ffdl.events.model import LossReason
 from ffdl.handlers.aio import Backoff, sleep_or_stop, until_stopped
+from ffdl.handlers.exit_records import saved_on_the_way_out
 from ffdl.handlers.messaging import CommandSender
+from ffdl.handlers.ports import HeartbeatStore
 
 log = structlog.get_logger(__name__)
 
@@ -250,9 +256,11 @@ class PodWatcher:
         check_interval_s: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
         watch_timeout_s: int = WATCH_TIMEOUT_S,
+        heartbeats: HeartbeatStore | None = None,
     ) -> None:
         self._sender = sender
         self._owns = owns
+        self._heartbeats = heartbeats  # where the learners' exit records are read (None: they are not)
         self._pending_timeout_s = pending_timeout_s
         self._check_interval_s = check_interval_s
         self._clock = clock
@@ -344,9 +352,23 @@ class PodWatcher:
                 detail=observation.detail,
             )
         tenant = (pod["metadata"].get("annotations") or {}).get(ANNOTATION_TENANT, "")
+        address = JOBS.address(handle.job_id, tenant)
+        saved = (
+            await saved_on_the_way_out(self._heartbeats, handle.job_id, handle.attempt, [handle.rank])
+            if self._heartbeats is not None
+            else []
+        )
         command_id = pod_ended_command_id(uid)
-        command = self._sender.make(JOBS.address(handle.job_id, tenant), data, command_id=command_id)
-        await self._sender.send(command)
+        commands = [
+            *(
+                self._sender.make(
+                    address, cmd.ReportCheckpoint(checkpoint=checkpoint), command_id=pod_saved_command_id(uid)
+                )
+                for checkpoint in saved
+            ),
+            self._sender.make(address, data, command_id=command_id),
+        ]
+        await self._sender.send(*commands)
         self._ended.add(uid)
         log.info(
             "learner pod observed",

@@ -71,7 +71,7 @@ from ffdl.adapters.launchers.kube_config import KubeConfig
 from ffdl.adapters.launchers.logins import HeartbeatLogins, new_password
 from ffdl.handlers.aio import sleep_or_stop
 from ffdl.handlers.messaging import CommandSender
-from ffdl.handlers.ports import LaunchRequest, LearnerHandle
+from ffdl.handlers.ports import HeartbeatStore, LaunchRequest, LearnerHandle
 
 log = structlog.get_logger(__name__)
 
@@ -273,14 +273,18 @@ class KubernetesCluster:
             return KubeClient.at(kube.api_url)
         return await KubeClient.connect(kube.kubeconfig, kube.context)
 
-    def pod_watcher(self, sender: CommandSender, owns: Callable[[str], bool]) -> PodWatcher:
-        """The watcher of the learner pods of the jobs ``owns`` picks; it also hears of lost nodes."""
+    def pod_watcher(
+        self, sender: CommandSender, owns: Callable[[str], bool], heartbeats: HeartbeatStore | None = None
+    ) -> PodWatcher:
+        """The watcher of the learner pods of the jobs ``owns`` picks; it also hears of lost nodes,
+        and reads the learners' exit records in ``heartbeats``."""
         watcher = PodWatcher(
             self.client,
             self.pod_settings.namespace,
             sender,
             owns=owns,
             pending_timeout_s=self._kube.pending_timeout_s,
+            heartbeats=heartbeats,
         )
         self.nodes.on_node_lost = watcher.node_lost
         return watcher
