@@ -23,9 +23,9 @@ from ffdl.events import job_commands as cmd
 from ffdl.events.codec import command_from_json
 from ffdl.events.envelope import Command
 from ffdl.events.model import Checkpoint, JobSpec, LearnerPlacement, LossReason, Placement
-from ffdl.handlers.messaging import CommandSender, Topics
 from ffdl.handlers.heartbeat_keys import encode_exit, exit_key
-from ffdl.handlers.ports import HeartbeatStore, LaunchRequest
+from ffdl.handlers.messaging import CommandSender, Topics
+from ffdl.handlers.ports import LaunchRequest, Snapshot
 from tests.kube import (
     NAMESPACE,
     PODS,
@@ -46,11 +46,22 @@ PENDING_TIMEOUT_S = 0.5
 TOPICS = Topics()
 
 
+class FreezableStore(EmbeddedHeartbeatStore):
+    """The heartbeat store, which can be made to stop answering (a frozen etcd keeps its connections)."""
+
+    frozen = False
+
+    async def snapshot(self, prefix: str) -> Snapshot:
+        if self.frozen:
+            await asyncio.Event().wait()
+        return await super().snapshot(prefix)
+
+
 class Cluster:
     """kmock's API with two nodes, a launcher, a pod watcher and a node inventory reporting on a bus."""
 
     def __init__(
-        self, api: ApiServer, client: KubeClient, bus: EmbeddedBus, heartbeats: HeartbeatStore
+        self, api: ApiServer, client: KubeClient, bus: EmbeddedBus, heartbeats: FreezableStore
     ) -> None:
         self.api = api
         self.bus = bus
@@ -122,7 +133,7 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
         client = KubeClient.at(url)
         bus = EmbeddedBus(tmp_path / "log.sqlite", partitions=1)
         await bus.start()
-        heartbeats = EmbeddedHeartbeatStore(tmp_path / "heartbeats.sqlite")
+        heartbeats = FreezableStore(tmp_path / "heartbeats.sqlite")
         harness = Cluster(api, client, bus, heartbeats)
         stop = asyncio.Event()
         tasks = [asyncio.create_task(harness.watcher.run(stop)), asyncio.create_task(harness.nodes.run(stop))]
@@ -349,6 +360,7 @@ async def test_a_node_that_goes_not_ready_leaves_the_inventory_and_its_learners_
         await patch_pod_status(cluster.api, name, running_status())
         await cluster.seen_running(name)
     not_ready = node_manifest("node-0", gpus=4, ready=False)["status"]
+    cluster.heartbeats.frozen = True  # a lost node's learners wrote no exit record: nothing is read
 
     await request_json(cluster.api, "PATCH", "/api/v1/nodes/node-0/status", {"status": not_ready})
 

@@ -22,10 +22,11 @@ from ffdl.events import job_events as ev
 from ffdl.events.codec import command_from_json
 from ffdl.events.envelope import EventData
 from ffdl.events.model import Checkpoint, JobSpec, LearnerPlacement, Placement
+from ffdl.events.position import Position
 from ffdl.handlers.heartbeat_keys import encode_exit, exit_key
 from ffdl.handlers.messaging import CommandSender, Topics
 from ffdl.handlers.monitoring import Monitor
-from ffdl.handlers.ports import Bus, BusUnavailable, OutgoingRecord, Position
+from ffdl.handlers.ports import Bus, BusUnavailable, OutgoingRecord
 from tests.job_history import folded_job
 from tests.services import wait_until_async
 
@@ -78,7 +79,7 @@ async def test_the_record_of_a_rank_stopped_for_a_restart_outlives_the_unsent_re
     refusing = RefusingBus(bus, journal)
     monitor = Monitor(
         store,
-        CommandSender(refusing, Topics(), "monitor@test", Principal.platform("monitor")),  # type: ignore[arg-type]
+        CommandSender(refusing, Topics(), "monitor@test", Principal.platform("monitor")),
         grace_s=0.0,
         check_interval_s=0.02,
     )

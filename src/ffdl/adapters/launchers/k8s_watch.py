@@ -301,7 +301,7 @@ class PodWatcher:
                 deleted = PodObservation(
                     "lost", detail="Deleted: the pod was deleted before its learner exited"
                 )
-                await self._report(pod, observe_pod(pod) or deleted)
+                await self._report(pod, observe_pod(pod) or deleted, after_agent=True)
             self._ended.discard(uid)
             self._unschedulable_since.pop(uid, None)
             return
@@ -311,7 +311,7 @@ class PodWatcher:
             self._unschedulable_since.setdefault(uid, self._clock())
         observation = observe_pod(pod)
         if observation is not None:
-            await self._report(pod, observation)
+            await self._report(pod, observation, after_agent=observation.kind == "exited")
 
     async def _check_forever(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -332,7 +332,13 @@ class PodWatcher:
             detail = f"Unschedulable: {message} (pending for {now - since:.0f} s)"
             await self._report(pod, PodObservation("lost", detail=detail))
 
-    async def _report(self, pod: Mapping[str, Any], observation: PodObservation) -> None:
+    async def _report(
+        self, pod: Mapping[str, Any], observation: PodObservation, *, after_agent: bool = False
+    ) -> None:
+        """Send the learner's end; ``after_agent``: its agent may have written an exit record (its
+        container ended, or its pod was deleted, as a halt does), so the checkpoint that names goes
+        first. Not for a node lost or a pod that never ran: no record to read, and a read of a store
+        that does not answer would hold up the report for the store's deadline."""
         handle = learner_of(pod)
         if handle is None or not self._owns(handle.job_id):
             return
@@ -355,7 +361,7 @@ class PodWatcher:
         address = JOBS.address(handle.job_id, tenant)
         saved = (
             await saved_on_the_way_out(self._heartbeats, handle.job_id, handle.attempt, [handle.rank])
-            if self._heartbeats is not None
+            if self._heartbeats is not None and after_agent
             else []
         )
         command_id = pod_ended_command_id(uid)
