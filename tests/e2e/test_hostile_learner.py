@@ -21,6 +21,7 @@ import os
 import pwd
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import uuid
@@ -32,6 +33,7 @@ import httpx
 import pytest
 import yaml
 
+from ffdl.adapters.launchers.job_network import namespace_path
 from ffdl.wiring.config import Settings
 from tests.e2e.test_fail_closed import healthy
 from tests.harness import Api, fast_settings, learner_command
@@ -119,15 +121,26 @@ async def test_a_learner_reaches_no_other_job_nor_the_platform_and_leaves_nothin
         victim_id, lambda job: job["learners"] and job["learners"][0]["step"] >= 1, "victim steps"
     )
     sleep_mark, tmp_mark = str(1_000_000 + uuid.uuid4().int % 1_000_000), f"hostile-{uuid.uuid4().hex}"
+    host_listener = socket.create_server(("127.0.0.1", 0))  # what another job's rendezvous port is
+    abstract_name = f"ffdl-test-{uuid.uuid4().hex}"
+    abstract_listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    abstract_listener.bind("\0" + abstract_name)
+    abstract_listener.listen()
     env = {
         "TARGET_DATA_DIR": str(settings.data_dir.resolve()),
         "VICTIM_DIR": str(settings.work_dir / victim_id),
         "SLEEP_MARK": sleep_mark,
         "TMP_MARK": tmp_mark,
+        "HOST_PORT": str(host_listener.getsockname()[1]),
+        "API_PORT": str(api.http.base_url.port),
+        "ABSTRACT_NAME": abstract_name,
     }
-    job_id = await api.submit(hostile("probe", env=env))
-
-    await api.wait(job_id, "COMPLETED", released=True)
+    try:
+        job_id = await api.submit(hostile("probe", env=env))
+        await api.wait(job_id, "COMPLETED", released=True)
+    finally:
+        host_listener.close()
+        abstract_listener.close()
 
     log = learner_log(settings, job_id)
     assert tries(log) == {
@@ -138,12 +151,17 @@ async def test_a_learner_reaches_no_other_job_nor_the_platform_and_leaves_nothin
         "open a host sysctl for writing": "refused",
         "read the victim's log": "refused",
         "forge the victim's reports": "refused",
+        "reach a port of the host's loopback": "refused",
+        "reach the platform's API": "refused",
+        "connect to an abstract socket of the host": "refused",
+        "see the host's sockets": "refused",
         "see other processes": "refused",
     }, log
     assert log.rstrip().endswith("done")
     assert not (settings.work_dir / victim_id / "checkpoints" / "planted").exists()
     assert not (Path("/tmp") / tmp_mark).exists()  # its /tmp was its own
     assert processes_with(f"sleep {sleep_mark}") == []  # setsid did not outlive the job
+    assert not namespace_path(job_id).exists()  # its network namespace went with its learners
     victim = await api.job(victim_id)
     assert victim["learners"][0]["step"] < 424242
     assert "pwned_by_hostile" not in victim["learners"][0]["metrics"]

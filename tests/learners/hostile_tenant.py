@@ -5,7 +5,9 @@ for each try, so that the test reads what worked, and ends with ``done``.
 plant     write modules and startup files the agent would import where the learner can write, and
           fail the first attempt (so a second agent starts over them)
 probe     reach the platform's files, another job (VICTIM_DIR) and its report socket, the host's sysctls,
-          processes and /tmp; leave a process behind with ``setsid`` (its argument: SLEEP_MARK)
+          processes and /tmp; the host's loopback (HOST_PORT, the API's API_PORT), an abstract unix
+          socket of the host (ABSTRACT_NAME) and the host's sockets in /proc/net; leave a process
+          behind with ``setsid`` (its argument: SLEEP_MARK)
 flood     send the agent an endless line, a report of 40,000 metrics, NaN, a flood of junk and a
           stalled half line; report checkpoints outside the checkpoint directory; then report step 7
 memory    allocate far more than the manifest's memory_mb
@@ -91,6 +93,27 @@ def probe() -> int:
             print(f"sees {[_cmdline(pid)[:60] for pid in others]}", flush=True)
             return
         raise OSError("no other process")
+
+    def reach(port: int) -> None:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+    def abstract_socket() -> None:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+            connection.settimeout(2)
+            connection.connect("\0" + os.environ["ABSTRACT_NAME"])
+
+    def host_sockets() -> None:
+        listed = Path("/proc/net/tcp").read_text() + Path("/proc/net/unix").read_text()
+        if (
+            f":{int(os.environ['HOST_PORT']):04X} " not in listed
+            and os.environ["ABSTRACT_NAME"] not in listed
+        ):
+            raise OSError("none of the host's sockets is listed")
+
+    attempt("reach a port of the host's loopback", lambda: reach(int(os.environ["HOST_PORT"])))
+    attempt("reach the platform's API", lambda: reach(int(os.environ["API_PORT"])))
+    attempt("connect to an abstract socket of the host", abstract_socket)
+    attempt("see the host's sockets", host_sockets)
 
     marker = Path("/tmp") / os.environ["TMP_MARK"]
     marker.write_text("left in /tmp")

@@ -133,6 +133,13 @@ async def serve(settings: Settings, roles: frozenset[str] | None = None, *, open
             file=sys.stderr,
             flush=True,
         )
+    elif "workers" in roles and settings.launcher == "local" and settings.sandbox_network == "host":
+        print(
+            "WARNING: FFDL_SANDBOX_NETWORK=host: learners share this machine's network: they reach every "
+            "port of its loopback interface, other jobs' rendezvous ports included (docs/security.md)",
+            file=sys.stderr,
+            flush=True,
+        )
     tenants = TenantRegistry(settings.tenants_path, allow_open=open_api)
     if "api" in roles and (problem := tenants.unservable()):
         raise TenantError(f"refusing to serve the API: {problem}")

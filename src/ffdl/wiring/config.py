@@ -174,6 +174,12 @@ class Settings(BaseSettings):
         description="local launcher: run every learner in a bubblewrap sandbox (the platform refuses to "
         "run tenant code when it cannot make one); off: unconfined, the operator's explicit choice",
     )
+    sandbox_network: Literal["job", "host"] = Field(
+        default="job",
+        description="local launcher, sandboxed: job: each job's learners share a network namespace of "
+        "their own, with only a loopback interface (nothing outside the job is reachable); host: they "
+        "share the host's network, every port of its loopback interface included",
+    )
     log_format: Literal["console", "json"] = "console"
     log_level: str = "info"
     tenants_file: Path | None = Field(

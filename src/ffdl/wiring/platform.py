@@ -89,7 +89,7 @@ def open_launcher(
     sandbox = None
     if settings.sandbox == "bwrap":
         protected = [settings.data_dir, settings.tenants_path, settings.work_dir]
-        sandbox = Sandbox.for_this_interpreter(protected)
+        sandbox = Sandbox.for_this_interpreter(protected, network=settings.sandbox_network)
     return LocalLauncher(
         settings.work_dir,
         settings.heartbeats_url,

@@ -64,6 +64,7 @@ from pathlib import Path
 
 import structlog
 
+from ffdl.adapters.launchers import job_network
 from ffdl.adapters.launchers.cgroups import Limits, remove_job_groups
 from ffdl.adapters.launchers.environment import (
     CGROUP_VARIABLE,
@@ -239,6 +240,10 @@ class LocalLauncher:
             started: list[tuple[LearnerHandle, subprocess.Popen[bytes]]] = []
             try:
                 self._make_directories(request)
+                network = self._network_of(request.job_id)
+                if network is not None:
+                    await job_network.ensure(request.job_id)
+                    job_network.write_nsswitch(network.nsswitch)
                 login = await self._login(request.job_id)
                 for learner in request.placement.learners:
                     handle = LearnerHandle(request.job_id, request.attempt, learner.rank)
@@ -286,6 +291,8 @@ class LocalLauncher:
                 await self._logins.revoke(job_id)
             if not remaining:
                 await self._remove_cgroups(job_id)
+                if self._network_of(job_id) is not None:
+                    await job_network.remove(job_id)
             log.info("learners stopped", job_id=job_id, learners=len(recorded), grace_s=grace_s)
 
     async def _remove_cgroups(self, job_id: str) -> None:
@@ -465,6 +472,15 @@ class LocalLauncher:
             report_socket=report_socket,
             work_dir=self._learner_work_dir(job_id),
             gpus=learner.gpus,
+            network=self._network_of(job_id),
+        )
+
+    def _network_of(self, job_id: str) -> job_network.JobNetwork | None:
+        """The job's network, where its learners get one (sandboxed, ``network="job"``)."""
+        if self._sandbox is None or self._sandbox.network != "job":
+            return None
+        return job_network.JobNetwork(
+            job_network.namespace_path(job_id), self._run_dir(job_id) / "nsswitch.conf"
         )
 
     def _within_roots(self, path: Path, roots: Sequence[Path], request: LaunchRequest) -> bool:

@@ -29,9 +29,12 @@ learner touches as the owner of every root-owned file it can see. So the sandbox
 what is not bound does not exist, and what is bound read-only cannot be changed. The job's own
 directories belong to the platform's user for that reason (inside they show as the learner's).
 
-The network namespace stays the host's: a job's learners rendezvous on the loopback interface
-(``torch.distributed``), which a namespace per learner would cut. What that leaves open is in
-docs/security.md.
+* **a network of the job's own** (``network="job"``, the default): every learner of a job enters the
+  job's network namespace, with only a loopback interface, which its learners share to rendezvous
+  (``torch.distributed``) and nobody else is in (:mod:`ffdl.adapters.launchers.job_network`); a
+  namespace per learner would cut the rendezvous. With ``network="host"`` (the operator's choice,
+  for learners that must reach the outside) they share the host's, and what that leaves open is in
+  docs/security.md.
 
 :func:`probe` checks once per process that the sandbox can be made here, with the interpreter in it.
 """
@@ -46,7 +49,9 @@ import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
+from ffdl.adapters.launchers import job_network
 from ffdl.adapters.launchers.isolation import LearnersCannotRun
 
 #: Where the learner's report socket appears inside its sandbox (``FFDL_REPORT_SOCKET``).
@@ -106,6 +111,8 @@ class LearnerPlaces:
     work_dir: Path
     #: The host's GPU indices it holds.
     gpus: Sequence[int] = ()
+    #: The job's network it enters (:mod:`ffdl.adapters.launchers.job_network`); None: the host's.
+    network: job_network.JobNetwork | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,9 +123,14 @@ class Sandbox:
     bwrap: str
     interpreter: tuple[Path, ...]
     protected: tuple[Path, ...]
+    #: job: each job's learners get a network namespace of the job's own, with only its loopback
+    #: (:mod:`ffdl.adapters.launchers.job_network`); host: they share the host's, and reach all it does
+    network: Literal["job", "host"] = "job"
 
     @classmethod
-    def for_this_interpreter(cls, protected: Iterable[Path], bwrap: str | None = None) -> Sandbox:
+    def for_this_interpreter(
+        cls, protected: Iterable[Path], bwrap: str | None = None, network: Literal["job", "host"] = "job"
+    ) -> Sandbox:
         """The sandbox for learners run with this process's interpreter and import path.
 
         Raises :class:`SandboxUnavailable` when there is no bwrap."""
@@ -130,7 +142,7 @@ class Sandbox:
                 "tenant code unconfined"
             )
         resolved = tuple(sorted({path.resolve() for path in protected}))
-        return cls(found, interpreter_paths(), resolved)
+        return cls(found, interpreter_paths(), resolved, network)
 
     def base_arguments(self, uid: int, gid: int) -> list[str]:
         """Everything of a learner's sandbox that is the same for every learner."""
@@ -166,7 +178,8 @@ class Sandbox:
         return arguments
 
     def arguments(self, places: LearnerPlaces, uid: int, gid: int) -> list[str]:
-        """bwrap's command line for one learner, up to the ``--`` after which its command follows."""
+        """bwrap's command line for one learner, up to the ``--`` after which its command follows
+        (behind the ``nsenter`` that puts it in its job's network namespace, if it has one)."""
         arguments = self.base_arguments(uid, gid)
         for directory in places.readable:
             arguments += ["--ro-bind", str(directory), str(directory)]
@@ -174,7 +187,11 @@ class Sandbox:
             arguments += ["--bind", str(directory), str(directory)]
         arguments += ["--ro-bind", str(places.report_socket), REPORT_SOCKET_INSIDE]
         arguments += _gpu_arguments(places.gpus)
-        return [*arguments, "--remount-ro", "/", "--chdir", str(places.work_dir), "--"]
+        entered: list[str] = []
+        if places.network is not None:
+            entered = job_network.enter_arguments(places.network)
+            arguments += ["--ro-bind", str(places.network.nsswitch), "/etc/nsswitch.conf"]
+        return [*entered, *arguments, "--remount-ro", "/", "--chdir", str(places.work_dir), "--"]
 
     def check(self, uid: int, gid: int, environment: dict[str, str]) -> None:
         """Make one sandbox now, and run this interpreter in it to import the learners' helper, as a
@@ -188,6 +205,12 @@ class Sandbox:
                 "namespaces (run as root, or enable unprivileged user namespaces) and this Python "
                 f"({sys.executable}) inside; fix that, or opt out with FFDL_SANDBOX=off "
                 "(ffdl up --no-sandbox) to run tenant code unconfined"
+            )
+        if self.network == "job" and (problem := job_network.probe()):
+            raise SandboxUnavailable(
+                f"a network namespace per job cannot be made here: {problem}. It needs root and iproute2; "
+                "fix that, or let learners share the host's network with FFDL_SANDBOX_NETWORK=host "
+                "(they then reach every port of the host's loopback interface: docs/security.md)"
             )
 
 
