@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 
 from ffdl.adapters.launchers import job_network
 from ffdl.adapters.launchers.sandbox import LearnerPlaces, Sandbox, SandboxUnavailable
+from tests.services import wait_until_async
 
 pytestmark = pytest.mark.skipif(
     job_network.probe() is not None, reason=f"no network namespaces here: {job_network.probe()}"
@@ -34,6 +36,10 @@ CONNECT = (
     "except OSError as error:\n"
     "    print(type(error).__name__)\n"
 )
+
+
+def command_of(pid: int) -> str:
+    return Path(f"/proc/{pid}/comm").read_text().strip()
 
 
 @pytest.fixture
@@ -141,3 +147,34 @@ def test_where_no_job_network_can_be_made_the_sandbox_refuses_unless_learners_sh
     with pytest.raises(SandboxUnavailable, match="Operation not permitted") as refused:
         sandbox.check(0, 0, {"PATH": "/usr/bin:/bin"})
     assert "FFDL_SANDBOX_NETWORK=host" in str(refused.value)
+
+
+async def test_a_stop_sweeps_the_namespaces_nobody_is_in_long_after_their_making(
+    monkeypatch: pytest.MonkeyPatch, jobs: list[str]
+) -> None:
+    """A platform that stops leaves its running learners, and their job's namespace, to a restarted
+    one; once they are gone, nobody removes it but a sweep."""
+    left, occupied = f"job-{uuid.uuid4().hex[:8]}", f"job-{uuid.uuid4().hex[:8]}"
+    jobs += [left, occupied]
+    for job_id in jobs:
+        await job_network.ensure(job_id)
+    names = [job_network.namespace_name(job_id) for job_id in jobs]
+    made = job_network._made_before
+    assert set(names) <= set(made(time.time() + 1)), "made before now"
+    assert not set(names) & set(made(time.time() - 3600)), "not an hour ago"
+    inside = await asyncio.create_subprocess_exec(
+        "nsenter", f"--net={job_network.namespace_path(occupied)}", "--", "sleep", "60"
+    )
+    try:
+        await wait_until_async(lambda: command_of(inside.pid) == "sleep", 5, what="sleep in the namespace")
+        # only this test's namespaces: a sweep of all would take other tests' (made, not yet entered)
+        monkeypatch.setattr(job_network, "_made_before", lambda cutoff: sorted(names))
+
+        swept = await job_network.sweep()
+
+        assert swept == [job_network.namespace_name(left)]
+        assert not job_network.namespace_path(left).exists()
+        assert job_network.namespace_path(occupied).exists(), "a learner is still in it"
+    finally:
+        inside.kill()
+        await inside.wait()

@@ -17,19 +17,23 @@ at once as unknown, as on a host without DNS, rather than as a temporary failure
 one, warns on every reverse lookup of a peer's address that fails so).
 
 The namespace is made before the job's first learner starts and removed when the launcher stops the
-job's learners (every attempt's end, a halt, a cancel, a completion), so it never outlives them by
-more than a crash of the platform between the two. Making one needs root (``CAP_SYS_ADMIN``);
+job's learners (every attempt's end, a halt, a cancel, a completion). A platform that stops between
+the two leaves the learners running, for a restarted one to adopt, and their namespace with them;
+one that nobody is in any more long after it was made is a leftover, and each stop sweeps those
+(:func:`sweep`). Making one needs root (``CAP_SYS_ADMIN``);
 :func:`probe` says whether this host can, once per process.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import os
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +45,9 @@ log = structlog.get_logger(__name__)
 NETNS_DIR = Path("/run/netns")
 #: How long one ``ip`` command may take.
 IP_TIMEOUT_S = 10.0
+#: How long after its making a job's namespace with no process in it is taken for a leftover: a live
+#: job's is empty only from its making to its first learner's start, and between attempts it is removed.
+LEFTOVER_AFTER_S = 600.0
 
 
 class JobNetworkUnavailable(RuntimeError):
@@ -106,6 +113,23 @@ async def remove(job_id: str) -> None:
         log.warning("job network namespace left behind", job_id=job_id, namespace=name, error=str(error))
 
 
+async def sweep(older_than_s: float = LEFTOVER_AFTER_S) -> list[str]:
+    """Remove the platform's namespaces that no process is in and that were made over
+    ``older_than_s`` ago (see the module docstring); their names."""
+    swept: list[str] = []
+    for name in _made_before(time.time() - older_than_s):
+        try:
+            if await _ip("netns", "pids", name):
+                continue
+            await _ip("netns", "delete", name)
+        except JobNetworkUnavailable as error:
+            log.warning("leftover job network namespace not removed", namespace=name, error=str(error))
+            continue
+        log.info("leftover job network namespace removed", namespace=name)
+        swept.append(name)
+    return swept
+
+
 @functools.cache
 def probe() -> str | None:
     """What keeps this host from making a job's namespace, or None (made and removed once per process)."""
@@ -135,17 +159,18 @@ def probe() -> str | None:
     return None
 
 
-async def _ip(*arguments: str) -> None:
+async def _ip(*arguments: str) -> str:
+    """What ``ip ARGUMENTS`` prints, or :class:`JobNetworkUnavailable` with what it said instead."""
     process = await asyncio.create_subprocess_exec(
         _tool("ip"),
         *arguments,
         stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
     try:
         async with asyncio.timeout(IP_TIMEOUT_S):
-            _, stderr = await process.communicate()
+            stdout, stderr = await process.communicate()
     except TimeoutError:
         process.kill()
         await process.wait()
@@ -155,6 +180,17 @@ async def _ip(*arguments: str) -> None:
     if process.returncode != 0:
         said = stderr.decode(errors="replace").strip() or f"exit status {process.returncode}"
         raise JobNetworkUnavailable(f"ip {' '.join(arguments)}: {said[-300:]}")
+    return stdout.decode(errors="replace").strip()
+
+
+def _made_before(cutoff: float) -> list[str]:
+    """The platform's namespaces made before ``cutoff`` (wall-clock seconds), by name."""
+    made: list[str] = []
+    for path in sorted(NETNS_DIR.glob("ffdl-*")) if NETNS_DIR.is_dir() else []:
+        with contextlib.suppress(FileNotFoundError):  # removed meanwhile
+            if path.stat().st_mtime < cutoff:
+                made.append(path.name)
+    return made
 
 
 def _tool(name: str) -> str:

@@ -293,6 +293,7 @@ class LocalLauncher:
                 await self._remove_cgroups(job_id)
                 if self._network_of(job_id) is not None:
                     await job_network.remove(job_id)
+                    await job_network.sweep()
             log.info("learners stopped", job_id=job_id, learners=len(recorded), grace_s=grace_s)
 
     async def _remove_cgroups(self, job_id: str) -> None:
