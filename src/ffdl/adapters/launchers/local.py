@@ -16,8 +16,10 @@ agent is the leader of a process group whose id is its pid; stopping a learner s
     run/attempt-<n>-rank-<r>.pid          the agent's pid (its process group) and its start time
 
 Isolation: every learner's command runs in a sandbox of its own
-(:mod:`ffdl.adapters.launchers.sandbox`: bubblewrap; its own PID, IPC, mount and user namespaces)
-that holds only what is marked "learner's" above, writable, and its report socket; in a cgroup with
+(:mod:`ffdl.adapters.launchers.sandbox`: bubblewrap; its own PID, IPC, mount and user namespaces,
+and its job's network namespace, made at launch and removed at stop:
+:mod:`ffdl.adapters.launchers.job_network`) that holds only what is marked "learner's" above,
+writable, and its report socket (``run/nsswitch.conf`` read-only: names from files); in a cgroup with
 the manifest's ``cpus`` and ``memory_mb`` where the host has cgroups
 (:mod:`ffdl.adapters.launchers.cgroups`). ``logs/``, ``run/`` and ``channels/`` are the platform's
 (0700) and exist in no sandbox. The agent runs isolated (``-I``) from its channel directory, which no

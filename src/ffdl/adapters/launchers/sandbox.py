@@ -21,6 +21,12 @@ built here:
 * **one life** (``--die-with-parent``, PID namespace): when the learner's shell ends, bwrap's init
   (PID 1 of the namespace) exits and the kernel kills every process left in the namespace, whatever
   ``setsid`` or double fork it did; when the agent dies, bwrap and the namespace die with it;
+* **a network of the job's own** (``network="job"``, the default): every learner of a job enters the
+  job's network namespace, with only a loopback interface, which its learners share to rendezvous
+  (``torch.distributed``) and nobody else is in (:mod:`ffdl.adapters.launchers.job_network`); a
+  namespace per learner would cut the rendezvous. With ``network="host"`` (the operator's choice,
+  for learners that must reach the outside) they share the host's, and what that leaves open is in
+  docs/security.md;
 * **no controlling terminal** (``--new-session``) and no new privileges (bwrap sets
   ``PR_SET_NO_NEW_PRIVS``; set-uid programs do not elevate).
 
@@ -28,13 +34,6 @@ Run as root, bwrap maps the learner's uid inside to root outside: the kernel che
 learner touches as the owner of every root-owned file it can see. So the sandbox hides by mounts:
 what is not bound does not exist, and what is bound read-only cannot be changed. The job's own
 directories belong to the platform's user for that reason (inside they show as the learner's).
-
-* **a network of the job's own** (``network="job"``, the default): every learner of a job enters the
-  job's network namespace, with only a loopback interface, which its learners share to rendezvous
-  (``torch.distributed``) and nobody else is in (:mod:`ffdl.adapters.launchers.job_network`); a
-  namespace per learner would cut the rendezvous. With ``network="host"`` (the operator's choice,
-  for learners that must reach the outside) they share the host's, and what that leaves open is in
-  docs/security.md.
 
 :func:`probe` checks once per process that the sandbox can be made here, with the interpreter in it.
 """
