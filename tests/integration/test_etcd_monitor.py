@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+import aetcd
 import pytest
 
 from ffdl.adapters.bus import open_bus
@@ -27,6 +28,7 @@ from ffdl.events import job_events as ev
 from ffdl.events.codec import command_from_json
 from ffdl.events.envelope import CommandData, Event, EventData
 from ffdl.events.model import JobSpec, LearnerPlacement, LossReason, Placement
+from ffdl.handlers.exit_records import saved_on_the_way_out
 from ffdl.handlers.heartbeat_keys import JOBS_PREFIX, LearnerBeat, encode_exit
 from ffdl.handlers.messaging import CommandSender, Topics
 from ffdl.handlers.monitoring import Monitor
@@ -168,6 +170,41 @@ async def test_exit_records_are_deleted_once_their_job_has_moved_past_them(
 
     await store.put(exit_key(job.job_id, 1, 1), encode_exit(-15))  # a learner stopped late
     await wait_until_async(collected, 5, what="an exit record written after its attempt deleted")
+
+
+@pytest.fixture
+async def forged(
+    etcd_server: EtcdServer, store: EtcdHeartbeatStore
+) -> AsyncIterator[tuple[Job, Event, aetcd.Client]]:
+    """A job of two learners, rank 0's exit record (naming its checkpoint) stored beside a key that
+    is not UTF-8, before the monitor (requested after this fixture) first reads the store; and a raw
+    client to forge more."""
+    job, last = running_job(learners=2)
+    async with aetcd.Client(etcd_server.host, etcd_server.port, timeout=5) as raw:
+        await raw.put(f"{JOBS_PREFIX}{job.job_id}/exits/1/".encode() + b"\xff", b"forged")
+        await store.put(exit_key(job.job_id, 1, 0), encode_exit(0, {"uri": "file:///c/40.pt", "step": 40}))
+        yield job, last, raw
+
+
+async def test_keys_that_are_not_utf_8_are_passed_over_and_the_records_beside_them_read(
+    forged: tuple[Job, Event, aetcd.Client], store: EtcdHeartbeatStore, running: Running
+) -> None:
+    """On Kubernetes a job's login may write any key under its job's prefix: one that is not text
+    must neither stop the monitor (every tenant's) nor the relaunch that reads the job's exits."""
+    job, last, raw = forged
+    await wait_until_async(lambda: running.monitor.healthy, 5, what="the monitor following etcd")
+    running.monitor.observe(last, job)
+    await raw.put(f"{JOBS_PREFIX}{job.job_id}/exits/1/1".encode() + b"\xc3", b"forged")  # on the watch
+    await store.put(exit_key(job.job_id, 1, 1), encode_exit(0))
+
+    async def both_reported() -> bool:
+        sent = await running.sent()
+        return all(cmd.ReportLearnerExited(rank=r, attempt=1, exit_code=0) in sent for r in (0, 1))
+
+    await wait_until_async(both_reported, 5, what="both exits reported")
+    assert running.monitor.healthy
+    found = await saved_on_the_way_out(store, job.job_id, 1, range(2))
+    assert [(checkpoint.rank, checkpoint.step) for checkpoint in found] == [(0, 40)]
 
 
 async def test_a_quiet_learner_seen_before_its_job_is_adopted_is_not_reaped(

@@ -58,6 +58,18 @@ _WATCH_KINDS = {"PUT": WatchKind.PUT, "DELETE": WatchKind.DELETE}
 _AUTH_CHANGED = "revision of auth store is old"
 
 
+def _text_key(raw: bytes) -> str | None:
+    """A key as the port's text, or None for one that is not UTF-8. The platform writes text keys
+    only, so such a key is a learner's (on Kubernetes a job's login writes under its job's prefix,
+    :mod:`~ffdl.adapters.heartbeats.etcd_auth`) and names nothing the platform reads: it is left
+    out, where decoding it would fail every reader of the prefix, every tenant's included."""
+    try:
+        return bytes(raw).decode()
+    except UnicodeDecodeError:
+        log.warning("etcd key that is not UTF-8 ignored", key=repr(bytes(raw)[-200:]))
+        return None
+
+
 def _raise_port_error(operation: str, error: Exception) -> NoReturn:
     """Raise what the port promises for an aetcd error (see the module docstring)."""
     cause = error.__cause__
@@ -109,7 +121,7 @@ class EtcdHeartbeatStore:
 
     async def snapshot(self, prefix: str) -> Snapshot:
         response = await self._call("range", self._client.get_prefix(prefix.encode()))
-        values = {kv.key.decode(): bytes(kv.value) for kv in response}
+        values = {key: bytes(kv.value) for kv in response if (key := _text_key(kv.key)) is not None}
         return Snapshot(values=values, revision=int(response.header.revision))
 
     async def watch(self, prefix: str, start_revision: int) -> AsyncGenerator[WatchEvent, None]:
@@ -138,9 +150,12 @@ class EtcdHeartbeatStore:
                     log.info("etcd watch broken", prefix=prefix, error=str(error))
                     _raise_port_error("watch", error)
                 next_event = asyncio.ensure_future(anext(events))
+                key = _text_key(event.kv.key)
+                if key is None:
+                    continue
                 yield WatchEvent(
                     kind=_WATCH_KINDS[event.kind],
-                    key=event.kv.key.decode(),
+                    key=key,
                     value=bytes(event.kv.value),
                     revision=int(event.kv.mod_revision),
                 )
