@@ -33,7 +33,9 @@ from ffdl.events.reports import MAX_DROP_REASONS, MAX_METRICS, MAX_STEP, loads_f
 from ffdl.handlers.heartbeat_keys import (
     MAX_BEAT_WORKERS,
     MAX_EXIT_BYTES,
+    ExitRecord,
     LearnerBeat,
+    encode_exit,
     learner_key,
     parse_exit,
     parse_key,
@@ -178,6 +180,36 @@ def test_an_exit_record_s_checkpoint_is_an_object_or_left_out(checkpoint: dict[s
         record = parse_exit(json.dumps({"exit_code": 3, "checkpoint": named}).encode())
         assert record.exit_code == 3
         assert record.checkpoint == (named if isinstance(named, dict) and named else None)
+
+
+@given(
+    st.integers(min_value=-(2**31), max_value=2**31 - 1),
+    st.text(min_size=1, max_size=4096),
+    st.text(max_size=200),
+    st.integers(min_value=0, max_value=MAX_STEP),
+)
+@settings(max_examples=200)
+def test_the_exit_record_an_agent_writes_is_always_read_back_with_its_code(
+    code: int, uri: str, checksum: str, step: int
+) -> None:
+    """Whatever a learner named as its checkpoint (a URI of any 4,096 characters, lone surrogates
+    and emoji included), the agent's record stays readable, so a clean exit is never taken for a loss."""
+    checkpoint = {"uri": uri, "checksum": checksum, "step": step, "rank": 0, "attempt": 1, "size_bytes": 0}
+    record = encode_exit(code, checkpoint)
+    assert len(record) <= MAX_EXIT_BYTES
+    assert parse_exit(record) == ExitRecord(code, checkpoint)
+
+
+def test_an_exit_record_is_utf_8_so_a_uri_of_escaped_characters_keeps_it_under_the_limit() -> None:
+    uri = "file:///c/" + "\U0001f600" * 4086
+    checkpoint = {"uri": uri.encode().decode("unicode_escape"), "step": 1}
+    assert len(json.dumps(checkpoint)) > MAX_EXIT_BYTES, "escaped, it would be over"
+    assert parse_exit(encode_exit(0, checkpoint)).checkpoint == checkpoint
+
+
+def test_an_exit_record_that_would_be_over_the_limit_goes_without_its_checkpoint() -> None:
+    checkpoint = {"uri": "file:///c/1.pt", "metrics": "x" * MAX_EXIT_BYTES}
+    assert parse_exit(encode_exit(-15, checkpoint)) == ExitRecord(-15, None)
 
 
 def command(data: cmd.CommandData) -> str:

@@ -34,18 +34,34 @@ def exit_key(job_id: str, attempt: int, rank: int) -> str:
     return f"{exits_prefix(job_id, attempt)}{rank}"
 
 
+#: The largest exit record the monitor reads: the code and a checkpoint (a URI of at most 4,096
+#: characters, each at most six bytes in the record, and a few short fields).
+MAX_EXIT_BYTES = 32 * 1024
+
+
 def encode_exit(exit_code: int, checkpoint: Mapping[str, Any] | None = None) -> bytes:
     """The exit record an agent writes: ``{"exit_code": N}`` (negative N: killed by signal N), with
-    ``"checkpoint"``, the last one its beat named, when it knew of one."""
-    record: dict[str, Any] = {"exit_code": exit_code}
+    ``"checkpoint"``, the last one its beat named, when it knew of one.
+
+    The checkpoint's fields are the learner's own words, so the record is written as UTF-8 (an
+    escaped character outside ASCII takes up to twelve bytes, and a URI of them would swell the
+    record past what the monitor reads), and one that would still be over :data:`MAX_EXIT_BYTES`
+    goes without its checkpoint: the exit itself must always be readable, or a clean exit would be
+    taken for a lost learner."""
     if checkpoint:
-        record["checkpoint"] = dict(checkpoint)
-    return json.dumps(record, sort_keys=True, allow_nan=False).encode()
+        encoded = _utf8_json({"exit_code": exit_code, "checkpoint": dict(checkpoint)})
+        if len(encoded) <= MAX_EXIT_BYTES:
+            return encoded
+    return _utf8_json({"exit_code": exit_code})
 
 
-#: The largest exit record the monitor reads: the code and a checkpoint (a URI of at most 4,096
-#: characters, which JSON may escape to six bytes each, and a few short fields).
-MAX_EXIT_BYTES = 32 * 1024
+def _utf8_json(record: Mapping[str, Any]) -> bytes:
+    """``record`` as JSON in UTF-8; with JSON's ASCII escapes where only they can carry a string
+    (a lone surrogate, which UTF-8 cannot encode)."""
+    try:
+        return json.dumps(record, sort_keys=True, allow_nan=False, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return json.dumps(record, sort_keys=True, allow_nan=False).encode()
 
 
 @dataclass(frozen=True, slots=True)
