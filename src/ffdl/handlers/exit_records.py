@@ -33,8 +33,11 @@ async def saved_on_the_way_out(
     only the given ranks are read, each record is bounded and checked as the monitor checks it, and
     the rank and attempt are the key's. A store that does not answer gives none (logged): the caller
     goes on with what the monitor reported."""
+    wanted = list(ranks)
+    # one rank (a pod's end): its own key as the prefix, not the gang's every record for each pod
+    prefix = exit_key(job_id, attempt, wanted[0]) if len(wanted) == 1 else exits_prefix(job_id, attempt)
     try:
-        values = (await store.snapshot(exits_prefix(job_id, attempt))).values
+        values = (await store.snapshot(prefix)).values
     except (StoreUnavailable, TimeoutError) as exc:
         log.warning(
             "exit records unreadable: going on with the checkpoints reported so far",
@@ -44,7 +47,7 @@ async def saved_on_the_way_out(
         )
         return []
     saved: list[Checkpoint] = []
-    for rank in ranks:
+    for rank in wanted:
         value = values.get(exit_key(job_id, attempt, rank))
         if value is None:
             continue
