@@ -272,6 +272,31 @@ def test_the_exit_record_of_a_rank_stopped_for_a_restart_reports_what_it_saved()
     assert tracked.spent_exits == [exit_key(JOB_ID, 1, 0)]
 
 
+def test_what_a_stopped_attempt_saved_read_before_its_restarting_job_was_folded_is_reported() -> None:
+    """A monitor that starts reads the store before it folds the jobs: a job found restarting still
+    gets the checkpoints its past attempt's exit records and beats name, before those are spent."""
+    job = running(learners=2)
+    restarting = then(
+        then(job, ev.LearnerExited(rank=1, attempt=1, exit_code=1)),
+        ev.JobRestarting(attempt=2, backoff_s=30.0, reason="learner 1 exited with code 1"),
+    )
+    tracked = tracker()
+    store = {
+        exit_key(JOB_ID, 1, 0): encode_exit(-15, {"uri": "file:///c/40.pt", "step": 40}),
+        learner_key(JOB_ID, 1): beat(30, checkpoint={"uri": "file:///c/30.pt", "step": 30}),
+    }
+    tracked.resync(store, 0.0, revision=1)
+    tracked.observe(restarting, adopted=True, now=0.0)
+
+    assert reports(tracked.tick(0.1, WALL)) == [
+        cmd.ReportCheckpoint(checkpoint=Checkpoint(uri="file:///c/40.pt", step=40, rank=0, attempt=1)),
+        cmd.ReportCheckpoint(checkpoint=Checkpoint(uri="file:///c/30.pt", step=30, rank=1, attempt=1)),
+    ]
+    assert tracked.spent_exits == [exit_key(JOB_ID, 1, 0)]
+    tracked.observe(restarting, adopted=True, now=0.2)
+    assert reports(tracked.tick(0.3, WALL)) == [], "each once"
+
+
 def test_an_exit_recorded_before_the_job_is_observed_is_reported_on_the_next_tick() -> None:
     tracked = tracker()
     tracked.resync({exit_key(JOB_ID, 1, 0): encode_exit(3)}, 0.0, revision=1)

@@ -169,12 +169,13 @@ class HeartbeatTracker:
             restarting = job.state is JobState.RESTARTING
             past = job.attempt - 1 if restarting else job.attempt
             self._past_attempt[job.job_id] = past
-            self._forget_exits(job.job_id, up_to_attempt=past)
             if restarting:
                 sent = self._restarting.get(job.job_id, (job, set()))[1]
                 self._restarting[job.job_id] = (job, sent)
+                self._saved_before(job, past)
             else:
                 self._restarting.pop(job.job_id, None)
+            self._forget_exits(job.job_id, up_to_attempt=past)
             return
         self._restarting.pop(job.job_id, None)
         watched = self._watched.get(job.job_id)
@@ -485,6 +486,18 @@ class HeartbeatTracker:
             return
         learner.sent_checkpoint = marker
         self._report(job, cmd.ReportCheckpoint(checkpoint=checkpoint))
+
+    def _saved_before(self, job: Job, past: int) -> None:
+        """The checkpoints that the beats and exit records of the attempt ``job`` is restarting from
+        name, read from the store before the job was known (a monitor that starts reads the store
+        before it folds the jobs): reported now, before those records are spent."""
+        for (attempt, rank), record in self._exits.get(job.job_id, {}).items():
+            if attempt == past:
+                self._checkpoint_on_the_way_out(job.job_id, rank, attempt, record.checkpoint)
+        for rank in range(job.spec.learners):
+            beat = self._beats_by_key.get(learner_key(job.job_id, rank))
+            if beat is not None and beat.attempt == past:
+                self._checkpoint_on_the_way_out(job.job_id, rank, past, beat.checkpoint)
 
     def _checkpoint_on_the_way_out(
         self, job_id: str, rank: int, attempt: int, named: Mapping[str, Any] | None
