@@ -102,18 +102,47 @@ async def test_a_job_s_learners_meet_on_its_loopback_and_another_job_s_do_not_ge
             await listener.wait()
 
 
-async def test_a_job_s_namespace_is_made_once_and_goes_with_the_job(jobs: list[str]) -> None:
+async def test_a_job_s_namespace_is_made_afresh_by_each_launch_and_goes_with_the_job(jobs: list[str]) -> None:
+    """Each launch makes it anew (a launch that failed may have left it), so its age is the launch's
+    and a sweep does not take it for a leftover before the learners are in it."""
     job_id = "a job id / with what no file name takes \0 " + "x" * 300
     jobs.append(job_id)
     path = job_network.namespace_path(job_id)
 
     assert await job_network.ensure(job_id) == path
-    assert await job_network.ensure(job_id) == path  # a relaunch's launch finds it there
+    first = path.stat().st_ino
+    assert await job_network.ensure(job_id) == path
+    assert path.stat().st_ino != first, "made anew"
     assert path.exists() and path.parent == job_network.NETNS_DIR and len(path.name) < 64
 
     await job_network.remove(job_id)
     assert not path.exists()
     await job_network.remove(job_id)  # removing it again is no error
+
+
+async def test_a_namespace_a_process_is_still_in_is_kept_and_a_file_left_in_its_place_replaced(
+    jobs: list[str],
+) -> None:
+    occupied, cut_short = f"job-{uuid.uuid4().hex[:8]}", f"job-{uuid.uuid4().hex[:8]}"
+    jobs += [occupied, cut_short]
+    path = await job_network.ensure(occupied)
+    inside = await asyncio.create_subprocess_exec("nsenter", f"--net={path}", "--", "sleep", "60")
+    try:
+        await wait_until_async(lambda: command_of(inside.pid) == "sleep", 5, what="sleep in the namespace")
+        kept = path.stat().st_ino
+        assert await job_network.ensure(occupied) == path
+        assert path.stat().st_ino == kept
+    finally:
+        inside.kill()
+        await inside.wait()
+
+    job_network.namespace_path(cut_short).touch()  # what an `ip netns add` killed midway leaves
+    made = await job_network.ensure(cut_short)
+    probe = await asyncio.create_subprocess_exec(
+        "nsenter", f"--net={made}", "--", "ip", "-o", "link", "show", "lo", stdout=asyncio.subprocess.PIPE
+    )
+    out, _ = await probe.communicate()
+    assert probe.returncode == 0 and b"UP" in out
 
 
 async def test_a_learner_in_a_job_network_is_told_at_once_that_a_name_is_unknown(

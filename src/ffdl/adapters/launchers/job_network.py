@@ -19,7 +19,7 @@ one, warns on every reverse lookup of a peer's address that fails so).
 The namespace is made before the job's first learner starts and removed when the launcher stops the
 job's learners (every attempt's end, a halt, a cancel, a completion). A platform that stops between
 the two leaves the learners running, for a restarted one to adopt, and their namespace with them;
-one that nobody is in any more long after it was made is a leftover, and each stop sweeps those
+one that nobody is in any more long after it was made is a leftover, and stops sweep those
 (:func:`sweep`). Making one needs root (``CAP_SYS_ADMIN``);
 :func:`probe` says whether this host can, once per process.
 """
@@ -92,10 +92,24 @@ def enter_arguments(network: JobNetwork) -> list[str]:
 
 
 async def ensure(job_id: str) -> Path:
-    """Make the job's namespace with its loopback up, unless it exists; its path. Raises
-    :class:`JobNetworkUnavailable` with ``ip``'s own words."""
+    """Make the job's namespace with its loopback up; its path. Raises
+    :class:`JobNetworkUnavailable` with ``ip``'s own words.
+
+    One that a process is still in (a learner of an earlier attempt that outlived its kill) is kept;
+    any other left there (by a launch that failed after making it, or an ``ip netns add`` cut short,
+    which leaves a plain file) is made afresh, so that its age is this launch's: :func:`sweep` takes
+    an empty namespace made long ago for a leftover, and the one a launch is about to enter is empty.
+    The caller keeps the two apart (a sweep between this and the learners' start would find the new
+    one young, not one made anew after the sweep listed it)."""
     name = namespace_name(job_id)
     path = NETNS_DIR / name
+    if path.exists():
+        try:
+            occupied = bool(await _ip("netns", "pids", name))
+        except JobNetworkUnavailable:  # no namespace mounted there
+            occupied = False
+        if not occupied:
+            await _ip("netns", "delete", name)
     if not path.exists():
         await _ip("netns", "add", name)
     await _ip("-n", name, "link", "set", "lo", "up")
@@ -115,7 +129,8 @@ async def remove(job_id: str) -> None:
 
 async def sweep(older_than_s: float = LEFTOVER_AFTER_S) -> list[str]:
     """Remove the platform's namespaces that no process is in and that were made over
-    ``older_than_s`` ago (see the module docstring); their names."""
+    ``older_than_s`` ago (see the module docstring); their names. Not while :func:`ensure` runs
+    (the caller's to keep apart): a namespace listed old could be made anew meanwhile."""
     swept: list[str] = []
     for name in _made_before(time.time() - older_than_s):
         try:
@@ -153,9 +168,10 @@ def probe() -> str | None:
         return str(error)
     finally:
         if (NETNS_DIR / name).exists():
-            subprocess.run(
-                [ip, "netns", "delete", name], capture_output=True, timeout=IP_TIMEOUT_S, check=False
-            )
+            with contextlib.suppress(OSError, subprocess.TimeoutExpired):  # a sweep takes it later
+                subprocess.run(
+                    [ip, "netns", "delete", name], capture_output=True, timeout=IP_TIMEOUT_S, check=False
+                )
     return None
 
 

@@ -103,6 +103,8 @@ log = structlog.get_logger(__name__)
 MASTER_ADDR = "127.0.0.1"
 STOP_POLL_INTERVAL_S = 0.05
 KILL_WAIT_S = 5.0
+#: The least time between two sweeps of leftover job networks.
+SWEEP_INTERVAL_S = 60.0
 
 _PIDFILE = re.compile(r"\Aattempt-(\d+)-rank-(\d+)\.pid\Z")
 
@@ -189,6 +191,9 @@ class LocalLauncher:
                 check_interpreter_reachable(self._user, python)
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._reapers: set[asyncio.Task[None]] = set()
+        # keeps a sweep of leftover job networks apart from a launch making its job's (see ensure)
+        self._networks = asyncio.Lock()
+        self._next_sweep = 0.0
 
     # -- where things are -----------------------------------------------------------------------
 
@@ -244,7 +249,8 @@ class LocalLauncher:
                 self._make_directories(request)
                 network = self._network_of(request.job_id)
                 if network is not None:
-                    await job_network.ensure(request.job_id)
+                    async with self._networks:
+                        await job_network.ensure(request.job_id)
                     job_network.write_nsswitch(network.nsswitch)
                 login = await self._login(request.job_id)
                 for learner in request.placement.learners:
@@ -295,8 +301,19 @@ class LocalLauncher:
                 await self._remove_cgroups(job_id)
                 if self._network_of(job_id) is not None:
                     await job_network.remove(job_id)
-                    await job_network.sweep()
+            await self._sweep_networks()
             log.info("learners stopped", job_id=job_id, learners=len(recorded), grace_s=grace_s)
+
+    async def _sweep_networks(self) -> None:
+        """Remove the job namespaces left behind (:func:`job_network.sweep`), at most every
+        :data:`SWEEP_INTERVAL_S` (each namespace costs a look at who is in it), and whatever the
+        network learners get now: a platform that ran them in job networks before may have left some."""
+        now = time.monotonic()
+        if now < self._next_sweep:
+            return
+        self._next_sweep = now + SWEEP_INTERVAL_S
+        async with self._networks:
+            await job_network.sweep()
 
     async def _remove_cgroups(self, job_id: str) -> None:
         """Remove the cgroups an agent killed after the grace left; its sandbox's processes, killed
