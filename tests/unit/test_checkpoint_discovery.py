@@ -278,6 +278,66 @@ def test_retention_deletes_directories_and_never_what_a_link_swapped_in_points_t
     assert (directory / "ckpt_4.pt").is_symlink()
 
 
+def test_retention_removes_a_nested_checkpoint_and_survives_nesting_deeper_than_the_stack(
+    tmp_path: Path,
+) -> None:
+    """A learner may nest directories in a recorded checkpoint deeper than Python's stack (a
+    recursive delete raised RecursionError, which ended the agent before its exit record): what lies
+    past the bound stays, and scanning and retention go on."""
+    scanner = CheckpointScanner(str(tmp_path), keep=1)
+    for step in (1, 2):
+        nested = tmp_path / f"step_{step}" / "model" / "shards"
+        nested.mkdir(parents=True)
+        (nested / "0.bin").write_bytes(b"x")
+        (tmp_path / f"step_{step}" / "COMPLETE").write_bytes(b"")
+    settle(scanner)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["step_2"]
+    assert (tmp_path / "step_2" / "model" / "shards" / "0.bin").exists()
+
+    nest(tmp_path / "step_2", DEEPER_THAN_THE_STACK)
+    try:
+        for step in (3, 4):
+            (tmp_path / f"step_{step}").mkdir()
+            (tmp_path / f"step_{step}" / "COMPLETE").write_bytes(b"")
+            settle(scanner)
+        assert [found.step for found in scanner.recorded] == [4]
+        assert not (tmp_path / "step_3").exists()
+        assert (tmp_path / "step_2" / "d").is_dir(), "past the bound, left in the learner's place"
+    finally:
+        unnest(tmp_path / "step_2", DEEPER_THAN_THE_STACK)
+
+
+DEEPER_THAN_THE_STACK = 1200  # directories: a path past PATH_MAX, as a learner makes it (one at a time)
+
+
+def nest(top: Path, depth: int) -> None:
+    """``depth`` directories ``d`` one in another under ``top``, made relative to the working directory."""
+    here = os.getcwd()
+    os.chdir(top)
+    try:
+        for _ in range(depth):
+            os.mkdir("d")
+            os.chdir("d")
+    finally:
+        os.chdir(here)
+
+
+def unnest(top: Path, depth: int) -> None:
+    """Remove what :func:`nest` made (pytest's own clean-up of the temporary directory recurses)."""
+    here = os.getcwd()
+    os.chdir(top)
+    try:
+        levels = 0
+        while levels < depth and os.path.isdir("d"):
+            os.chdir("d")
+            levels += 1
+        for _ in range(levels):
+            os.chdir("..")
+            os.rmdir("d")
+    finally:
+        os.chdir(here)
+
+
 @settings(max_examples=30, deadline=None)
 @given(
     steps=st.lists(st.integers(min_value=0, max_value=10_000), min_size=1, max_size=12, unique=True),

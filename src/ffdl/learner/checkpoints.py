@@ -29,7 +29,7 @@ opened on its own), a file is read only after ``fstat`` on the opened descriptor
 regular file with one link (no FIFO blocks the agent, no hard link to another's file is hashed),
 a scan looks at most at :data:`MAX_ENTRIES` names and hashes at most :data:`HASH_BYTES_PER_SCAN`
 bytes (a big checkpoint is hashed over several scans, incrementally, and only once), and deletion
-is ``unlinkat`` / ``shutil.rmtree`` relative to the directory's descriptor, after checking that the
+is ``unlinkat`` / ``unlinkat(AT_REMOVEDIR)`` relative to the directory's descriptor, after checking that the
 name still holds what was recorded. The agent runs each scan in a worker thread, so the heartbeat
 never waits for it.
 """
@@ -42,13 +42,16 @@ import errno
 import hashlib
 import os
 import re
-import shutil
 import stat
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
+import structlog
+
 from ffdl.events.model import Checkpoint, JobSpec
+
+log = structlog.get_logger(__name__)
 
 #: Names in the checkpoint directory looked at per scan.
 MAX_ENTRIES = 1000
@@ -127,6 +130,10 @@ class CheckpointScanner:
         self._hashing: dict[str, _Hashing] = {}
         self._recorded: dict[str, tuple[Found, tuple[int, ...]]] = {}
         self._lock = threading.RLock()
+
+    @property
+    def directory(self) -> str:
+        return self._directory
 
     @property
     def settling(self) -> bool:
@@ -356,11 +363,46 @@ def _delete(root: int, name: str, identity: tuple[int, ...]) -> None:
         return  # the name holds something else now: not ours to delete
     with contextlib.suppress(OSError):
         if stat.S_ISDIR(info.st_mode):
-            shutil.rmtree(name, dir_fd=root)
+            _remove_tree(root, name)
         else:
             os.unlink(name, dir_fd=root)
         with contextlib.suppress(OSError):
             os.unlink(name + SIDECAR_SUFFIX, dir_fd=root)
+
+
+def _remove_tree(parent: int, name: str) -> None:
+    """Remove the directory ``name`` in ``parent`` with what is in it, relative to descriptors and
+    never through a link, without recursion (``shutil.rmtree`` recurses on this Python, and a
+    learner may nest directories deeper than the stack: the ``RecursionError`` ended its agent before
+    the exit record). At most :data:`MAX_DEPTH` directories deep and :data:`MAX_FILES_PER_CHECKPOINT`
+    entries, as a checkpoint is when it is recorded: what the learner put there since beyond that
+    stays (in its own place), and the directory with it; :class:`OSError` then."""
+    opened = [(parent, name, os.open(name, _OPEN_DIR, dir_fd=parent))]
+    removed = 0
+    try:
+        while opened:
+            _, _, directory = opened[-1]
+            deeper = None
+            with os.scandir(directory) as entries:
+                for entry in entries:
+                    removed += 1
+                    if removed > MAX_FILES_PER_CHECKPOINT:
+                        raise OSError(errno.EFBIG, "too many entries to remove")
+                    if entry.is_dir(follow_symlinks=False):
+                        deeper = entry.name
+                        break
+                    os.unlink(entry.name, dir_fd=directory)
+            if deeper is not None:
+                if len(opened) > MAX_DEPTH:
+                    raise OSError(errno.ELOOP, "nested too deeply to remove")
+                opened.append((directory, deeper, os.open(deeper, _OPEN_DIR, dir_fd=directory)))
+                continue
+            above, own, _ = opened.pop()
+            os.close(directory)
+            os.rmdir(own, dir_fd=above)
+    finally:
+        for _, _, directory in opened:
+            os.close(directory)
 
 
 #: How often the agent scans, and how long its last scan after the learner's exit may take.
@@ -401,9 +443,19 @@ async def discover(scanner: CheckpointScanner, on_found: Callable[[Found], None]
     """Scan every :data:`SCAN_INTERVAL_S` in a worker thread, handing what is found to ``on_found``
     on the caller's loop, until cancelled."""
     while True:
-        for found in await asyncio.to_thread(scanner.scan):
+        for found in await asyncio.to_thread(_scan_or_log, scanner):
             on_found(found)
         await asyncio.sleep(SCAN_INTERVAL_S)
+
+
+def _scan_or_log(scanner: CheckpointScanner) -> list[Found]:
+    """A scan, or nothing when it fails: whatever the learner left in its directory, the agent goes
+    on (its heartbeat, its exit record) and the scan is tried again (logged)."""
+    try:
+        return scanner.scan()
+    except Exception:
+        log.exception("checkpoint scan failed", directory=scanner.directory)
+        return []
 
 
 async def final_scan(scanner: CheckpointScanner, on_found: Callable[[Found], None]) -> None:
@@ -416,7 +468,7 @@ async def final_scan(scanner: CheckpointScanner, on_found: Callable[[Found], Non
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(FINAL_SCAN_TIMEOUT_S):
             while True:
-                for found in await asyncio.to_thread(scanner.scan):
+                for found in await asyncio.to_thread(_scan_or_log, scanner):
                     on_found(found)
                 if not scanner.settling:
                     break
