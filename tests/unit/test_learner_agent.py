@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -22,6 +23,7 @@ import pytest
 
 from ffdl.adapters.heartbeats import exit_key, learner_key, open_store
 from ffdl.adapters.processes import exit_code_of
+from ffdl.events.reports import MAX_METRICS
 from ffdl.handlers.heartbeat_keys import LearnerBeat, parse_exit
 from ffdl.handlers.ports import Snapshot, StoreUnavailable, WatchEvent
 from ffdl.learner.agent import AgentConfig, LearnerAgent, main
@@ -161,6 +163,30 @@ async def test_the_beat_carries_progress_metrics_and_the_latest_checkpoint(
     assert await running == 0
     assert parse_exit(store.keys[exit_key(JOB, 1, 0)][0]).exit_code == 0
     assert learner_key(JOB, 0) not in store.keys  # the lease was revoked
+
+
+async def test_the_beat_keeps_at_most_the_first_metric_names_a_learner_sends_whatever_it_sends_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run_agent: AgentRunner
+) -> None:
+    """Each report is bounded; so is what the beat keeps of them all: a learner sending new names
+    report after report grew it without end (and etcd refuses a beat over its request limit)."""
+    store = FlakyStore()
+    monkeypatch.setenv("FFDL_REPORT_SOCKET", str(tmp_path / "report.sock"))
+    program = (
+        "from ffdl import learner\n"
+        "for batch in range(20):\n"
+        f"    metrics = {{'m%d_%d' % (batch, i): 1.0 for i in range({MAX_METRICS})}}\n"
+        "    metrics['m0_0'] = batch\n"
+        "    learner.report_progress(batch, **metrics)\n"
+    )
+    command = f'{sys.executable} -c "{program}" && {until_go(tmp_path / "go")}'
+    running = run_agent(LearnerAgent(config(tmp_path), store, command))
+
+    await wait_until_async(lambda: (b := store.beat()) is not None and b.step == 19, WAIT_S, what="step 19")
+    written = json.loads(store.keys[learner_key(JOB, 0)][0])  # as the agent wrote it, not as read
+    assert written["metrics"] == {f"m0_{i}": 1.0 for i in range(MAX_METRICS)} | {"m0_0": 19.0}
+    (tmp_path / "go").touch()
+    assert await running == 0
 
 
 async def test_each_workers_reports_arrive_over_the_channel_apart_and_the_learner_is_at_the_slowest(

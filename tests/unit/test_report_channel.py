@@ -7,6 +7,7 @@ import asyncio
 import json
 import math
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,11 @@ from ffdl.events.model import Checkpoint
 from ffdl.events.reports import MAX_METRICS, MAX_REPORT_BYTES
 from ffdl.learner.channel import (
     MAX_DROPS_PER_CONNECTION,
+    NOTES_INTERVAL_S,
+    NOTES_PER_INTERVAL,
     CheckpointReport,
     Dropped,
+    LearnerNotes,
     ProgressReport,
     Report,
     ReportChannel,
@@ -129,19 +133,20 @@ class Recorder:
     def __init__(self) -> None:
         self.reports: list[Report] = []
         self.warnings: list[dict[str, Any]] = []
+        self.infos: list[dict[str, Any]] = []
 
     def warning(self, event: str, **fields: Any) -> None:
         self.warnings.append({"event": event, **fields})
 
     def info(self, event: str, **fields: Any) -> None:
-        pass
+        self.infos.append({"event": event, **fields})
 
 
 async def test_the_channel_takes_reports_and_closes_a_connection_that_sends_only_garbage(
     tmp_path: Path,
 ) -> None:
     recorder = Recorder()
-    channel = ReportChannel(tmp_path, recorder.reports.append, recorder)
+    channel = ReportChannel(tmp_path, recorder.reports.append, LearnerNotes(recorder, time.monotonic))
     await channel.start()
     assert channel.path.stat().st_mode & 0o777 == 0o600
 
@@ -161,3 +166,34 @@ async def test_the_channel_takes_reports_and_closes_a_connection_that_sends_only
     assert events.count("learner report dropped") == 1 + 20
     assert "report connection closed: too many bad reports" in events
     assert not channel.path.exists()
+
+
+def test_what_a_learner_makes_its_agent_log_is_bounded_per_interval_and_the_rest_counted() -> None:
+    recorder = Recorder()
+    now = [0.0]
+    notes = LearnerNotes(recorder, lambda: now[0])
+    for index in range(NOTES_PER_INTERVAL + 150):
+        notes.warning("learner checkpoint refused", index=index)
+    assert len(recorder.warnings) == NOTES_PER_INTERVAL
+
+    now[0] += NOTES_INTERVAL_S
+    notes.info("report connection broke")
+    assert recorder.warnings[-1] == {"event": "learner's notes left out of the log", "left_out": 150}
+    assert recorder.infos == [{"event": "report connection broke"}]
+
+
+async def test_reconnecting_does_not_start_the_log_s_bound_again(tmp_path: Path) -> None:
+    recorder = Recorder()
+    channel = ReportChannel(tmp_path, recorder.reports.append, LearnerNotes(recorder, time.monotonic))
+    await channel.start()
+
+    def send(payload: bytes) -> None:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+            connection.connect(str(channel.path))
+            connection.sendall(payload)
+
+    for _ in range(20):
+        await asyncio.to_thread(send, b"junk\n" * 30)
+    await channel.close(drain_s=5.0)
+
+    assert len(recorder.warnings) + len(recorder.infos) == NOTES_PER_INTERVAL

@@ -87,10 +87,11 @@ from ffdl.adapters.launchers.environment import (
 from ffdl.adapters.launchers.sandbox import signal_sandbox
 from ffdl.adapters.processes import exit_code_of, wait_for_exit
 from ffdl.events.model import Checkpoint
+from ffdl.events.reports import MAX_METRICS
 from ffdl.handlers.heartbeat_keys import LearnerBeat, encode_exit
 from ffdl.handlers.ports import HeartbeatStore, StoreUnavailable
 from ffdl.learner import checkpoints
-from ffdl.learner.channel import CheckpointReport, ProgressReport, Report, ReportChannel
+from ffdl.learner.channel import CheckpointReport, LearnerNotes, ProgressReport, Report, ReportChannel
 from ffdl.learner.workers import WorkerSteps
 from ffdl.wiring.logging import configure_logging
 
@@ -234,6 +235,7 @@ class LearnerAgent:
         self._log = log.bind(
             job_id=config.job_id, tenant=config.tenant, rank=config.rank, attempt=config.attempt
         )
+        self._notes = LearnerNotes(self._log, time.monotonic)  # what the learner makes it log, bounded
         self._key = learner_key(config.job_id, config.rank)
         self._ttl_s = config.heartbeat_ttl_s
         self._call_timeout_s = max(config.heartbeat_ttl_s, MIN_CALL_TIMEOUT_S)
@@ -253,7 +255,7 @@ class LearnerAgent:
         self._stop_signal: int | None = None
         self._sandbox_pid: int | None = None
         self._channel = (
-            ReportChannel(config.report_dir, self._take_report, self._log, owner=config.run_as)
+            ReportChannel(config.report_dir, self._take_report, self._notes, owner=config.run_as)
             if config.report_dir is not None
             else None
         )
@@ -449,8 +451,18 @@ class LearnerAgent:
         now = self._clock()
         if isinstance(report, ProgressReport):
             for reason in report.dropped:
-                self._log.warning("learner metric dropped", reason=reason, local_rank=report.local_rank)
-            metrics = {**self._beat.metrics, **report.metrics}
+                self._notes.warning("learner metric dropped", reason=reason, local_rank=report.local_rank)
+            metrics = dict(self._beat.metrics)
+            for name, value in report.metrics.items():
+                # the beat's metrics are bounded as one report's: the names first seen are kept
+                if name in metrics or len(metrics) < MAX_METRICS:
+                    metrics[name] = value
+                else:
+                    self._notes.warning(
+                        "learner metric dropped",
+                        reason=f"metric {name!r} over the limit of {MAX_METRICS} names",
+                        local_rank=report.local_rank,
+                    )
             step = self._workers.report(report.local_rank, report.step)
             self._beat = replace(
                 self._beat, step=step, metrics=metrics, workers=self._workers.by_rank, last_progress=now
@@ -458,7 +470,7 @@ class LearnerAgent:
         elif isinstance(report, CheckpointReport):
             problem = self._checkpoint_problem(report.uri)
             if problem is not None:
-                self._log.warning(
+                self._notes.warning(
                     "learner checkpoint refused",
                     uri=report.uri[:300],
                     reason=problem,
@@ -523,7 +535,7 @@ class LearnerAgent:
                     lease = self._lease
                     if lease is None:
                         lease = self._lease = await self._store.grant(self._ttl_s)
-                    await self._store.put(self._key, self._beat.to_json(), lease)
+                    await self._put_final_beat(lease)
                     key = exit_key(self._config.job_id, self._config.attempt, self._config.rank)
                     await self._store.put(key, encode_exit(exit_code, self._beat.checkpoint))
                 break
@@ -541,6 +553,16 @@ class LearnerAgent:
             async with asyncio.timeout(self._call_timeout_s):
                 await self._store.revoke(lease)
         return exit_code
+
+    async def _put_final_beat(self, lease: int) -> None:
+        """The final beat, unless the store refuses it as a request (not an outage): the exit record
+        must follow whatever the beat holds."""
+        try:
+            await self._store.put(self._key, self._beat.to_json(), lease)
+        except (LookupError, StoreUnavailable, TimeoutError):
+            raise
+        except Exception as error:
+            self._log.error("final heartbeat refused: reporting the exit without it", error=str(error))
 
     @contextlib.contextmanager
     def _output_sink(self) -> Iterator[BinaryIO]:

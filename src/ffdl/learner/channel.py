@@ -22,7 +22,9 @@ is parsed and kept. Whatever arrives is untrusted data, parsed as bounded data o
   connection that sent :data:`MAX_DROPS_PER_CONNECTION` bad lines is closed.
 
 Every drop is logged with the job, rank and reason (the first :data:`LOGGED_DROPS` of a connection;
-then only their count, when it closes), which is what the operator reads.
+then only their count, when it closes), which is what the operator reads. All that the learner makes
+its agent log goes through one :class:`LearnerNotes`, so neither reconnecting nor sending refused
+reports without end writes more than :data:`NOTES_PER_INTERVAL` lines a minute to the platform's log.
 """
 
 from __future__ import annotations
@@ -49,6 +51,41 @@ LOGGED_DROPS = 20
 MAX_DROPS_PER_CONNECTION = 1000
 MAX_URI_LENGTH = 4096
 MAX_CHECKSUM_LENGTH = 200
+#: Lines a learner may make its agent log per :data:`NOTES_INTERVAL_S`; the rest are counted.
+NOTES_PER_INTERVAL = 100
+NOTES_INTERVAL_S = 60.0
+
+
+class LearnerNotes:
+    """The agent's log, for what its learner makes it say: at most :data:`NOTES_PER_INTERVAL` lines
+    per :data:`NOTES_INTERVAL_S`, then how many were left out, once the interval is over. Each line
+    is the learner's to trigger (a refused report, a reconnection), so without a bound a learner
+    fills the platform's disk and spends the agent's CPU, which no limit of its own counts."""
+
+    def __init__(self, logger: Any, clock: Callable[[], float]) -> None:
+        self._log = logger
+        self._clock = clock
+        self._since = clock()
+        self._logged = 0
+        self._left_out = 0
+
+    def info(self, message: str, **details: Any) -> None:
+        self._note("info", message, details)
+
+    def warning(self, message: str, **details: Any) -> None:
+        self._note("warning", message, details)
+
+    def _note(self, level: str, message: str, details: dict[str, Any]) -> None:
+        now = self._clock()
+        if now - self._since >= NOTES_INTERVAL_S:
+            if self._left_out:
+                self._log.warning("learner's notes left out of the log", left_out=self._left_out)
+            self._since, self._logged, self._left_out = now, 0, 0
+        if self._logged >= NOTES_PER_INTERVAL:
+            self._left_out += 1
+            return
+        self._logged += 1
+        getattr(self._log, level)(message, **details)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +181,7 @@ class ReportChannel:
         self,
         directory: Path,
         on_report: Callable[[Report], None],
-        logger: Any,
+        logger: LearnerNotes,
         *,
         owner: tuple[int, int] | None = None,
     ) -> None:
