@@ -26,8 +26,8 @@ from collections.abc import Iterable, Sequence
 import structlog
 
 from ffdl.core.authorization import Principal
-from ffdl.handlers.messaging import PRINCIPAL_HEADER, Topics
-from ffdl.handlers.ports import Bus, OutgoingRecord, Record, TopicPartition
+from ffdl.handlers.messaging import PRINCIPAL_HEADER, Topics, dead_letter
+from ffdl.handlers.ports import MAX_RECORD_BYTES, Bus, OutgoingRecord, Record, TopicPartition, record_size
 
 log = structlog.get_logger(__name__)
 
@@ -53,6 +53,7 @@ class IngressRelay:
 
     def __init__(self, bus: Bus, topics: Topics, tenants: Iterable[str]) -> None:
         self._bus = bus
+        self._topics = topics
         self._commands = topics.commands
         self._tenant_of = {topics.ingress(tenant): Principal.tenant(tenant) for tenant in tenants}
 
@@ -68,8 +69,20 @@ class IngressRelay:
         pass
 
     async def process(self, records: Sequence[Record]) -> None:
-        copies = [relayed(record, self._tenant_of[record.topic]) for record in records]
-        await self._bus.publish(self._commands, copies)
+        """Relay a batch; a record whose copy the log would refuse for its size (the tenant's topic
+        took it, and the copy adds headers) is dead-lettered instead, with the reason: refused in
+        the batch, it stopped the relay, and every tenant's commands behind it."""
+        copies: list[OutgoingRecord] = []
+        for record in records:
+            copy = relayed(record, self._tenant_of[record.topic])
+            size = record_size(copy)
+            if size <= MAX_RECORD_BYTES:
+                copies.append(copy)
+                continue
+            reason = f"relayed copy of {size} bytes is over the limit of {MAX_RECORD_BYTES} a record may have"
+            await dead_letter(self._bus, self._topics, record, reason)
+        if copies:
+            await self._bus.publish(self._commands, copies)
         log.debug(
             "commands relayed", topic=records[0].topic, partition=records[0].partition, count=len(copies)
         )

@@ -1,0 +1,41 @@
+"""The ingress relay copies a tenant's records for that tenant, and one it cannot copy is parked,
+never the relay's end: every direct tenant's commands go through it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from ffdl.adapters.bus import open_bus
+from ffdl.handlers.ingress import IngressRelay
+from ffdl.handlers.messaging import DEAD_LETTER_REASON_HEADER, PRINCIPAL_HEADER, Topics
+from ffdl.handlers.ports import MAX_RECORD_BYTES, Bus, Record
+
+
+@pytest.fixture
+async def bus(tmp_path: Path) -> AsyncIterator[Bus]:
+    bus = open_bus(f"embedded://{tmp_path}", 1)
+    await bus.start()
+    yield bus
+    await bus.close()
+
+
+async def test_a_record_whose_copy_is_over_the_limit_is_dead_lettered_and_the_batch_relayed(bus: Bus) -> None:
+    topics = Topics()
+    relay = IngressRelay(bus, topics, ["acme"])
+    ingress = topics.ingress("acme")
+    forged = (PRINCIPAL_HEADER, b"admin:root")
+    huge = Record(ingress, 0, 0, "job-a", b"x" * (MAX_RECORD_BYTES - 10), (forged,))
+    small = Record(ingress, 0, 1, "job-b", b'{"type": "CancelJob"}', (forged,))
+
+    await relay.process([huge, small])
+
+    relayed = [record async for record in bus.read(topics.commands, 0)]
+    assert [(r.key, r.value) for r in relayed] == [("job-b", small.value)]
+    assert dict(relayed[0].headers)[PRINCIPAL_HEADER] == b"tenant:acme"
+    parked = [record async for record in bus.read(topics.deadletter, 0)]
+    assert [record.key for record in parked] == ["job-a"]
+    reason = dict(parked[0].headers)[DEAD_LETTER_REASON_HEADER].decode()
+    assert "over the limit" in reason
