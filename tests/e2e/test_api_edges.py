@@ -11,12 +11,14 @@ import asyncio
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from ffdl.adapters.tenants import TenantRegistry
 from ffdl.api.dependencies import MAX_OFFSET
+from ffdl.api.routes import dashboard
 from ffdl.wiring.config import SchedulerConfig, Settings
 from tests.harness import Api, fast_settings, manifest
 
@@ -272,3 +274,35 @@ async def test_a_tenants_priority_is_held_under_its_ceiling(api: Api, settings: 
     assert (await api.http.post("/v1/jobs", content=top, headers=bearer(acme))).status_code == 201
     admins = manifest("admins", learners=1, args=QUICK, priority=1000)
     assert (await api.http.post("/v1/jobs", content=admins, headers=bearer(sre))).status_code == 201
+
+
+async def test_the_time_machine_folds_one_moment_at_a_time_and_the_same_moment_once(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each fold reads the whole log: requests take turns (a tenant asking in a loop costs the API
+    one fold at a time) and the same moment of an unchanged log is folded once for all of them."""
+    job_id = await api.submit(manifest("folded", learners=1, args=QUICK))
+    await api.wait(job_id, "COMPLETED", released=True)
+    folding = {"now": 0, "most": 0, "folds": 0}
+    real = dashboard.cluster_at
+
+    def counted(events: Any, moment: Any) -> Any:
+        folding["folds"] += 1
+        folding["now"] += 1
+        folding["most"] = max(folding["most"], folding["now"])
+        try:
+            time.sleep(0.05)  # long enough for the other requests to arrive meanwhile
+            return real(events, moment)
+        finally:
+            folding["now"] -= 1
+
+    monkeypatch.setattr(dashboard, "cluster_at", counted)
+    at = {"at": "2999-01-01T00:00:00+00:00"}
+    responses = await asyncio.gather(*(api.http.get("/v1/timemachine", params=at) for _ in range(6)))
+
+    assert [response.status_code for response in responses] == [200] * 6
+    assert {json.dumps(response.json(), sort_keys=True) for response in responses} == {
+        json.dumps(responses[0].json(), sort_keys=True)
+    }
+    assert folding["most"] == 1, "one fold at a time"
+    assert folding["folds"] < 6, "the moment folded once while the log stood still"

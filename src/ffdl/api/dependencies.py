@@ -155,6 +155,10 @@ class PlatformBackend:
         self.registry = registry_for(self.collector, platform.projector.latency)
         self.readiness = Readiness()
         self.progress = ProjectionProgress(self.projection.version)
+        # the time machine folds the whole log per moment: one fold at a time, whoever asks, and
+        # the last moment folded kept until the log moves on (see routes/dashboard.py)
+        self.folding = asyncio.Lock()
+        self.folded: tuple[object, Any] | None = None
         # each of the API's processes admits its share of the streams, so that together they stay
         # within the caps (a process cannot count another's)
         self.followers = Followers(

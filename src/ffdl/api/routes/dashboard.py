@@ -163,7 +163,18 @@ async def timemachine(
         events = backend.projection.logged_events()
         return cluster_at(events, moment), utilisation(events)
 
-    picture, series = await read(fold)
+    # A fold reads and folds the whole log (seconds on a long one): callers take turns, so that any
+    # tenant asking again and again costs the API one fold's CPU at a time, not one per request,
+    # and the same moment of an unchanged log is folded once. What is kept is the whole picture;
+    # each caller is shown its own view of it below.
+    async with backend.folding:
+        version = backend.projection.version()  # None: not known now, so nothing kept is trusted
+        key = (version, moment)
+        if version is not None and backend.folded is not None and backend.folded[0] == key:
+            picture, series = backend.folded[1]
+        else:
+            picture, series = await read(fold)
+            backend.folded = (key, (picture, series))
     tenants = tenant_rows(picture, backend.settings.scheduler_policy().tenancy)
     seen = hide_others(picture, caller.may_see)
     seen["tenants"] = [row for row in tenants if caller.may_see(row["tenant"])]
