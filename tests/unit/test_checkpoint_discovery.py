@@ -366,3 +366,12 @@ def test_only_rank_0_scans_and_the_platforms_keep_is_read() -> None:
     assert scanner_for({}, 0) is None
     scanner = scanner_for(environment, 0)
     assert scanner is not None and scanner._keep == 7
+
+
+def test_a_step_past_what_json_keeps_exact_is_no_checkpoint(tmp_path: Path) -> None:
+    """Reports bound a step to 2^53 - 1; a name or a sidecar file may say more: not recorded."""
+    (tmp_path / f"ckpt_{2**53}.pt").write_bytes(b"x")
+    (tmp_path / "model.pt").write_bytes(b"y")
+    (tmp_path / "model.pt.step").write_text("9" * 32)
+    (tmp_path / f"ckpt_{2**53 - 1}.pt").write_bytes(b"z")
+    assert [found.step for found in settle(CheckpointScanner(str(tmp_path), keep=0))] == [2**53 - 1]

@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from ffdl.events.model import Checkpoint, JobSpec
+from ffdl.events.reports import MAX_STEP
 
 log = structlog.get_logger(__name__)
 
@@ -180,7 +181,7 @@ class CheckpointScanner:
             step = _sidecar_step(root, name + SIDECAR_SUFFIX)
             if step is None:
                 step = step_of_name(name)
-            if step is None:
+            if step is None or step > MAX_STEP:  # a step past what JSON keeps exact is no step
                 continue
             current[name] = identity
             if self._seen.get(name) == identity and name not in self._hashing:
