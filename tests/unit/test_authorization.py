@@ -37,7 +37,9 @@ from ffdl.events import job_events as ev
 from ffdl.events import nodes as nd
 from ffdl.events.codec import AnyCommand, AnyEvent
 from ffdl.events.envelope import Command, CommandData, Event, NodeCommand, NodeCommandData, NodeEvent
+from ffdl.events.ids import reaction_command_id
 from ffdl.events.model import JobSpec, LearnerPlacement, Placement
+from ffdl.handlers.deadletters import reason_class
 from ffdl.handlers.ingress import INGRESS_HEADER, relayed
 from ffdl.handlers.messaging import PRINCIPAL_HEADER, principal_of
 from ffdl.handlers.ports import Record
@@ -300,6 +302,23 @@ def test_the_owner_reads_the_principal_header_and_derives_one_only_without_it() 
             principal_of(record(bad), command)
     with pytest.raises(ValueError, match="bad ffdl_principal header: 2 of them"):
         principal_of(record((PRINCIPAL_HEADER, b"tenant:acme"), (PRINCIPAL_HEADER, b"admin:ops")), command)
+
+
+def test_only_the_platform_s_roles_send_name_based_command_ids() -> None:
+    """The platform's reactions have name-based ids a tenant can work out (job, attempt, seq); the
+    owner takes an id seen before for a redelivery, so a tenant's command with the id of its job's
+    coming release would have made the release decide nothing, and the GPUs stay held."""
+    release = reaction_command_id("job-1", "release", 1, 7)
+    forged = job_command(cmd.CancelJob()).model_copy(update={"command_id": release})
+    for sender in (b"tenant:acme", b"admin:ops"):
+        with pytest.raises(ValueError, match=r"name-based .* send a random one") as refused:
+            principal_of(record((PRINCIPAL_HEADER, sender)), forged)
+        assert reason_class(str(refused.value)) == "refused"
+    reactor = Principal.platform("reactor")
+    assert principal_of(record((PRINCIPAL_HEADER, b"platform:reactor")), forged) == reactor
+    assert principal_of(record((PRINCIPAL_HEADER, b"tenant:acme")), job_command(cmd.CancelJob())) == ACME
+    legacy = forged.model_copy(update={"producer": "reactor@ffdl-0"})  # a record older than principals
+    assert principal_of(record(), legacy) == reactor
 
 
 def test_a_record_on_a_tenants_ingress_topic_is_that_tenants_whatever_it_says() -> None:

@@ -23,7 +23,7 @@ from typing import TypeVar
 import structlog
 
 from ffdl.core.aggregate import Address, CommandEnvelope, CommandHead
-from ffdl.core.authorization import Principal, legacy_principal
+from ffdl.core.authorization import Principal, PrincipalKind, legacy_principal
 from ffdl.events.codec import (
     AnyCommand,
     AnyEvent,
@@ -141,7 +141,13 @@ def principal_of(record: Record, command: AnyCommand) -> Principal:
     """Whom the command in ``record`` (on the platform's commands topic) was sent for: its principal
     header, or, a record of a producer older than principals, :func:`legacy_principal`.
 
-    Raises ValueError for a header that names no principal, or for more than one.
+    Raises ValueError for a header that names no principal, or for more than one; and for a command
+    of anyone but the platform's roles whose id is name-based (UUID version 5), as the platform's
+    own are. The owner takes a command id it has seen on an aggregate for a redelivery and decides
+    nothing, whoever sent it, and the platform derives the ids of its reactions from what a tenant
+    can read (the job, the attempt, the seq: :mod:`ffdl.events.ids`): a tenant that sent its job a
+    command with the id of the job's coming ``ReleaseGpus`` kept the job's GPUs held after it ended.
+    A random id (version 4, as the API and ``ffdl.learner`` make them) never is one of those.
     """
     named = [value for name, value in record.headers if name == PRINCIPAL_HEADER]
     if not named:
@@ -149,11 +155,23 @@ def principal_of(record: Record, command: AnyCommand) -> Principal:
     if len(named) > 1:
         raise ValueError(f"bad {PRINCIPAL_HEADER} header: {len(named)} of them, for one command")
     try:
-        return Principal.parse(named[0].decode())
+        principal = Principal.parse(named[0].decode())
     except UnicodeDecodeError as exc:
         raise ValueError(f"bad {PRINCIPAL_HEADER} header: not UTF-8 ({exc})") from exc
     except ValueError as exc:
         raise ValueError(f"bad {PRINCIPAL_HEADER} header: {exc}") from exc
+    if principal.kind not in _PLATFORM_KINDS and command.command_id.version == NAME_BASED_ID_VERSION:
+        raise ValueError(
+            f"{command.type} from {principal} refused: its id {command.command_id} is name-based "
+            f"(UUID version {NAME_BASED_ID_VERSION}), the kind the platform derives its own from; "
+            "send a random one (version 4)"
+        )
+    return principal
+
+
+#: The UUID version of the ids the platform derives (:mod:`ffdl.events.ids`), its roles' alone.
+NAME_BASED_ID_VERSION = 5
+_PLATFORM_KINDS = frozenset({PrincipalKind.PLATFORM, PrincipalKind.SCHEDULER})
 
 
 async def dead_letter(bus: Bus, topics: Topics, record: Record, reason: str) -> None:
