@@ -137,3 +137,26 @@ def test_a_tenant_is_shown_no_other_tenants_job_id_in_any_reason(ours: list[str]
     assert shown["spec"] == document["spec"], "only reasons are rewritten"
     admin = Redactor(Principal("sre", admin=True), mentioned, owners, ["acme", "globex"])
     assert admin.value(document) == document, "an admin sees the truth"
+
+
+def test_a_tenant_s_own_reasons_are_not_garbled_by_words_that_follow_job() -> None:
+    """Only ids are hidden: a word after "job " that is no job and looks like no id is left alone
+    (it made "job has ended already" into "another tenant's job ended already")."""
+    owners = {"train-1a2b3c4d": "globex"}
+    document = {
+        "reason": "job has ended already (COMPLETED)",
+        "history": [
+            {"reason": "a job with this id exists already"},
+            {"reason": "preempted by job train-1a2b3c4d"},
+            {"reason": "held back by job gone-00000000"},  # another's, deleted since: unknown, hidden
+        ],
+    }
+    shown = Redactor(Principal("acme", admin=False), mentioned_jobs(document), owners, ["acme", "globex"])
+    assert shown.value(document) == {
+        "reason": "job has ended already (COMPLETED)",
+        "history": [
+            {"reason": "a job with this id exists already"},
+            {"reason": f"preempted by {ANOTHER_JOB}"},
+            {"reason": f"held back by {ANOTHER_JOB}"},
+        ],
+    }

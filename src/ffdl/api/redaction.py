@@ -45,17 +45,27 @@ class Redactor:
         tenants: Collection[str],
     ) -> None:
         self._caller = caller
+        self._owners = owners
         self._visible = {job for job, tenant in owners.items() if caller.may_see(tenant)}
         #: longest first, so that an id that is part of another is not replaced inside it
-        self._hidden = sorted((j for j in mentioned if self.hides(j)), key=len, reverse=True)
+        self._hidden = sorted((j for j in mentioned if self._hides_named(j)), key=len, reverse=True)
         self._tenants = {t for t in tenants if t != caller.tenant and not caller.admin}
 
     def hides(self, job_id: str) -> bool:
+        """Whether a listed job id (``waiting_for``) is hidden: any the caller may not see."""
         return not self._caller.admin and job_id not in self._visible
+
+    def _hides_named(self, word: str) -> bool:
+        """Whether the word after "job " in a text is hidden: a job the caller may not see, or an
+        unknown id that looks like one (a digit, ``-``, ``_`` or ``.`` in it: every id the API
+        makes has them), not a plain word ("job has ended already" is the caller's own job)."""
+        if self._caller.admin or word in self._visible:
+            return False
+        return word in self._owners or any(c.isdigit() or c in "-_." for c in word)
 
     def text(self, text: str) -> str:
         def job(match: re.Match[str]) -> str:
-            return ANOTHER_JOB if self.hides(match[1]) else match[0]
+            return ANOTHER_JOB if self._hides_named(match[1]) else match[0]
 
         def tenant(match: re.Match[str]) -> str:
             return ANOTHER_TENANT if match[1] in self._tenants else match[0]
