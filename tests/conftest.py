@@ -13,7 +13,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from ffdl.adapters.bus import open_bus
 from ffdl.cli.serve import api_server
+from ffdl.handlers.ports import Bus
 from ffdl.wiring.config import Settings
 from ffdl.wiring.platform import Platform
 from tests.harness import Api, fast_settings
@@ -34,6 +36,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     whole files in turn (``make test``), and one that starts the longest file last finishes minutes
     after the other has run out of work."""
     items.sort(key=lambda item: item.get_closest_marker("long") is None)
+
+
+@pytest.fixture
+async def bus(tmp_path: Path) -> AsyncIterator[Bus]:
+    """An embedded log of one partition, started, in the test's directory."""
+    log = open_bus(f"embedded://{tmp_path}", 1)
+    await log.start()
+    yield log
+    await log.close()
 
 
 @pytest.fixture

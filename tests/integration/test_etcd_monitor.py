@@ -14,12 +14,10 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 
 import aetcd
 import pytest
 
-from ffdl.adapters.bus import open_bus
 from ffdl.adapters.heartbeats import EtcdHeartbeatStore, exit_key, learner_key
 from ffdl.core.authorization import Principal
 from ffdl.core.job import Job, evolve
@@ -49,14 +47,6 @@ async def store(etcd_server: EtcdServer) -> AsyncIterator[EtcdHeartbeatStore]:
     store = EtcdHeartbeatStore(etcd_server.host, etcd_server.port, timeout_s=0.5)
     yield store
     await store.close()
-
-
-@pytest.fixture
-async def bus(tmp_path: Path) -> AsyncIterator[Bus]:
-    bus = open_bus(f"embedded://{tmp_path}", 1)
-    await bus.start()
-    yield bus
-    await bus.close()
 
 
 @dataclass

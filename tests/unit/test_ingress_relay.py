@@ -3,23 +3,9 @@ never the relay's end: every direct tenant's commands go through it."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
-
-import pytest
-
-from ffdl.adapters.bus import open_bus
 from ffdl.handlers.ingress import IngressRelay
 from ffdl.handlers.messaging import DEAD_LETTER_REASON_HEADER, PRINCIPAL_HEADER, Topics
 from ffdl.handlers.ports import MAX_RECORD_BYTES, Bus, Record
-
-
-@pytest.fixture
-async def bus(tmp_path: Path) -> AsyncIterator[Bus]:
-    bus = open_bus(f"embedded://{tmp_path}", 1)
-    await bus.start()
-    yield bus
-    await bus.close()
 
 
 async def test_a_record_whose_copy_is_over_the_limit_is_dead_lettered_and_the_batch_relayed(bus: Bus) -> None:

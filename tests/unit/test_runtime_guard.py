@@ -4,13 +4,10 @@ and a fold of newly assigned partitions that fails is done again before anything
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ffdl.adapters.bus import open_bus
 from ffdl.core.aggregate import Applied
 from ffdl.events.codec import event_to_json
 from ffdl.events.envelope import Event
@@ -44,14 +41,6 @@ class Picky(EventFollower):
 
     async def loaded(self, partitions: list[int]) -> None:
         self.loads += 1
-
-
-@pytest.fixture
-async def bus(tmp_path: Path) -> AsyncIterator[Bus]:
-    log = open_bus(f"embedded://{tmp_path}", 1)
-    await log.start()
-    yield log
-    await log.close()
 
 
 async def test_a_record_the_policy_raises_on_is_skipped_and_the_partition_goes_on(bus: Bus) -> None:

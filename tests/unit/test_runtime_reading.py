@@ -5,14 +5,11 @@ header as before, and a process decodes the same record once however many of its
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import structlog
 
-from ffdl.adapters.bus import open_bus
 from ffdl.core.aggregate import Applied, Kinds
 from ffdl.core.kinds import JOBS, KINDS
 from ffdl.events import nodes as nd
@@ -43,14 +40,6 @@ class Recorder(EventFollower):
         self.handled.append(applied.kind.identity(applied.event))
         if len(self.handled) == self._expected:
             self._stop.set()
-
-
-@pytest.fixture
-async def bus(tmp_path: Path) -> AsyncIterator[Bus]:
-    log = open_bus(f"embedded://{tmp_path}", 1)
-    await log.start()
-    yield log
-    await log.close()
 
 
 def test_a_book_folds_the_event_types_of_its_kinds() -> None:
