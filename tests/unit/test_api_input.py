@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import time
+from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 
 import pytest
@@ -16,6 +17,10 @@ from ffdl.api.manifest import MAX_DEPTH, MAX_NODES, ManifestError, parse_manifes
 from ffdl.api.redaction import ANOTHER_JOB, ANOTHER_TENANT, Redactor, mentioned_jobs
 from ffdl.api.routes.logs import tail_of
 from ffdl.core.places import place_problem
+from ffdl.events import job_events as ev
+from ffdl.events.model import JobSpec
+from ffdl.projections.store import LoggedEvent, Projection
+from tests.job_history import folded_job
 
 
 def problems(text: str | bytes) -> list[tuple[str, str]]:
@@ -160,3 +165,25 @@ def test_a_tenant_s_own_reasons_are_not_garbled_by_words_that_follow_job() -> No
             {"reason": f"held back by {ANOTHER_JOB}"},
         ],
     }
+
+
+def test_the_owner_of_a_deleted_job_is_still_known_so_its_id_stays_hidden_from_others(tmp_path: Path) -> None:
+    """A reason may name a job deleted since (its history stays on the log); that it is another
+    tenant's is read from its history, so a plain-word id of another tenant's is not shown as if
+    it were no job at all."""
+    spec = JobSpec(name="secret", command="true", learners=1, gpus=1)
+    datas = [ev.JobSubmitted(spec=spec), ev.JobAccepted(), ev.JobQueued(), ev.JobCancelled(), ev.JobDeleted()]
+    _, events = folded_job(datas, datetime.now(UTC), job_id="secret", tenant="globex")
+    projection = Projection(tmp_path / "projection.sqlite")
+    try:
+        for offset, event in enumerate(events):
+            projection.apply([LoggedEvent(event, 0, offset)])
+        assert projection.get("secret") is None, "deleted: no longer listed"
+        owners = projection.tenants_of(["secret", "never-was"])
+    finally:
+        projection.close()
+
+    assert owners == {"secret": "globex"}
+    document = {"reason": "preempted by job secret"}
+    shown = Redactor(Principal("acme", admin=False), mentioned_jobs(document), owners, ["acme", "globex"])
+    assert shown.value(document) == {"reason": f"preempted by {ANOTHER_JOB}"}

@@ -590,15 +590,22 @@ class Projection:
         return bool(row and row[0] > offset)
 
     def tenants_of(self, job_ids: Iterable[str]) -> dict[str, str]:
-        """The tenant of each of ``job_ids`` the projection holds (a deleted job's is not held)."""
+        """The tenant of each of ``job_ids`` the projection has seen: a deleted job's from its first
+        event, which the history keeps (a reason may still name it, and who owned it decides who
+        may read its id)."""
         wanted = sorted(set(job_ids))
         found: dict[str, str] = {}
         with self._connection() as db:
-            for start in range(0, len(wanted), 500):
-                chunk = wanted[start : start + 500]
-                marks = ",".join("?" * len(chunk))
-                rows = db.execute(f"SELECT job_id, tenant FROM jobs WHERE job_id IN ({marks})", chunk)
-                found.update(rows.fetchall())
+            for query in (
+                "SELECT job_id, tenant FROM jobs WHERE job_id IN ({marks})",
+                "SELECT job_id, json_extract(body, '$.tenant') FROM history"
+                " WHERE seq = 1 AND job_id IN ({marks})",
+            ):
+                for start in range(0, len(wanted), 500):
+                    chunk = [job for job in wanted[start : start + 500] if job not in found]
+                    if chunk:
+                        rows = db.execute(query.format(marks=",".join("?" * len(chunk))), chunk)
+                        found.update(rows.fetchall())
         return found
 
     def holdings(self) -> list[JsonObject]:
