@@ -150,3 +150,32 @@ def test_a_job_submitted_under_older_rules_stays_readable_on_the_log() -> None:
     decoded = event_from_json(event_to_json(submitted))
     assert isinstance(decoded.data, ev.JobSubmitted)
     assert fields_of(decoded.data.spec.submission_problems()) == ["env.LD_PRELOAD", "labels.a b"]
+
+
+def _command(job_id: str, data: cmd.CommandData) -> Command:
+    return Command(
+        command_id=uuid.uuid4(), issued_at=AT, job_id=job_id, tenant="t", producer="service", data=data
+    )
+
+
+@pytest.mark.parametrize(
+    "job_id", ["a/b", "..", ".", ".hidden", "trailing.", "-x", "a b", "x\n", "a%2fb", "é"]
+)
+def test_a_new_job_id_that_cannot_name_a_directory_or_a_url_is_refused_whoever_sends_it(job_id: str) -> None:
+    with pytest.raises(ValidationError, match="a new job's id must be"):
+        _command(job_id, cmd.SubmitJob(spec=spec()))
+    forged = json.loads(command_to_json(_command("placeholder", cmd.SubmitJob(spec=spec()))))
+    forged["job_id"] = job_id
+    with pytest.raises(DecodeError, match="a new job's id must be"):
+        command_from_json(json.dumps(forged).encode())
+
+
+@given(st.from_regex(r"\A[a-z0-9]([a-z0-9._-]{0,52}[a-z0-9])?\Z"))
+def test_every_id_the_api_makes_is_a_valid_new_job_id(name: str) -> None:
+    job_id = f"{spec(name=name).name}-{uuid.uuid4().hex[:8]}"  # as routes/jobs.py names a submission
+    assert _command(job_id, cmd.SubmitJob(spec=spec(name=name))).job_id == job_id
+
+
+def test_a_job_submitted_under_an_older_id_rule_can_still_be_cancelled() -> None:
+    cancel = _command("a/b", cmd.CancelJob())
+    assert command_from_json(command_to_json(cancel)).job_id == "a/b"

@@ -8,15 +8,20 @@ reaction yields the same ids and a reader can tell a duplicate from a conflict.
 
 from __future__ import annotations
 
+import re
 import uuid
 from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ffdl.events.model import Frozen
 
 NODE_KEY_PREFIX = "node:"
+#: What a new job's id may be: it names the job's directory, its checkpoint place and its URL
+#: (``/v1/jobs/{job_id}``), so no ``/``, no ``..``, nothing a path or a URL would read otherwise.
+#: The API's ids (``{name}-{8 hex}``) always match.
+JOB_ID_PATTERN = re.compile(r"\A[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?\Z")
 
 
 class Payload(Frozen):
@@ -35,6 +40,9 @@ class EventData(Payload):
 
 class CommandData(Payload):
     """Base of command payloads: requests and observations sent to the job's owner."""
+
+    #: whether the command brings a new job into being (its id must then be a :data:`JOB_ID_PATTERN`)
+    CREATES_JOB: ClassVar[bool] = False
 
 
 class _Envelope(BaseModel):
@@ -106,6 +114,18 @@ class Command(_CommandEnvelope):
         if value.startswith(NODE_KEY_PREFIX):
             raise ValueError(f"a job id may not begin with {NODE_KEY_PREFIX!r}: that is a node's key")
         return value
+
+    @model_validator(mode="after")
+    def _new_job_id_names_a_place(self) -> Command:
+        """A job enters the platform only with an id that names a directory and a URL (checked on
+        the submission alone, whoever sends it: commands to a job submitted under older rules stay
+        decodable, so it can still be cancelled)."""
+        if self.data.CREATES_JOB and not JOB_ID_PATTERN.match(self.job_id):
+            raise ValueError(
+                "a new job's id must be letters, digits, '.', '_' and '-', beginning and ending "
+                "with a letter or digit"
+            )
+        return self
 
     @property
     def key(self) -> str:

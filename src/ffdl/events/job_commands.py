@@ -18,6 +18,7 @@ from ffdl.events.reports import MAX_STEP, DropReasons, ReportedMetrics
 
 class SubmitJob(CommandData):
     VERSION = 2  # v2: the spec's launcher, nproc_per_node, keep_checkpoints and stop_grace_s
+    CREATES_JOB = True
 
     spec: JobSpec
 
