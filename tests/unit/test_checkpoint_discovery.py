@@ -156,6 +156,38 @@ def test_a_directory_is_complete_with_its_marker_and_checksummed_as_the_helper_d
     assert found.checksum == sha256(manifest.encode())
 
 
+def test_a_directory_without_its_marker_is_not_walked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    walked: list[str] = []
+    listing = checkpoints._listing
+    monkeypatch.setattr(
+        checkpoints, "_listing", lambda root, name: walked.append(name) or listing(root, name)
+    )
+    directory = tmp_path / "checkpoint-40"
+    for index in range(200):  # what a learner could grow without end: a scan must not walk it
+        (directory / f"d{index}").mkdir(parents=True)
+    (directory / "COMPLETE").mkdir()  # a marker must be a plain file
+    (tmp_path / "step_7").mkdir()
+    (tmp_path / "step_7" / "DONE").symlink_to(tmp_path / "elsewhere")
+    assert settle(CheckpointScanner(str(tmp_path)), 3) == []
+    assert walked == []
+
+
+def test_directories_count_toward_a_checkpoint_s_entries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(checkpoints, "MAX_ENTRIES_PER_CHECKPOINT", 10)
+    for step, empty_directories in ((1, 8), (2, 9)):
+        directory = tmp_path / f"step_{step}"
+        for index in range(empty_directories):
+            (directory / f"d{index}").mkdir(parents=True)
+        (directory / "DONE").write_bytes(b"")
+    # step 1 holds 9 entries (its marker included), step 2 ten and, with this one, eleven:
+    (tmp_path / "step_2" / "d0" / "deeper").mkdir()
+    assert [found.step for found in settle(CheckpointScanner(str(tmp_path)))] == [1]
+
+
 def test_a_sidecar_names_the_step(tmp_path: Path) -> None:
     (tmp_path / "last.ckpt").write_bytes(b"weights")
     (tmp_path / "last.ckpt.step").write_text("300\n")

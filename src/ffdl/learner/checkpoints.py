@@ -56,8 +56,8 @@ log = structlog.get_logger(__name__)
 
 #: Names in the checkpoint directory looked at per scan.
 MAX_ENTRIES = 1000
-#: Files in one checkpoint directory, and its depth.
-MAX_FILES_PER_CHECKPOINT = 10_000
+#: Entries (files and directories, at any depth) in one checkpoint directory, and its depth.
+MAX_ENTRIES_PER_CHECKPOINT = 10_000
 MAX_DEPTH = 8
 #: Bytes hashed per scan, over every checkpoint still being hashed.
 HASH_BYTES_PER_SCAN = 32 * 1024 * 1024
@@ -170,6 +170,8 @@ class CheckpointScanner:
             identity = _identity(info)
             listing = None
             if stat.S_ISDIR(info.st_mode):
+                if not _marked(root, name):
+                    continue  # being written: not walked (a learner may fill it with anything)
                 listing = _listing(root, name)
                 if listing is None or not COMPLETION_MARKERS & {
                     path[0] for path, _ in listing if len(path) == 1
@@ -259,27 +261,49 @@ def _entries(directory: int, limit: int) -> Iterator[tuple[str, os.stat_result]]
                 yield entry.name, entry.stat(follow_symlinks=False)
 
 
+def _marked(root: int, name: str) -> bool:
+    """Whether the directory ``name`` holds a completion marker, a plain file: looked up by name
+    before anything is walked, so a directory still being written (or never finished: a hundred
+    thousand empty directories cost a whole walk) costs a few ``lstat`` per scan."""
+    try:
+        descriptor = os.open(name, _OPEN_DIR, dir_fd=root)
+    except OSError:
+        return False
+    try:
+        for marker in COMPLETION_MARKERS:
+            with contextlib.suppress(OSError):
+                info = os.stat(marker, dir_fd=descriptor, follow_symlinks=False)
+                if stat.S_ISREG(info.st_mode) and info.st_nlink == 1:
+                    return True
+        return False
+    finally:
+        os.close(descriptor)
+
+
 def _listing(root: int, name: str) -> list[tuple[tuple[str, ...], int]] | None:
     """A checkpoint directory's regular files (relative paths, sizes) in name order, its
-    subdirectories walked without following a link; None when it holds more than allowed or
-    anything but files and directories."""
+    subdirectories walked without following a link; None when it holds more entries (files and
+    directories) than allowed, or anything but files and directories."""
     files: list[tuple[tuple[str, ...], int]] = []
+    entries = 0
 
     def walk(parent: int, entry: str, prefix: tuple[str, ...]) -> bool:
+        nonlocal entries
         try:
             descriptor = os.open(entry, _OPEN_DIR, dir_fd=parent)
         except OSError:
             return False
         try:
-            for child, info in _entries(descriptor, MAX_FILES_PER_CHECKPOINT + 1):
+            for child, info in _entries(descriptor, MAX_ENTRIES_PER_CHECKPOINT + 1):
+                entries += 1
+                if entries > MAX_ENTRIES_PER_CHECKPOINT:
+                    return False
                 path = (*prefix, child)
                 if stat.S_ISREG(info.st_mode) and info.st_nlink == 1:
                     files.append((path, info.st_size))
                 elif not (
                     stat.S_ISDIR(info.st_mode) and len(path) < MAX_DEPTH and walk(descriptor, child, path)
                 ):
-                    return False
-                if len(files) > MAX_FILES_PER_CHECKPOINT:
                     return False
             return True
         finally:
@@ -375,7 +399,7 @@ def _remove_tree(parent: int, name: str) -> None:
     """Remove the directory ``name`` in ``parent`` with what is in it, relative to descriptors and
     never through a link, without recursion (``shutil.rmtree`` recurses on this Python, and a
     learner may nest directories deeper than the stack: the ``RecursionError`` ended its agent before
-    the exit record). At most :data:`MAX_DEPTH` directories deep and :data:`MAX_FILES_PER_CHECKPOINT`
+    the exit record). At most :data:`MAX_DEPTH` directories deep and :data:`MAX_ENTRIES_PER_CHECKPOINT`
     entries, as a checkpoint is when it is recorded: what the learner put there since beyond that
     stays (in its own place), and the directory with it; :class:`OSError` then."""
     opened = [(parent, name, os.open(name, _OPEN_DIR, dir_fd=parent))]
@@ -387,7 +411,7 @@ def _remove_tree(parent: int, name: str) -> None:
             with os.scandir(directory) as entries:
                 for entry in entries:
                     removed += 1
-                    if removed > MAX_FILES_PER_CHECKPOINT:
+                    if removed > MAX_ENTRIES_PER_CHECKPOINT:
                         raise OSError(errno.EFBIG, "too many entries to remove")
                     if entry.is_dir(follow_symlinks=False):
                         deeper = entry.name
