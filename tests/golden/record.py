@@ -36,7 +36,10 @@ stop_grace_s), the ``NAME_spec_v2`` logs; and with learners' progress in its sec
 metrics and the reasons of what was dropped, ``LearnerProgressed`` and ``ReportProgress`` v2;
 ``JobCompleted`` and ``FinishStoring`` v2), the ``NAME_bounded_reports`` logs. Each older log replays
 through the upcasters of what it predates. Today's stories, with both, are the
-``NAME_specs_and_reports_v2`` logs.
+``NAME_specs_and_reports_v2`` logs, but for the two with a tenant's command to an aggregate not its
+own (another tenant's job, a node): the owner recorded its refusal there, and today's dead-letters
+it (``outsiders-dead-lettered``), so those stories are told anew as ``rejected_commands_outsiders``
+and ``forged_commands_outsiders``.
 
 The :class:`Owner` here is the partition owner without I/O: the owner's gate and the job and node
 deciders, their folds and the cluster view, on a virtual clock, the way ``handlers/owner.py`` runs
@@ -579,7 +582,8 @@ def max_restarts_failure(owner: Owner) -> None:
 
 
 def rejected_commands(owner: Owner) -> None:
-    """Admission rejects a bad job; illegal commands and a deposed scheduler become ``CommandRejected``."""
+    """Admission rejects a bad job; illegal commands and a deposed scheduler become ``CommandRejected``,
+    another tenant's cancel a dead letter."""
     owner.leader_token = 5
     observe(owner, "gpu-node-01", token=5)
     bad = JobScript(owner, "oversized-1b2c", "acme", spec("oversized", learners=64, gpus=8))
@@ -594,7 +598,7 @@ def rejected_commands(owner: Owner) -> None:
     job.resume()  # not HALTED
     job.send(cmd.SubmitJob(spec=job.spec), API)  # the id is taken
     foreign = owner.command(job.job_id, "globex", cmd.CancelJob(reason="not mine"), "api@ffdl-1")
-    owner.deliver(foreign)  # another tenant's cancel
+    owner.deliver(foreign)  # another tenant's cancel: a dead letter, nothing in the job's history
     job.start_learners()
     job.train(20)
     job.complete()
@@ -686,7 +690,8 @@ def _placed(node: str, *gpus: int) -> cmd.AllocateGpus:
 
 def forged_commands(owner: Owner) -> None:
     """Hostile senders try what is not theirs, and the owner refuses each (a refusal of what would
-    create a job is a dead letter, so it records nothing): a tenant's allocation, the scheduler's
+    create a job, or of a tenant's command to another's job or to a node, is a dead letter, so it
+    records nothing): a tenant's allocation, the scheduler's
     without its token, an admin's and a platform role's with the leader's token, placements on a GPU
     another job holds, on a node the inventory does not have, on a GPU the node lacks and on a
     cordoned node, another tenant's cancel naming the job's tenant, a tenant's preempting halt and
@@ -749,10 +754,10 @@ SCENARIOS: dict[str, tuple[Callable[[Owner], None], RestartPolicy]] = {
         max_restarts_failure,
         RestartPolicy(base_s=0.5, factor=3.0, max_backoff_s=30.0),
     ),
-    "rejected_commands_specs_and_reports_v2": (rejected_commands, RestartPolicy()),
+    "rejected_commands_outsiders": (rejected_commands, RestartPolicy()),
     "preemption_specs_and_reports_v2": (preemption, RestartPolicy()),
     "node_drain_specs_and_reports_v2": (node_drain, RestartPolicy()),
-    "forged_commands_specs_and_reports_v2": (forged_commands, RestartPolicy()),
+    "forged_commands_outsiders": (forged_commands, RestartPolicy()),
 }
 #: The instant every golden log starts at.
 START = datetime(2024, 5, 1, 9, 0, tzinfo=UTC)

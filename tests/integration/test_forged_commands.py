@@ -3,7 +3,8 @@
 A tenant with direct access to the broker, an outside producer that writes to the commands topic
 without saying who it is, a platform role's credentials used for the scheduler's work, a scheduler
 that places on busy or missing GPUs: every forged command is refused by the job's or node's owner
-(recorded as the aggregate's rejection with the reason, or dead-lettered when it would create one)
+(recorded as the aggregate's rejection with the reason; dead-lettered when it would create one, or
+when a tenant sends it to another tenant's job or to a node, whose histories others read)
 and logged with its principal; nothing is double-booked; ``ffdl verify`` finds the log clean and
 ``verify --redecide`` decides every exported command again, for its recorded principal, as the owner
 did.
@@ -236,7 +237,7 @@ async def test_forged_commands_of_every_kind_are_refused_logged_and_nothing_is_d
             forger.job(holder, "acme", cmd.CancelJob(reason="mine now")),
             "admin:ops",
             "tenant:globex",
-            "job belongs to another tenant than 'globex'",
+            "dead letter: CancelJob from tenant:globex refused: job belongs to another tenant than 'globex'",
         ),
         Attempt(
             "a cancel from an unauthenticated producer on the commands topic",
@@ -310,6 +311,7 @@ async def test_forged_commands_of_every_kind_are_refused_logged_and_nothing_is_d
             forger.job(holder, "acme", cmd.HaltJob(reason="make room", requeue=True)),
             None,
             "tenant:globex",
+            "dead letter: HaltJob from tenant:globex refused: "
             "tenant:globex may not send HaltJob: only the scheduler may",
         ),
         Attempt(
@@ -326,6 +328,7 @@ async def test_forged_commands_of_every_kind_are_refused_logged_and_nothing_is_d
             forger.node("node-a", nd.CordonNode(reason="mine", drain=True)),
             "admin:ops",
             "tenant:acme",
+            "dead letter: CordonNode from tenant:acme refused: "
             "tenant:acme may not send CordonNode: only admins may",
         ),
         Attempt(

@@ -175,7 +175,8 @@ def test_a_tenant_acts_on_its_own_jobs_only_whatever_the_command_says() -> None:
     job = submitted("acme")
     lying = job_command(cmd.CancelJob(), tenant="acme")  # names the job's tenant, sent by another
 
-    assert reason(decide(lying, GLOBEX, job)) == "job belongs to another tenant than 'globex'"
+    with pytest.raises(Unauthorized, match="job belongs to another tenant than 'globex'"):
+        decide(lying, GLOBEX, job)  # a dead letter: nothing in acme's job's history
     assert [e.type for e in decide(lying, ACME, job)] == ["CancelRequested", "JobCancelled"]
     assert [e.type for e in decide(lying, OPS, job)] == ["CancelRequested", "JobCancelled"]  # an admin's
 
@@ -239,14 +240,24 @@ def test_the_leaders_token_makes_no_one_else_the_scheduler() -> None:
     )
 
 
-def test_a_drain_from_a_tenant_is_refused_and_an_unknown_node_is_a_dead_letter() -> None:
+def test_a_tenant_s_node_command_is_a_dead_letter_and_writes_nothing_in_the_node_s_history() -> None:
     joined = NODES.evolve(None, decide(node_command(nd.ObserveNode(spec=NODE_SPEC), token=7), SCHEDULER)[0])
     drain = node_command(nd.CordonNode(reason="mine", drain=True))
 
-    assert reason(decide(drain, ACME, joined)) == "tenant:acme may not send CordonNode: only admins may"
+    with pytest.raises(Unauthorized, match="tenant:acme may not send CordonNode: only admins may"):
+        decide(drain, ACME, joined)  # every tenant reads the node's history
     assert [e.type for e in decide(drain, OPS, joined)] == ["NodeCordoned"]
     with pytest.raises(Unauthorized, match="tenant:acme may not send ObserveNode"):
         decide(node_command(nd.ObserveNode(spec=NODE_SPEC)), ACME)
+
+
+def test_a_tenant_s_refused_command_to_its_own_job_is_recorded_there() -> None:
+    job = submitted("acme")
+
+    assert (
+        reason(decide(job_command(cmd.AdmitJob()), ACME, job))
+        == "tenant:acme may not send AdmitJob: only the scheduler may"
+    )
 
 
 def test_a_redelivered_command_decides_nothing_even_once_refused() -> None:

@@ -23,13 +23,14 @@ from typing import Any, TypeVar
 
 import pytest
 
+from ffdl.core.authorization import PrincipalKind
 from ffdl.core.invariants import check
 from ffdl.core.restart import RestartPolicy
 from ffdl.events import job_commands as cmd
 from ffdl.events import job_events as ev
 from ffdl.events import nodes as nd
 from ffdl.events.codec import AnyEvent
-from ffdl.events.envelope import EventData, NodeEventData
+from ffdl.events.envelope import Event, EventData, NodeEventData
 from ffdl.projections.store import LoggedEvent
 from ffdl.tools.log_files import read_log
 from ffdl.tools.redecide import RecordedCommand, Redecided, read_commands, redecide
@@ -94,7 +95,10 @@ WRITTEN_BEFORE_PRINCIPALS = (
     | {"halt_resume_direct_launch"}
 )
 #: Today's stories, each by its name.
-STORIES = {name.removesuffix("_specs_and_reports_v2") for name in SCENARIOS}
+STORIES = {name.removesuffix("_specs_and_reports_v2").removesuffix("_outsiders") for name in SCENARIOS}
+#: The stories with a tenant's command to an aggregate not its own, as told before the owner
+#: dead-lettered its refusal instead of recording it there (``outsiders-dead-lettered``).
+WRITTEN_BEFORE_OUTSIDERS = {f"{story}_specs_and_reports_v2" for story in STORIES} - SCENARIOS.keys()
 #: The stories told with principals, with version 1 specs (before launcher, nproc_per_node,
 #: keep_checkpoints and stop_grace_s) and unbounded reports (``LearnerProgressed`` v1): they replay
 #: through both upcasters, deciding the same.
@@ -111,6 +115,7 @@ def test_every_recorded_scenario_of_the_issue_has_a_golden_log() -> None:
         | WRITTEN_BEFORE_SPEC_V2_AND_BOUNDED_REPORTS
         | WRITTEN_BEFORE_SPEC_V2
         | WRITTEN_BEFORE_BOUNDED_REPORTS
+        | WRITTEN_BEFORE_OUTSIDERS
         | SCENARIOS.keys()
     ) == set(GOLDEN)
 
@@ -147,11 +152,29 @@ def refused_by_todays_gate(golden: GoldenLog) -> set[int]:
     return refused
 
 
+def refused_in_an_outsider_s_history(golden: GoldenLog) -> set[int]:
+    """The lines of a tenant's command to another tenant's job or to a node whose refusal the log
+    records there (today's owner dead-letters it)."""
+    rejected = {
+        event.causation_id: event.tenant if isinstance(event, Event) else None
+        for event in golden.events
+        if isinstance(event.data, ev.CommandRejected | nd.NodeCommandRejected)
+    }
+    return {
+        item.line
+        for item in golden.commands
+        if item.command.command_id in rejected
+        and item.sent_for.kind is PrincipalKind.TENANT
+        and rejected[item.command.command_id] != item.sent_for.name
+    }
+
+
 def test_only_what_a_later_change_decides_otherwise_decides_otherwise_now(golden: GoldenLog) -> None:
     """A log recorded by today's scripts needs no upcast. An older one needs ``principals`` for each
-    command today's gate refuses, and, if recorded before the owner launched in the allocation's own
-    decision, ``launch-in-allocation`` for each of the others' allocations (``GpusAllocated`` alone);
-    nothing else."""
+    command today's gate refuses, ``outsiders-dead-lettered`` for each refusal of a tenant's command
+    it recorded in another's history, and, if recorded before the owner launched in the allocation's
+    own decision, ``launch-in-allocation`` for each of the others' allocations (``GpusAllocated``
+    alone); nothing else."""
     found = golden.redecide()
     if golden.name in SCENARIOS:
         assert (dict(found.changes), found.matched) == ({}, found.commands)
@@ -162,9 +185,16 @@ def test_only_what_a_later_change_decides_otherwise_decides_otherwise_now(golden
         item for item in golden.commands if item.command.command_id in allocated and item.line not in refused
     ] * (golden.name in WRITTEN_BEFORE_THE_LAUNCH_HOP_WAS_DROPPED)
 
-    expected = Counter({"principals": len(refused), "launch-in-allocation": len(relaunched)})
+    outsiders = refused_in_an_outsider_s_history(golden)
+    expected = Counter(
+        {
+            "principals": len(refused),
+            "launch-in-allocation": len(relaunched),
+            "outsiders-dead-lettered": len(outsiders),
+        }
+    )
     assert found.changes == +expected
-    assert found.matched + len(refused) + len(relaunched) == found.commands
+    assert found.matched + len(refused) + len(relaunched) + len(outsiders) == found.commands
 
 
 def test_the_recorded_events_fold_to_the_recorded_job_and_node_states(golden: GoldenLog) -> None:

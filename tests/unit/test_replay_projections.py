@@ -23,7 +23,14 @@ OLDER_LOGS = [
     path
     for path in LOGS
     if not path.name.removesuffix(".events.jsonl").endswith(
-        ("_direct_launch", "_principals", "_spec_v2", "_bounded_reports", "_specs_and_reports_v2")
+        (
+            "_direct_launch",
+            "_principals",
+            "_spec_v2",
+            "_bounded_reports",
+            "_specs_and_reports_v2",
+            "_outsiders",
+        )
     )
 ]
 

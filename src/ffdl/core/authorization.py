@@ -22,7 +22,8 @@ with it:
   principal may not send, or whose effect outside its aggregate is not possible (``outside``: a
   placement on a node or GPUs the cluster does not have free), is refused, recorded as the kind's
   rejection event when the aggregate exists, else raised as :class:`Unauthorized` (a dead letter);
-  anything else goes to the kind's decider.
+  anything else goes to the kind's decider. A tenant's refused command to an aggregate not its own
+  (another tenant's job, a node) is a dead letter too: it writes nothing into a history others read.
 * :func:`legacy_principal` is what a command without a principal means: one an older release
   recorded, or one an older producer sends during an upgrade. Only the platform's own role names
   count (only the platform may write the commands topic), and never for more than the command's
@@ -175,8 +176,9 @@ def node_senders(data: NodeCommandData) -> Senders:
 
 
 class Unauthorized(UnknownAggregate):
-    """A refused command for an aggregate that does not exist: nothing to record the refusal in, so
-    the owner dead-letters it with the reason."""
+    """A refused command the owner records in no aggregate's history, so dead-letters with the
+    reason: one for an aggregate that does not exist, or a tenant's for one that is not its own
+    (:func:`outsider`)."""
 
 
 def fencing_problem(token: int | None, leader_token: int | None) -> str:
@@ -209,6 +211,14 @@ def refusal(
     if principal.kind is PrincipalKind.SCHEDULER:
         return fencing_problem(command.fencing_token, leader_token)
     return ""
+
+
+def outsider(principal: Principal, kind: AggregateKind[S, Any, C, Any], state: S | None, command: C) -> bool:
+    """Whether ``principal`` is a tenant sending to an aggregate that is not its own: another
+    tenant's job, or a node (nodes belong to no tenant). Its refusal is not recorded there: a
+    tenant may not write into a history others read, not even refusals (200 refused cordons from
+    one tenant were in every tenant's node history and every cluster view's fold)."""
+    return principal.kind is PrincipalKind.TENANT and kind.owning_tenant(state, command) != principal.name
 
 
 def above_ceiling(principal: Principal, command: object, ceilings: PriorityCeilings | None) -> str:
@@ -246,7 +256,8 @@ def decide_as(
     the tenants' priority ceilings (None: none known, as when a log is decided again offline).
 
     A redelivered command decides nothing. A refused one (see the module's notes) is recorded as the
-    kind's rejection when its aggregate exists; else :class:`Unauthorized` is raised.
+    kind's rejection when its aggregate exists and the sender is no :func:`outsider` to it; else
+    :class:`Unauthorized` is raised.
     """
     if state is not None and seen(state, command.command_id):
         return []
@@ -257,7 +268,7 @@ def decide_as(
     )
     if not reason:
         return kind.decide(state, command, now, producer=producer, leader_token=leader_token)
-    if state is None:
+    if state is None or outsider(principal, kind, state, command):
         raise Unauthorized(f"{command.type} from {principal} refused: {reason}")
     decision = Decision(kind, command, now, producer, state)
     decision.reject(reason)

@@ -42,7 +42,8 @@ Three things are told apart from a divergence:
   and counted under its name when that is the recorded decision. A checkpoint the owner refused as
   outside the job's checkpoint place (``checkpoint-places``) is one too: the place is the owner's
   configuration, not in the log, so checkpoints are decided with no place and such a refusal is
-  taken for the owner's decision.
+  taken for the owner's decision. So is a tenant's refused command to another tenant's job or to a node
+  (``outsiders-dead-lettered``), once recorded there and now a dead letter.
 * **Commands not decided yet.** The owner decides a partition's commands in offset order and commits
   after appending their events, so every command before the last one of its partition that caused
   an event was decided. A command after it that caused nothing may not have been read yet when the
@@ -73,7 +74,7 @@ from typing import TextIO
 import structlog
 
 from ffdl.core.aggregate import Aggregates, UnknownAggregate
-from ffdl.core.authorization import Principal, decide_as, legacy_principal
+from ffdl.core.authorization import Principal, decide_as, legacy_principal, outsider
 from ffdl.core.cluster_view import VIEW_EVENT_TYPES, ClusterView
 from ffdl.core.decider import launch_on_allocation
 from ffdl.core.job import Job, evolve
@@ -269,7 +270,7 @@ async def export_commands_beside(
 #: An aggregate as its owner folds it.
 State = Job | NodeRecord
 #: The upcast of a decision recorded before a change: today's form of it, or None where it does not apply.
-Upcast = Callable[[State | None, AnyCommand, Sequence[AnyEvent]], list[AnyEvent] | None]
+Upcast = Callable[[State | None, RecordedCommand, Sequence[AnyEvent]], list[AnyEvent] | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,7 +283,7 @@ class DecisionChange:
 
 
 def _launch_in_the_allocation(
-    before: State | None, command: AnyCommand, recorded: Sequence[AnyEvent]
+    before: State | None, item: RecordedCommand, recorded: Sequence[AnyEvent]
 ) -> list[AnyEvent] | None:
     """``AllocateGpus`` decided before the owner launched in the allocation's own decision.
 
@@ -291,6 +292,7 @@ def _launch_in_the_allocation(
     right after it. The recorded log keeps its ``BeginLaunch``, which today's decider still launches
     from SCHEDULED, so the rest of the log re-decides as recorded.
     """
+    command = item.command
     if not (
         isinstance(before, Job)
         and isinstance(command.data, cmd.AllocateGpus)
@@ -311,7 +313,7 @@ def _launch_in_the_allocation(
 
 
 def _refused_outside_the_place(
-    before: State | None, command: AnyCommand, recorded: Sequence[AnyEvent]
+    before: State | None, item: RecordedCommand, recorded: Sequence[AnyEvent]
 ) -> list[AnyEvent] | None:
     """A ``ReportCheckpoint`` the owner refused as outside the job's checkpoint place.
 
@@ -319,6 +321,7 @@ def _refused_outside_the_place(
     the log does not hold, so the re-decider decides checkpoints with no place and takes the owner's
     refusal, recognised by its reason, for the decision the owner made with its place.
     """
+    command = item.command
     if not (
         isinstance(before, Job)
         and isinstance(command, Command)
@@ -333,6 +336,24 @@ def _refused_outside_the_place(
     return list(JOBS.decide(before, command, at, producer=owner, leader_token=None))
 
 
+def _outsider_refused_in_the_history(
+    before: State | None, item: RecordedCommand, recorded: Sequence[AnyEvent]
+) -> list[AnyEvent] | None:
+    """A tenant's command to an aggregate not its own (another tenant's job, a node), refused.
+
+    The owner recorded the refusal as the aggregate's rejection event; today's dead-letters it
+    (:func:`~ffdl.core.authorization.outsider`), so it decides nothing on the log.
+    """
+    if (
+        before is None
+        or len(recorded) != 1
+        or not isinstance(recorded[0].data, ev.CommandRejected | nd.NodeCommandRejected)
+        or not outsider(item.sent_for, KINDS.of(item.command), before, item.command)
+    ):
+        return None
+    return []
+
+
 #: The owner's gate (:func:`~ffdl.core.authorization.decide_as`): who may send what, the scheduler's
 #: commands only with the leader's token, allocations checked against the cluster. A command recorded
 #: without a principal was decided by a release without the gate.
@@ -343,6 +364,7 @@ DECISION_CHANGES: tuple[DecisionChange, ...] = (
     DecisionChange("launch-in-allocation", _launch_in_the_allocation),
     PRINCIPALS,
     DecisionChange("checkpoint-places", _refused_outside_the_place),
+    DecisionChange("outsiders-dead-lettered", _outsider_refused_in_the_history),
 )
 
 
@@ -656,7 +678,7 @@ def _compare(
     for gate in [None, *gates]:
         for way in ways:
             redecided = folded.decide(item, way, cluster, gated=gate is None)
-            name = _explained(before, item.command, recorded, _dicts(redecided), upcasts)
+            name = _explained(before, item, recorded, _dicts(redecided), upcasts)
             if name is not None:
                 return gate.name if gate is not None else name
             first = first or Divergence(item, way, recorded, redecided)
@@ -666,7 +688,7 @@ def _compare(
 
 def _explained(
     before: State | None,
-    command: AnyCommand,
+    item: RecordedCommand,
     recorded: list[AnyEvent],
     actual: list[JsonObject],
     upcasts: Sequence[DecisionChange],
@@ -676,7 +698,7 @@ def _explained(
     if _dicts(recorded) == actual:
         return ""
     for change in upcasts:
-        upcast = change.upcast(before, command, recorded) if change.upcast is not None else None
+        upcast = change.upcast(before, item, recorded) if change.upcast is not None else None
         if upcast is not None and _dicts(upcast) == actual:
             return change.name
     return None
