@@ -13,6 +13,7 @@ import pytest
 
 from ffdl.adapters.bus.embedded import EmbeddedBus
 from ffdl.adapters.heartbeats import EmbeddedHeartbeatStore
+from ffdl.adapters.launchers import k8s_watch
 from ffdl.adapters.launchers.k8s_client import KubeClient
 from ffdl.adapters.launchers.k8s_manifests import PodSettings, pod_name
 from ffdl.adapters.launchers.k8s_watch import NodeInventory, PodWatcher
@@ -25,7 +26,7 @@ from ffdl.events.envelope import Command
 from ffdl.events.model import Checkpoint, JobSpec, LearnerPlacement, LossReason, Placement
 from ffdl.handlers.heartbeat_keys import encode_exit, exit_key
 from ffdl.handlers.messaging import CommandSender, Topics
-from ffdl.handlers.ports import LaunchRequest, Snapshot
+from ffdl.handlers.ports import LaunchRequest, Snapshot, StoreUnavailable
 from tests.kube import (
     NAMESPACE,
     PODS,
@@ -47,13 +48,21 @@ TOPICS = Topics()
 
 
 class FreezableStore(EmbeddedHeartbeatStore):
-    """The heartbeat store, which can be made to stop answering (a frozen etcd keeps its connections)."""
+    """The heartbeat store, which can be made to stop answering (a frozen etcd keeps its connections):
+    a read then hangs, or with ``deadline_s`` fails after that long, as the etcd store's deadline
+    makes it (counted in ``deadlines``)."""
 
     frozen = False
+    deadline_s: float | None = None
+    deadlines = 0
 
     async def snapshot(self, prefix: str) -> Snapshot:
         if self.frozen:
-            await asyncio.Event().wait()
+            if self.deadline_s is None:
+                await asyncio.Event().wait()
+            await asyncio.sleep(self.deadline_s)
+            self.deadlines += 1
+            raise StoreUnavailable(f"no answer in {self.deadline_s} s")
         return await super().snapshot(prefix)
 
 
@@ -176,6 +185,40 @@ async def test_the_checkpoint_a_learner_s_exit_record_names_is_reported_before_i
     )
     assert isinstance(ended, cmd.ReportLearnerLost if deleted else cmd.ReportLearnerExited)
     assert (ended.rank, ended.attempt) == (0, 1)
+
+
+async def test_while_the_store_does_not_answer_a_gang_s_ends_wait_out_its_deadline_once_not_each(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pods are handled one after another: each reading its exit record for the store's whole
+    deadline would hold a halted gang's ends for a deadline per pod."""
+    monkeypatch.setattr(k8s_watch, "QUIET_STORE_WAIT_S", 0.3)
+    await cluster.launch(learners=5)
+    names = [await cluster.bind(rank=rank) for rank in range(5)]
+    for name in names:
+        await patch_pod_status(cluster.api, name, running_status())
+        await cluster.seen_running(name)
+    cluster.heartbeats.frozen, cluster.heartbeats.deadline_s = True, 2.0
+
+    for name in names[:4]:
+        await patch_pod_status(cluster.api, name, terminated_status(143))
+    ended = await cluster.reports(4)
+
+    assert [(type(report), report.rank) for report in ended] == [
+        (cmd.ReportLearnerExited, r) for r in range(4)
+    ]
+    assert cluster.heartbeats.deadlines == 1
+    # The store answers again: the next end reads its record, and its checkpoint goes first.
+    cluster.heartbeats.frozen = False
+    await cluster.heartbeats.put(
+        exit_key("job-a", 1, 4), encode_exit(-15, {"uri": "file:///c/7.pt", "step": 7})
+    )
+    await patch_pod_status(cluster.api, names[4], terminated_status(143))
+    *_, saved, last = await cluster.reports(6)
+    assert saved == cmd.ReportCheckpoint(
+        checkpoint=Checkpoint(uri="file:///c/7.pt", step=7, rank=4, attempt=1)
+    )
+    assert isinstance(last, cmd.ReportLearnerExited) and last.rank == 4
 
 
 async def test_a_learner_that_exits_is_reported_with_its_exit_code_and_its_start_is_left_to_heartbeats(

@@ -26,12 +26,12 @@ log = structlog.get_logger(__name__)
 
 async def saved_on_the_way_out(
     store: HeartbeatStore, job_id: str, attempt: int, ranks: Iterable[int]
-) -> list[Checkpoint]:
+) -> list[Checkpoint] | None:
     """The checkpoints the exit records of ``attempt``'s learners of ``ranks`` name, by rank.
 
     The records are hostile input (on Kubernetes the job's heartbeat login is in the tenant's pod):
     only the given ranks are read, each record is bounded and checked as the monitor checks it, and
-    the rank and attempt are the key's. A store that does not answer gives none (logged): the caller
+    the rank and attempt are the key's. A store that does not answer gives None (logged): the caller
     goes on with what the monitor reported."""
     wanted = list(ranks)
     # one rank (a pod's end): its own key as the prefix, not the gang's every record for each pod
@@ -45,7 +45,7 @@ async def saved_on_the_way_out(
             attempt=attempt,
             error=str(exc) or type(exc).__name__,
         )
-        return []
+        return None
     saved: list[Checkpoint] = []
     for rank in wanted:
         value = values.get(exit_key(job_id, attempt, rank))

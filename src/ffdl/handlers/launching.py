@@ -84,6 +84,7 @@ async def relaunch(job: Job, action: Action, ctx: ReactionContext) -> None:
         else []
     )
     reports = [
-        (f"checkpoint/{checkpoint.rank}", cmd.ReportCheckpoint(checkpoint=checkpoint)) for checkpoint in saved
+        (f"checkpoint/{checkpoint.rank}", cmd.ReportCheckpoint(checkpoint=checkpoint))
+        for checkpoint in saved or ()
     ]
     await ctx.send_parts(job, action, [*reports, ("", cmd.BeginLaunch(attempt=action.attempt))])

@@ -65,7 +65,7 @@ from ffdl.core.nodes import InventoryObservation
 from ffdl.events import job_commands as cmd
 from ffdl.events.envelope import CommandData
 from ffdl.events.ids import pod_ended_command_id, pod_saved_command_id
-from ffdl.events.model import LossReason
+from ffdl.events.model import Checkpoint, LossReason
 from ffdl.handlers.aio import Backoff, sleep_or_stop, until_stopped
 from ffdl.handlers.exit_records import saved_on_the_way_out
 from ffdl.handlers.messaging import CommandSender
@@ -242,6 +242,13 @@ def unschedulable_message(pod: Mapping[str, Any]) -> str | None:
     return None
 
 
+#: While the heartbeat store is not answering (its last read failed), how long a pod's end waits for
+#: its exit record before it is reported without it. Pods are handled one after another, so each
+#: would otherwise wait out the store's whole deadline: a halted gang of 64 pods, two minutes on a
+#: frozen etcd. A read that answers in time ends the wait for the next pods.
+QUIET_STORE_WAIT_S = 0.25
+
+
 class PodWatcher:
     """Sends the owners of jobs what their learner pods show; see the module docstring."""
 
@@ -261,6 +268,7 @@ class PodWatcher:
         self._sender = sender
         self._owns = owns
         self._heartbeats = heartbeats  # where the learners' exit records are read (None: they are not)
+        self._store_answers = True  # whether the last read of an exit record was answered
         self._pending_timeout_s = pending_timeout_s
         self._check_interval_s = check_interval_s
         self._clock = clock
@@ -291,6 +299,27 @@ class PodWatcher:
                 "Running",
             ):
                 await self._report(pod, PodObservation("lost", detail=f"NodeLost: {detail}"))
+
+    async def _saved(self, job_id: str, attempt: int, rank: int) -> list[Checkpoint]:
+        """The checkpoint the learner's exit record names, if any; waiting at most
+        :data:`QUIET_STORE_WAIT_S` for it while the store is not answering."""
+        if self._heartbeats is None:
+            return []
+        saved: list[Checkpoint] | None
+        try:
+            async with asyncio.timeout(None if self._store_answers else QUIET_STORE_WAIT_S):
+                saved = await saved_on_the_way_out(self._heartbeats, job_id, attempt, [rank])
+        except TimeoutError:
+            log.warning(
+                "exit record unread: the heartbeat store is still not answering",
+                job_id=job_id,
+                attempt=attempt,
+                rank=rank,
+                waited_s=QUIET_STORE_WAIT_S,
+            )
+            saved = None
+        self._store_answers = saved is not None
+        return saved or []
 
     # -- reactions ------------------------------------------------------------------------------
 
@@ -359,11 +388,7 @@ class PodWatcher:
             )
         tenant = (pod["metadata"].get("annotations") or {}).get(ANNOTATION_TENANT, "")
         address = JOBS.address(handle.job_id, tenant)
-        saved = (
-            await saved_on_the_way_out(self._heartbeats, handle.job_id, handle.attempt, [handle.rank])
-            if self._heartbeats is not None and after_agent
-            else []
-        )
+        saved = await self._saved(handle.job_id, handle.attempt, handle.rank) if after_agent else []
         command_id = pod_ended_command_id(uid)
         commands = [
             *(
