@@ -143,6 +143,34 @@ class Log:
         self.send(job_id, cmd.AdmitJob(), at, tenant)
 
 
+def test_a_reason_names_a_few_of_many_long_ids_and_stays_one_the_scheduler_can_send() -> None:
+    """Thirty preempting jobs with 128-character ids (a tenant picks them) each keep a node; a gang
+    spread over all thirty waits for them. Naming every one made a reason over the 2,000 characters
+    a ``RecordWaitReason`` may have: building it raised in every planning step, for every tenant."""
+    nodes = 30
+    state = ClusterState([Node(f"n{i}", 2) for i in range(nodes)])
+    for i in range(nodes):
+        hold(state, f"victim-{i}", f"n{i}", range(1), tenant="victims")
+    claimants = [
+        job(f"{i:02d}" + "x" * 126, Demand(1, 2), tenant="attacker", priority=100, order=1.0 + i)
+        for i in range(nodes)
+    ]
+    spread = job("spread", Demand(nodes, 1, policy="spread"), tenant="attacker", priority=50, order=100.0)
+
+    waits = plan(state, [*claimants, spread], NOW, SchedulerPolicy(min_runtime_s=0.0)).waits
+
+    assert waits["spread"].code is W.RESERVATION and len(waits["spread"].waiting_for) == nodes
+    assert waits["spread"].detail.count("x" * 126) == 5 and " ..." in waits["spread"].detail
+    for wait in waits.values():
+        sent = cmd.RecordWaitReason(
+            code=wait.code,
+            detail=wait.detail,
+            waiting_for=wait.waiting_for,
+            reserved_nodes=wait.reserved_nodes,
+        )
+        assert sent.detail == wait.detail
+
+
 def test_why_answers_with_the_recorded_reason_the_queue_position_and_what_it_waits_for(
     tmp_path: Path,
 ) -> None:

@@ -55,6 +55,7 @@ from ffdl.core.cluster import ClusterState, Demand, Gang, HeldJob
 from ffdl.core.job import WaitRecord
 from ffdl.core.preemption import Preemptor, VictimPool
 from ffdl.core.tenancy import TenancyPolicy, TenantLedger
+from ffdl.events.job_events import NAMES_MAX
 from ffdl.events.model import WaitReason
 
 W = WaitReason
@@ -659,9 +660,9 @@ class Planner:
         for victim in victims:
             self._state.stop(victim.job_id)
         self._claim_for(job, gang.nodes)
-        names = ", ".join(victim.job_id for victim in victims[:5]) + (" ..." if len(victims) > 5 else "")
-        detail = f"preempting {len(victims)} job(s) ({names}); it starts once their GPUs are released"
-        wait = WaitRecord(W.PREEMPTION, detail, tuple(victim.job_id for victim in victims), gang.nodes)
+        named = tuple(victim.job_id for victim in victims)
+        detail = f"preempting {len(victims)} job(s) ({_some(named)}); it starts once their GPUs are released"
+        wait = WaitRecord(W.PREEMPTION, detail, named[:NAMES_MAX], gang.nodes)
         return Decision(job, wait=wait, evictions=evictions)
 
     def _preempt_drain(self, job: WaitingJob) -> Decision | None:
@@ -732,13 +733,13 @@ class Planner:
         for victim in chosen:
             self._state.stop(victim.job_id)
         self._claim_for(job, nodes)
-        names = ", ".join(victim.job_id for victim in chosen[:5]) + (" ..." if len(chosen) > 5 else "")
+        named = tuple(victim.job_id for victim in chosen)
         detail = (
-            f"preempting {len(chosen)} job(s) ({names}) on the nodes kept for it, as waiting for them "
+            f"preempting {len(chosen)} job(s) ({_some(named)}) on the nodes kept for it, as waiting for them "
             f"would idle about {idle / 3600:.1f} GPU-hours and the halts cost {cost / 3600:.1f}; "
             "it starts once their GPUs are released"
         )
-        wait = WaitRecord(W.PREEMPTION, detail, tuple(victim.job_id for victim in chosen), nodes)
+        wait = WaitRecord(W.PREEMPTION, detail, named[:NAMES_MAX], nodes)
         return Decision(job, wait=wait, evictions=evictions)
 
     def _victim_bound(self, job: WaitingJob, reclaims: bool) -> int:
@@ -871,12 +872,19 @@ def _blocked_record(
 ) -> WaitRecord:
     """The wait of a job that does not fit, worded. A function of what it says alone, so it is
     kept across steps: the same few reasons are given again and again, every step."""
-    detail = _DETAILS[code].format(need=demand.describe(), ahead=", ".join(waiting_for))
+    detail = _DETAILS[code].format(need=demand.describe(), ahead=_some(waiting_for))
     if cordoned:
         detail += f"; {cordoned} more are free on cordoned nodes"
     if nodes:
         detail += f"; {len(nodes)} node(s) are kept free for it, so jobs behind it cannot delay it"
-    return WaitRecord(code, detail, waiting_for, nodes)
+    return WaitRecord(code, detail, waiting_for[:NAMES_MAX], nodes)
+
+
+def _some(job_ids: tuple[str, ...]) -> str:
+    """The first few of ``job_ids`` for a reason's detail: a reason is at most ``REASON_MAX``
+    characters and a job id up to 128, and naming every holder of a reservation or every victim
+    once made a reason the scheduler could not send, which ended its every planning step."""
+    return ", ".join(job_ids[:5]) + (" ..." if len(job_ids) > 5 else "")
 
 
 def _ordinal(n: int) -> str:

@@ -20,9 +20,12 @@ from ffdl.events.reports import MAX_STEP, DropReasons, Metrics
 
 Rank = Annotated[int, Field(ge=0)]
 Attempt = Annotated[int, Field(ge=1)]
-Reason = Annotated[str, Field(max_length=2000)]
-JobIds = Annotated[tuple[str, ...], Field(max_length=1024)]
-NodeNames = Annotated[tuple[str, ...], Field(max_length=1024)]
+#: The most characters a reason may have, and the most job ids or node names one event may name.
+REASON_MAX = 2000
+NAMES_MAX = 1024
+Reason = Annotated[str, Field(max_length=REASON_MAX)]
+JobIds = Annotated[tuple[str, ...], Field(max_length=NAMES_MAX)]
+NodeNames = Annotated[tuple[str, ...], Field(max_length=NAMES_MAX)]
 
 
 class JobSubmitted(EventData):
