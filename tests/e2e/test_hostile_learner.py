@@ -206,7 +206,7 @@ async def test_a_flood_of_bad_reports_neither_stalls_the_agent_nor_passes_unboun
 async def test_a_learner_beyond_its_memory_is_stopped_by_the_kernel(api: Api) -> None:
     if not os.access("/sys/fs/cgroup/memory", os.W_OK) and not os.access("/sys/fs/cgroup", os.W_OK):
         pytest.skip("no writable memory cgroup on this host")
-    job_id = await api.submit(hostile("memory", memory_mb=64, max_restarts=0, env={"HOG_MB": "512"}))
+    job_id = await api.submit(hostile("memory", memory_mb=128, max_restarts=0, env={"HOG_MB": "512"}))
 
     job = await api.wait(job_id, "FAILED", released=True)
 

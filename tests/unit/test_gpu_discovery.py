@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from ffdl.adapters import gpus
 from ffdl.adapters.gpus import SIMULATED_GPUS, detect_local_node
 
 
@@ -30,3 +31,20 @@ def test_without_a_working_nvidia_smi_the_node_has_simulated_gpus(
     monkeypatch.setenv("PATH", str(tmp_path))
     node = detect_local_node()
     assert (node.gpus, node.gpu_type) == (SIMULATED_GPUS, "simulated")
+
+
+def test_the_node_offers_the_host_s_memory_less_the_platform_s_reserve(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Learners are placed by their memory: a node of the default 256 GiB on a smaller host once took
+    a job whose learners' agents ran the host out of memory."""
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24576000 kB\nMemFree:         1000 kB\n")
+    assert gpus.host_memory_mb(meminfo) == 24_000
+    assert gpus.host_memory_mb(tmp_path / "missing") is None
+    fake_nvidia_smi(tmp_path, "exit 9")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(gpus, "host_memory_mb", lambda: 24_000)
+    assert detect_local_node().memory_mb == 24_000 - gpus.PLATFORM_RESERVE_MB
+    monkeypatch.setattr(gpus, "host_memory_mb", lambda: 3_000)  # a small host keeps half for learners
+    assert detect_local_node().memory_mb == 1_500

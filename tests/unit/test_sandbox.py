@@ -28,6 +28,7 @@ from ffdl.adapters.launchers.sandbox import (
     interpreter_paths,
     sandbox_processes,
 )
+from ffdl.events.model import LEARNER_AGENT_MEMORY_MB
 from tests.services import wait_until
 
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
@@ -125,9 +126,14 @@ def test_the_processes_of_a_sandbox_are_found_from_outside_but_its_init(tmp_path
         bwrap.wait()
 
 
-def test_limits_come_from_the_manifest() -> None:
+def test_limits_come_from_the_manifest_less_the_agent_s_share_of_the_memory() -> None:
     limits = Limits.for_learner("job-1", 2, 0, cpus=1.5, memory_mb=512)
-    assert limits == Limits("job-1-a2-r0", 512 << 20, 150_000, PIDS_MAX)
+    assert limits == Limits("job-1-a2-r0", (512 - LEARNER_AGENT_MEMORY_MB) << 20, 150_000, PIDS_MAX)
+    # a job submitted before the floor of twice the agent's share keeps at least that share
+    assert (
+        Limits.for_learner("job-1", 2, 0, cpus=1.5, memory_mb=16).memory_bytes
+        == LEARNER_AGENT_MEMORY_MB << 20
+    )
     assert Limits.from_json(limits.to_json()) == limits
     with pytest.raises(ValueError, match="cannot name a directory"):
         Limits.from_json(limits.to_json().replace("job-1-a2-r0", "../escape"))
@@ -137,7 +143,7 @@ def test_a_v1_host_gets_each_limit_in_its_controller_and_says_which_it_lacks(tmp
     for controller in ("memory", "cpu"):
         (tmp_path / controller).mkdir()
     (tmp_path / "pids").write_text("not a hierarchy")
-    limits = Limits.for_learner("job-1", 1, 0, cpus=2, memory_mb=64)
+    limits = Limits.for_learner("job-1", 1, 0, cpus=2, memory_mb=128)
 
     group = make_group(limits, tmp_path)
 

@@ -28,6 +28,7 @@ from ffdl.events.model import (
     LABEL_KEY_MAX,
     LABEL_VALUE_MAX,
     LEARNER_CONTRACT_VARIABLES,
+    LEARNER_MEMORY_MIN_MB,
     JobSpec,
     env_problems,
     label_problems,
@@ -179,3 +180,13 @@ def test_every_id_the_api_makes_is_a_valid_new_job_id(name: str) -> None:
 def test_a_job_submitted_under_an_older_id_rule_can_still_be_cancelled() -> None:
     cancel = _command("a/b", cmd.CancelJob())
     assert command_from_json(command_to_json(cancel)).job_id == "a/b"
+
+
+def test_a_learner_asks_for_at_least_its_agent_s_share_of_memory_and_as_much_again() -> None:
+    assert fields_of(spec(memory_mb=LEARNER_MEMORY_MIN_MB - 1).submission_problems()) == ["memory_mb"]
+    assert spec(memory_mb=LEARNER_MEMORY_MIN_MB).submission_problems() == []
+    with pytest.raises(ValidationError, match=f"memory_mb: at least {LEARNER_MEMORY_MIN_MB}"):
+        cmd.SubmitJob(spec=spec(learners=1024, memory_mb=16))
+    with pytest.raises(ManifestError) as refused:
+        parse_manifest("name: job\ncommand: 'true'\nmemory_mb: 16\n")
+    assert fields_of(refused.value.problems) == ["memory_mb"]

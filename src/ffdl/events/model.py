@@ -162,6 +162,16 @@ class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+#: What a learner's agent takes of the learner's ``memory_mb``: the scheduler places a learner by
+#: its ``memory_mb`` alone, so the agent beside it (a Python process, about 57 MB) must come out of
+#: it (on Kubernetes it runs in the learner's pod, under the pod's limit; on the local launcher its
+#: learner's cgroup gets the rest). Before, a manifest of 1,024 learners of 16 MB and no GPUs was
+#: placed on one node and its agents, counted nowhere, took the host's memory.
+LEARNER_AGENT_MEMORY_MB = 64
+#: The least ``memory_mb`` a job may ask for: the agent's share and as much again for the learner.
+LEARNER_MEMORY_MIN_MB = 2 * LEARNER_AGENT_MEMORY_MB
+
+
 class JobSpec(Frozen):
     """What a user asks for: N learners x G GPUs running a command, with its data and result places.
 
@@ -238,6 +248,14 @@ class JobSpec(Frozen):
         problems = [*env_problems(self.env), *label_problems(self.labels)]
         if self.nproc_per_node is not None and self.launcher != "torchrun":
             problems.append(("nproc_per_node", "only with launcher: torchrun"))
+        if self.memory_mb < LEARNER_MEMORY_MIN_MB:
+            problems.append(
+                (
+                    "memory_mb",
+                    f"at least {LEARNER_MEMORY_MIN_MB}: each learner's agent, which watches it and "
+                    f"reports for it, takes {LEARNER_AGENT_MEMORY_MB} of it",
+                )
+            )
         return problems
 
 

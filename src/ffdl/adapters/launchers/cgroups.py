@@ -28,6 +28,8 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ffdl.events.model import LEARNER_AGENT_MEMORY_MB
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 #: The most processes (and threads) one learner may have.
 PIDS_MAX = 4096
@@ -47,9 +49,13 @@ class Limits:
 
     @classmethod
     def for_learner(cls, job_id: str, attempt: int, rank: int, cpus: float, memory_mb: int) -> Limits:
+        """The limits of a learner that asked for ``cpus`` and ``memory_mb``: its agent, outside the
+        group, takes :data:`LEARNER_AGENT_MEMORY_MB` of the memory (a job submitted before that
+        floor keeps at least as much again)."""
+        learner_mb = max(memory_mb - LEARNER_AGENT_MEMORY_MB, LEARNER_AGENT_MEMORY_MB)
         return cls(
             name=f"{job_id}-a{attempt}-r{rank}",
-            memory_bytes=memory_mb * 1024 * 1024,
+            memory_bytes=learner_mb * 1024 * 1024,
             cpu_quota_us=max(1000, round(cpus * CPU_PERIOD_US)),
         )
 
