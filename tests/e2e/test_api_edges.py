@@ -19,6 +19,7 @@ import pytest
 from ffdl.adapters.tenants import TenantRegistry
 from ffdl.api.dependencies import MAX_OFFSET
 from ffdl.api.routes import dashboard
+from ffdl.api.routes import jobs as job_routes
 from ffdl.wiring.config import SchedulerConfig, Settings
 from tests.harness import Api, fast_settings, manifest
 
@@ -306,3 +307,44 @@ async def test_the_time_machine_folds_one_moment_at_a_time_and_the_same_moment_o
     }
     assert folding["most"] == 1, "one fold at a time"
     assert folding["folds"] < 6, "the moment folded once while the log stood still"
+
+
+async def test_pages_end_at_their_bytes_and_events_and_odd_filters_are_4xx(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tenant's documents of a megabyte each (labels, learners), 150 to a page, once held every
+    other tenant's requests for seconds; a job's history a tenant grew to 30,000 events came in one
+    answer of 16 MB."""
+    job_ids = [await api.submit(manifest(f"paged{index}", learners=1, args=QUICK)) for index in range(3)]
+    for job_id in job_ids:
+        await api.wait(job_id, "COMPLETED", released=True)
+    monkeypatch.setattr(job_routes, "PAGE_BYTES", 1)  # every page ends after its first document
+
+    listed: list[str] = []
+    cursor = None
+    while True:
+        page = (
+            await api.http.get(
+                "/v1/jobs", params={"order": "oldest", **({"cursor": cursor} if cursor else {})}
+            )
+        ).json()
+        assert len(page["jobs"]) <= 1
+        listed += [job["job_id"] for job in page["jobs"]]
+        if (cursor := page["next_cursor"]) is None:
+            break
+    assert listed == job_ids
+
+    whole = (await api.http.get(f"/v1/jobs/{job_ids[0]}/events")).json()
+    assert whole["next_after_seq"] is None and len(whole["events"]) > 2
+    paged: list[dict[str, Any]] = []
+    after: int | None = 0
+    while after is not None:
+        page = (
+            await api.http.get(f"/v1/jobs/{job_ids[0]}/events", params={"after_seq": after, "limit": 2})
+        ).json()
+        paged += page["events"]
+        after = page["next_after_seq"]
+    assert paged == whole["events"]
+
+    refused(await api.http.get("/v1/jobs", params={"label": "\0=1"}), 422, "label")
+    assert (await api.http.get("/ui/a%00b")).status_code == 404

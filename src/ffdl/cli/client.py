@@ -99,10 +99,16 @@ class ApiClient:
         return result
 
     def events(self, job_id: str, after_seq: int = 0) -> list[dict[str, Any]]:
-        result: dict[str, Any] = self._call(
-            "GET", f"/v1/jobs/{job_id}/events", params={"after_seq": after_seq}
-        )
-        return list(result["events"])
+        """The job's whole history after ``after_seq``, page after page."""
+        events: list[dict[str, Any]] = []
+        cursor: int | None = after_seq
+        while cursor is not None:
+            page: dict[str, Any] = self._call(
+                "GET", f"/v1/jobs/{job_id}/events", params={"after_seq": cursor}
+            )
+            events.extend(page["events"])
+            cursor = page.get("next_after_seq")
+        return events
 
     def why(self, job_id: str) -> dict[str, Any]:
         result: dict[str, Any] = self._call("GET", f"/v1/jobs/{job_id}/why")

@@ -491,6 +491,20 @@ class Projection:
             ).fetchall()
         return [{**loads_finite(body), "position": position} for body, position in rows]
 
+    def caused(
+        self, kind: AggregateKind[Any, Any, Any, Any], identity: str, causation_id: str
+    ) -> list[JsonObject]:
+        """The aggregate's events that the command ``causation_id`` caused, each with its log
+        position: found by the causation index, whatever the length of the aggregate's history."""
+        tables = _TABLES[kind.name]
+        with self._connection() as db:
+            rows = db.execute(
+                f"SELECT body, position FROM {tables.history} WHERE causation_id = ? AND "
+                f"{tables.id_column} = ? ORDER BY seq",
+                (causation_id, identity),
+            ).fetchall()
+        return [{**loads_finite(body), "position": position} for body, position in rows]
+
     def state(self, kind: AggregateKind[S, Any, Any, Any], identity: str) -> S | None:
         """The aggregate as its projected events fold: what a writer asks a decider about."""
         with self._connection() as db:
@@ -508,11 +522,14 @@ class Projection:
                     return str(row[0])
         return None
 
-    def changed_jobs(self, after: int, limit: int = 500) -> tuple[int, list[JsonObject], dict[str, str]]:
+    def changed_jobs(
+        self, after: int, limit: int = 500, tenant: str | None = None
+    ) -> tuple[int, list[tuple[str, str]], dict[str, str]]:
         """Jobs that changed since history row ``after`` (its rowid; 0: from the start): the last
         row read (what a follower of the job list asks after next), the current documents of those
-        that changed, and the ids of those deleted from the listings with their tenants (from their
-        first event: the document that named it is gone), so a follower is shown only its own.
+        that changed as stored, by job id (``tenant``'s alone, if given), and the
+        ids of those deleted from the listings with their tenants (from their first event: the
+        document that named it is gone), so a follower is shown only its own.
         Rows only ever append, so the rowid is a cursor over every change in projection order."""
         with self._connection() as db:
             rows = db.execute(
@@ -521,11 +538,12 @@ class Projection:
             if not rows:
                 return after, [], {}
             changed = sorted({job_id for _, job_id in rows})
-            documents = db.execute(
-                f"SELECT document FROM jobs WHERE job_id IN ({','.join('?' * len(changed))})", changed
+            listed = db.execute(
+                f"SELECT job_id, tenant, document FROM jobs WHERE job_id IN ({','.join('?' * len(changed))})",
+                changed,
             ).fetchall()
-            found = [loads_finite(doc) for (doc,) in documents]
-            gone = sorted(set(changed) - {document["job_id"] for document in found})
+            found = [(job_id, doc) for job_id, owner, doc in listed if tenant is None or owner == tenant]
+            gone = sorted(set(changed) - {job_id for job_id, _, _ in listed})
             owners = (
                 dict(
                     db.execute(

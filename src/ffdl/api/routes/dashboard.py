@@ -54,6 +54,8 @@ async def page() -> FileResponse:
 @router.get("/ui/{name:path}", include_in_schema=False)
 async def static_file(name: str) -> FileResponse:
     """A file of the page (its modules, styles and vendored libraries); nothing outside them."""
+    if "\0" in name:  # no path holds one, and resolving one raises
+        raise problem(404, f"no file {name!r}", "name")
     path = (STATIC / name).resolve()
     if not path.is_relative_to(STATIC) or not path.is_file():
         raise problem(404, f"no file {name}", "name")
@@ -100,18 +102,27 @@ async def _job_changes(
     yield f"id: {cursor}\nevent: ready\ndata: {{}}\n\n".encode()
     while not await request.is_disconnected():
         version = backend.progress.version()
-        cursor_after, documents, gone = await read(backend.projection.changed_jobs, cursor, FOLLOW_BATCH)
+        scope = None if caller.admin else caller.tenant
+        cursor_after, mine, gone = await read(backend.projection.changed_jobs, cursor, FOLLOW_BATCH, scope)
         if cursor_after == cursor:
             yield b": keep-alive\n\n"
             await backend.progress.wait_for_change(version, KEEP_ALIVE_S)
             continue
         cursor = cursor_after
-        mine = [document for document in documents if caller.may_see(document["tenant"])]
-        mine = await backend.redacted(caller, mine)
         mine_gone = [job_id for job_id, tenant in gone.items() if caller.may_see(tenant)]
         if mine or mine_gone:
-            data = strict_dumps({"jobs": mine, "gone": mine_gone})
+            data = await read(_changes_payload, backend, caller, mine, mine_gone)
             yield f"id: {cursor}\nevent: jobs\ndata: {data}\n\n".encode()
+
+
+def _changes_payload(
+    backend: PlatformBackend, caller: Principal, documents: list[tuple[str, str]], gone: list[str]
+) -> str:
+    """A batch of changes as ``caller`` may see it, as JSON (blocking: for a worker thread, so that
+    a big document changing often is not walked on the event loop, and once for all the followers
+    of a tenant: :meth:`PlatformBackend.shown_document`)."""
+    jobs = ",".join(backend.shown_document(caller, job_id, stored) for job_id, stored in documents)
+    return f'{{"jobs":[{jobs}],"gone":{strict_dumps(gone)}}}'
 
 
 @router.get("/v1/cluster:follow", response_model=None)

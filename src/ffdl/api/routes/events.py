@@ -25,6 +25,9 @@ router = APIRouter()
 
 #: Events a follower reads at a time.
 FOLLOW_BATCH = 200
+#: The most events one page of a job's history holds: a tenant can grow its own job's history
+#: without end (refused commands are events), and 30,000 in one answer took 2.9 s and 16 MB.
+EVENTS_PAGE_MAX = 5000
 
 
 @router.get("/v1/jobs/{job_id}/events", response_model=None)
@@ -35,12 +38,17 @@ async def events(
     backend: Backend,
     follow: bool = False,
     after_seq: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
+    limit: Annotated[int, Query(ge=1, le=EVENTS_PAGE_MAX)] = EVENTS_PAGE_MAX,
 ) -> dict[str, Any] | StreamingResponse:
-    """The job's history; with ``follow=true`` a resumable Server-Sent Events stream."""
+    """The job's history after ``after_seq``, at most ``limit`` events a page (``next_after_seq``:
+    where the next page starts, None at the end); with ``follow=true`` a resumable Server-Sent
+    Events stream."""
     await backend.visible_job(job_id, caller)
     if not follow:
-        history = await read(backend.projection.history, JOBS, job_id, after_seq, 100_000)
-        return {"events": await backend.redacted(caller, history)}
+        history = await read(backend.projection.history, JOBS, job_id, after_seq, limit + 1)
+        more = len(history) > limit
+        shown = await backend.redacted(caller, history[:limit])
+        return {"events": shown, "next_after_seq": shown[-1]["seq"] if more else None}
     start = after_seq
     if last := request.headers.get("last-event-id", ""):
         start = event_id(last, "Last-Event-ID")

@@ -26,6 +26,7 @@ from ffdl.core.states import JobState
 from ffdl.core.tenancy import priority_problem
 from ffdl.events import job_commands as cmd
 from ffdl.events.envelope import CommandData
+from ffdl.events.model import label_problems
 from ffdl.events.reports import loads_finite, strict_dumps
 
 router = APIRouter()
@@ -98,6 +99,8 @@ async def list_jobs(
         key, sep, value = label.partition("=")
         if not sep or not key:
             raise problem(422, "a label filter is KEY=VALUE", "label")
+        if problems := label_problems({key: value}):  # a NUL in the key once made a 500
+            raise problem(422, f"a label filter is KEY=VALUE of a label: {problems[0][1]}", "label")
         label_filter = (key, value)
     after_key = None
     if cursor:
@@ -122,18 +125,39 @@ async def list_jobs(
         limit=limit,
         newest_first=order == "newest",
     )
+    page = _within_page_bytes(documents)
     next_cursor = None
-    if len(documents) == limit:
-        last = json.loads(documents[-1])
+    if len(page) < len(documents) or len(documents) == limit:
+        last = json.loads(page[-1])
         next_cursor = f"{last['submitted_at']}|{last['job_id']}"
-    if not caller.admin:  # a tenant's documents are parsed: their reasons may name other tenants' jobs
-        shown = await backend.redacted(caller, [loads_finite(document) for document in documents])
-        documents = [strict_dumps(document) for document in shown]
-    else:  # an admin's are JSON already: passed on without parsing and re-encoding each, unless one
-        # stored by an older platform holds a non-finite number's token
-        documents = [strict_dumps(loads_finite(d)) if _NON_FINITE.search(d) else d for d in documents]
-    body = f'{{"jobs":[{",".join(documents)}],"next_cursor":{json.dumps(next_cursor)}}}'
+    shown = await read(_as_shown, backend, caller, page)
+    body = f'{{"jobs":[{",".join(shown)}],"next_cursor":{json.dumps(next_cursor)}}}'
     return Response(body, media_type="application/json")
+
+
+#: About the most bytes of documents one page of ``GET /v1/jobs`` holds: beyond, it ends early and
+#: ``next_cursor`` goes on (a job's document can be a megabyte: its labels, its learners).
+PAGE_BYTES = 4 * 1024 * 1024
+
+
+def _within_page_bytes(documents: list[str]) -> list[str]:
+    """The first ``documents`` (at least one) that together stay within :data:`PAGE_BYTES`."""
+    size = 0
+    for count, document in enumerate(documents):
+        size += len(document)
+        if count and size > PAGE_BYTES:
+            return documents[:count]
+    return documents
+
+
+def _as_shown(backend: PlatformBackend, caller: Principal, documents: list[str]) -> list[str]:
+    """The stored documents as ``caller`` may see them, as JSON (blocking: for a worker thread)."""
+    if not caller.admin:  # a tenant's documents are parsed: their reasons may name other tenants' jobs
+        shown = backend.redacted_now(caller, [loads_finite(document) for document in documents])
+        return [strict_dumps(document) for document in shown]
+    # an admin's are JSON already: passed on without parsing and re-encoding each, unless one stored
+    # by an older platform holds a non-finite number's token
+    return [strict_dumps(loads_finite(d)) if _NON_FINITE.search(d) else d for d in documents]
 
 
 #: The tokens Python's ``json`` writes for non-finite numbers (also inside strings: then a document
