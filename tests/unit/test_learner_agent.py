@@ -15,9 +15,11 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,6 +28,7 @@ from ffdl.adapters.processes import exit_code_of
 from ffdl.events.reports import MAX_METRICS
 from ffdl.handlers.heartbeat_keys import LearnerBeat, parse_exit
 from ffdl.handlers.ports import Snapshot, StoreUnavailable, WatchEvent
+from ffdl.learner import checkpoints
 from ffdl.learner.agent import AgentConfig, LearnerAgent, main
 from tests.services import wait_until_async
 
@@ -428,3 +431,62 @@ async def test_a_checkpoint_written_just_before_the_exit_is_in_the_last_beat(
     assert record.exit_code == 0
     assert record.checkpoint == agent.beat.checkpoint
     assert learner_key(JOB, 0) not in store.keys
+
+
+class ExpiringStore(FlakyStore):
+    """A store whose leases expire ``ttl_s`` after their last grant or keepalive, taking their keys
+    with them (``expired``), as etcd's do: checked whenever the store is called."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.renewed: dict[int, tuple[float, float]] = {}  # lease -> (last renewed, ttl)
+        self.expired: list[str] = []
+
+    def _check_up(self) -> None:
+        super()._check_up()
+        now = time.monotonic()
+        for lease, (at, ttl_s) in list(self.renewed.items()):
+            if now - at > ttl_s:
+                del self.renewed[lease]
+                self.leases.discard(lease)
+                gone = [key for key, (_, held) in self.keys.items() if held == lease]
+                self.expired += gone
+                for key in gone:
+                    del self.keys[key]
+
+    async def grant(self, ttl_s: float) -> int:
+        lease = await super().grant(ttl_s)
+        self.renewed[lease] = (time.monotonic(), ttl_s)
+        return lease
+
+    async def keepalive(self, lease: int) -> bool:
+        alive = await super().keepalive(lease)
+        if alive:
+            self.renewed[lease] = (time.monotonic(), self.renewed[lease][1])
+        return alive
+
+
+async def test_the_lease_is_kept_while_a_final_checkpoint_is_hashed_after_the_command_ended(
+    tmp_path: Path, run_agent: AgentRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A program that saves gigabytes on its way out and exits 0: hashing it takes longer than the
+    lease lives. A lease let go at the command's end expired meanwhile, the beat's key with it, and
+    the monitor reported the learner lost before its exit record came."""
+    ttl_s = 1.0
+    hashing = checkpoints.final_scan
+
+    async def slow_final_scan(*args: Any) -> None:
+        await asyncio.sleep(3 * ttl_s)
+        await hashing(*args)
+
+    monkeypatch.setattr(checkpoints, "final_scan", slow_final_scan)
+    store = ExpiringStore()
+    directory = tmp_path / "checkpoints"
+    directory.mkdir()
+    settings = replace(with_checkpoint_dir(tmp_path, directory, keep=1), heartbeat_ttl_s=ttl_s)
+    agent = LearnerAgent(settings, store, f"printf w > {directory}/7.pt")
+
+    assert await run_agent(agent) == 0
+    assert store.expired == []
+    record = parse_exit(store.keys[exit_key(JOB, 1, 0)][0])
+    assert record.exit_code == 0 and record.checkpoint is not None and record.checkpoint["step"] == 7

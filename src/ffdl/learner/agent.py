@@ -64,7 +64,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO, TypeVar
@@ -282,17 +282,31 @@ class LearnerAgent:
             self._log.info("stopped before the learner started")
             return await self._finish(-self._stop_signal)
         group = self._learner_group()
-        try:
-            if self._channel is not None:
-                await self._channel.start()
-            returncode = await self._run_command(group)
-        finally:
-            if self._channel is not None:
-                # what the learner sent before it ended is still in the socket: read it
-                await self._channel.close(OUTPUT_DRAIN_TIMEOUT_S)
-            if group is not None:
-                await self._remove_group(group)
+        async with self._lease_kept():
+            try:
+                if self._channel is not None:
+                    await self._channel.start()
+                returncode = await self._run_command(group)
+            finally:
+                if self._channel is not None:
+                    # what the learner sent before it ended is still in the socket: read it
+                    await self._channel.close(OUTPUT_DRAIN_TIMEOUT_S)
+                if group is not None:
+                    await self._remove_group(group)
         return await self._finish(exit_code_of(returncode))
+
+    @contextlib.asynccontextmanager
+    async def _lease_kept(self) -> AsyncIterator[None]:
+        """The heartbeat lease renewed until the exit is about to be reported: after the command
+        ends come the final checkpoint scan (up to ``FINAL_SCAN_TIMEOUT_S``), the channel's drain and
+        the group's removal, and a lease let go at the command's end expired meanwhile, so the
+        monitor took a learner that exited 0 after saving a big checkpoint for a lost one."""
+        keeper = asyncio.create_task(self._keep_lease())
+        try:
+            yield
+        finally:
+            keeper.cancel()
+            await asyncio.gather(keeper, return_exceptions=True)
 
     async def _run_command(self, group: LearnerGroup | None) -> int:
         """Start the command and keep its heartbeat until it exits; its status."""
@@ -307,10 +321,7 @@ class LearnerAgent:
             loop = asyncio.get_running_loop()
             pipe, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(output), child.stdout)
             pump = asyncio.create_task(self._pump_output(output, sink))
-            helpers = [
-                asyncio.create_task(self._keep_lease()),
-                asyncio.create_task(self._publish()),
-            ]
+            helpers = [asyncio.create_task(self._publish())]
             if self._checkpoints is not None:
                 helpers.append(asyncio.create_task(checkpoints.discover(self._checkpoints, self._found)))
             try:
