@@ -156,14 +156,61 @@ def test_a_directory_is_complete_with_its_marker_and_checksummed_as_the_helper_d
     assert found.checksum == sha256(manifest.encode())
 
 
+def walks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the checkpoint directories scans walk, in order."""
+    walked: list[str] = []
+    listing = checkpoints._listing
+    monkeypatch.setattr(checkpoints, "_listing", lambda *args: walked.append(args[1]) or listing(*args))
+    return walked
+
+
+def full_directory(path: Path, files: int, marker: str = "COMPLETE") -> None:
+    path.mkdir()
+    for index in range(files):
+        (path / f"f{index}").write_bytes(b"")
+    (path / marker).write_bytes(b"")
+
+
+def test_a_directory_whose_name_has_no_step_is_never_walked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A learner's marked directories of 10,000 entries each, named without a step, were walked every
+    second by its agent, outside its cgroup: about a core."""
+    walked = walks(monkeypatch)
+    full_directory(tmp_path / "ckpt-final-xx", 20)
+    assert settle(CheckpointScanner(str(tmp_path)), 3) == [] and walked == []
+
+
+def test_a_refused_directory_is_walked_again_only_once_its_top_level_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(checkpoints, "MAX_ENTRIES_PER_CHECKPOINT", 10)
+    walked = walks(monkeypatch)
+    full_directory(tmp_path / "step_5", 20)
+    scanner = CheckpointScanner(str(tmp_path))
+    assert settle(scanner, 3) == [] and walked == ["step_5"]
+    for index in range(20):
+        (tmp_path / "step_5" / f"f{index}").unlink()
+    assert [found.step for found in settle(scanner, 3)] == [5] and walked == ["step_5"] * 3
+
+
+def test_a_scan_walks_a_bounded_number_of_entries_the_newest_directories_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(checkpoints, "SCAN_ENTRIES_MAX", 5)
+    walked = walks(monkeypatch)
+    for step in (1, 2):
+        full_directory(tmp_path / f"step_{step}", 2)  # three entries each, the marker's included
+    scanner = CheckpointScanner(str(tmp_path))
+    assert [found.step for found in settle(scanner)] == [2]
+    assert walked == ["step_2", "step_1"] * 2  # step_1's walk is cut short by the budget, twice
+    assert [found.step for found in settle(scanner)] == [1]
+
+
 def test_a_directory_without_its_marker_is_not_walked(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    walked: list[str] = []
-    listing = checkpoints._listing
-    monkeypatch.setattr(
-        checkpoints, "_listing", lambda root, name: walked.append(name) or listing(root, name)
-    )
+    walked = walks(monkeypatch)
     directory = tmp_path / "checkpoint-40"
     for index in range(200):  # what a learner could grow without end: a scan must not walk it
         (directory / f"d{index}").mkdir(parents=True)

@@ -29,7 +29,7 @@ from ffdl.events.reports import MAX_METRICS
 from ffdl.handlers.heartbeat_keys import LearnerBeat, parse_exit
 from ffdl.handlers.ports import Snapshot, StoreUnavailable, WatchEvent
 from ffdl.learner import checkpoints
-from ffdl.learner.agent import AgentConfig, LearnerAgent, main
+from ffdl.learner.agent import REPORTED_DEPTH_MAX, AgentConfig, LearnerAgent, main
 from tests.services import wait_until_async
 
 JOB = "job-agent"
@@ -490,3 +490,19 @@ async def test_the_lease_is_kept_while_a_final_checkpoint_is_hashed_after_the_co
     assert store.expired == []
     record = parse_exit(store.keys[exit_key(JOB, 1, 0)][0])
     assert record.exit_code == 0 and record.checkpoint is not None and record.checkpoint["step"] == 7
+
+
+def test_a_reported_checkpoint_nested_too_deep_is_refused_before_its_path_is_looked_at(
+    tmp_path: Path,
+) -> None:
+    directory = tmp_path / "checkpoints"
+    shallow = directory / "a" / "b"
+    shallow.mkdir(parents=True)
+    (shallow / "7.pt").write_bytes(b"w")
+    agent = LearnerAgent(with_checkpoint_dir(tmp_path, directory), FlakyStore(), "true")
+    deep = "/".join(["d"] * (REPORTED_DEPTH_MAX + 1))
+
+    assert agent._checkpoint_problem(f"file://{shallow}/7.pt") is None
+    assert agent._checkpoint_problem(f"file://{directory}/{deep}/7.pt") == (
+        f"nested deeper than {REPORTED_DEPTH_MAX} directories in the job's checkpoint directory"
+    )

@@ -58,6 +58,8 @@ log = structlog.get_logger(__name__)
 MAX_ENTRIES = 1000
 #: Entries (files and directories, at any depth) in one checkpoint directory, and its depth.
 MAX_ENTRIES_PER_CHECKPOINT = 10_000
+#: Entries of checkpoint directories one scan walks, the newest directories first.
+SCAN_ENTRIES_MAX = 2 * MAX_ENTRIES_PER_CHECKPOINT
 MAX_DEPTH = 8
 #: Bytes hashed per scan, over every checkpoint still being hashed.
 HASH_BYTES_PER_SCAN = 32 * 1024 * 1024
@@ -130,6 +132,9 @@ class CheckpointScanner:
         self._seen: dict[str, tuple[int, ...]] = {}  # name -> what it looked like last scan
         self._hashing: dict[str, _Hashing] = {}
         self._recorded: dict[str, tuple[Found, tuple[int, ...]]] = {}
+        # directories whose listing was refused (too many entries, or not only files and
+        # directories), by how their top level looked then: not walked again each second
+        self._refused: dict[str, tuple[int, ...]] = {}
         self._lock = threading.RLock()
 
     @property
@@ -164,43 +169,68 @@ class CheckpointScanner:
 
     def _scan(self, root: int) -> list[Found]:
         current: dict[str, tuple[int, ...]] = {}
+        directories: list[tuple[int, str, os.stat_result]] = []
         for name, info in _entries(root, MAX_ENTRIES):
             if _NOT_DONE.search(name) or name.endswith(SIDECAR_SUFFIX) or name in self._recorded:
                 continue
-            identity = _identity(info)
-            listing = None
-            if stat.S_ISDIR(info.st_mode):
-                if not _marked(root, name):
-                    continue  # being written: not walked (a learner may fill it with anything)
-                listing = _listing(root, name)
-                if listing is None or not COMPLETION_MARKERS & {
-                    path[0] for path, _ in listing if len(path) == 1
-                }:
-                    continue
-                identity += (hash(tuple(listing)),)
-            elif not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+            is_dir = stat.S_ISDIR(info.st_mode)
+            if not is_dir and (not stat.S_ISREG(info.st_mode) or info.st_nlink != 1):
                 continue
             step = _sidecar_step(root, name + SIDECAR_SUFFIX)
             if step is None:
                 step = step_of_name(name)
             if step is None or step > MAX_STEP:  # a step past what JSON keeps exact is no step
+                continue  # (known before a directory is walked: a name without one never is)
+            if is_dir:
+                directories.append((step, name, info))
+            else:
+                self._settle(name, _identity(info), step, info, None, current)
+        walk = _Walk(SCAN_ENTRIES_MAX)
+        present = {name for _, name, _ in directories}
+        refused = {name: identity for name, identity in self._refused.items() if name in present}
+        for step, name, info in sorted(directories, reverse=True):  # the newest first
+            identity = _identity(info)
+            if refused.get(name) == identity:
+                continue  # refused as it is: walked again once its top level changes
+            if not _marked(root, name):
+                continue  # being written: not walked (a learner may fill it with anything)
+            try:
+                listing = _listing(root, name, walk)
+            except _BudgetSpent:
+                break  # what is left waits for the next scan
+            if listing is None or not COMPLETION_MARKERS & {path[0] for path, _ in listing if len(path) == 1}:
+                refused[name] = identity
                 continue
-            current[name] = identity
-            if self._seen.get(name) == identity and name not in self._hashing:
-                files: list[tuple[str, ...]]
-                if listing is None:
-                    files, sizes = [(name,)], [info.st_size]
-                else:
-                    files, sizes = [(name, *path) for path, _ in listing], [size for _, size in listing]
-                self._hashing[name] = _Hashing(
-                    identity, step, info.st_mtime_ns, files, sizes, is_dir=listing is not None
-                )
+            self._settle(name, (*identity, hash(tuple(listing))), step, info, listing, current)
+        self._refused = refused
         for name in [
             name for name, hashing in self._hashing.items() if current.get(name) != hashing.identity
         ]:
             del self._hashing[name]  # changed or gone while being hashed: start again when it settles
         self._seen = current
         return self._hash(root)
+
+    def _settle(
+        self,
+        name: str,
+        identity: tuple[int, ...],
+        step: int,
+        info: os.stat_result,
+        listing: list[tuple[tuple[str, ...], int]] | None,
+        current: dict[str, tuple[int, ...]],
+    ) -> None:
+        """A candidate as this scan found it: hashed once it looks as it did in the last scan."""
+        current[name] = identity
+        if self._seen.get(name) != identity or name in self._hashing:
+            return
+        files: list[tuple[str, ...]]
+        if listing is None:
+            files, sizes = [(name,)], [info.st_size]
+        else:
+            files, sizes = [(name, *path) for path, _ in listing], [size for _, size in listing]
+        self._hashing[name] = _Hashing(
+            identity, step, info.st_mtime_ns, files, sizes, is_dir=listing is not None
+        )
 
     def _hash(self, root: int) -> list[Found]:
         budget = HASH_BYTES_PER_SCAN
@@ -280,14 +310,26 @@ def _marked(root: int, name: str) -> bool:
         os.close(descriptor)
 
 
-def _listing(root: int, name: str) -> list[tuple[tuple[str, ...], int]] | None:
+class _BudgetSpent(Exception):
+    """A scan walked as many entries as it may: the rest of the directories wait for the next."""
+
+
+@dataclass(slots=True)
+class _Walk:
+    """What a scan may still walk of its checkpoint directories, in entries."""
+
+    left: int
+
+
+def _listing(root: int, name: str, walk: _Walk) -> list[tuple[tuple[str, ...], int]] | None:
     """A checkpoint directory's regular files (relative paths, sizes) in name order, its
     subdirectories walked without following a link; None when it holds more entries (files and
-    directories) than allowed, or anything but files and directories."""
+    directories) than allowed, or anything but files and directories. Each entry is taken from
+    ``walk``; raises :class:`_BudgetSpent` once that is spent."""
     files: list[tuple[tuple[str, ...], int]] = []
     entries = 0
 
-    def walk(parent: int, entry: str, prefix: tuple[str, ...]) -> bool:
+    def walk_in(parent: int, entry: str, prefix: tuple[str, ...]) -> bool:
         nonlocal entries
         try:
             descriptor = os.open(entry, _OPEN_DIR, dir_fd=parent)
@@ -296,20 +338,23 @@ def _listing(root: int, name: str) -> list[tuple[tuple[str, ...], int]] | None:
         try:
             for child, info in _entries(descriptor, MAX_ENTRIES_PER_CHECKPOINT + 1):
                 entries += 1
+                walk.left -= 1
                 if entries > MAX_ENTRIES_PER_CHECKPOINT:
                     return False
+                if walk.left < 0:
+                    raise _BudgetSpent
                 path = (*prefix, child)
                 if stat.S_ISREG(info.st_mode) and info.st_nlink == 1:
                     files.append((path, info.st_size))
                 elif not (
-                    stat.S_ISDIR(info.st_mode) and len(path) < MAX_DEPTH and walk(descriptor, child, path)
+                    stat.S_ISDIR(info.st_mode) and len(path) < MAX_DEPTH and walk_in(descriptor, child, path)
                 ):
                     return False
             return True
         finally:
             os.close(descriptor)
 
-    return sorted(files) if walk(root, name, ()) else None
+    return sorted(files) if walk_in(root, name, ()) else None
 
 
 def _open_beneath(root: int, path: tuple[str, ...]) -> int:
