@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-APT_PACKAGES := etcd-server mosquitto mosquitto-clients tini chromium iproute2 bubblewrap
+APT_PACKAGES := etcd-server mosquitto mosquitto-clients tini chromium iproute2 bubblewrap libseccomp2
 PYTEST_ARGS ?=
 # Test processes (pytest-xdist), each taking whole files: the end-to-end and integration tests mostly
 # wait on learner processes and services, so two cut the suite's time by over a third even on two CPUs
@@ -40,6 +40,7 @@ services:
 	command -v tini >/dev/null || missing="$$missing tini"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	command -v bwrap >/dev/null || missing="$$missing bubblewrap"; \
+	/sbin/ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2' || missing="$$missing libseccomp2"; \
 	command -v ip >/dev/null || missing="$$missing iproute2"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \

@@ -25,6 +25,8 @@ from ffdl.adapters.launchers.sandbox import (
     LearnerPlaces,
     Sandbox,
     SandboxUnavailable,
+    filter_pipe,
+    filtered,
     interpreter_paths,
     sandbox_processes,
 )
@@ -166,3 +168,35 @@ def test_a_stopped_jobs_leftover_groups_are_removed_and_no_other_jobs(tmp_path: 
 
     left = sorted(path.name for path in (tmp_path / "memory" / "ffdl").iterdir())
     assert left == ["job-1-a1-r0x", "job-1-abc-a1-r0", "job-2-a1-r0"]
+
+
+KEYRING_AND_ECHO = """
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+SYS_ADD_KEY = {"x86_64": 248, "aarch64": 217}[os.uname().machine]
+found = libc.syscall(SYS_ADD_KEY, b"user", b"hog", b"x" * 16, 16, -4)  # KEY_SPEC_USER_KEYRING
+print(found, errno.errorcode.get(ctypes.get_errno()), os.getpid())
+"""
+
+
+@needs_bwrap
+def test_a_sandboxed_learner_may_not_touch_the_keyrings_and_runs_otherwise(tmp_path: Path) -> None:
+    """Keys are charged to the sandbox's owner outside, root: a learner that added keys filled root's
+    quota, and root on the host could add none."""
+    sandbox = Sandbox.for_this_interpreter([])
+    base = [*sandbox.base_arguments(os.geteuid(), os.getegid()), "--chdir", "/", "--"]
+    descriptor = filter_pipe()
+    try:
+        shown = subprocess.run(
+            [*filtered(base, descriptor), sys.executable, "-c", KEYRING_AND_ECHO],
+            capture_output=True,
+            text=True,
+            check=True,
+            pass_fds=(descriptor,),
+        ).stdout.split()
+    finally:
+        os.close(descriptor)
+
+    assert shown[:2] == ["-1", "EPERM"] and shown[2] == "2"  # refused; and PID 2, under bwrap's init
+    with pytest.raises(ValueError, match="end with '--'"):
+        filtered(base[:-1], 3)

@@ -84,7 +84,7 @@ from ffdl.adapters.launchers.environment import (
     checkpoint_path,
     command_environment,
 )
-from ffdl.adapters.launchers.sandbox import signal_sandbox
+from ffdl.adapters.launchers.sandbox import filter_pipe, filtered, signal_sandbox
 from ffdl.adapters.processes import exit_code_of, wait_for_exit
 from ffdl.events.model import Checkpoint
 from ffdl.events.reports import MAX_METRICS
@@ -375,19 +375,25 @@ class LearnerAgent:
         shell = [SHELL, "-c", SHELL_PRELUDE + self._command]
         sandboxed = bool(self._config.sandbox)
         uid, gid = (None, None) if sandboxed else self._config.run_as or (None, None)
-        command = [*self._config.sandbox, *shell] if sandboxed else shell
-        return subprocess.Popen(
-            joining_command(group, command) if group is not None else command,
-            cwd=self._config.command_dir,
-            env=self._config.command_environment,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            user=uid,
-            group=gid,
-            extra_groups=None if uid is None else [],
-            process_group=0 if sandboxed else None,
-        )
+        seccomp = filter_pipe() if sandboxed else None
+        command = [*filtered(self._config.sandbox, seccomp), *shell] if seccomp is not None else shell
+        try:
+            return subprocess.Popen(
+                joining_command(group, command) if group is not None else command,
+                cwd=self._config.command_dir,
+                env=self._config.command_environment,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                user=uid,
+                group=gid,
+                extra_groups=None if uid is None else [],
+                process_group=0 if sandboxed else None,
+                pass_fds=() if seccomp is None else (seccomp,),
+            )
+        finally:
+            if seccomp is not None:
+                os.close(seccomp)
 
     # -- the tasks ------------------------------------------------------------------------------
 

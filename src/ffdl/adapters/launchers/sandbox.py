@@ -28,7 +28,12 @@ built here:
   for learners that must reach the outside) they share the host's, and what that leaves open is in
   docs/security.md;
 * **no controlling terminal** (``--new-session``) and no new privileges (bwrap sets
-  ``PR_SET_NO_NEW_PRIVS``; set-uid programs do not elevate).
+  ``PR_SET_NO_NEW_PRIVS``; set-uid programs do not elevate);
+* **a few system calls refused** (``--seccomp``, :data:`DENIED_SYSCALLS`, ``EPERM``): the kernel's
+  keyrings, whose keys are charged to the sandbox's owner outside, root (one learner filled root's
+  key quota, so that root on the host could add no key), and ``bpf`` and ``userfaultfd``, kernel
+  attack surface no training program needs. System calls of another architecture (a 32-bit call on
+  x86_64) kill the process. The agent hands bwrap the filter on a pipe (:func:`filter_pipe`).
 
 Run as root, bwrap maps the learner's uid inside to root outside: the kernel checks the files a
 learner touches as the owner of every root-owned file it can see. So the sandbox hides by mounts:
@@ -40,6 +45,7 @@ directories belong to the platform's user for that reason (inside they show as t
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import shutil
@@ -49,6 +55,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+
+import pyseccomp
 
 from ffdl.adapters.launchers import job_network
 from ffdl.adapters.launchers.isolation import LearnersCannotRun
@@ -90,6 +98,8 @@ ETC_FILES = (
 PROC_READ_ONLY = ("sys", "sysrq-trigger", "irq", "bus", "acpi", "scsi", "driver", "fs", "pressure", "mtrr")
 NVIDIA_CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset", "nvidia-caps")
 PROBE_TIMEOUT_S = 60.0
+#: What a sandboxed learner may not call (see the module docstring).
+DENIED_SYSCALLS = ("add_key", "keyctl", "request_key", "bpf", "userfaultfd")
 
 
 class SandboxUnavailable(LearnersCannotRun):
@@ -297,9 +307,43 @@ def _gpu_arguments(gpus: Sequence[int]) -> list[str]:
 
 
 @functools.cache
+@functools.cache
+def filter_program() -> bytes:
+    """The seccomp filter of :data:`DENIED_SYSCALLS`, as the BPF program bwrap loads."""
+    program = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
+    program.set_attr(pyseccomp.Attr.ACT_BADARCH, pyseccomp.KILL_PROCESS)
+    for name in DENIED_SYSCALLS:
+        program.add_rule(pyseccomp.ERRNO(errno.EPERM), name)
+    read, write = os.pipe()
+    with os.fdopen(write, "wb") as out:
+        program.export_bpf(out)
+    with os.fdopen(read, "rb") as exported:
+        return exported.read()
+
+
+def filter_pipe() -> int:
+    """The reading end of a pipe holding :func:`filter_program`, for ``bwrap --seccomp FD``: the
+    caller passes it to bwrap (``pass_fds``) and closes its own copy once bwrap is started."""
+    read, write = os.pipe()
+    try:
+        os.write(write, filter_program())  # a few hundred bytes: never more than a pipe holds
+    finally:
+        os.close(write)
+    return read
+
+
+def filtered(arguments: Sequence[str], descriptor: int) -> list[str]:
+    """bwrap's command line (:meth:`Sandbox.arguments`, ending in ``--``) with the filter on
+    ``descriptor`` loaded before the command."""
+    if not arguments or arguments[-1] != "--":
+        raise ValueError("the sandbox's arguments end with '--', after which the command follows")
+    return [*arguments[:-1], "--seccomp", str(descriptor), "--"]
+
+
 def _probe(base: tuple[str, ...], python: str, environment: tuple[tuple[str, str], ...]) -> str | None:
     """What keeps a learner from running here, or None."""
-    command = [*base, "--chdir", "/", "--", python, "-c", "import ffdl.learner"]
+    descriptor = filter_pipe()
+    command = [*filtered([*base, "--chdir", "/", "--"], descriptor), python, "-c", "import ffdl.learner"]
     try:
         result = subprocess.run(
             command,
@@ -308,9 +352,12 @@ def _probe(base: tuple[str, ...], python: str, environment: tuple[tuple[str, str
             capture_output=True,
             timeout=PROBE_TIMEOUT_S,
             check=False,
+            pass_fds=(descriptor,),
         )
     except (OSError, subprocess.TimeoutExpired) as error:
         return str(error)
+    finally:
+        os.close(descriptor)
     if result.returncode != 0:
         return (result.stderr.decode(errors="replace").strip() or f"exit status {result.returncode}")[-400:]
     return None
