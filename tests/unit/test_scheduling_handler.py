@@ -15,6 +15,7 @@ import pytest
 
 from ffdl.adapters.bus import open_bus
 from ffdl.adapters.inventory import ConfiguredInventory
+from ffdl.core import scheduling
 from ffdl.core.allocator import Node
 from ffdl.core.authorization import ANONYMOUS, SCHEDULER
 from ffdl.core.decider import decide
@@ -246,3 +247,20 @@ async def test_an_allocation_stays_held_until_the_owner_answers_it_not_just_unti
         assert jobs["x"].placement is not None
     finally:
         await bus.close()
+
+
+async def test_a_wait_reason_the_command_cannot_carry_is_left_unrecorded_and_the_step_goes_on(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Such a reason once raised in the middle of the step, which the scheduler then planned again
+    after each restart: nothing was placed or preempted for any tenant."""
+    monkeypatch.setitem(scheduling._DETAILS, WaitReason.CAPACITY, "needs {need}" + "!" * 3000)
+    monkeypatch.setattr(scheduling, "_blocked_record", scheduling._blocked_record.__wrapped__)  # no memo
+    await cluster.queue("holder", gpus=4)
+    await cluster.until("holder", lambda job: job.placement is not None, "the node's GPUs held")
+    await cluster.queue("waiter", gpus=2)  # waits for capacity, with a reason too long to record
+    await cluster.queue("cpus-only", gpus=0)
+
+    await cluster.until("cpus-only", lambda job: job.placement is not None, "the job that fits placed")
+    assert (waiter := cluster.job("waiter")) is not None
+    assert waiter.state is S.QUEUED and waiter.waiting is None

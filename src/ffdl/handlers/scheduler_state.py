@@ -22,6 +22,7 @@ from heapq import heappop, heappush
 from typing import Any, Protocol, TypeVar
 
 import structlog
+from pydantic import ValidationError
 
 from ffdl.core.aggregate import Address, Aggregates, Applied, CommandEnvelope
 from ffdl.core.cluster import Admission, ClusterState, Demand, Gang, HeldJob
@@ -337,12 +338,18 @@ class SchedulerState:
             job = self._jobs[job_id]
             if wait.same_as(self._current_reason(job)):
                 continue
-            data = cmd.RecordWaitReason(
-                code=wait.code,
-                detail=wait.detail,
-                waiting_for=wait.waiting_for,
-                reserved_nodes=wait.reserved_nodes,
-            )
+            try:
+                data = cmd.RecordWaitReason(
+                    code=wait.code,
+                    detail=wait.detail,
+                    waiting_for=wait.waiting_for,
+                    reserved_nodes=wait.reserved_nodes,
+                )
+            except ValidationError as error:
+                # A reason the command cannot carry goes unrecorded; raising here ended the step, and
+                # the same step again after every restart: nothing was placed for anyone.
+                log.error("wait reason not recordable", job_id=job_id, code=str(wait.code), error=str(error))
+                continue
             commands.append(self._command(job, data))
             self._reasons.sent(job_id, commands[-1].command_id, wait)
             self._changed.add(job_id)
