@@ -23,6 +23,7 @@ from ffdl.core.authorization import Principal
 from ffdl.events import job_commands as cmd
 from ffdl.events.codec import command_from_json
 from ffdl.events.envelope import Command
+from ffdl.events.job_events import REASON_MAX
 from ffdl.events.model import Checkpoint, JobSpec, LearnerPlacement, LossReason, Placement
 from ffdl.handlers.heartbeat_keys import encode_exit, exit_key
 from ffdl.handlers.messaging import CommandSender, Topics
@@ -292,6 +293,27 @@ async def test_pod_failures_become_a_lost_learner_with_the_kubernetes_reason(
     assert isinstance(lost, cmd.ReportLearnerLost)
     assert (lost.rank, lost.attempt, lost.reason) == (0, 1, LossReason.VANISHED)
     assert lost.detail.startswith(reason)
+
+
+async def test_a_kubernetes_message_longer_than_a_reason_is_cut_and_the_loss_still_reported(
+    cluster: Cluster,
+) -> None:
+    """An image pull's message (a long image reference, several times, and the registry's words)
+    passed 2,000 characters: building the report raised, the pod watcher's role restarted, and the
+    pod, already in its copy, was never reported."""
+    await cluster.launch()
+    name = await cluster.bind()
+    message = "failed to pull and unpack image " + "registry.example/" + "x" * 2100
+    waiting = {"state": {"waiting": {"reason": "ErrImagePull", "message": message}}}
+
+    await patch_pod_status(
+        cluster.api, name, {"phase": "Pending", "containerStatuses": [{"name": "learner", **waiting}]}
+    )
+
+    (lost,) = await cluster.reports(1)
+    assert isinstance(lost, cmd.ReportLearnerLost)
+    assert len(lost.detail) == REASON_MAX and lost.detail.startswith("ErrImagePull: failed to pull")
+    assert lost.detail.endswith("\u2026")
 
 
 async def test_a_pod_pending_unschedulable_beyond_the_timeout_is_a_lost_learner(cluster: Cluster) -> None:

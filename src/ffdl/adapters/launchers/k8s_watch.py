@@ -65,6 +65,7 @@ from ffdl.core.nodes import InventoryObservation
 from ffdl.events import job_commands as cmd
 from ffdl.events.envelope import CommandData
 from ffdl.events.ids import pod_ended_command_id, pod_saved_command_id
+from ffdl.events.job_events import within_reason
 from ffdl.events.model import Checkpoint, LossReason
 from ffdl.handlers.aio import Backoff, sleep_or_stop, until_stopped
 from ffdl.handlers.exit_records import saved_on_the_way_out
@@ -384,7 +385,7 @@ class PodWatcher:
                 rank=handle.rank,
                 attempt=handle.attempt,
                 reason=LossReason.VANISHED,
-                detail=observation.detail,
+                detail=within_reason(observation.detail),  # Kubernetes' messages have no bound
             )
         tenant = (pod["metadata"].get("annotations") or {}).get(ANNOTATION_TENANT, "")
         address = JOBS.address(handle.job_id, tenant)
