@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from ffdl.adapters.launchers import k8s_client
 from ffdl.adapters.launchers.k8s_client import KubeClient
 from ffdl.adapters.launchers.k8s_manifests import (
     ANNOTATION_JOB_ID,
@@ -20,7 +21,9 @@ from ffdl.adapters.launchers.k8s_manifests import (
     LABEL_RANK,
     LABEL_TENANT,
     PodSettings,
+    label_value,
     pod_name,
+    service_manifest,
     service_name,
 )
 from ffdl.adapters.launchers.kubernetes import KubernetesLauncher
@@ -214,6 +217,40 @@ async def test_stop_removes_every_pod_of_every_attempt_and_the_jobs_service_and_
     assert {pod["metadata"]["annotations"][ANNOTATION_JOB_ID] for pod in kinds(api, "pods")} == {"kept"}
     assert [service["metadata"]["name"] for service in kinds(api, "services")] == [service_name("kept")]
     assert [policy["metadata"]["name"] for policy in kinds(api, "networkpolicies")] == [service_name("kept")]
+
+
+async def test_a_job_cannot_take_another_jobs_objects_nor_stop_its_pods(
+    cluster: tuple[ApiServer, str], client: KubeClient
+) -> None:
+    """A direct tenant picks its job's id. One that was another job's shortened Service name once
+    made the launch take that Service as its own, and its stop delete the other job's Service,
+    policy and (as their owner went) pods; one that was another's shortened label put its pods
+    behind the other job's NetworkPolicy, and its stop deleted the other job's pods."""
+    api, _ = cluster
+    launcher = launcher_on(client)
+    victim = "resnet.v2-1a2b3c4d"  # the API's id for the name resnet.v2: not a DNS label
+    await launcher.launch(request_for(victim, tenant="victims"))
+    squatter = service_name(victim).removeprefix("ffdl-")  # a valid id: it would be used as it is
+    colliding = "imagenet-" + "x" * 60 + "-sweep"
+
+    await launcher.launch(request_for(squatter, tenant="attackers"))
+    await launcher.launch(request_for(colliding, tenant="victims"))
+    await launcher.launch(request_for(label_value(colliding), tenant="attackers"))
+    await launcher.stop(squatter, 5.0)
+    await launcher.stop(label_value(colliding), 5.0)
+
+    kept = {pod["metadata"]["annotations"][ANNOTATION_JOB_ID] for pod in kinds(api, "pods")}
+    assert kept == {victim, colliding}
+    assert {service["metadata"]["name"] for service in kinds(api, "services")} == {
+        service_name(victim),
+        service_name(colliding),
+    }
+    # and a name that is another job's anyway (made by hand, say) is refused, never used
+    foreign = service_manifest("someone-else", "victims", SETTINGS)
+    foreign["metadata"]["name"] = service_name("mine-0")
+    await client.create(k8s_client.SERVICES, NAMESPACE, foreign)
+    with pytest.raises(ValueError, match=f"the Service name {service_name('mine-0')} is another job's"):
+        await launcher.launch(request_for("mine-0"))
 
 
 async def test_deleting_the_jobs_service_removes_everything_it_owns(

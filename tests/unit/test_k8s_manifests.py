@@ -17,7 +17,6 @@ from ffdl.adapters.launchers.k8s_manifests import (
     PodLogin,
     PodSettings,
     dns_label,
-    job_selector,
     label_value,
     learner_of,
     login_password,
@@ -86,7 +85,19 @@ def test_names_are_deterministic_readable_when_possible_and_distinct_when_shorte
     assert pod_name(long_a, 1, 0) != pod_name(long_b, 1, 0)
     assert label_value(long_a) != label_value(long_b)
     assert dns_label("ffdl", "Job") != dns_label("ffdl", "job")  # a changed name carries a hash
-    assert job_selector("Upper_Case") == f"{LABEL_JOB}={label_value('Upper_Case')}"
+
+
+def test_no_job_id_names_or_labels_what_another_was_shortened_to() -> None:
+    """A tenant that picks its job's id took another job's Service this way, and its stop deleted
+    that job's pods; or its pods carried the other job's label, which that job's NetworkPolicy
+    admits."""
+    victim = "resnet.v2-1a2b3c4d"  # what the API makes of the name resnet.v2: not a DNS label
+    taken = service_name(victim).removeprefix("ffdl-")
+    assert service_name(taken) != service_name(victim)
+    long_victim = "imagenet-" + "x" * 60 + "-sweep"
+    assert label_value(label_value(long_victim)) != label_value(long_victim)
+    assert label_value("0123456789") != "0123456789"  # shortened to its digest alone, it would be
+    assert label_value("mnist-1a2b3c4d") == "mnist-1a2b3c4d"  # what the API makes stays readable
 
 
 def test_every_manifest_is_valid_against_the_kubernetes_openapi_models() -> None:

@@ -30,6 +30,8 @@ def within_reason(text: str) -> str:
     """``text`` as a reason may hold it: its head, and an ellipsis where it was cut (for text from
     elsewhere, a Kubernetes message say, that may be longer)."""
     return text if len(text) <= REASON_MAX else text[: REASON_MAX - 1] + "\u2026"
+
+
 JobIds = Annotated[tuple[str, ...], Field(max_length=NAMES_MAX)]
 NodeNames = Annotated[tuple[str, ...], Field(max_length=NAMES_MAX)]
 

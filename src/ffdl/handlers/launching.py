@@ -14,6 +14,7 @@ import structlog
 from ffdl.core.job import Job
 from ffdl.core.reconcile import Action
 from ffdl.events import job_commands as cmd
+from ffdl.events.job_events import within_reason
 from ffdl.events.model import LossReason
 from ffdl.handlers.context import ReactionContext
 from ffdl.handlers.exit_records import saved_on_the_way_out
@@ -43,7 +44,10 @@ async def launch(job: Job, action: Action, ctx: ReactionContext) -> None:
     except Exception as exc:
         log.exception("launch failed", job_id=job.job_id, tenant=job.tenant, attempt=job.attempt)
         lost = cmd.ReportLearnerLost(
-            rank=0, attempt=job.attempt, reason=LossReason.VANISHED, detail=f"launch failed: {exc}"
+            rank=0,
+            attempt=job.attempt,
+            reason=LossReason.VANISHED,
+            detail=within_reason(f"launch failed: {exc}"),
         )
         await ctx.send(job, action, lost)
         return

@@ -87,6 +87,10 @@ _DNS_LABEL_MAX = 63
 _HASH_CHARS = 10
 _LABEL_VALUE = re.compile(r"\A(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?\Z")
 _NOT_DNS = re.compile(r"[^a-z0-9-]+")
+#: What a shortened name or label ends with: a name that ends so is shortened too, so that no job
+#: id names what another id was shortened to (a tenant that picks its job's id once took another
+#: job's Service, and its stop deleted that job's pods).
+_SHORTENED = re.compile(rf"(?:\A|-)[0-9a-f]{{{_HASH_CHARS}}}\Z")
 _NOT_LABEL = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
@@ -140,7 +144,7 @@ def dns_label(*parts: str) -> str:
     """``parts`` joined by '-' as a DNS label; shortened and hash-suffixed when it had to change."""
     raw = "-".join(parts)
     label = _NOT_DNS.sub("-", raw.lower()).strip("-")
-    if label == raw and len(label) <= _DNS_LABEL_MAX:
+    if label == raw and len(label) <= _DNS_LABEL_MAX and not _SHORTENED.search(label):
         return label
     keep = label[: _DNS_LABEL_MAX - _HASH_CHARS - 1].rstrip("-")
     return f"{keep}-{_digest(raw)}" if keep else _digest(raw)
@@ -148,14 +152,10 @@ def dns_label(*parts: str) -> str:
 
 def label_value(text: str) -> str:
     """``text`` as a label value: itself when valid, else shortened and hash-suffixed."""
-    if len(text) <= _DNS_LABEL_MAX and _LABEL_VALUE.match(text):
+    if len(text) <= _DNS_LABEL_MAX and _LABEL_VALUE.match(text) and not _SHORTENED.search(text):
         return text
     keep = _NOT_LABEL.sub("-", text)[: _DNS_LABEL_MAX - _HASH_CHARS - 1].strip("-_.")
     return f"{keep}-{_digest(text)}" if keep else _digest(text)
-
-
-def job_selector(job_id: str) -> str:
-    return f"{LABEL_JOB}={label_value(job_id)}"
 
 
 def service_name(job_id: str) -> str:

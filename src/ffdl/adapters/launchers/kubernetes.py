@@ -50,21 +50,19 @@ from ffdl.adapters.launchers.k8s_client import (
     KubeClient,
     KubeObject,
     KubeUnreachableError,
+    Resource,
 )
 from ffdl.adapters.launchers.k8s_manifests import (
     ANY_JOB_SELECTOR,
     PodLogin,
     PodSettings,
     job_id_of,
-    job_selector,
     learner_of,
     login_password,
     login_secret_manifest,
-    login_secret_name,
     network_policy_manifest,
     pod_manifest,
     service_manifest,
-    service_name,
 )
 from ffdl.adapters.launchers.k8s_watch import NodeInventory, PodWatcher
 from ffdl.adapters.launchers.kube_config import KubeConfig
@@ -109,19 +107,19 @@ class KubernetesLauncher:
     async def launch(self, request: LaunchRequest) -> None:
         async with self._job_lock(request.job_id):
             settings = self.settings
-            service, _ = await self._client.create(
-                SERVICES, self._namespace, service_manifest(request.job_id, request.tenant, settings)
+            service, _ = await self._create(
+                SERVICES, service_manifest(request.job_id, request.tenant, settings), request.job_id
             )
-            await self._client.create(
+            await self._create(
                 NETWORK_POLICIES,
-                self._namespace,
                 network_policy_manifest(request.job_id, request.tenant, service, settings),
+                request.job_id,
             )
             login = await self._login(request, service)
             created = 0
             for learner in request.placement.learners:
                 pod = pod_manifest(request, learner, service, settings, login)
-                _, made = await self._client.create(PODS, self._namespace, pod)
+                _, made = await self._create(PODS, pod, request.job_id)
                 created += made
             log.info(
                 "learner pods launched",
@@ -171,8 +169,22 @@ class KubernetesLauncher:
 
     # -- steps ----------------------------------------------------------------------------------
 
+    async def _create(self, resource: Resource, body: KubeObject, job_id: str) -> tuple[KubeObject, bool]:
+        """Create ``body`` for the job, or take the object of that name if it is the job's own (a
+        repeated launch); one of another job's is refused, and never used or changed."""
+        obj, created = await self._client.create(resource, self._namespace, body)
+        if not created and job_id_of(obj) != job_id:
+            raise ValueError(f"the {resource.kind} name {body['metadata']['name']} is another job's")
+        return obj, created
+
+    async def _objects(self, resource: Resource, job_id: str) -> list[KubeObject]:
+        """The job's objects of ``resource``, by the annotation that holds its exact id: a name or a
+        label is shortened past 63 characters, and may be another job's."""
+        objects, _ = await self._client.list(resource, self._namespace, ANY_JOB_SELECTOR)
+        return [obj for obj in objects if job_id_of(obj) == job_id]
+
     async def _stop(self, job_id: str, grace_s: float) -> None:
-        pods, _ = await self._client.list(PODS, self._namespace, job_selector(job_id))
+        pods = await self._objects(PODS, job_id)
         grace = math.ceil(max(grace_s, 0.0))
         for pod in pods:
             # A finished pod has nothing left to stop: it goes at once.
@@ -190,10 +202,9 @@ class KubernetesLauncher:
                 await self._client.delete(PODS, self._namespace, name, 0)
         if self._logins is not None:
             await self._logins.revoke(job_id)
-            await self._client.delete(SECRETS, self._namespace, login_secret_name(job_id))
-        name = service_name(job_id)
-        await self._client.delete(NETWORK_POLICIES, self._namespace, name)
-        await self._client.delete(SERVICES, self._namespace, name)
+        for resource in (*((SECRETS,) if self._logins is not None else ()), NETWORK_POLICIES, SERVICES):
+            for obj in await self._objects(resource, job_id):
+                await self._client.delete(resource, self._namespace, obj["metadata"]["name"])
         log.info("learner pods stopped", job_id=job_id, pods=len(pods), grace_s=grace_s)
 
     async def _login(self, request: LaunchRequest, service: Mapping[str, Any]) -> PodLogin | None:
@@ -212,7 +223,7 @@ class KubernetesLauncher:
         """Wait until the job has no pod left; returns the names of those still there at the deadline."""
         deadline = time.monotonic() + timeout_s
         while True:
-            pods, _ = await self._client.list(PODS, self._namespace, job_selector(job_id))
+            pods = await self._objects(PODS, job_id)
             if not pods or time.monotonic() >= deadline:
                 return sorted(pod["metadata"]["name"] for pod in pods)
             await asyncio.sleep(self._poll_interval_s)
