@@ -190,3 +190,9 @@ def test_a_learner_asks_for_at_least_its_agent_s_share_of_memory_and_as_much_aga
     with pytest.raises(ManifestError) as refused:
         parse_manifest("name: job\ncommand: 'true'\nmemory_mb: 16\n")
     assert fields_of(refused.value.problems) == ["memory_mb"]
+
+
+@pytest.mark.parametrize("field", ["gpu_type", "image", "framework", "framework_version"])
+def test_a_spec_string_echoed_in_reasons_holds_no_control_characters(field: str) -> None:
+    assert fields_of(spec(**{field: "a100\x1b]52;c;x\x07"}).submission_problems()) == [field]
+    assert spec(**{field: "nvidia-h100 80GB"}).submission_problems() == []

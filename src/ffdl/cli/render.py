@@ -8,11 +8,11 @@ from typing import Any
 
 import yaml
 from rich.console import Console
-from rich.markup import escape
 from rich.measure import Measurement
 from rich.table import Table
 
 from ffdl.core.states import JobState
+from ffdl.tools.terminal import shown
 
 STATE_STYLE = {
     "SUBMITTED": "white",
@@ -91,7 +91,7 @@ def timeline_table(job: dict[str, Any]) -> Table:
             end = entry["at"]
         at = datetime.fromisoformat(entry["at"]).strftime("%H:%M:%S.%f")[:-3]
         duration = _duration(entry["at"], end)
-        table.add_row(str(entry["seq"]), styled(entry["state"]), at, duration, entry["reason"])
+        table.add_row(str(entry["seq"]), styled(entry["state"]), at, duration, shown(entry["reason"]))
     return table
 
 
@@ -110,7 +110,7 @@ def job_table(jobs: list[dict[str, Any]], *, wide: bool = False, now: datetime |
     table.add_column("reason", overflow="fold")
     for job in jobs:
         row = [
-            job["job_id"],
+            shown(job["job_id"]),
             styled(job["state"]),
             f"{job['spec']['learners']}x{job['spec']['gpus']}",
             age(job["submitted_at"], now),
@@ -118,31 +118,35 @@ def job_table(jobs: list[dict[str, Any]], *, wide: bool = False, now: datetime |
         if wide:
             nodes = sorted({p["node"] for p in job["placement"] or []})
             row += [
-                job["tenant"],
+                shown(job["tenant"]),
                 str(job["attempt"]),
                 str(job["restarts"]),
                 ",".join(nodes),
                 when(job["submitted_at"]),
             ]
-        table.add_row(*row, escape(job["reason"]))
+        table.add_row(*row, shown(job["reason"]))
     return table
 
 
 def learners_table(job: dict[str, Any], *, wide: bool = False) -> Table:
     """The job's learners; ``wide`` adds where each runs (host, pid) and when it last progressed."""
-    table = Table(title=f"{job['job_id']}: {styled(job['state'])}")
+    table = Table(title=f"{shown(job['job_id'])}: {styled(job['state'])}")
     columns = ["rank", "status", "node", "gpus", "step", "metrics", "exit"]
     for column in columns + (["host", "pid", "progressed"] if wide else []):
         table.add_column(column)
     for learner in job["learners"]:
-        metrics = ", ".join(f"{k}={v:.4g}" for k, v in sorted(learner["metrics"].items()))
+        metrics = ", ".join(f"{shown(k)}={v:.4g}" for k, v in sorted(learner["metrics"].items()))
         gpus = ",".join(map(str, learner["gpus"]))
         exit_code = "" if learner["exit_code"] is None else str(learner["exit_code"])
         rank, step = str(learner["rank"]), str(learner["step"])
         row = [rank, learner["status"], learner["node"], gpus, step, metrics, exit_code]
         if wide:
             progressed = learner["last_progress_at"]
-            row += [learner["host"] or "", str(learner["pid"] or ""), age(progressed) if progressed else ""]
+            row += [
+                shown(learner["host"] or ""),
+                str(learner["pid"] or ""),
+                age(progressed) if progressed else "",
+            ]
         table.add_row(*row)
     return table
 
@@ -165,7 +169,7 @@ def seconds(value: float | None) -> str:
 
 def replay_timeline_table(job_id: str, rows: list[dict[str, Any]]) -> Table:
     """A replayed job's states: when each was entered, by which event, for how long, and why."""
-    table = Table(title=f"timeline of {job_id}")
+    table = Table(title=f"timeline of {shown(job_id)}")
     for column in ("seq", "state", "entered at", "for", "event", "reason"):
         table.add_column(column)
     day = None
@@ -178,7 +182,7 @@ def replay_timeline_table(job_id: str, rows: list[dict[str, Any]]) -> Table:
         if entered.date() != day:  # the date once, and again where it changes
             day = entered.date()
             at = f"{day.isoformat()} {at}"
-        table.add_row(str(row["seq"]), styled(row["state"]), at, duration, row["event"], row["reason"])
+        table.add_row(str(row["seq"]), styled(row["state"]), at, duration, row["event"], shown(row["reason"]))
     return table
 
 
@@ -186,12 +190,13 @@ def replay_lines(report: dict[str, Any]) -> list[str]:
     """The headline of a replayed job: where the replay stopped, what it holds, what was skipped."""
     state, point = report["state"], report["point"]
     lines = [
-        f"job [bold]{report['job_id']}[/] (tenant {report['tenant']}) at seq {point['seq']}, {point['at']} "
+        f"job [bold]{shown(report['job_id'])}[/] (tenant {shown(report['tenant'])}) "
+        f"at seq {point['seq']}, {point['at']} "
         f"(position {point['position']}): {styled(state['state'])}, attempt {state['attempt']}, "
         f"{state['restarts']} restart(s)"
     ]
     if state["reason"]:
-        lines.append(f"reason: {state['reason']}")
+        lines.append(f"reason: {shown(state['reason'])}")
     if state["placement"]:
         held = ", ".join(
             f"rank {p['rank']} on {p['node']} GPUs {','.join(map(str, p['gpus']))}"
@@ -202,12 +207,12 @@ def replay_lines(report: dict[str, Any]) -> list[str]:
     if checkpoint:
         lines.append(
             f"latest checkpoint: step {checkpoint['step']} (attempt {checkpoint['attempt']}) "
-            f"at {checkpoint['uri']}"
+            f"at {shown(checkpoint['uri'])}"
         )
     for skipped in report["skipped"]:
         lines.append(
             f"[yellow]skipped[/] seq {skipped['seq']} {skipped['type']} at {skipped['position']}: "
-            f"{skipped['reason']}"
+            f"{shown(skipped['reason'])}"
         )
     return lines
 
@@ -216,7 +221,8 @@ def diff_table(report: dict[str, Any]) -> Table:
     """What changed in a job between two points, field by field."""
     before, after = report["from"], report["to"]
     table = Table(
-        title=f"{report['job_id']}: seq {before['seq']} ({before['at']}) → seq {after['seq']} ({after['at']})"
+        title=f"{shown(report['job_id'])}: "
+        f"seq {before['seq']} ({before['at']}) → seq {after['seq']} ({after['at']})"
     )
     for column in ("field", "before", "after"):
         table.add_column(column)
@@ -227,16 +233,16 @@ def diff_table(report: dict[str, Any]) -> Table:
         else:
             table.add_row(change["field"], _cell(old), _cell(new))
     for checkpoint in report["checkpoints"]["added"]:
-        table.add_row("checkpoint added", "", f"step {checkpoint['step']}: {checkpoint['uri']}")
+        table.add_row("checkpoint added", "", f"step {checkpoint['step']}: {shown(checkpoint['uri'])}")
     for checkpoint in report["checkpoints"]["removed"]:
-        table.add_row("checkpoint dropped", f"step {checkpoint['step']}: {checkpoint['uri']}", "")
+        table.add_row("checkpoint dropped", f"step {checkpoint['step']}: {shown(checkpoint['uri'])}", "")
     return table
 
 
 def _cell(value: Any) -> str:
     if value is None:
         return "[dim]none[/]"
-    return value if isinstance(value, str) else json.dumps(value)
+    return shown(value if isinstance(value, str) else json.dumps(value))
 
 
 def violations_table(violations: list[dict[str, str]]) -> Table:
@@ -245,7 +251,7 @@ def violations_table(violations: list[dict[str, str]]) -> Table:
         table.add_column(column)
     for violation in violations:
         kind = f"[red]{violation['kind']}[/]"
-        table.add_row(kind, violation["job_id"], violation["position"], violation["detail"])
+        table.add_row(kind, shown(violation["job_id"]), violation["position"], shown(violation["detail"]))
     return table
 
 
@@ -282,13 +288,13 @@ def nodes_table(nodes: list[dict[str, Any]], *, wide: bool = False) -> Table:
         row = [
             node["name"],
             node_status(node["status"]),
-            f"{node['gpus']} x {node['gpu_type']}",
+            f"{node['gpus']} x {shown(node['gpu_type'])}",
             f"{node['cpus']:g}",
             f"{node['memory_mb']} MB",
         ]
         if wide:
-            row += [age(node["since"]), escape(node["reason"] or "")]
-        table.add_row(*row, escape(cordon_text(node)))
+            row += [age(node["since"]), shown(node["reason"] or "")]
+        table.add_row(*row, shown(cordon_text(node)))
     return table
 
 
@@ -298,7 +304,7 @@ def when(iso: str) -> str:
 
 def node_line(node: dict[str, Any]) -> str:
     cordon = cordon_text(node)
-    return f"{node['name']}: {node_status(node['status'])}" + (f" ({cordon})" if cordon else "")
+    return f"{node['name']}: {node_status(node['status'])}" + (f" ({shown(cordon)})" if cordon else "")
 
 
 def node_timeline_table(name: str, rows: list[dict[str, Any]]) -> Table:
@@ -314,8 +320,8 @@ def node_timeline_table(name: str, rows: list[dict[str, Any]]) -> Table:
             row["entered_at"],
             duration,
             row["event"],
-            f"{row['spec']['gpus']} x {row['spec']['gpu_type']}",
-            row["reason"],
+            f"{row['spec']['gpus']} x {shown(row['spec']['gpu_type'])}",
+            shown(row["reason"]),
         )
     return table
 
@@ -329,24 +335,33 @@ def cluster_tables(picture: dict[str, Any]) -> list[Table]:
     for node in picture["nodes"]:
         for gpu in range(int(node["gpus"])):
             holder = node["allocated"].get(str(gpu))
-            gpus.add_row(node["name"], node_status(node["status"]), str(gpu), holder or "[dim]free[/]")
+            gpus.add_row(
+                node["name"],
+                node_status(node["status"]),
+                str(gpu),
+                shown(holder) if holder else "[dim]free[/]",
+            )
     queue = Table(title="Queue")
     for column in ("#", "job", "tenant", "priority", "learners x GPUs", "reason"):
         queue.add_column(column)
     for row in picture["queue"]:
         queue.add_row(
             str(row["position"]),
-            row["job_id"],
-            row["tenant"],
+            shown(row["job_id"]),
+            shown(row["tenant"]),
             str(row["priority"]),
             f"{row['learners']} x {row['gpus']}",
-            row["reason"] or "",
+            shown(row["reason"] or ""),
         )
     jobs = Table(title="Jobs")
     for column in ("job", "tenant", "state", "attempt", "GPUs held"):
         jobs.add_column(column)
     for job in picture["jobs"]:
         jobs.add_row(
-            job["job_id"], job["tenant"], styled(job["state"]), str(job["attempt"]), str(job["gpus_held"])
+            shown(job["job_id"]),
+            shown(job["tenant"]),
+            styled(job["state"]),
+            str(job["attempt"]),
+            str(job["gpus_held"]),
         )
     return [gpus, queue, jobs]

@@ -248,6 +248,10 @@ class JobSpec(Frozen):
         problems = [*env_problems(self.env), *label_problems(self.labels)]
         if self.nproc_per_node is not None and self.launcher != "torchrun":
             problems.append(("nproc_per_node", "only with launcher: torchrun"))
+        for field in ("gpu_type", "image", "framework", "framework_version"):
+            value = getattr(self, field)
+            if value is not None and not value.isprintable():  # echoed in reasons the CLI shows
+                problems.append((field, "may hold no control characters"))
         if self.memory_mb < LEARNER_MEMORY_MIN_MB:
             problems.append(
                 (

@@ -21,6 +21,7 @@ from ffdl.core.baselines import BASELINES, simulate_baseline
 from ffdl.core.scheduling import SchedulerPolicy
 from ffdl.core.simulation import SimulationResult, TraceJob, offered_load, simulate, summarize
 from ffdl.tools.simulate_report import ROWS, render_report
+from ffdl.tools.terminal import shown
 
 PLACEMENTS: dict[str, PlacementPolicy] = {"pack": "pack", "spread": "spread"}
 
@@ -124,7 +125,7 @@ def report_tables(report: dict[str, Any]) -> list[Table]:
     ffdl = policies["ffdl"]["tenants"]
     for tenant, figures in ffdl.items():
         tenants.add_row(
-            tenant,
+            shown(tenant),
             str(figures["jobs"]),
             *(f"{policy['tenants'][tenant]['slowdown_p50']:.2f}" for policy in policies.values()),
         )

@@ -7,6 +7,8 @@ Output follows kubectl's habits: a table by default, ``-o wide|name|json|yaml`` 
 
 from __future__ import annotations
 
+import re
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -37,6 +39,7 @@ from ffdl.cli.render import (
     timeline_table,
 )
 from ffdl.core.states import JobState
+from ffdl.tools.terminal import shown, visible
 
 app = typer.Typer()
 
@@ -148,7 +151,8 @@ def status(
             if job["latest_checkpoint"]:
                 checkpoint = job["latest_checkpoint"]
                 console.print(
-                    f"latest checkpoint: step {checkpoint['step']} at {checkpoint['uri']}", soft_wrap=True
+                    f"latest checkpoint: step {checkpoint['step']} at {shown(checkpoint['uri'])}",
+                    soft_wrap=True,
                 )
             console.print(timeline_table(job))
 
@@ -269,7 +273,7 @@ def events(
                 else:
                     console.print(
                         f"{event['seq']:>4} {event['occurred_at']} [bold]{event['type']}[/] "
-                        f"{data_summary(event['data'])}"
+                        f"{shown(data_summary(event['data']))}"
                     )
             if not follow or JobState(client.get(job_id)["state"]).terminal:
                 return
@@ -289,10 +293,10 @@ def why(job_id: str, json_output: JsonFlag = False) -> None:
     if json_output:
         print_json(answer)
         return
-    console.print(answer["summary"])
+    console.print(shown(answer["summary"]))
     waiting = answer["waiting"]
     if waiting and waiting["reserved_nodes"]:
-        console.print(f"nodes kept free for it: {', '.join(waiting['reserved_nodes'])}")
+        console.print(f"nodes kept free for it: {shown(', '.join(waiting['reserved_nodes']))}")
     if answer["state"] == "QUEUED":
         console.print(
             f"tenant {answer['tenant']}: position {answer['tenant_position']} among its jobs, "
@@ -313,10 +317,10 @@ def logs(
     try:
         if follow:
             for text in _followed(client, job_id, rank, tail, attempt):
-                print(text, end="", flush=True)
+                print(_for_output(text), end="", flush=True)
             return
         try:
-            print(client.logs(job_id, rank, tail, attempt), end="")
+            print(_for_output(client.logs(job_id, rank, tail, attempt)), end="")
         except ApiError as exc:
             raise fail(_no_log_yet(client, job_id, rank, exc)) from exc
     except ApiError as exc:
@@ -325,6 +329,13 @@ def logs(
         return
     finally:
         client.close()
+
+
+def _for_output(text: str) -> str:
+    """A learner's output as ``ffdl logs`` prints it: as it is into a file or a pipe, with its control
+    characters made visible on a terminal (a learner's escape sequence once wrote to the operator's
+    clipboard and set their terminal's title)."""
+    return visible(re.sub(r"\r\n?", "\n", text)) if sys.stdout.isatty() else text
 
 
 def _followed(client: ApiClient, job_id: str, rank: int, tail: int, attempt: int | None) -> Iterator[str]:

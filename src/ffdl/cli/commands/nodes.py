@@ -9,6 +9,7 @@ from rich.table import Table
 
 from ffdl.cli.commands.common import JsonFlag, Output, OutputOption, call_api, data_summary, output_of
 from ffdl.cli.render import console, node_line, nodes_table, print_json, print_table, print_yaml, when
+from ffdl.tools.terminal import shown
 
 app = typer.Typer(
     help="The inventory: list and show nodes; cordon, drain, uncordon them (admins).", no_args_is_help=True
@@ -48,14 +49,15 @@ def nodes_show(name: str, json_output: JsonFlag = False) -> None:
     for column in ("gpu", "job"):
         gpus.add_column(column)
     for gpu in range(node["gpus"]):
-        gpus.add_row(str(gpu), node["allocated"].get(str(gpu), "[dim]free[/]"))
+        holder = node["allocated"].get(str(gpu))
+        gpus.add_row(str(gpu), shown(holder) if holder else "[dim]free[/]")
     console.print(gpus)
     history = Table(title=f"events of {name}")
     for column in ("seq", "at", "event", "detail"):
         history.add_column(column)
     for event in node["history"]:
         history.add_row(
-            str(event["seq"]), when(event["occurred_at"]), event["type"], data_summary(event["data"])
+            str(event["seq"]), when(event["occurred_at"]), event["type"], shown(data_summary(event["data"]))
         )
     console.print(history)
 

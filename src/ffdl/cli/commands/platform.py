@@ -12,6 +12,7 @@ import typer
 
 from ffdl.cli.commands.common import JsonFlag, fail, usage
 from ffdl.cli.render import console, print_json
+from ffdl.tools.terminal import shown
 from ffdl.wiring.config import Settings
 from ffdl.wiring.logging import configure_logging
 
@@ -149,6 +150,6 @@ def simulate(
     for table in simulation.report_tables(report):
         console.print(table)
     for job in report["never_run"][:10]:
-        console.print(f"[yellow]never runs[/] {job['job_id']}: {job['reason']}")
+        console.print(f"[yellow]never runs[/] {shown(job['job_id'])}: {shown(job['reason'])}")
     if html is not None:
         console.print(f"wrote the report to {html}")

@@ -29,6 +29,7 @@ from ffdl.cli.render import (
     violations_table,
 )
 from ffdl.core.kinds import JOBS, NODES
+from ffdl.tools.terminal import shown
 from ffdl.wiring.config import Settings
 from ffdl.wiring.logging import configure_logging
 
@@ -276,7 +277,7 @@ def _replay_cluster(
     if previous:
         console.print(
             f"after {picture['applied']} of {picture['span']['events']} events; the last: "
-            f"{previous['type']} of {previous['key']} at {previous['at']}"
+            f"{previous['type']} of {shown(previous['key'])} at {previous['at']}"
         )
 
 
@@ -293,17 +294,17 @@ def _replay_node(
         return
     state, at = report["state"], report["point"]
     console.print(
-        f"node [bold]{name}[/] at seq {at['seq']}, {at['at']} (position {at['position']}): "
-        f"{node_status(state['status'])}, {state['gpus']} x {state['gpu_type']} GPU, "
+        f"node [bold]{shown(name)}[/] at seq {at['seq']}, {at['at']} (position {at['position']}): "
+        f"{node_status(state['status'])}, {state['gpus']} x {shown(state['gpu_type'])} GPU, "
         f"{state['cpus']:g} CPUs, {state['memory_mb']} MB"
     )
-    console.print(f"since {state['since']}: {state['reason'] or 'no reason recorded'}")
+    console.print(f"since {state['since']}: {shown(state['reason'] or 'no reason recorded')}")
     if state["cordon"]:
-        console.print(cordon_text(state))
+        console.print(shown(cordon_text(state)))
     for skipped in report["skipped"]:
         console.print(
             f"[yellow]skipped[/] seq {skipped['seq']} {skipped['type']} at {skipped['position']}: "
-            f"{skipped['reason']}"
+            f"{shown(skipped['reason'])}"
         )
     console.print(node_timeline_table(name, report["timeline"]))
 
