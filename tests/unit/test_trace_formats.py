@@ -95,6 +95,38 @@ def test_a_broken_trace_names_where(tmp_path: Path) -> None:
         load_trace(tmp_path / "log.json")
 
 
+@pytest.mark.parametrize(
+    ("name", "content", "said"),
+    [
+        # NaN never equals the simulator's clock: it waited for it for ever, growing without end
+        (
+            "philly.csv",
+            b"timestamp,duration,num_gpus,gpu_time,cluster\nnan,100,1,0,vc1\n",
+            "timestamp: not a time",
+        ),
+        (
+            "philly.csv",
+            b"timestamp,duration,num_gpus,gpu_time,cluster\n1,100,inf,0,vc1\n",
+            "not a finite number",
+        ),
+        (
+            "trace.jsonl",
+            b'{"submit_time": NaN, "tenant": "t", "learners": 1, "gpus_per_learner": 1, "runtime": 5}\n',
+            "finite",
+        ),
+        ("trace.jsonl", b"\xff\xfe not text", "not a trace of the format it looks like"),
+        ("log.json", b'[{"jobid": "j", "attempts": 5}]', "not a trace of the format it looks like"),
+        ("log.json", b"[1, 2]", "job 1: not an object"),
+    ],
+)
+def test_a_trace_that_is_not_what_its_format_says_is_a_trace_error(
+    tmp_path: Path, name: str, content: bytes, said: str
+) -> None:
+    (tmp_path / name).write_bytes(content)
+    with pytest.raises(TraceError, match=said):
+        load_trace(tmp_path / name)
+
+
 @given(gpus=st.integers(1, 512), per_node=st.sampled_from([1, 2, 4, 8, 16]))
 def test_a_gang_shape_holds_exactly_the_gpus_asked_with_no_learner_bigger_than_a_node(
     gpus: int, per_node: int

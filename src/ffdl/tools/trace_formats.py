@@ -66,7 +66,16 @@ def gang_shape(gpus: int, gpus_per_node: int) -> tuple[int, int]:
 
 
 def load_trace(path: Path, gpus_per_node: int = 8) -> list[TraceJob]:
-    """The jobs of the trace at ``path`` in whichever format it is (see the module docstring)."""
+    """The jobs of the trace at ``path`` in whichever format it is (see the module docstring); a
+    trace that is not what its format says raises :class:`TraceError` naming the file, never a
+    Python error from deep inside (a field of the wrong type, bytes that are not UTF-8)."""
+    try:
+        return _load(path, gpus_per_node)
+    except (UnicodeDecodeError, TypeError, AttributeError, OverflowError, RecursionError, KeyError) as exc:
+        raise TraceError(f"{path}: not a trace of the format it looks like: {exc}") from exc
+
+
+def _load(path: Path, gpus_per_node: int) -> list[TraceJob]:
     if path.is_dir():
         return _pai(path / "pai_job_table.csv", path / "pai_task_table.csv", gpus_per_node)
     with path.open(newline="") as handle:
@@ -110,8 +119,8 @@ def _number(path: Path, line: int, row: dict[str, str], column: str) -> float:
         value = float(row[column])
     except (KeyError, ValueError) as exc:
         raise TraceError(f"{path}:{line}: {column}: not a number: {row.get(column)!r}") from exc
-    if math.isnan(value):
-        raise TraceError(f"{path}:{line}: {column}: not a number: {row.get(column)!r}")
+    if not math.isfinite(value):
+        raise TraceError(f"{path}:{line}: {column}: not a finite number: {row.get(column)!r}")
     return value
 
 
@@ -121,7 +130,7 @@ def _optional(row: dict[str, str], column: str) -> float | None:
         value = float(row.get(column) or "nan")
     except ValueError:
         return None
-    return None if math.isnan(value) else value
+    return value if math.isfinite(value) else None
 
 
 def _when(path: Path, line: int, text: str | None, column: str) -> float:
@@ -129,9 +138,13 @@ def _when(path: Path, line: int, text: str | None, column: str) -> float:
     if not text or text == "None":
         raise TraceError(f"{path}:{line}: {column}: no time")
     try:
-        return float(text)
+        seconds = float(text)
     except ValueError:
         pass
+    else:
+        if not math.isfinite(seconds):  # NaN never equals the clock: the simulator waited for ever
+            raise TraceError(f"{path}:{line}: {column}: not a time: {text!r}")
+        return seconds
     try:
         return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
     except ValueError as exc:

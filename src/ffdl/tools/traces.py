@@ -51,7 +51,7 @@ class TraceError(ValueError):
 
 
 class _TraceLine(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     submit_time: Annotated[float, Field(ge=0)]
     tenant: Annotated[str, Field(min_length=1, max_length=63)]
