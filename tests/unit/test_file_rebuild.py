@@ -142,3 +142,18 @@ def test_a_bad_line_fails_the_rebuild_as_the_serial_one_at_the_first(
         == (serial.value.line, str(serial.value))
         == (41, str(serial.value))
     )
+
+
+@pytest.mark.parametrize("nesting", ["[" * 100_000, '{"a":' * 100_000])
+def test_a_line_nested_past_the_stack_is_an_error_naming_its_line_not_a_crash(
+    tmp_path: Path, nesting: str
+) -> None:
+    """Made by hand or damaged: ``verify`` and the rebuild ended with a ``RecursionError``."""
+    path = tmp_path / "deep.jsonl"
+    path.write_text(nesting + "\n")
+
+    with pytest.raises(LogFileError, match=r"^line 1: not JSON"):
+        list(read_lines(path))
+    assert line_history_row(nesting) is None
+    with pytest.raises(LogFileError, match=r"^line 1: not JSON"):
+        rebuild_file_in_processes(Projection(tmp_path / "rebuilt.sqlite"), path, 2, 10)

@@ -71,8 +71,8 @@ def _address(text: str) -> tuple[str | None, tuple[int, int] | None]:
     fails in the folder it goes to)."""
     try:
         address = _decode_address(text)
-    except ValueError:  # msgspec's errors are ValueErrors
-        return None, None
+    except (ValueError, RecursionError):  # msgspec's errors are ValueErrors; RecursionError: a line
+        return None, None  # nested past the stack
     key = None
     if address.job_id is not None and address.node is None:
         key = address.job_id

@@ -118,7 +118,7 @@ def json_line(text: str, number: int) -> JsonObject:
     """One line of an exported file as a JSON object, without the ``topic`` every line carries."""
     try:
         raw = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # nested past the stack: a damaged or made-up line
         raise LogFileError(number, f"not JSON: {exc}") from exc
     if not isinstance(raw, dict):
         raise LogFileError(number, "not a JSON object")
@@ -322,8 +322,8 @@ def line_history_row(text: str) -> tuple[AnyKind, tuple[int, int], tuple[Any, ..
                 body,
             ),
         )
-    except ValueError:  # msgspec's errors are ValueErrors
-        return None
+    except (ValueError, RecursionError):  # msgspec's errors are ValueErrors; a line nested past the
+        return None  # stack is read the slow way, which says why it is no event
 
 
 def _uuid_text(text: str) -> str:
