@@ -17,12 +17,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ffdl.adapters.bus import open_bus
-from ffdl.adapters.mqtt import MqttBridge, progress_command
+from ffdl.adapters.mqtt import TELEMETRY_PER_TENANT, MqttBridge, progress_command
 from ffdl.core.authorization import ANONYMOUS
 from ffdl.core.job import Job
 from ffdl.events import job_commands as cmd
 from ffdl.events import nodes as nd
-from ffdl.events.codec import AnyEvent, any_command_from_json, command_to_json, event_to_json
+from ffdl.events.codec import AnyCommand, AnyEvent, any_command_from_json, command_to_json, event_to_json
+from ffdl.events.envelope import Command
 from ffdl.handlers.messaging import CommandSender, Topics, event_records
 from ffdl.handlers.notifier import Notifier, status_payload, status_topic
 from ffdl.handlers.ports import Bus, Record, TopicPartition
@@ -231,14 +232,19 @@ def test_the_bridge_sends_what_telemetry_stands_for_and_drops_the_rest(tmp_path:
             sender = CommandSender(bus, topics, "mqtt", ANONYMOUS)
             bridge = MqttBridge("mqtt://localhost", bus, topics, sender, "notifier")
             for topic, payload in messages:
-                await bridge.accept(topic, payload)
+                bridge.accept(topic, payload)
+            await bridge.send_waiting()
             sent = [any_command_from_json(r.value) async for r in bus.read(topics.commands, 0)]
         finally:
             await bus.close()
-        expected = []
+        latest: dict[tuple[str, str, int], Command] = {}  # of each learner, where it first came
         for topic, payload in messages:
             with contextlib.suppress(ValueError):
-                expected.append(progress_command(sender, topic, payload))
+                command = progress_command(sender, topic, payload)
+                assert isinstance(command.data, cmd.ReportProgress)
+                latest[(command.tenant, command.job_id, command.data.rank)] = command
+        tenants = list(dict.fromkeys(tenant for tenant, _, _ in latest))  # sent a tenant at a time
+        expected = sorted(latest.values(), key=lambda command: tenants.index(command.tenant))
         assert [(c.key, c.data) for c in sent] == [(c.key, c.data) for c in expected]
 
     @settings(max_examples=25, deadline=None)
@@ -258,3 +264,36 @@ def test_each_status_says_why_the_job_is_in_that_state_not_an_earlier_one(bus: B
     assert [status["reason"] for status in published] == [entry.reason for entry in STORY.completed.history]
     assert reasons["RUNNING"] == "every learner of attempt 1 started", reasons
     assert reasons["COMPLETED"].startswith("results recorded"), reasons
+
+
+def test_a_tenants_telemetry_flood_is_its_learners_latest_reports_a_few_at_a_time(tmp_path: Path) -> None:
+    """One tenant publishing as fast as it can once became a command per message on the log, and
+    the broker dropped other tenants' telemetry behind it."""
+
+    async def flood() -> tuple[list[AnyCommand], list[AnyCommand]]:
+        bus, topics = open_bus(f"embedded://{tmp_path}", 1), Topics()
+        await bus.start()
+        try:
+            bridge = MqttBridge(
+                "mqtt://localhost", bus, topics, CommandSender(bus, topics, "mqtt", ANONYMOUS), "n"
+            )
+            for step in range(3):
+                for rank in range(TELEMETRY_PER_TENANT + 50):
+                    topic = f"ffdl/acme/jobs/big/learners/{rank}/progress"
+                    bridge.accept(topic, f'{{"attempt": 1, "step": {step}}}')
+            bridge.accept("ffdl/globex/jobs/small/learners/0/progress", '{"attempt": 1, "step": 7}')
+            await bridge.send_waiting()
+            first = [any_command_from_json(r.value) async for r in bus.read(topics.commands, 0)]
+            await bridge.send_waiting()
+            every = [any_command_from_json(r.value) async for r in bus.read(topics.commands, 0)]
+        finally:
+            await bus.close()
+        return first, every
+
+    first, every = asyncio.run(flood())
+
+    assert len(first) == TELEMETRY_PER_TENANT + 1  # acme's first learners, and globex's report
+    progress = [c.data for c in every if isinstance(c.data, cmd.ReportProgress)]
+    assert len(progress) == TELEMETRY_PER_TENANT + 50 + 1
+    assert {p.step for c, p in zip(every, progress, strict=True) if getattr(c, "tenant", "") == "acme"} == {2}
+    assert any(getattr(c, "tenant", "") == "globex" for c in first)
