@@ -60,9 +60,11 @@ from ffdl.adapters.launchers.k8s_manifests import (
     learner_of,
     login_password,
     login_secret_manifest,
+    login_secret_name,
     network_policy_manifest,
     pod_manifest,
     service_manifest,
+    service_name,
 )
 from ffdl.adapters.launchers.k8s_watch import NodeInventory, PodWatcher
 from ffdl.adapters.launchers.kube_config import KubeConfig
@@ -177,14 +179,14 @@ class KubernetesLauncher:
             raise ValueError(f"the {resource.kind} name {body['metadata']['name']} is another job's")
         return obj, created
 
-    async def _objects(self, resource: Resource, job_id: str) -> list[KubeObject]:
-        """The job's objects of ``resource``, by the annotation that holds its exact id: a name or a
-        label is shortened past 63 characters, and may be another job's."""
-        objects, _ = await self._client.list(resource, self._namespace, ANY_JOB_SELECTOR)
-        return [obj for obj in objects if job_id_of(obj) == job_id]
+    async def _pods(self, job_id: str) -> list[KubeObject]:
+        """The job's pods, by the annotation that holds its exact id: a label is shortened past 63
+        characters, and another job's may be the same."""
+        pods, _ = await self._client.list(PODS, self._namespace, ANY_JOB_SELECTOR)
+        return [pod for pod in pods if job_id_of(pod) == job_id]
 
     async def _stop(self, job_id: str, grace_s: float) -> None:
-        pods = await self._objects(PODS, job_id)
+        pods = await self._pods(job_id)
         grace = math.ceil(max(grace_s, 0.0))
         for pod in pods:
             # A finished pod has nothing left to stop: it goes at once.
@@ -202,9 +204,13 @@ class KubernetesLauncher:
                 await self._client.delete(PODS, self._namespace, name, 0)
         if self._logins is not None:
             await self._logins.revoke(job_id)
-        for resource in (*((SECRETS,) if self._logins is not None else ()), NETWORK_POLICIES, SERVICES):
-            for obj in await self._objects(resource, job_id):
-                await self._client.delete(resource, self._namespace, obj["metadata"]["name"])
+        owned = [(NETWORK_POLICIES, service_name(job_id)), (SERVICES, service_name(job_id))]
+        if self._logins is not None:
+            owned.insert(0, (SECRETS, login_secret_name(job_id)))
+        for resource, name in owned:  # by name (no list of secrets granted), if the job's own
+            obj = await self._client.get(resource, self._namespace, name)
+            if obj is not None and job_id_of(obj) == job_id:
+                await self._client.delete(resource, self._namespace, name)
         log.info("learner pods stopped", job_id=job_id, pods=len(pods), grace_s=grace_s)
 
     async def _login(self, request: LaunchRequest, service: Mapping[str, Any]) -> PodLogin | None:
@@ -223,7 +229,7 @@ class KubernetesLauncher:
         """Wait until the job has no pod left; returns the names of those still there at the deadline."""
         deadline = time.monotonic() + timeout_s
         while True:
-            pods = await self._objects(PODS, job_id)
+            pods = await self._pods(job_id)
             if not pods or time.monotonic() >= deadline:
                 return sorted(pod["metadata"]["name"] for pod in pods)
             await asyncio.sleep(self._poll_interval_s)
