@@ -213,6 +213,10 @@ def test_a_cpu_learner_asks_for_no_gpu_and_no_gpu_type() -> None:
         ]
     }
     assert "tolerations" not in manifest["spec"]
+    # no device plugin answers for it: an image's NVIDIA_VISIBLE_DEVICES=all would have the NVIDIA
+    # runtime give it every GPU of the node
+    assert env_of(manifest)["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert "NVIDIA_VISIBLE_DEVICES" not in env_of(pod(request()))  # the device plugin's to set
 
 
 def test_the_environment_contract_points_at_rank_0_through_the_headless_service() -> None:

@@ -330,6 +330,11 @@ def pod_manifest(
     )
     # The device plugin gives the container exactly its GPUs, which it sees as 0..G-1.
     environment = learner_environment(request, learner, range(len(learner.gpus)), site)
+    if not learner.gpus:
+        # No device plugin answers for a pod without GPUs: an image's own NVIDIA_VISIBLE_DEVICES=all
+        # would have the NVIDIA runtime (a node's default) give it every GPU of the node, other
+        # jobs' included. The pod's environment overrides the image's.
+        environment["NVIDIA_VISIBLE_DEVICES"] = "void"
     metadata = _metadata(
         name,
         request.job_id,
