@@ -221,7 +221,7 @@ class KubernetesLauncher:
         manifest = login_secret_manifest(
             request.job_id, request.tenant, service, self.settings, new_password()
         )
-        secret, _ = await self._client.create(SECRETS, self._namespace, manifest)
+        secret, _ = await self._create(SECRETS, manifest, request.job_id)
         username = await self._logins.grant(request.job_id, login_password(secret))
         return PodLogin(username, secret["metadata"]["name"])
 
