@@ -111,6 +111,7 @@ class MqttBridge:
         self._sender = sender
         # tenant -> (job, rank) -> the latest command of that learner not sent yet
         self._waiting: dict[str, OrderedDict[tuple[str, int], Command]] = {}
+        self._full: set[str] = set()  # tenants told of, whose new learners are dropped until sent
         self._arrived = asyncio.Event()
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -177,7 +178,11 @@ class MqttBridge:
         waiting = self._waiting.setdefault(command.tenant, OrderedDict())
         learner = (command.job_id, command.data.rank)
         if learner not in waiting and len(waiting) >= TELEMETRY_PENDING_MAX:
-            log.warning("telemetry dropped: too many of the tenant's learners wait", tenant=command.tenant)
+            if command.tenant not in self._full:  # once, not once a message of a flood
+                self._full.add(command.tenant)
+                log.warning(
+                    "telemetry dropped: too many of the tenant's learners wait", tenant=command.tenant
+                )
             return
         waiting[learner] = command
         self._arrived.set()
@@ -192,6 +197,7 @@ class MqttBridge:
             commands = [
                 waiting.popitem(last=False)[1] for _ in range(min(len(waiting), TELEMETRY_PER_TENANT))
             ]
+            self._full.discard(tenant)
             if not waiting:
                 del self._waiting[tenant]
             else:
