@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from ffdl.adapters import gpus
 from ffdl.adapters.gpus import SIMULATED_GPUS, detect_local_node
+from ffdl.core.cluster import Admission
+from ffdl.events.model import LEARNER_MEMORY_MIN_MB, JobSpec
 
 
 def fake_nvidia_smi(directory: Path, script: str) -> None:
@@ -48,3 +51,17 @@ def test_the_node_offers_the_host_s_memory_less_the_platform_s_reserve(
     assert detect_local_node().memory_mb == 24_000 - gpus.PLATFORM_RESERVE_MB
     monkeypatch.setattr(gpus, "host_memory_mb", lambda: 3_000)  # a small host keeps half for learners
     assert detect_local_node().memory_mb == 1_500
+
+
+def test_a_manifest_of_many_small_cpu_learners_never_fits_this_hosts_node() -> None:
+    """The attack: 1,024 learners of the least memory and no GPUs, each with an agent beside it. On
+    the node of 256 GiB the embedded default once offered, whatever the host had, it was placed and
+    its agents ran a 24 GiB host out of memory; a host's node of 24 GiB less the reserve holds 170."""
+    node = replace(detect_local_node(), memory_mb=24_000 - gpus.PLATFORM_RESERVE_MB)
+    many = JobSpec(
+        name="many", command="true", learners=1024, gpus=0, cpus=0.01, memory_mb=LEARNER_MEMORY_MIN_MB
+    )
+    assert many.submission_problems() == []
+    assert Admission([node]).why_never_fits(many) is not None
+    fits = many.model_copy(update={"learners": node.memory_mb // LEARNER_MEMORY_MIN_MB})
+    assert Admission([node]).why_never_fits(fits) is None

@@ -21,7 +21,8 @@ NODE_KEY_PREFIX = "node:"
 #: What a new job's id may be: it names the job's directory, its checkpoint place and its URL
 #: (``/v1/jobs/{job_id}``), so no ``/``, no ``..``, nothing a path or a URL would read otherwise.
 #: The API's ids (``{name}-{8 hex}``) always match.
-JOB_ID_PATTERN = re.compile(r"\A[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?\Z")
+_NAME = r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?"  # a node's name is one too (NodeName)
+JOB_ID_PATTERN = re.compile(rf"\A{_NAME}\Z")
 
 
 class Payload(Frozen):
@@ -139,9 +140,7 @@ def node_key(node: str) -> str:
 
 
 #: A node name: a Kubernetes node name (DNS subdomain) or a host name.
-NodeName = Annotated[
-    str, Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
-]
+NodeName = Annotated[str, Field(min_length=1, max_length=253, pattern=f"^{_NAME}$")]
 
 
 class NodeEventData(Payload):
