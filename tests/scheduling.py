@@ -145,10 +145,12 @@ class World:
             )
         )
 
-    def submit(self, tenant: str, learners: int, gpus: int, priority: int) -> None:
+    def submit(self, tenant: str, learners: int, gpus: int, priority: int, cpus: float = 1.0) -> None:
         self.submitted += 1
         job_id = f"job-{self.submitted}"
-        spec = JobSpec(name=job_id, command="train", learners=learners, gpus=gpus, priority=priority)
+        spec = JobSpec(
+            name=job_id, command="train", learners=learners, gpus=gpus, priority=priority, cpus=cpus
+        )
         self.apply(
             Command(
                 command_id=uuid.uuid4(),
@@ -167,6 +169,9 @@ class World:
         expected = plan(fresh_state, fresh_queue, now, self.policy)
         kept, decided = self.state.next_plan(now)
         assert decided == expected
+        for counts in ("usage", "releasing", "gpus_held"):  # what each tenant holds, counted alike
+            kept_counts, fresh_counts = getattr(kept, counts), getattr(fresh_state, counts)
+            assert {t: n for t, n in kept_counts.items() if n} == {t: n for t, n in fresh_counts.items() if n}
         for state in (kept, fresh_state):
             assert held_on_nodes(state) == {
                 priority: on_nodes for priority, on_nodes in state.gpus_on_nodes.items() if on_nodes

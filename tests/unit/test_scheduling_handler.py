@@ -127,6 +127,23 @@ async def test_a_higher_priority_job_preempts_and_the_victim_resumes_from_its_ch
     assert len(halts) == 1 and halts[0].fencing_token is not None, "preempted once, with the leader's token"
 
 
+async def test_a_job_without_gpus_holding_a_nodes_cpus_is_preempted_for_a_higher_priority_gang(
+    cluster: Cluster,
+) -> None:
+    """A `gpus: 0` job of the lowest class that takes 60 of the node's 64 CPUs once kept every gang
+    off the node whatever its class: a victim was looked for among jobs holding GPUs only."""
+    spec = JobSpec(name="cpu-hog", command="train", gpus=0, cpus=60)
+    await cluster.send("cpu-hog", cmd.SubmitJob(spec=spec))
+    await cluster.until("cpu-hog", lambda j: j.state is S.LAUNCHING, "the CPU-only job gets its CPUs")
+    await cluster.send(
+        "urgent", cmd.SubmitJob(spec=JobSpec(name="urgent", command="t", gpus=4, cpus=8, priority=10))
+    )
+    halting = await cluster.until("cpu-hog", lambda j: j.state is S.HALTING, "it is halted for the gang")
+    assert halting.requeue_on_halt and "preempted by job urgent" in halting.reason
+    urgent = await cluster.until("urgent", lambda j: j.waiting is not None, "urgent records why it waits")
+    assert urgent.waiting is not None and urgent.waiting.waiting_for == ("cpu-hog",)
+
+
 async def test_the_same_log_in_another_order_yields_the_same_decisions(cluster: Cluster) -> None:
     for index, gpus in enumerate([2, 3, 1, 4, 2, 1]):
         await cluster.queue(f"job-{index}", gpus=gpus, priority=index % 3)

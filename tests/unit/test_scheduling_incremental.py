@@ -43,6 +43,7 @@ actions = st.lists(
                 st.integers(1, 3),
                 st.sampled_from([0, 1, 2, 4]),
                 st.sampled_from([-5, 0, 5]),
+                st.sampled_from([1.0, 24.0]),  # 24 of a node's 64 CPUs count more than its 4 GPUs' share
             )
         ]
         * 3,

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ffdl.core.allocator import Node
-from ffdl.core.cluster import ClusterState, Demand, Gang, HeldJob
+from ffdl.core.cluster import MILLI_GPUS, ClusterState, Demand, Gang, HeldJob
 from ffdl.core.scheduling import Plan, SchedulerPolicy, WaitingJob, plan
 from ffdl.core.simulation import TraceJob, simulate
 from ffdl.core.tenancy import TenancyPolicy, TenantQuota
@@ -70,7 +70,11 @@ quotas = st.dictionaries(
 )
 workloads = st.lists(
     st.tuples(
-        st.sampled_from(["a", "b", "c"]), st.integers(1, 3), st.sampled_from([1, 2, 4, 8]), st.integers(0, 2)
+        st.sampled_from(["a", "b", "c"]),
+        st.integers(1, 3),
+        st.sampled_from([0, 1, 2, 4, 8]),
+        st.integers(0, 2),
+        st.sampled_from([1, 8, 24]),  # CPUs per learner: a node has 8 per GPU
     ),
     min_size=1,
     max_size=25,
@@ -80,20 +84,25 @@ workloads = st.lists(
 @settings(max_examples=120, deadline=None)
 @given(quota=quotas, workload=workloads, cycles=st.integers(1, 4), seed=st.integers(0, 1000))
 def test_a_tenant_never_holds_more_than_guaranteed_plus_borrowing(
-    quota: dict[str, TenantQuota], workload: list[tuple[str, int, int, int]], cycles: int, seed: int
+    quota: dict[str, TenantQuota], workload: list[tuple[str, int, int, int, int]], cycles: int, seed: int
 ) -> None:
+    """Counted in GPU-equivalents: GPUs, or what a learner's CPUs are worth where that is more
+    (jobs without GPUs too)."""
     policy = SchedulerPolicy(TenancyPolicy(quota), min_runtime_s=0.0)
     state = cluster(nodes=4)
     jobs = [
-        waiting(f"j{i}", gpus, learners=learners, tenant=tenant, priority=priority, order=float(i))
-        for i, (tenant, learners, gpus, priority) in enumerate(workload)
+        WaitingJob(f"j{i}", tenant, Demand(learners, gpus, None, cpus * 1000), priority, (float(i), f"j{i}"))
+        for i, (tenant, learners, gpus, priority, cpus) in enumerate(workload)
     ]
     rng = random.Random(seed)
     for cycle in range(cycles):
         decided = plan(state, jobs, NOW + cycle, policy)
-        for tenant, held in state.usage.items():
+        for tenant in state.usage:
             limit = policy.tenancy.quota(tenant).limit
-            assert limit is None or held <= limit, f"{tenant} holds {held} > {limit}"
+            held = sum(state.charge(job.demand) for job in state.held.values() if job.tenant == tenant)
+            assert state.usage[tenant] == held
+            assert state.gpus_held[tenant] <= held / MILLI_GPUS
+            assert limit is None or held <= limit * MILLI_GPUS, f"{tenant} holds {held} > {limit}"
         jobs = carried(jobs, decided)
         for eviction in decided.evictions:  # preempted jobs stop between cycles
             state.release(eviction.job_id)
@@ -109,7 +118,7 @@ def test_weighted_fair_share_gives_each_tenant_gpus_in_proportion_to_its_weight(
     state = cluster(nodes=3, gpus=4)
     jobs = [waiting(f"{t}{i}", 1, tenant=t, order=float(i)) for i in range(12) for t in ("light", "heavy")]
     plan(state, jobs, NOW, policy)
-    assert state.usage == {"heavy": 8, "light": 4}
+    assert state.gpus_held == {"heavy": 8, "light": 4}
 
 
 def test_tenants_inside_their_guarantee_go_before_borrowers() -> None:
@@ -177,6 +186,73 @@ def test_a_tenant_inside_its_guarantee_reclaims_gpus_from_a_borrower_only() -> N
     assert "reclaim" in decided.evictions[0].reason
     beyond = plan(cluster(nodes=2), [waiting("greedy", 8, tenant="owner", priority=0)], NOW, policy)
     assert beyond.evictions == []
+
+
+def test_a_borrower_is_reclaimed_from_when_it_borrows_less_than_its_job_holds() -> None:
+    """The borrower holds one 8-GPU job and borrows 1 GPU of it: halting that job is the reclaim,
+    though the borrowed GPU alone would not make room (the search's bound once counted only that)."""
+    policy = SchedulerPolicy(
+        TenancyPolicy({"owner": TenantQuota(8), "borrower": TenantQuota(7), "steady": TenantQuota(8)})
+    )
+    state = cluster(nodes=2, gpus=8)
+    running(state, "borrower-job", "n0", range(8), tenant="borrower", priority=5)
+    running(state, "steady-job", "n1", range(8), tenant="steady", priority=5)
+    decided = plan(state, [waiting("owner-job", 8, tenant="owner")], NOW, policy)
+    assert [e.job_id for e in decided.evictions] == ["borrower-job"]
+
+
+def cpu_only(state: ClusterState, job_id: str, node: str, *, tenant: str, cpus: int) -> None:
+    """A running job of one learner without GPUs, with ``cpus`` CPUs, in the lowest class."""
+    state.hold(HeldJob(job_id, tenant, Demand(1, 0, None, cpus * 1000), 0, Gang(((node, ()),)), 0.0))
+
+
+def test_a_job_without_gpus_is_preempted_when_its_cpus_keep_a_higher_priority_gang_out() -> None:
+    state = cluster(nodes=1, gpus=8)  # 64 CPUs
+    cpu_only(state, "cpu-hog", "n0", tenant="b", cpus=60)
+    urgent = WaitingJob("urgent", "a", Demand(1, 8, None, 16_000), 5, (0.0, "urgent"))
+    decided = plan(state, [urgent], NOW, SchedulerPolicy())
+    assert [(e.job_id, e.preempted_by) for e in decided.evictions] == [("cpu-hog", "urgent")]
+    assert decided.waits["urgent"].code is W.PREEMPTION
+
+
+def test_jobs_without_gpus_count_against_the_quota_by_the_share_of_cpus_they_take() -> None:
+    """A node has 8 CPUs per GPU, so 16 CPUs count as 2 GPUs: a tenant allowed 8 GPUs runs four
+    such jobs, and its fifth waits for its quota, in words that say what it counts as."""
+    policy = SchedulerPolicy(TenancyPolicy({"a": TenantQuota(0, 8)}))
+    state = cluster(nodes=2, gpus=8)
+    jobs = [WaitingJob(f"c{i}", "a", Demand(1, 0, None, 16_000), 0, (float(i), f"c{i}")) for i in range(5)]
+    decided = plan(state, jobs, NOW, policy)
+    assert [a.job_id for a in decided.allocations] == ["c0", "c1", "c2", "c3"]
+    assert state.usage == {"a": 8 * MILLI_GPUS} and state.gpus_held == {"a": 0}
+    wait = decided.waits["c4"]
+    assert wait.code is W.QUOTA and "the worth of 2 GPUs" in wait.detail
+
+
+def test_a_tenant_whose_jobs_take_cpus_without_gpus_borrows_and_is_reclaimed_from() -> None:
+    """Before GPU-equivalents, such jobs borrowed nothing: a guarantee could not be reclaimed from
+    them though they left no node room for a gang."""
+    policy = SchedulerPolicy(TenancyPolicy({"owner": TenantQuota(8)}))
+    state = cluster(nodes=1, gpus=8)
+    for i in range(4):
+        cpu_only(state, f"hog-{i}", "n0", tenant="hog", cpus=16)
+    owner = WaitingJob("owner-job", "owner", Demand(1, 8, None, 8000), 0, (0.0, "owner-job"))
+    decided = plan(state, [owner], NOW, policy)
+    assert len(decided.evictions) == 1 and "reclaim" in decided.evictions[0].reason
+
+
+def test_fair_share_counts_what_jobs_without_gpus_take() -> None:
+    """One tenant's CPU-heavy jobs (24 CPUs: 3 GPUs' worth each) and another's 1-GPU jobs: the
+    next job goes to whoever holds less, counted alike, so the CPU jobs take turns with three GPU
+    jobs each and leave CPUs for every GPU. (Counted in GPUs alone, the CPU tenant held nothing and
+    went first each time: five of its jobs took 120 of the 128 CPUs, and 8 GPUs stayed idle.)"""
+    state = cluster(nodes=2, gpus=8)  # 128 CPUs, 16 GPUs
+    jobs = []
+    for i in range(20):
+        jobs.append(WaitingJob(f"cpu{i}", "cpu", Demand(1, 0, None, 24_000), 0, (float(i), f"cpu{i}")))
+        jobs.append(WaitingJob(f"gpu{i}", "gpu", Demand(1, 1, None, 1000), 0, (float(i), f"gpu{i}")))
+    plan(state, jobs, NOW, SchedulerPolicy())
+    assert state.gpus_held["gpu"] == 16
+    assert state.usage == {"cpu": 4 * 3 * MILLI_GPUS, "gpu": 16 * MILLI_GPUS}
 
 
 def test_jobs_on_a_node_that_left_the_inventory_are_halted_to_resume_elsewhere() -> None:
@@ -325,12 +401,12 @@ def test_without_reservations_the_big_job_starves_until_the_small_load_stops() -
 @settings(max_examples=60, deadline=None)
 @given(workload=workloads, quota=quotas, seed=st.integers(0, 1000))
 def test_the_same_inputs_in_any_order_yield_the_same_decisions(
-    workload: list[tuple[str, int, int, int]], quota: dict[str, TenantQuota], seed: int
+    workload: list[tuple[str, int, int, int, int]], quota: dict[str, TenantQuota], seed: int
 ) -> None:
     policy = SchedulerPolicy(TenancyPolicy(quota))
     jobs = [
-        waiting(f"j{i}", gpus, learners=learners, tenant=tenant, priority=priority, order=float(i % 5))
-        for i, (tenant, learners, gpus, priority) in enumerate(workload)
+        WaitingJob(f"j{i}", tenant, Demand(learners, gpus, None, cpus * 1000), priority, (i % 5, f"j{i}"))
+        for i, (tenant, learners, gpus, priority, cpus) in enumerate(workload)
     ]
 
     def decide(order: list[WaitingJob]) -> Plan:

@@ -29,8 +29,9 @@ arrivals = st.lists(
     st.tuples(
         st.sampled_from(TENANTS),
         st.integers(1, 3),
-        st.sampled_from([1, 2, 4, 8]),
+        st.sampled_from([0, 1, 2, 4, 8]),
         st.sampled_from([-5, 0, 5]),
+        st.sampled_from([1, 12, 40]),  # CPUs per learner (a node has 64): some count more than their GPUs
     ),
     max_size=12,
 )
@@ -40,7 +41,7 @@ rounds = st.lists(st.tuples(arrivals, st.integers(0, 1000), st.booleans()), min_
 @settings(max_examples=120, deadline=None)
 @given(nodes=st.integers(1, 5), rounds=rounds)
 def test_passing_over_settled_jobs_decides_as_weighing_each(
-    nodes: int, rounds: list[tuple[list[tuple[str, int, int, int]], int, bool]]
+    nodes: int, rounds: list[tuple[list[tuple[str, int, int, int, int]], int, bool]]
 ) -> None:
     inventory = [Node(f"n{index}", 8) for index in range(nodes)]
     passing, weighing = ClusterState(inventory), ClusterState(inventory)
@@ -63,10 +64,11 @@ def test_passing_over_settled_jobs_decides_as_weighing_each(
             ended = running[pick % len(running)]
             passing.release(ended)
             weighing.release(ended)
-        for tenant, learners, gpus, priority in jobs:
+        for tenant, learners, gpus, priority, cpus in jobs:
             submitted += 1
             job_id = f"job-{submitted}"
-            queue.put(WaitingJob(job_id, tenant, Demand(learners, gpus), priority, (now, job_id)))
+            demand = Demand(learners, gpus, None, cpus * 1000)
+            queue.put(WaitingJob(job_id, tenant, demand, priority, (now, job_id)))
             waiting.append(job_id)
 
         passed = Planner(passing, queue, now, POLICY).run()

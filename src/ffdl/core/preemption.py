@@ -73,15 +73,12 @@ class VictimPool:
         return cls(state, ledger, now, min_runtime_s, running, sorted(running))
 
     def candidates(self, priority: int) -> list[HeldJob]:
-        """The class's jobs that may be victims (holding GPUs, past their minimum runtime), youngest first."""
+        """The class's jobs that may be victims (past their minimum runtime), youngest first: those
+        without GPUs too, as their CPUs and memory can keep a gang off a node as GPUs can."""
         ordered = self.sorted_classes.get(priority)
         if ordered is None:
             now, min_runtime_s = self.now, self.min_runtime_s
-            ordered = [
-                job
-                for job in self.running[priority]
-                if job.gang.gpus > 0 and job.started_at + min_runtime_s <= now
-            ]
+            ordered = [job for job in self.running[priority] if job.started_at + min_runtime_s <= now]
             ordered.sort(key=lambda job: (-job.started_at, job.job_id))
             self.sorted_classes[priority] = ordered
         return ordered
@@ -220,7 +217,7 @@ class VictimPool:
                 ):
                     continue
                 eligible.append(victim)
-                taking[victim.tenant] = taking.get(victim.tenant, 0) + victim.gang.gpus
+                taking[victim.tenant] = taking.get(victim.tenant, 0) + self.state.held_charge(victim)
         return eligible
 
 

@@ -51,7 +51,7 @@ from functools import lru_cache
 from heapq import heappop, heappush, merge
 from typing import NamedTuple
 
-from ffdl.core.cluster import ClusterState, Demand, Gang, HeldJob
+from ffdl.core.cluster import MILLI_GPUS, ClusterState, Demand, Gang, HeldJob
 from ffdl.core.job import WaitRecord
 from ffdl.core.preemption import Preemptor, VictimPool
 from ffdl.core.tenancy import TenancyPolicy, TenantLedger
@@ -460,7 +460,7 @@ class Planner:
             if self._backfill_reservations >= self._policy.max_reservations:
                 break
             demand = job.demand
-            if job.wait is None or not self._ledger.within_limit(job.tenant, demand.total_gpus):
+            if job.wait is None or not self._ledger.within_limit(job.tenant, self._state.charge(demand)):
                 continue
             if demand not in fits:
                 fits[demand] = (
@@ -502,7 +502,7 @@ class Planner:
             and (verdict := self._verdict(job.priority, job.tenant, demand, alike)) is not None
         ):
             return Decision(job, wait=self._kept(job, verdict))
-        if not self._ledger.within_limit(job.tenant, demand.total_gpus):
+        if not self._ledger.within_limit(job.tenant, self._state.charge(demand)):
             wait = self._quota_wait(job)
             if alike is not None:
                 self._verdicts[alike] = (self._version, wait, (W.QUOTA,))
@@ -546,7 +546,7 @@ class Planner:
         key = (priority, tenant, demand)
         alike = self._alikes.get(key)
         if alike is None:
-            need = demand.total_gpus
+            need = self._state.charge(demand)
             if not self._ledger.within_limit(tenant, need):
                 alike = (priority, demand, tenant, True)
             else:
@@ -573,7 +573,7 @@ class Planner:
         found no room and no victims this step (both only ever stay so), the code and the jobs its
         reason names, which with the kind of job fix the reason's wording. None where it must be
         weighed: it might fit, or find victims."""
-        need = demand.total_gpus
+        need = self._state.charge(demand)
         if not self._ledger.within_limit(tenant, need):
             return (W.QUOTA,)
         if demand not in self._no_fit:
@@ -614,9 +614,10 @@ class Planner:
 
     def _quota_wait(self, job: WaitingJob) -> WaitRecord:
         quota = self._ledger.quota(job.tenant)
-        need = job.demand.total_gpus
+        charge = self._state.charge(job.demand)
+        need = _counted(charge, job.demand.total_gpus)
         limit = f"its tenant {job.tenant} may hold at most {quota.limit} GPUs ({quota.describe()})"
-        if quota.limit is not None and need > quota.limit:
+        if quota.limit is not None and charge > quota.limit * MILLI_GPUS:
             return WaitRecord(W.QUOTA, f"{limit} and it needs {need}: it cannot run under this quota")
         return WaitRecord(W.QUOTA, f"{limit}; it needs {need} on top of what the tenant holds")
 
@@ -636,13 +637,12 @@ class Planner:
 
     def _preempt(self, job: WaitingJob) -> Decision | None:
         demand = job.demand
-        need = demand.total_gpus
-        reclaims = self._ledger.within_guarantee(job.tenant, need)
+        reclaims = self._ledger.within_guarantee(job.tenant, self._state.charge(demand))
         key = (demand, job.priority, job.tenant if reclaims else None)
         if key in self._no_victims:
             return None
         bound = self._victim_bound(job, reclaims)
-        if bound == 0 or self._room.free_for(demand) + bound < need:
+        if bound is None or self._room.free_for(demand) + bound < demand.total_gpus:
             self._no_victims.add(key)
             return None
         if self._pool is None:
@@ -742,14 +742,20 @@ class Planner:
         wait = WaitRecord(W.PREEMPTION, detail, named[:NAMES_MAX], nodes)
         return Decision(job, wait=wait, evictions=evictions)
 
-    def _victim_bound(self, job: WaitingJob, reclaims: bool) -> int:
-        """An upper bound on the GPUs preemption could free for ``job``, from running totals alone."""
-        bound = sum(
-            gpus for priority, gpus in self._state.gpus_by_priority.items() if priority < job.priority
-        )
-        if reclaims:
-            bound += sum(self._ledger.borrowed(t) for t in self._ledger.tenants() if t != job.tenant)
-        return bound
+    def _victim_bound(self, job: WaitingJob, reclaims: bool) -> int | None:
+        """An upper bound on the GPUs preemption could free for ``job``, from running totals alone;
+        None when no running job could be its victim. (A victim may hold no GPUs: a job without
+        them can hold the CPUs or memory a gang needs on a node, and must not keep it out.)"""
+        state = self._state
+        outranked = [priority for priority, jobs in state.running.items() if priority < job.priority and jobs]
+        bound = sum(state.gpus_by_priority[priority] for priority in outranked)
+        if not reclaims:
+            return bound if outranked else None
+        ledger = self._ledger
+        borrowers = [t for t in ledger.tenants() if t != job.tenant and ledger.borrowed(t)]
+        # all the GPUs a borrower holds: the last job taken from it may hold more than it borrows
+        bound += sum(state.gpus_held.get(tenant, 0) for tenant in borrowers)
+        return bound if outranked or borrowers else None
 
     def _eviction_reason(self, job: WaitingJob, victim: HeldJob) -> str:
         if victim.priority < job.priority:
@@ -838,7 +844,7 @@ class Planner:
     def _claim_for(self, job: WaitingJob, nodes: Iterable[str]) -> None:
         """The job preempts for GPUs on ``nodes``: they are kept for it and count for its tenant."""
         self._reserve(job, nodes)
-        self._claimed[job.tenant] = self._claimed.get(job.tenant, 0) + job.demand.total_gpus
+        self._claimed[job.tenant] = self._claimed.get(job.tenant, 0) + self._state.charge(job.demand)
 
     def _reserve(self, job: WaitingJob, nodes: Iterable[str]) -> None:
         for node in nodes:
@@ -885,6 +891,14 @@ def _some(job_ids: tuple[str, ...]) -> str:
     characters and a job id up to 128, and naming every holder of a reservation or every victim
     once made a reason the scheduler could not send, which ended its every planning step."""
     return ", ".join(job_ids[:5]) + (" ..." if len(job_ids) > 5 else "")
+
+
+def _counted(charge: int, gpus: int) -> str:
+    """What a job counts against its quota, in the user's words: its GPUs, or what its CPUs or
+    memory are worth in GPUs where that is more (:meth:`ClusterState.charge`)."""
+    if charge == gpus * MILLI_GPUS:
+        return str(gpus)
+    return f"the worth of {charge / MILLI_GPUS:g} GPUs (its CPUs or memory, as a share of the cluster's)"
 
 
 def _ordinal(n: int) -> str:

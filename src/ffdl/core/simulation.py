@@ -27,7 +27,7 @@ from typing import Any
 
 from ffdl.core import service as service_bands
 from ffdl.core.allocator import Node, PlacementPolicy
-from ffdl.core.cluster import ClusterRoom, ClusterState, Demand, HeldJob
+from ffdl.core.cluster import MILLI_GPUS, ClusterRoom, ClusterState, Demand, HeldJob
 from ffdl.core.job import WaitRecord
 from ffdl.core.scheduling import Planner, SchedulerPolicy, WaitingJob, WaitingQueue
 from ffdl.core.service import Service
@@ -154,7 +154,7 @@ class _Simulator:
         limit = self.policy.tenancy.quota(job.tenant).limit
         if empty.find(demand) is None:
             outcome.never_runs = f"{demand.describe()} fits no node set of this cluster, even empty"
-        elif limit is not None and job.gpus > limit:
+        elif limit is not None and self.state.charge(demand) > limit * MILLI_GPUS:
             outcome.never_runs = f"needs {job.gpus} GPUs; tenant {job.tenant} may hold at most {limit}"
         else:
             self.remaining[job.job_id] = job.runtime
@@ -274,7 +274,7 @@ def simulate(
         if sim.waiting:
             sim.step(now)
             result.cycles += 1
-        in_use = sum(sim.state.usage.values())
+        in_use = sum(sim.state.gpus_held.values())
         result.usage.append((now, in_use))
         if record:
             result.samples.append((now, _holdings(sim.state.held.values())))

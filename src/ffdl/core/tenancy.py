@@ -5,13 +5,16 @@ guarantee it may use while others leave theirs idle; ``None``: no limit) and a *
 never holds more than guaranteed + borrowing limit. While it holds less than its guarantee it may
 reclaim GPUs that borrowing tenants hold, by preemption (see :mod:`ffdl.core.scheduling`).
 
-Fair share is *weighted fair share over GPUs*: among jobs of one priority, the next job comes from
-the tenant with the least GPUs held per unit of weight, tenants still inside their guarantee
-first. We chose it over dominant-resource fairness because GPUs are the one scarce, priced
-resource here: CPUs and memory are per-learner side conditions that placement checks on each
-node, and a job never needs a lot of them without GPUs. DRF would rank tenants by whichever of
-the three is most used, so a CPU-heavy tenant could lose its GPU turn on account of CPUs that
-nobody else is short of.
+Fair share is *weighted fair share over GPU-equivalents*: among jobs of one priority, the next job
+comes from the tenant holding the least per unit of weight, tenants still inside their guarantee
+first. Quotas, fair share and reclaiming all count a job as its GPUs, or, where more, as what its
+CPUs or memory are worth in GPUs: their share of the cluster's CPUs or memory times its GPUs
+(dominant-resource fairness with the GPU as the unit; :meth:`ffdl.core.cluster.ClusterState.charge`).
+A job that asks no more CPU and memory per GPU than the cluster has counts exactly its GPUs. We
+first counted GPUs alone, on the grounds that no job asks for much CPU or memory without GPUs; a
+tenant that means harm does: its jobs without GPUs held nothing by that count, so no quota bound
+them, fair share put them first every time, no guarantee could be reclaimed from them, and they
+could fill every node's CPUs or memory so that no gang fit anywhere.
 
 The :class:`TenantLedger` reads the live usage of the cluster state it is given, so what a plan
 holds or frees counts at once for the next job of the same cycle.
@@ -21,6 +24,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+
+from ffdl.core.cluster import MILLI_GPUS
 
 #: The highest priority a tenant's jobs may have unless an admin sets its own ceiling
 #: (``ffdl tenants set NAME --max-priority N``): the ordinary classes (0 to 100) are every tenant's,
@@ -72,9 +77,11 @@ class TenancyPolicy:
 
 
 class TenantLedger:
-    """Quotas applied to live counts, which it reads and never changes: the GPUs each tenant holds
-    (``usage``), how many of those are being freed by preemption (``releasing``), and how many its
-    preempting jobs will take once their victims are gone (``claimed``)."""
+    """Quotas applied to live counts, which it reads and never changes: what each tenant holds
+    (``usage``), how much of that is being freed by preemption (``releasing``), and how much its
+    preempting jobs will take once their victims are gone (``claimed``). The counts are in
+    thousandths of a GPU-equivalent (:meth:`ffdl.core.cluster.ClusterState.charge`), and so is
+    every amount asked of the ledger; the quotas, in GPUs, are scaled to them."""
 
     def __init__(
         self,
@@ -87,12 +94,9 @@ class TenantLedger:
         self._usage = usage
         self._releasing = releasing
         self._claimed = claimed
-        # tenant -> (guaranteed GPUs, limit, weight), memoised: a planning step asks millions of
-        # times, and the policy never changes under a ledger
+        # tenant -> (guarantee, limit, weight), the first two in thousandths of a GPU, memoised: a
+        # planning step asks millions of times, and the policy never changes under a ledger
         self._terms: dict[str, tuple[int, int | None, float]] = {}
-
-    def usage(self, tenant: str) -> int:
-        return self._usage.get(tenant, 0)
 
     def quota(self, tenant: str) -> TenantQuota:
         return self._policy.quota(tenant)
@@ -101,30 +105,31 @@ class TenantLedger:
         terms = self._terms.get(tenant)
         if terms is None:
             quota = self._policy.quota(tenant)
-            terms = self._terms[tenant] = (quota.guaranteed_gpus, quota.limit, quota.weight)
+            limit = None if quota.limit is None else quota.limit * MILLI_GPUS
+            terms = self._terms[tenant] = (quota.guaranteed_gpus * MILLI_GPUS, limit, quota.weight)
         return terms
 
     def _kept(self, tenant: str) -> int:
         """What the tenant will hold once the preemptions under way are done."""
         return self._usage.get(tenant, 0) - self._releasing.get(tenant, 0) + self._claimed.get(tenant, 0)
 
-    def within_limit(self, tenant: str, gpus: int) -> bool:
-        """Whether the tenant may take ``gpus`` more: never beyond guaranteed + borrowing limit, at
+    def within_limit(self, tenant: str, charge: int) -> bool:
+        """Whether the tenant may take ``charge`` more: never beyond guaranteed + borrowing limit, at
         any instant (GPUs being freed still count until they are)."""
         limit = self._terms_of(tenant)[1]
-        return limit is None or self._usage.get(tenant, 0) + self._claimed.get(tenant, 0) + gpus <= limit
+        return limit is None or self._usage.get(tenant, 0) + self._claimed.get(tenant, 0) + charge <= limit
 
-    def within_guarantee(self, tenant: str, gpus: int) -> bool:
-        """Whether ``gpus`` more keep the tenant inside its guarantee."""
-        return self._kept(tenant) + gpus <= self._terms_of(tenant)[0]
+    def within_guarantee(self, tenant: str, charge: int) -> bool:
+        """Whether ``charge`` more keeps the tenant inside its guarantee."""
+        return self._kept(tenant) + charge <= self._terms_of(tenant)[0]
 
     def borrowed(self, tenant: str) -> int:
-        """GPUs the tenant holds (or will) beyond its guarantee."""
+        """What the tenant holds (or will) beyond its guarantee."""
         return max(0, self._kept(tenant) - self._terms_of(tenant)[0])
 
     def tenants(self) -> list[str]:
-        """Every tenant that holds GPUs now."""
-        return sorted(tenant for tenant, gpus in self._usage.items() if gpus > 0)
+        """Every tenant that holds anything now."""
+        return sorted(tenant for tenant, held in self._usage.items() if held > 0)
 
     def order_key(self, tenant: str) -> tuple[bool, float, str]:
         """Who goes next among tenants of one priority: inside the guarantee first, then least per weight."""
