@@ -1,12 +1,20 @@
 """Choosing victims: which running jobs to halt so that a waiting gang fits, and which are off limits.
 
-A waiting job may preempt a running job of strictly lower priority. A waiting job whose tenant
-stays inside its guarantee with it may also *reclaim*: preempt jobs of other tenants that borrow
-(hold more than their own guarantee), whatever their priority — a guarantee that a borrower could
-keep from its owner would be none. Preemption halts the victims with a checkpoint and requeues
-them; they resume from it (see :mod:`ffdl.core.decider`).
+A waiting job may preempt a running job of strictly lower priority: any of its own tenant's, and
+another tenant's while that tenant holds more than its guarantee (or has none). A waiting job
+whose tenant stays inside its guarantee with it may also *reclaim*: preempt jobs of other tenants
+that borrow (hold more than their own guarantee), whatever their priority — a guarantee that a
+borrower could keep from its owner would be none, and one that another tenant's priority could
+take would be none either. Preemption halts the victims with a checkpoint and requeues them; they
+resume from it (see :mod:`ffdl.core.decider`).
 
 What keeps preemption from looping:
+
+* a guarantee is a floor against other tenants whatever their priority, so what a tenant reclaims
+  is not preempted back by priority (that was a halt every other cycle, for ever);
+* the nodes a job reclaims for are kept for it from the start of every step until it has them,
+  so a reclaimed borrower's next job of a higher class cannot take them first (see
+  :mod:`ffdl.core.scheduling`);
 
 * a job is protected until it has held its GPUs for ``min_runtime_s`` since it last got them, so
   a victim that is re-admitted runs at least that long before it can be preempted again, and a
@@ -60,10 +68,11 @@ class VictimPool:
     slots_below: dict[tuple[int, int, str | None], tuple[tuple[int, int, frozenset[str]], int]] = field(
         default_factory=dict
     )
-    # (priority, GPU type) -> (victims chosen when found, what _eligible_of found for it)
-    eligible: dict[tuple[int, str | None], tuple[int, tuple[list[HeldJob], int, Mapping[str, int]]]] = field(
-        default_factory=dict
-    )
+    # (priority, GPU type, tenant or None) -> (what it rests on when found, what _eligible_of found)
+    eligible: dict[
+        tuple[int, str | None, str | None],
+        tuple[tuple[int, int], tuple[list[HeldJob], int, Mapping[str, int]]],
+    ] = field(default_factory=dict)
     # priority -> (ClusterState.running_changes when added up, the GPUs running jobs below it hold per node)
     held_below: dict[int, tuple[int, Mapping[str, int]]] = field(default_factory=dict)
 
@@ -84,15 +93,20 @@ class VictimPool:
         return ordered
 
     def may_preempt(self, preemptor: Preemptor, victim: HeldJob, taking: Mapping[str, int]) -> bool:
-        """Whether ``victim`` may be halted for ``preemptor``, with ``taking`` GPUs per tenant already
-        picked in this search (a tenant is reclaimed from only while it still borrows)."""
+        """Whether ``victim`` may be halted for ``preemptor``, with ``taking`` (GPU-equivalents per
+        tenant) already picked in this search. Another tenant's job is taken only while that
+        tenant still holds more than its guarantee: by priority (a lower class), or by reclaiming
+        (any class). A guarantee is a floor against other tenants whatever their priority: were it
+        not, a tenant reclaiming its guarantee from a borrower's job of a higher class would have
+        that job preempt it back by priority once requeued, and so on for ever."""
         if victim.job_id in self.chosen:
             return False
+        if victim.tenant == preemptor.tenant:
+            return victim.priority < preemptor.priority
+        borrows = self.ledger.borrowed(victim.tenant) > taking.get(victim.tenant, 0)
         if victim.priority < preemptor.priority:
-            return True
-        if not preemptor.reclaims or victim.tenant == preemptor.tenant:
-            return False
-        return self.ledger.borrowed(victim.tenant) > taking.get(victim.tenant, 0)
+            return borrows or not self.ledger.guaranteed(victim.tenant)
+        return preemptor.reclaims and borrows
 
     def search(self, preemptor: Preemptor, excluded: Set[str]) -> tuple[list[HeldJob], Gang] | None:
         """The fewest victims found whose GPUs let the preemptor's gang fit (outside ``excluded``),
@@ -185,17 +199,23 @@ class VictimPool:
 
     def _eligible_of(self, preemptor: Preemptor) -> tuple[list[HeldJob], int, Mapping[str, int]]:
         """:meth:`_eligible`, with the GPUs they hold in all and on each node. For a preemptor that
-        does not reclaim they depend only on its class, its GPU type and the victims chosen so far
-        (which only grow), so they are memoised on those."""
+        does not reclaim they depend only on its class, its GPU type, the victims chosen so far
+        (which only grow) and, where a tenant has a guarantee, its tenant and what each tenant
+        holds, so they are memoised on those."""
         demand = preemptor.demand
-        key = (preemptor.priority, demand.gpu_type if demand.gpus else None)
+        # whose jobs it may take depends on its tenant once a tenant has a guarantee (may_preempt)
+        tenant = preemptor.tenant if self.ledger.any_guarantee else None
+        key = (preemptor.priority, demand.gpu_type if demand.gpus else None, tenant)
         known = None if preemptor.reclaims else self.eligible.get(key)
-        if known is not None and known[0] == len(self.chosen):
+        # what they rest on: the victims chosen so far, and where a guarantee protects jobs, what
+        # each tenant holds (every hold, stop or release of a running job moves running_changes)
+        stamp = (len(self.chosen), self.state.running_changes if tenant is not None else 0)
+        if known is not None and known[0] == stamp:
             return known[1]
         eligible = self._eligible(preemptor)
         found = (eligible, sum(victim.gang.gpus for victim in eligible), _gpus_per_node(eligible))
         if not preemptor.reclaims:
-            self.eligible[key] = (len(self.chosen), found)
+            self.eligible[key] = (stamp, found)
         return found
 
     def _eligible(self, preemptor: Preemptor) -> list[HeldJob]:

@@ -309,6 +309,7 @@ class Planner:
         self._no_victims: set[tuple[Demand, int, str | None]] = set()
         self._cordoned: dict[str | None, int] = {}  # GPU type -> free GPUs on cordoned nodes
         self._pool: VictimPool | None = None
+        self._claims: dict[str, tuple[str, ...]] = {}  # job preempting -> the nodes kept for it
         # What the planner has done so far: bumped by every placement, preemption and reservation.
         # Until it moves, a job that neither heads nor claims gets the verdict the last alike job
         # got (:meth:`_alike`); after, if what that verdict rests on is the same (see :meth:`_decide`).
@@ -319,6 +320,29 @@ class Planner:
         self._alikes: dict[tuple[int, str, Demand], Alike] = {}
         self._alikes_at = 0
         self.evictions = self._evacuate()
+        self._keep_claims()
+
+    def _keep_claims(self) -> None:
+        """Keep for every job that is reclaiming its tenant's guarantee the nodes it preempted for,
+        from the step's start: a job of a class walked before its own must not take them. Kept
+        only from its own class's turn on (as for a job that preempts by priority: what is walked
+        before it is of a class it could not preempt anyway), a reclaimed borrower's job of a
+        higher class took the room its halted job had freed, was reclaimed from in turn once its
+        minimum runtime had passed, and so on for ever: a halt every other step, and the job that
+        reclaimed never ran."""
+        queue = self._queue
+        for priority in queue.priorities():
+            for job in queue.claimants(priority):
+                if not self._ledger.within_guarantee(job.tenant, self._state.charge(job.demand)):
+                    continue
+                assert job.wait is not None
+                nodes = self._claims[job.job_id] = self._claimable(job.wait)
+                self._reserve(job, nodes)
+
+    def _claimable(self, wait: WaitRecord) -> tuple[str, ...]:
+        """The nodes a preemption under way was for that are still there and kept for no one else."""
+        room, reserved = self._room, self._reserved
+        return tuple(node for node in wait.reserved_nodes if node in room and node not in reserved)
 
     def _evacuate(self) -> list[Eviction]:
         """Halt (to requeue) every running job on a node that left the inventory or is draining."""
@@ -536,10 +560,11 @@ class Planner:
         """Which settled jobs share the verdict of a job of ``priority``, ``tenant`` and ``demand``:
         those of its class and demand whose tenant stands as its does. Over its quota, only its own
         tenant's (the wait names the tenant and its quota). Inside it, the tenant matters only
-        through whether the job reclaims its guarantee (it may then preempt borrowers, so it has
-        victims of its own): a job that reclaims shares with its own tenant's, one that does not
-        with every tenant's, as nothing else in its verdict (room, victims of lower priority, the
-        reason and its wording) reads the tenant."""
+        through the victims it may take (:meth:`_whose_victims`): a job that reclaims its
+        guarantee may preempt borrowers, and once any tenant has a guarantee, the jobs of a
+        tenant inside it are safe from other tenants' but not from its own; then a job shares
+        with its own tenant's only. Otherwise with every tenant's, as nothing else in its verdict
+        (room, victims of lower priority, the reason and its wording) reads the tenant."""
         if self._alikes_at != self._version:
             self._alikes.clear()
             self._alikes_at = self._version
@@ -551,9 +576,15 @@ class Planner:
                 alike = (priority, demand, tenant, True)
             else:
                 reclaims = self._ledger.within_guarantee(tenant, need)
-                alike = (priority, demand, tenant if reclaims else None, False)
+                alike = (priority, demand, self._whose_victims(tenant, reclaims), False)
             self._alikes[key] = alike
         return alike
+
+    def _whose_victims(self, tenant: str, reclaims: bool) -> str | None:
+        """The tenant where the victims a job may take depend on it: when it reclaims, and once a
+        tenant has a guarantee (another tenant's jobs inside theirs are not its to take, its own
+        lower-priority jobs are); None where they do not."""
+        return tenant if reclaims or self._ledger.any_guarantee else None
 
     def _verdict(self, priority: int, tenant: str, demand: Demand, alike: Alike) -> WaitRecord | None:
         """The verdict the last settled job alike to one of ``priority``, ``tenant`` and ``demand``
@@ -580,7 +611,7 @@ class Planner:
             return None
         if self._policy.preemption:
             reclaims = self._ledger.within_guarantee(tenant, need)
-            if (demand, priority, tenant if reclaims else None) not in self._no_victims:
+            if (demand, priority, self._whose_victims(tenant, reclaims)) not in self._no_victims:
                 return None
         return self._blocking_reason(priority, demand, held_back=True)
 
@@ -597,7 +628,7 @@ class Planner:
         """A placement off the nodes reserved for others, or None (remembered for the cycle: the
         room only shrinks, so a gang that does not fit now fits no later job of this cycle)."""
         demand = job.demand
-        if job.job_id in self._head_nodes:
+        if job.job_id in self._head_nodes or job.job_id in self._claims:
             return self._room.find(demand, self._excluded_for(job))
         if demand in self._no_fit:
             return None
@@ -608,7 +639,7 @@ class Planner:
 
     def _excluded_for(self, job: WaitingJob) -> Set[str]:
         """The nodes ``job`` must keep off: those reserved for others (its own are open to it)."""
-        if job.job_id not in self._head_nodes:
+        if job.job_id not in self._head_nodes and job.job_id not in self._claims:
             return self._reserved.keys()
         return {node for node, holder in self._reserved.items() if holder != job.job_id}
 
@@ -629,16 +660,16 @@ class Planner:
         held = self._state.held
         if not any(victim in held and held[victim].stopping for victim in wait.waiting_for):
             return None
-        nodes = tuple(
-            node for node in wait.reserved_nodes if node in self._room and node not in self._reserved
-        )
-        self._reserve(job, nodes)
+        nodes = self._claims.get(job.job_id)
+        if nodes is None:
+            nodes = self._claimable(wait)
+            self._reserve(job, nodes)
         return WaitRecord(W.PREEMPTION, wait.detail, wait.waiting_for, nodes)
 
     def _preempt(self, job: WaitingJob) -> Decision | None:
         demand = job.demand
         reclaims = self._ledger.within_guarantee(job.tenant, self._state.charge(demand))
-        key = (demand, job.priority, job.tenant if reclaims else None)
+        key = (demand, job.priority, self._whose_victims(job.tenant, reclaims))
         if key in self._no_victims:
             return None
         bound = self._victim_bound(job, reclaims)
@@ -853,11 +884,13 @@ class Planner:
         self._version += 1
 
     def _unreserve(self, job: WaitingJob) -> None:
-        """A head that preempts instead: its reservation gives way to the nodes it preempts for."""
-        if self._head_nodes.pop(job.job_id, None) is None:
+        """A head, or a job whose victims are gone, that preempts instead: the nodes kept for it give
+        way to the nodes it preempts for."""
+        head = self._head_nodes.pop(job.job_id, None) is not None
+        if self._claims.pop(job.job_id, None) is None and not head:
             return
         self._reserved = {node: holder for node, holder in self._reserved.items() if holder != job.job_id}
-        self._backfill_reservations -= 1
+        self._backfill_reservations -= head
         self._held_back.clear()
         self._version += 1
 

@@ -97,6 +97,10 @@ class TenantLedger:
         # tenant -> (guarantee, limit, weight), the first two in thousandths of a GPU, memoised: a
         # planning step asks millions of times, and the policy never changes under a ledger
         self._terms: dict[str, tuple[int, int | None, float]] = {}
+        #: whether any tenant has a guarantee: until one has, no job is protected by one
+        self.any_guarantee = policy.default.guaranteed_gpus > 0 or any(
+            quota.guaranteed_gpus > 0 for quota in policy.quotas.values()
+        )
 
     def quota(self, tenant: str) -> TenantQuota:
         return self._policy.quota(tenant)
@@ -122,6 +126,10 @@ class TenantLedger:
     def within_guarantee(self, tenant: str, charge: int) -> bool:
         """Whether ``charge`` more keeps the tenant inside its guarantee."""
         return self._kept(tenant) + charge <= self._terms_of(tenant)[0]
+
+    def guaranteed(self, tenant: str) -> bool:
+        """Whether the tenant has a guarantee (its jobs inside it are safe from other tenants)."""
+        return self._terms_of(tenant)[0] > 0
 
     def borrowed(self, tenant: str) -> int:
         """What the tenant holds (or will) beyond its guarantee."""
