@@ -465,6 +465,14 @@ class HeldJob:
 MILLI_GPUS = 1000
 
 
+def counted(charge: int, gpus: int) -> str:
+    """What a job of ``gpus`` GPUs counts against its quota (``charge``), in the user's words: its
+    GPUs, or what its CPUs or memory are worth in GPUs where that is more."""
+    if charge == gpus * MILLI_GPUS:
+        return str(gpus)
+    return f"the worth of {charge / MILLI_GPUS:g} GPUs (its CPUs or memory, as a share of the cluster's)"
+
+
 class ClusterState:
     """The planner's working view: the free room of every node, the jobs holding GPUs, and what each
     tenant holds (and of that, how much is being freed). Callers build one per cycle from their

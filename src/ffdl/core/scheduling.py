@@ -51,7 +51,7 @@ from functools import lru_cache
 from heapq import heappop, heappush, merge
 from typing import NamedTuple
 
-from ffdl.core.cluster import MILLI_GPUS, ClusterState, Demand, Gang, HeldJob
+from ffdl.core.cluster import MILLI_GPUS, ClusterState, Demand, Gang, HeldJob, counted
 from ffdl.core.job import WaitRecord
 from ffdl.core.preemption import Preemptor, VictimPool
 from ffdl.core.tenancy import TenancyPolicy, TenantLedger
@@ -646,7 +646,7 @@ class Planner:
     def _quota_wait(self, job: WaitingJob) -> WaitRecord:
         quota = self._ledger.quota(job.tenant)
         charge = self._state.charge(job.demand)
-        need = _counted(charge, job.demand.total_gpus)
+        need = counted(charge, job.demand.total_gpus)
         limit = f"its tenant {job.tenant} may hold at most {quota.limit} GPUs ({quota.describe()})"
         if quota.limit is not None and charge > quota.limit * MILLI_GPUS:
             return WaitRecord(W.QUOTA, f"{limit} and it needs {need}: it cannot run under this quota")
@@ -924,14 +924,6 @@ def _some(job_ids: tuple[str, ...]) -> str:
     characters and a job id up to 128, and naming every holder of a reservation or every victim
     once made a reason the scheduler could not send, which ended its every planning step."""
     return ", ".join(job_ids[:5]) + (" ..." if len(job_ids) > 5 else "")
-
-
-def _counted(charge: int, gpus: int) -> str:
-    """What a job counts against its quota, in the user's words: its GPUs, or what its CPUs or
-    memory are worth in GPUs where that is more (:meth:`ClusterState.charge`)."""
-    if charge == gpus * MILLI_GPUS:
-        return str(gpus)
-    return f"the worth of {charge / MILLI_GPUS:g} GPUs (its CPUs or memory, as a share of the cluster's)"
 
 
 def _ordinal(n: int) -> str:

@@ -27,7 +27,7 @@ from typing import Any
 
 from ffdl.core import service as service_bands
 from ffdl.core.allocator import Node, PlacementPolicy
-from ffdl.core.cluster import MILLI_GPUS, ClusterRoom, ClusterState, Demand, HeldJob
+from ffdl.core.cluster import MILLI_GPUS, ClusterRoom, ClusterState, Demand, HeldJob, counted
 from ffdl.core.job import WaitRecord
 from ffdl.core.scheduling import Planner, SchedulerPolicy, WaitingJob, WaitingQueue
 from ffdl.core.service import Service
@@ -154,8 +154,9 @@ class _Simulator:
         limit = self.policy.tenancy.quota(job.tenant).limit
         if empty.find(demand) is None:
             outcome.never_runs = f"{demand.describe()} fits no node set of this cluster, even empty"
-        elif limit is not None and self.state.charge(demand) > limit * MILLI_GPUS:
-            outcome.never_runs = f"needs {job.gpus} GPUs; tenant {job.tenant} may hold at most {limit}"
+        elif limit is not None and (charge := self.state.charge(demand)) > limit * MILLI_GPUS:
+            need = counted(charge, demand.total_gpus)
+            outcome.never_runs = f"needs {need}; tenant {job.tenant} may hold at most {limit} GPUs"
         else:
             self.remaining[job.job_id] = job.runtime
             self.services[job.job_id] = Service(job.gpus)
