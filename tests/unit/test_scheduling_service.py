@@ -69,9 +69,31 @@ def test_a_job_past_its_threshold_is_halted_for_a_newcomer_of_its_priority() -> 
     first, second = world.jobs["job-1"], world.jobs["job-2"]
     assert first.state is JobState.QUEUED and first.preemptions == 1
     assert second.placement is not None
-    service = service_of(first, POLICY)
+    service = service_of(first, POLICY, 4)
     assert service.attained == 4 * 30.0  # from its allocation to the halt's start
     assert service.running_since is None and service.queued_since == world.now()
+
+
+def test_a_job_without_gpus_is_served_by_what_its_cpus_count_as_and_moves_down_too() -> None:
+    """A node has 16 CPUs per GPU: a job of 32 CPUs and no GPUs counts 2 GPUs, so it crosses the
+    100 GPU-second threshold after 50 s. Counted by GPUs alone it stayed in the top band for ever,
+    ahead of every GPU job of its priority that had run a while."""
+    world = World(1, POLICY)
+    world.submit("a", 1, 0, 0, cpus=32)
+    world.settle()
+    run(world, "job-1")
+    tick(world, 45)
+    world.settle()
+    cpu_job = world.jobs["job-1"]
+    assert service_of(cpu_job, POLICY, 2).attained == 0.0
+    assert band(POLICY, service_of(cpu_job, POLICY, 2), world.now()) == 0, "90 of 100 GPU-s"
+    tick(world, 10)
+    assert band(POLICY, service_of(cpu_job, POLICY, 2), world.now()) == 1, "110 of 100 GPU-s"
+    world.submit("b", 1, 4, 0, cpus=40)  # its CPUs do not fit beside the 32 taken
+    world.settle()
+    first = world.jobs["job-1"]
+    assert first.state is JobState.HALTING
+    assert "preempted by job job-2, which has had less GPU time" in first.reason, first.reason
 
 
 def test_aging_serves_a_starved_job_first_and_it_starts_afresh() -> None:
@@ -86,7 +108,7 @@ def test_aging_serves_a_starved_job_first_and_it_starts_afresh() -> None:
     world.settle()
     run(world, "job-2")
     aged_at = world.jobs["job-1"].history[-1].at.timestamp() + POLICY.starve_after_s
-    assert next_change(POLICY, service_of(world.jobs["job-1"], POLICY), world.now()) == aged_at
+    assert next_change(POLICY, service_of(world.jobs["job-1"], POLICY, 4), world.now()) == aged_at
 
     tick(world, POLICY.starve_after_s)  # job-2 is past its threshold too; job-1 has aged on top
     world.settle()
@@ -95,7 +117,7 @@ def test_aging_serves_a_starved_job_first_and_it_starts_afresh() -> None:
     world.settle()
     first = world.jobs["job-1"]
     assert first.placement is not None
-    assert service_of(first, POLICY).attained == 0.0, "aged into the top band, it is served afresh"
+    assert service_of(first, POLICY, 4).attained == 0.0, "aged into the top band, it is served afresh"
 
 
 def test_the_loop_guard_keeps_a_job_halted_often_enough_on_top() -> None:

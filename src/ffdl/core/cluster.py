@@ -461,7 +461,7 @@ class HeldJob:
     stopping: bool = False
 
 
-#: a GPU-equivalent in the thousandths that quotas and fair share count (:meth:`ClusterState.charge`)
+#: a GPU-equivalent in the thousandths that quotas and fair share count (:class:`Charges`)
 MILLI_GPUS = 1000
 
 
@@ -473,18 +473,65 @@ def counted(charge: int, gpus: int) -> str:
     return f"the worth of {charge / MILLI_GPUS:g} GPUs (its CPUs or memory, as a share of the cluster's)"
 
 
+class Charges:
+    """What gangs count against their tenants on an inventory, in thousandths of a GPU-equivalent:
+    per learner, the largest of its GPUs, and its CPUs and memory each in the GPUs that the same
+    share of the inventory's CPUs or memory would be (dominant-resource fairness, with GPUs as the
+    unit). A learner asking no more CPU and memory per GPU than the inventory has counts its GPUs
+    exactly; a job without GPUs counts what its CPUs and memory take from gangs that need them, so
+    CPU-only jobs cannot fill a cluster beyond every quota. An inventory without GPUs counts
+    nothing (there is no GPU to share). Quotas, fair share, reclaiming and least attained service
+    all count this."""
+
+    def __init__(self, nodes: Iterable[Node]) -> None:
+        nodes = list(nodes)
+        self._gpus = sum(node.gpus for node in nodes)
+        self._mcpus = sum(milli_cpus(node.cpus) for node in nodes)
+        self._memory_mb = sum(node.memory_mb for node in nodes)
+        self._charges: dict[Demand, int] = {}
+
+    def charge(self, demand: Demand) -> int:
+        """What a gang of ``demand`` counts. Memoised per demand: the planner asks for every job it weighs."""
+        charge = self._charges.get(demand)
+        if charge is None:
+            charge = demand.learners * max(demand.gpus * MILLI_GPUS, self._beside_gpus(demand))
+            if len(self._charges) >= WHEN_EMPTY_KEPT:
+                self._charges.clear()
+            self._charges[demand] = charge
+        return charge
+
+    def held_charge(self, job: HeldJob) -> int:
+        """What a job counts as it holds its gang (its GPUs as held, its learners as placed)."""
+        gang = job.gang
+        demand = job.demand
+        if len(gang.learners) == demand.learners and gang.gpus == demand.total_gpus:
+            return self.charge(demand)
+        return max(gang.gpus * MILLI_GPUS, len(gang.learners) * self._beside_gpus(demand))
+
+    def _beside_gpus(self, demand: Demand) -> int:
+        """What one learner's CPUs and memory are worth in thousandths of a GPU (rounded up)."""
+        scale = self._gpus * MILLI_GPUS
+        worth = -(-demand.mcpus * scale // self._mcpus) if self._mcpus else 0
+        if self._memory_mb:
+            worth = max(worth, -(-demand.memory_mb * scale // self._memory_mb))
+        return worth
+
+
 class ClusterState:
     """The planner's working view: the free room of every node, the jobs holding GPUs, and what each
     tenant holds (and of that, how much is being freed). Callers build one per cycle from their
     fold (the scheduler role) or keep one up to date (the simulator); a plan applies its own
     decisions to it, so it reads the same afterwards as the cluster will once they take effect.
 
-    What a tenant holds is counted in *GPU-equivalents* (:meth:`charge`), what quotas and fair
+    What a tenant holds is counted in *GPU-equivalents* (:class:`Charges`), what quotas and fair
     share read; the GPUs themselves are ``gpus_held``."""
 
     def __init__(self, nodes: Iterable[Node]) -> None:
         nodes = list(nodes)
         self.room = ClusterRoom(nodes)
+        charges = Charges(nodes)
+        self.charge = charges.charge
+        self.held_charge = charges.held_charge
         self.held: dict[str, HeldJob] = {}
         #: tenant -> the GPU-equivalents (thousandths, :meth:`charge`) of the jobs it holds
         self.usage: dict[str, int] = {}
@@ -492,11 +539,6 @@ class ClusterState:
         self.releasing: dict[str, int] = {}
         #: tenant -> the GPUs its jobs hold
         self.gpus_held: dict[str, int] = {}
-        # the inventory's GPUs, milli-CPUs and memory: what a GPU-equivalent is worth in each
-        self._gpus = sum(node.gpus for node in nodes)
-        self._mcpus = sum(milli_cpus(node.cpus) for node in nodes)
-        self._memory_mb = sum(node.memory_mb for node in nodes)
-        self._charges: dict[Demand, int] = {}  # see charge()
         self.gpus_by_priority: dict[int, int] = {}  # GPUs of running (not stopping) jobs per priority
         #: the running (not stopping) jobs of each priority: where preemption looks for victims
         self.running: dict[int, dict[str, HeldJob]] = {}
@@ -585,36 +627,3 @@ class ClusterState:
             del self.running[job.priority][job_id]
             self._count_on_nodes(job, -1)
         return self.held[job_id]
-
-    def charge(self, demand: Demand) -> int:
-        """What a gang of ``demand`` counts against its tenant, in thousandths of a GPU-equivalent:
-        per learner, the largest of its GPUs, and its CPUs and memory each in the GPUs that the
-        same share of the inventory's CPUs or memory would be (dominant-resource fairness, with
-        GPUs as the unit). A learner asking no more CPU and memory per GPU than the inventory has
-        counts its GPUs exactly; a job without GPUs counts what its CPUs and memory take from
-        gangs that need them, so CPU-only jobs cannot fill a cluster beyond every quota. An
-        inventory without GPUs counts nothing (there is no GPU to share). Memoised per demand:
-        the planner asks for every job it weighs."""
-        charge = self._charges.get(demand)
-        if charge is None:
-            charge = demand.learners * max(demand.gpus * MILLI_GPUS, self._beside_gpus(demand))
-            if len(self._charges) >= WHEN_EMPTY_KEPT:
-                self._charges.clear()
-            self._charges[demand] = charge
-        return charge
-
-    def held_charge(self, job: HeldJob) -> int:
-        """:meth:`charge` of a job as it holds its gang (its GPUs as held, its learners as placed)."""
-        gang = job.gang
-        demand = job.demand
-        if len(gang.learners) == demand.learners and gang.gpus == demand.total_gpus:
-            return self.charge(demand)
-        return max(gang.gpus * MILLI_GPUS, len(gang.learners) * self._beside_gpus(demand))
-
-    def _beside_gpus(self, demand: Demand) -> int:
-        """What one learner's CPUs and memory are worth in thousandths of a GPU (rounded up)."""
-        scale = self._gpus * MILLI_GPUS
-        worth = -(-demand.mcpus * scale // self._mcpus) if self._mcpus else 0
-        if self._memory_mb:
-            worth = max(worth, -(-demand.memory_mb * scale // self._memory_mb))
-        return worth

@@ -3,7 +3,8 @@
 Runtimes are unknown, and training runtimes have a heavy tail: a job that has run long is likely
 to run much longer. So within each priority class the jobs that have been served least come first.
 ``SchedulerPolicy.service_queues`` are thresholds in GPU-seconds a job has run (the sum of its
-running intervals, which the event log holds): they split the class into bands, the least served
+running intervals, which the event log holds, times its GPUs, or the GPU-equivalents its CPUs or
+memory count as where more: :class:`~ffdl.core.cluster.Charges`): they split the class into bands, the least served
 band first. The planner sees a band as a finer priority class
 (:meth:`~ffdl.core.scheduling.SchedulerPolicy.band_class`), so its queue
 order, reservations and preemption of a lower class (checkpointed halts, never within
@@ -36,7 +37,9 @@ _SERVING = frozenset({JobState.SCHEDULED, JobState.LAUNCHING, JobState.RUNNING, 
 class Service:
     """What least-attained-service needs to know of one job."""
 
-    gpus: int
+    #: what it holds while it runs, in GPUs: GPU-equivalents where its CPUs or memory count more
+    #: (:class:`~ffdl.core.cluster.Charges`), so a job without GPUs is served, and moves down, too
+    gpus: float
     #: GPU-seconds run in its past runs (since aging last let it start afresh)
     attained: float = 0.0
     #: how often it was halted to be requeued (preempted, or moved off a node)
@@ -124,10 +127,11 @@ def queued(service: Service, now: float) -> Service:
     return Service(service.gpus, service.attained, service.preemptions, None, now)
 
 
-def service_of(job: Job, policy: SchedulerPolicy) -> Service:
+def service_of(job: Job, policy: SchedulerPolicy, gpus: float) -> Service:
     """A job's service, read off its folded history: each run from its SCHEDULED entry to the first
-    entry out of the running states, each wait from its QUEUED entry; and the halts that requeued it."""
-    service = Service(job.spec.learners * job.spec.gpus)
+    entry out of the running states, each wait from its QUEUED entry; and the halts that requeued
+    it. ``gpus``: what it holds while it runs (:attr:`Service.gpus`)."""
+    service = Service(gpus)
     for entry in job.history:
         at = entry.at.timestamp()
         if entry.state is JobState.SCHEDULED:

@@ -159,7 +159,7 @@ class _Simulator:
             outcome.never_runs = f"needs {need}; tenant {job.tenant} may hold at most {limit} GPUs"
         else:
             self.remaining[job.job_id] = job.runtime
-            self.services[job.job_id] = Service(job.gpus)
+            self.services[job.job_id] = Service(self.state.charge(demand) / MILLI_GPUS)
             self.queue(job, now)
 
     def happen(self, kind: int, job_id: str, generation: int, now: float) -> None:

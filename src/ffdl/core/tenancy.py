@@ -9,7 +9,7 @@ Fair share is *weighted fair share over GPU-equivalents*: among jobs of one prio
 comes from the tenant holding the least per unit of weight, tenants still inside their guarantee
 first. Quotas, fair share and reclaiming all count a job as its GPUs, or, where more, as what its
 CPUs or memory are worth in GPUs: their share of the cluster's CPUs or memory times its GPUs
-(dominant-resource fairness with the GPU as the unit; :meth:`ffdl.core.cluster.ClusterState.charge`).
+(dominant-resource fairness with the GPU as the unit; :class:`ffdl.core.cluster.Charges`).
 A job that asks no more CPU and memory per GPU than the cluster has counts exactly its GPUs. We
 first counted GPUs alone, on the grounds that no job asks for much CPU or memory without GPUs; a
 tenant that means harm does: its jobs without GPUs held nothing by that count, so no quota bound
@@ -80,7 +80,7 @@ class TenantLedger:
     """Quotas applied to live counts, which it reads and never changes: what each tenant holds
     (``usage``), how much of that is being freed by preemption (``releasing``), and how much its
     preempting jobs will take once their victims are gone (``claimed``). The counts are in
-    thousandths of a GPU-equivalent (:meth:`ffdl.core.cluster.ClusterState.charge`), and so is
+    thousandths of a GPU-equivalent (:class:`ffdl.core.cluster.Charges`), and so is
     every amount asked of the ledger; the quotas, in GPUs, are scaled to them."""
 
     def __init__(

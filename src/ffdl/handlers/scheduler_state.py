@@ -25,7 +25,7 @@ import structlog
 from pydantic import ValidationError
 
 from ffdl.core.aggregate import Address, Aggregates, Applied, CommandEnvelope
-from ffdl.core.cluster import Admission, ClusterState, Demand, Gang, HeldJob
+from ffdl.core.cluster import MILLI_GPUS, Admission, Charges, ClusterState, Demand, Gang, HeldJob
 from ffdl.core.job import Job, WaitRecord
 from ffdl.core.kinds import JOBS, NODES
 from ffdl.core.nodes import InventoryObservation, inventory_changes, schedulable_inventory
@@ -92,10 +92,12 @@ class SchedulerState:
         self._holding: set[str] = set()  # jobs whose folded state holds GPUs
         self._demands: dict[str, Demand] = {}  # job -> its gang's demand (a spec never changes)
         self._gangs: dict[str, tuple[Placement, Gang]] = {}  # job -> its placement, as a gang
-        # With service bands (policy.service_queues): job -> (its history's length, its preemptions,
-        # the service they add up to), and when a band changes with no event (a run crossing a
-        # threshold, a wait aging): (time, job) to bring up to date at the first step from then.
-        self._services: dict[str, tuple[int, int, Service]] = {}
+        # With service bands (policy.service_queues): job -> ((its history's length, its preemptions,
+        # the node events folded), the service they add up to), and when a band changes with no
+        # event (a run crossing a threshold, a wait aging): (time, job) to bring up to date at the
+        # first step from then.
+        self._services: dict[str, tuple[tuple[int, int, int], Service]] = {}
+        self._counted: tuple[int, Charges] | None = None  # (nodes folded, what jobs count as then)
         self._band_changes: list[tuple[float, str]] = []
         self._admission: Admission | None = None
         # What a planning step plans over, kept up to date between steps rather than rebuilt for
@@ -177,24 +179,33 @@ class SchedulerState:
             self._queued_order.pop(job.job_id, None)
             self._reasons.forget(job.job_id)
 
-    def _track_service(self, job: Job) -> None:
+    def _track_service(self, job: Job) -> Service:
         """Bring the job's service up to date with its history (only when that grew: progress
-        events leave it as it is) and note when its band changes next with no event."""
+        events leave it as it is) and the inventory (what the job counts as depends on it), and
+        note when its band changes next with no event."""
+        stamp = (len(job.history), job.preemptions, self._nodes_folded)
         kept = self._services.get(job.job_id)
-        if kept is not None and kept[:2] == (len(job.history), job.preemptions):
-            return
-        service = service_of(job, self._policy)
-        self._services[job.job_id] = (len(job.history), job.preemptions, service)
+        if kept is not None and kept[0] == stamp:
+            return kept[1]
+        counts = self._charges().charge(self._demand(job)) / MILLI_GPUS
+        service = service_of(job, self._policy, counts)
+        self._services[job.job_id] = (stamp, service)
         for at in band_changes(self._policy, service):
             heappush(self._band_changes, (at, job.job_id))
+        return service
+
+    def _charges(self) -> Charges:
+        """What jobs count as on the folded inventory (as the cluster state the planner gets)."""
+        if self._counted is None or self._counted[0] != self._nodes_folded:
+            self._counted = (self._nodes_folded, Charges(schedulable_inventory(self._nodes.values())))
+        return self._counted[1]
 
     def _class(self, job: Job, now: float) -> int:
         """The class the planner sees for the job at ``now``: its priority, or with service bands
         its priority split by the band its attained service puts it in."""
-        kept = self._services.get(job.job_id)
-        if kept is None:
+        if not self._policy.service_queues or job.job_id not in self._services:
             return job.spec.priority
-        return self._policy.band_class(job.spec.priority, band(self._policy, kept[2], now))
+        return self._policy.band_class(job.spec.priority, band(self._policy, self._track_service(job), now))
 
     # -- what a planning step sees ---------------------------------------------------------------
 
