@@ -4,8 +4,8 @@ Runtimes are unknown, and training runtimes have a heavy tail: a job that has ru
 to run much longer. So within each priority class the jobs that have been served least come first.
 ``SchedulerPolicy.service_queues`` are thresholds in GPU-seconds a job has run (the sum of its
 running intervals, which the event log holds, times its GPUs, or the GPU-equivalents its CPUs or
-memory count as where more: :class:`~ffdl.core.cluster.Charges`): they split the class into bands, the least served
-band first. The planner sees a band as a finer priority class
+memory count as where more: :class:`~ffdl.core.cluster.Charges`): they split the class into bands,
+the least served band first. The planner sees a band as a finer priority class
 (:meth:`~ffdl.core.scheduling.SchedulerPolicy.band_class`), so its queue
 order, reservations and preemption of a lower class (checkpointed halts, never within
 ``min_runtime_s`` of a start) rank the least served first: a running job that crosses a threshold
