@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from ffdl.core.allocator import Node
 from ffdl.core.cluster import MILLI_GPUS, ClusterState, Demand, Gang, HeldJob
+from ffdl.core.job import WaitRecord
 from ffdl.core.scheduling import Plan, SchedulerPolicy, WaitingJob, WaitingQueue, plan
 from ffdl.core.simulation import TraceJob, simulate
 from ffdl.core.tenancy import TenancyPolicy, TenantQuota
@@ -400,6 +401,22 @@ def test_a_cordoned_node_keeps_its_jobs_but_takes_no_new_ones() -> None:
     assert decided.evictions == []
     assert [(a.job_id, a.gang.nodes) for a in decided.allocations] == [("small", ("open",))]
     assert "6 more are free on cordoned nodes" in decided.waits["big"].detail
+
+
+def test_a_job_too_big_for_the_open_nodes_does_not_hold_up_reservations_behind_it() -> None:
+    """Two of three nodes are open: a 24-GPU gang cannot be reserved for until the cordon lifts,
+    and the 8-GPU job behind it gets the reservation (before, none did while the cordon held)."""
+    state = ClusterState([Node("n0", 8), Node("n1", 8), Node("cordoned", 8, schedulable=False)])
+    running(state, "r0", "n0", range(8), tenant="a")
+    running(state, "r1", "n1", range(4), tenant="a")
+    blocked = WaitRecord(W.CAPACITY, "waited before")
+    jobs = [
+        waiting("whole-cluster", 8, learners=3, order=0.0, wait=blocked),
+        waiting("one-node", 8, order=1.0, wait=blocked),
+    ]
+    decided = plan(state, jobs, NOW, SchedulerPolicy())
+    assert decided.waits["one-node"].reserved_nodes == ("n1",)
+    assert decided.waits["whole-cluster"].reserved_nodes == ()
 
 
 # -- backfill and reservations --------------------------------------------------------------------

@@ -29,9 +29,9 @@ gets the fewest nodes that could hold it once empty, those with the most free GP
 for it. Every other job of that class or below runs anywhere else (backfill) but never on a head's
 nodes, so those nodes only drain, and the head starts at the latest when the jobs already on them
 end. A head is never displaced by a younger job: its position in the queue only improves, and the
-walk that picks heads stops at the first job it cannot reserve for. The reserved nodes are
-recorded with the head's reason and kept from cycle to cycle while they stay valid, so draining
-is never wasted. Only a higher priority class can overtake a head.
+walk that picks heads stops at the first job older heads keep from a reservation. The reserved
+nodes are recorded with the head's reason and kept from cycle to cycle while they stay valid, so
+draining is never wasted. Only a higher priority class can overtake a head.
 
 **What a step touches.** The waiting jobs come in a :class:`WaitingQueue` the caller keeps up to
 date, not sorted afresh. A job that neither heads nor claims is decided by its class and demand,
@@ -524,8 +524,10 @@ class Planner:
         """The oldest jobs of a class (queue order) that waited before and still do not fit, each
         with nodes reserved for it, while reservations are left (EASY backfill: only jobs behind a
         head must keep off its nodes). A job is weighed once before it can be a head, so a cycle
-        of new arrivals costs no search. The walk stops at the first job it cannot reserve for, so
-        no younger job is ever reserved for ahead of an older one."""
+        of new arrivals costs no search. The walk stops at the first job it cannot reserve for
+        because older heads hold the nodes, so no younger job is ever reserved for ahead of an
+        older one; a job too big for the open nodes whatever is kept (others are cordoned) is
+        passed by, as it once held up every reservation of its class until the cordon lifted."""
         heads = []
         fits: dict[Demand, bool] = {}  # the room does not change during the walk, only reservations
         for job in level:
@@ -543,7 +545,9 @@ class Planner:
             self._no_fit.add(demand)
             nodes = self._reservation_nodes(job)
             if not nodes:
-                break
+                if self._reserved and self._room.reservation(demand, frozenset()) is not None:
+                    break  # only nodes kept for older jobs are missing: no younger job goes first
+                continue  # too few open nodes for it whatever is kept (a cordon): it holds no one up
             self._reserve(job, nodes)
             self._head_nodes[job.job_id] = nodes
             self._backfill_reservations += 1
