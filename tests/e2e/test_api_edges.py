@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -287,13 +288,13 @@ async def test_the_time_machine_folds_one_moment_at_a_time_and_the_same_moment_o
     folding = {"now": 0, "most": 0, "folds": 0}
     real = dashboard.cluster_at
 
-    def counted(events: Any, moment: Any) -> Any:
+    def counted(events: Any, moment: Any, folded: Any = None) -> Any:
         folding["folds"] += 1
         folding["now"] += 1
         folding["most"] = max(folding["most"], folding["now"])
         try:
             time.sleep(0.05)  # long enough for the other requests to arrive meanwhile
-            return real(events, moment)
+            return real(events, moment, folded)
         finally:
             folding["now"] -= 1
 
@@ -307,6 +308,31 @@ async def test_the_time_machine_folds_one_moment_at_a_time_and_the_same_moment_o
     }
     assert folding["most"] == 1, "one fold at a time"
     assert folding["folds"] < 6, "the moment folded once while the log stood still"
+
+
+async def test_a_tenant_asking_the_time_machine_for_many_moments_at_once_is_refused_past_a_few(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each new moment is a fold of the whole log, and folds take turns: a tenant asking for a new
+    microsecond each time, many at once, queued folds that kept every other tenant waiting."""
+    release = threading.Event()
+    real = dashboard.cluster_at
+
+    def held(events: Any, moment: Any, folded: Any = None) -> Any:
+        release.wait(30)
+        return real(events, moment, folded)
+
+    monkeypatch.setattr(dashboard, "cluster_at", held)
+    moments = [f"2999-01-0{day}T00:00:00+00:00" for day in range(1, dashboard.FOLDS_WAITING_PER_TENANT + 2)]
+    asked = [asyncio.create_task(api.http.get("/v1/timemachine", params={"at": at})) for at in moments]
+    try:
+        done, waiting = await asyncio.wait(asked, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        release.set()
+    answered = await asyncio.gather(*waiting)
+    assert [task.result().status_code for task in done] == [429]
+    assert done.pop().result().headers["retry-after"] == "1"
+    assert [response.status_code for response in answered] == [200] * dashboard.FOLDS_WAITING_PER_TENANT
 
 
 async def test_pages_end_at_their_bytes_and_events_and_odd_filters_are_4xx(

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
-from ffdl.projections.store import LoggedEvent, Projection
-from ffdl.projections.timemachine import cluster_at
+from ffdl.projections import store
+from ffdl.projections.store import KeptLog, LoggedEvent, Projection
+from ffdl.projections.timemachine import ClusterAtEnd, cluster_at
 from ffdl.tools.log_files import read_log
 from tests.golden.record import GOLDEN_DIR
 
@@ -29,6 +31,74 @@ def test_a_jobs_row_gives_the_reason_of_the_state_it_is_in_at_the_moment() -> No
     assert str(done["reason"]).startswith("results recorded"), done  # not the scheduler's stale word
 
 
+def test_the_kept_log_decodes_only_what_was_applied_since_it_last_read_and_keeps_time_order(
+    tmp_path: Path,
+) -> None:
+    """The time machine read and decoded the whole log for every moment asked (10 s of a 15 s
+    fold on 200,000 events); the kept log reads the rows applied since, and sorts them in."""
+    read = list(read_log(GOLDEN_DIR / "happy_path.events.jsonl"))
+    projection = Projection(tmp_path / "projection.sqlite")
+    early, late = read[: len(read) // 2], read[len(read) // 2 :]
+    projection.apply([LoggedEvent(entry.event, 0, offset) for offset, entry in enumerate(early)])
+    kept = KeptLog(projection)
+    assert [entry.event.event_id for entry in kept.events()] == [entry.event.event_id for entry in early]
+    decoded = []
+    real = store.trusted_any_event_from_json
+
+    def counting(body: bytes) -> Any:
+        decoded.append(body)
+        return real(body)
+
+    store.trusted_any_event_from_json = counting  # type: ignore[assignment]
+    try:
+        assert len(kept.events()) == len(early) and not decoded, "nothing new: nothing decoded"
+        projection.apply([LoggedEvent(entry.event, 1, offset) for offset, entry in enumerate(late)])
+        events = kept.events()
+    finally:
+        store.trusted_any_event_from_json = real  # type: ignore[assignment]
+    assert len(decoded) == len(late)
+    assert [entry.event.event_id for entry in events] == [entry.event.event_id for entry in read]
+    [job] = cluster_at(events, None)["jobs"]
+    assert job["state"] == "COMPLETED"
+
+    projection.close()  # the file replaced by a rebuilt, shorter one: read afresh, not from the old rows
+    for path in tmp_path.glob("projection.sqlite*"):
+        path.unlink()
+    rebuilt = Projection(tmp_path / "projection.sqlite")
+    rebuilt.apply([LoggedEvent(entry.event, 0, offset) for offset, entry in enumerate(early[:3])])
+    rebuilt.close()
+    assert [entry.event.event_id for entry in kept.events()] == [entry.event.event_id for entry in early[:3]]
+
+
+def test_the_cluster_at_the_end_is_folded_on_from_what_was_folded_and_is_the_fresh_fold(
+    tmp_path: Path,
+) -> None:
+    """The live page reads the present after every change: the events added since are folded on
+    (the same aggregates), and one that sorts in among those folded (a partition behind) folds
+    all again; either way the picture is the one a fold from the start gives."""
+    read = list(read_log(GOLDEN_DIR / "happy_path.events.jsonl"))
+    projection = Projection(tmp_path / "projection.sqlite")
+    kept, at_end = KeptLog(projection), ClusterAtEnd()
+    half = len(read) // 2
+    stages = [
+        [LoggedEvent(entry.event, 0, offset) for offset, entry in enumerate(read[:half])],
+        [LoggedEvent(entry.event, 0, half + offset) for offset, entry in enumerate(read[half:-1])],
+        [LoggedEvent(read[-1].event.model_copy(update={"occurred_at": read[0].event.occurred_at}), 1, 0)],
+    ]
+    folds = []
+    for stage in stages:
+        projection.apply(stage)
+        folded = at_end.folded(kept)
+        folds.append(folded[0])
+        events = kept.events()
+        assert cluster_at(events, None, folded) == cluster_at(events, None)
+        afresh = ClusterAtEnd()
+        afresh.folded(kept)
+        assert at_end.utilisation() == afresh.utilisation()
+    assert folds[0] is folds[1], "the later events were folded on"
+    assert folds[2] is not folds[1], "an earlier one sorted in: folded again"
+
+
 def test_the_projection_gives_the_log_back_in_log_order_past_offset_nine(tmp_path: Path) -> None:
     """Events of one instant (one command's, say) are ordered by their offsets as numbers: as text,
     offset 10 would come before offset 9, and a job's fold would stop at the event out of order."""
@@ -42,7 +112,7 @@ def test_the_projection_gives_the_log_back_in_log_order_past_offset_nine(tmp_pat
     projection = Projection(tmp_path / "projection.sqlite")
     projection.apply(logged)
 
-    given_back = projection.logged_events()
+    given_back = KeptLog(projection).events()
 
     assert [(entry.partition, entry.offset) for entry in given_back] == [(2, n) for n in range(len(logged))]
     assert [entry.event.event_id for entry in given_back] == [entry.event.event_id for entry in logged]

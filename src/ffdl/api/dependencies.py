@@ -24,7 +24,7 @@ import asyncio
 import hashlib
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -47,6 +47,8 @@ from ffdl.events.model import JobSpec
 from ffdl.events.position import Position
 from ffdl.events.reports import loads_finite, strict_dumps
 from ffdl.handlers.messaging import utcnow
+from ffdl.projections.store import KeptLog
+from ffdl.projections.timemachine import ClusterAtEnd
 from ffdl.wiring.platform import Platform
 
 WRITE_WAIT_S = 10.0
@@ -162,10 +164,15 @@ class PlatformBackend:
         self.registry = registry_for(self.collector, platform.projector.latency)
         self.readiness = Readiness()
         self.progress = ProjectionProgress(self.projection.version)
-        # the time machine folds the whole log per moment: one fold at a time, whoever asks, and
-        # the last moment folded kept until the log moves on (see routes/dashboard.py)
+        # the time machine folds the whole log per moment: one fold at a time, whoever asks, the
+        # log's events kept decoded between folds, the cluster at its end and the utilisation
+        # folded on as it grows, the last moment folded kept until the log moves on, and each
+        # tenant's folds waiting counted (see routes/dashboard.py)
         self.folding = asyncio.Lock()
+        self.kept_log = KeptLog(self.projection)
+        self.at_end = ClusterAtEnd()
         self.folded: tuple[object, Any] | None = None
+        self.folds_waiting: dict[str, Counter[datetime | None]] = {}  # tenant -> moments -> requests
         # each of the API's processes admits its share of the streams, so that together they stay
         # within the caps (a process cannot count another's)
         self.followers = Followers(

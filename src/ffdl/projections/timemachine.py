@@ -20,7 +20,7 @@ from ffdl.core.nodes import NodePresence, NodeRecord, NodeStatus
 from ffdl.core.tenancy import TenancyPolicy
 from ffdl.events.envelope import NODE_KEY_PREFIX
 from ffdl.projections.documents import JsonObject, job_document, node_document
-from ffdl.projections.store import LoggedEvent
+from ffdl.projections.store import KeptLog, LoggedEvent, TimeOrder
 
 
 def span(events: Sequence[LoggedEvent]) -> JsonObject:
@@ -48,12 +48,76 @@ def _queued_at(job: Job) -> str:
     return next((e.at.isoformat() for e in reversed(job.history) if str(e.state) == "QUEUED"), "")
 
 
-def cluster_at(events: Sequence[LoggedEvent], at: datetime | None) -> JsonObject:
+class ClusterAtEnd:
+    """The aggregates folded with every event of a :class:`KeptLog`, and the utilisation over the
+    log's span, kept between reads of the cluster as it is now: the events the log adds after those
+    folded are folded on, and only an event that sorts in among them (a partition behind the
+    others) means folding them all again. The live cluster page reads the present after every
+    change; folding the whole log twice each time cost seconds on a long one."""
+
+    def __init__(self) -> None:
+        self._start_over()
+
+    def _start_over(self) -> None:
+        self._folded = Aggregates(KINDS)
+        self._count = 0
+        self._last: TimeOrder | None = None
+        self._held: dict[str, tuple[str, int]] = {}  # job -> (its tenant, the GPUs it holds)
+        self._present: dict[str, int] = {}  # node -> its GPUs, while present
+        self._points: list[JsonObject] = []
+
+    def folded(self, log: KeptLog) -> tuple[Aggregates, int]:
+        """The aggregates folded with every event ``log`` holds now, and how many that is."""
+        located = log.located()
+        count = self._count
+        if not (count <= len(located) and (count == 0 or located[count - 1][0] == self._last)):
+            self._start_over()  # an event sorted in among those folded: fold them all again
+        for _, logged in located[self._count :]:
+            self._fold(logged)
+        self._count = len(located)
+        self._last = located[-1][0] if located else None
+        return self._folded, self._count
+
+    def utilisation(self) -> list[JsonObject]:
+        """The GPUs present and held per tenant after each event that changed either, in time
+        order, as of the last :meth:`folded`: the cluster's utilisation over the log's span."""
+        return list(self._points)
+
+    def _fold(self, logged: LoggedEvent) -> None:
+        applied = self._folded.fold(logged.event)
+        if applied is None or isinstance(applied, Skipped):
+            return
+        job = applied.of(JOBS)
+        if job is not None:
+            placement = job.after.placement
+            gpus = sum(len(learner.gpus) for learner in placement.learners) if placement else 0
+            if gpus == self._held.get(job.after.job_id, ("", 0))[1]:
+                return
+            self._held[job.after.job_id] = (job.after.tenant, gpus)
+        node = applied.of(NODES)
+        if node is not None:
+            gpus = node.after.spec.gpus if node.after.presence is NodePresence.PRESENT else 0
+            if gpus == self._present.get(node.after.name, 0):
+                return
+            self._present[node.after.name] = gpus
+        by_tenant: dict[str, int] = {}
+        for tenant, gpus in self._held.values():
+            if gpus:
+                by_tenant[tenant] = by_tenant.get(tenant, 0) + gpus
+        self._points.append(
+            {"at": _when(logged).isoformat(), "gpus": sum(self._present.values()), "held": by_tenant}
+        )
+
+
+def cluster_at(
+    events: Sequence[LoggedEvent], at: datetime | None, folded: tuple[Aggregates, int] | None = None
+) -> JsonObject:
     """The cluster at ``at``: its present nodes with the job holding each GPU, the queued jobs per
-    tenant in the scheduler's order, every job's state, and the events either side of the moment."""
-    folded, applied = fold_at(events, at)
-    jobs: dict[str, Job] = folded.of(JOBS)
-    nodes: dict[str, NodeRecord] = folded.of(NODES)
+    tenant in the scheduler's order, every job's state, and the events either side of the moment.
+    ``folded``: the aggregates already folded at ``at``, with how many events (:class:`ClusterAtEnd`)."""
+    aggregates, applied = folded or fold_at(events, at)
+    jobs: dict[str, Job] = aggregates.of(JOBS)
+    nodes: dict[str, NodeRecord] = aggregates.of(NODES)
     holders: dict[str, dict[str, str]] = {}
     for job in jobs.values():
         if job.placement is None:
@@ -96,38 +160,6 @@ def cluster_at(events: Sequence[LoggedEvent], at: datetime | None) -> JsonObject
         "queue": queue,
         "jobs": job_rows,
     }
-
-
-def utilisation(events: Sequence[LoggedEvent]) -> list[JsonObject]:
-    """The GPUs present and held per tenant after each event that changed either, in time order:
-    the cluster's utilisation over the log's span, folded like :func:`fold_at`."""
-    folded = Aggregates(KINDS)
-    held: dict[str, tuple[str, int]] = {}
-    present: dict[str, int] = {}
-    points: list[JsonObject] = []
-    for logged in sorted(events, key=_when):
-        applied = folded.fold(logged.event)
-        if applied is None or isinstance(applied, Skipped):
-            continue
-        job = applied.of(JOBS)
-        if job is not None:
-            placement = job.after.placement
-            gpus = sum(len(learner.gpus) for learner in placement.learners) if placement else 0
-            if gpus == held.get(job.after.job_id, ("", 0))[1]:
-                continue
-            held[job.after.job_id] = (job.after.tenant, gpus)
-        node = applied.of(NODES)
-        if node is not None:
-            gpus = node.after.spec.gpus if node.after.presence is NodePresence.PRESENT else 0
-            if gpus == present.get(node.after.name, 0):
-                continue
-            present[node.after.name] = gpus
-        by_tenant: dict[str, int] = {}
-        for tenant, gpus in held.values():
-            if gpus:
-                by_tenant[tenant] = by_tenant.get(tenant, 0) + gpus
-        points.append({"at": _when(logged).isoformat(), "gpus": sum(present.values()), "held": by_tenant})
-    return points
 
 
 def tenant_rows(picture: JsonObject, policy: TenancyPolicy) -> list[JsonObject]:

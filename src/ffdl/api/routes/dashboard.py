@@ -16,6 +16,7 @@ storage. Its own reads follow the API's tenancy: a tenant sees its jobs, others'
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -37,7 +38,10 @@ from ffdl.api.dependencies import (
 )
 from ffdl.api.followers import KEEP_ALIVE_S
 from ffdl.events.reports import strict_dumps
-from ffdl.projections.timemachine import cluster_at, hide_others, tenant_rows, utilisation
+from ffdl.projections.timemachine import cluster_at, hide_others, tenant_rows
+
+#: of how many distinct moments one tenant's time-machine requests may wait for, or be in, a fold
+FOLDS_WAITING_PER_TENANT = 2
 
 router = APIRouter()
 
@@ -171,21 +175,40 @@ async def timemachine(
         moment = moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
     def fold() -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        events = backend.projection.logged_events()
-        return cluster_at(events, moment), utilisation(events)
+        at_end = backend.at_end.folded(backend.kept_log)  # the log's new events folded on
+        events = backend.kept_log.events()
+        return cluster_at(events, moment, at_end if moment is None else None), backend.at_end.utilisation()
 
-    # A fold reads and folds the whole log (seconds on a long one): callers take turns, so that any
-    # tenant asking again and again costs the API one fold's CPU at a time, not one per request,
-    # and the same moment of an unchanged log is folded once. What is kept is the whole picture;
-    # each caller is shown its own view of it below.
-    async with backend.folding:
-        version = backend.projection.version()  # None: not known now, so nothing kept is trusted
-        key = (version, moment)
-        if version is not None and backend.folded is not None and backend.folded[0] == key:
-            picture, series = backend.folded[1]
-        else:
-            picture, series = await read(fold)
-            backend.folded = (key, (picture, series))
+    # A fold folds the whole log (seconds on a long one): callers take turns, so that any tenant
+    # asking again and again costs the API one fold's CPU at a time, not one per request, and the
+    # same moment of an unchanged log is folded once. A tenant has folds of at most a few moments
+    # waiting (another moment is refused with 429): one asking for a new moment each time, many
+    # at once, kept every other tenant's time machine waiting behind a queue of its folds. What is
+    # kept is the whole picture; each caller is shown its own view of it below.
+    waiting = backend.folds_waiting.setdefault(caller.tenant, Counter())
+    if moment not in waiting and len(waiting) >= FOLDS_WAITING_PER_TENANT:
+        raise problem(
+            429,
+            f"time-machine folds of {len(waiting)} other moments are under way for tenant "
+            f"{caller.tenant}: ask again when one has answered",
+            headers={"Retry-After": "1"},
+        )
+    waiting[moment] += 1
+    try:
+        async with backend.folding:
+            version = backend.projection.version()  # None: not known now, so nothing kept is trusted
+            key = (version, moment)
+            if version is not None and backend.folded is not None and backend.folded[0] == key:
+                picture, series = backend.folded[1]
+            else:
+                picture, series = await read(fold)
+                backend.folded = (key, (picture, series))
+    finally:
+        waiting[moment] -= 1
+        if not waiting[moment]:
+            del waiting[moment]
+        if not waiting:
+            backend.folds_waiting.pop(caller.tenant, None)
     tenants = tenant_rows(picture, backend.settings.scheduler_policy().tenancy)
     seen = hide_others(picture, caller.may_see)
     seen["tenants"] = [row for row in tenants if caller.may_see(row["tenant"])]

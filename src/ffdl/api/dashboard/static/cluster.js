@@ -30,7 +30,17 @@ export async function clusterPage({ main, signal }) {
     draw();
   });
   await refresh();
-  const later = debounce(() => refresh().catch(() => {}), 500);
+  // one read at a time: a change while one is under way asks for one more after it, not one each
+  // (each read folds the whole log on the server, and they queued faster than they were answered)
+  let reading = false, again = false;
+  const reread = async () => {
+    if (reading) { again = true; return; }
+    reading = true;
+    try {
+      do { again = false; await refresh().catch(() => {}); } while (again && !signal.aborted);
+    } finally { reading = false; }
+  };
+  const later = debounce(reread, 500);
   // a job or a node changed (a cordon too): read the picture again, at most twice a second
   follow("/v1/cluster:follow", (message) => { if (message.event === "cluster") later(); }, signal, { reconnect: true }).catch(() => {});
 }
