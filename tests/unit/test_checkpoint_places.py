@@ -76,6 +76,14 @@ HOSTILE_URIS = st.one_of(
         st.lists(_PIECES, max_size=8).map("".join),
     ).map("".join),
     st.text(max_size=60),
+    # well-formed paths inside the place, often accepted: the property's own path runs on them
+    st.tuples(
+        st.sampled_from(["file://", ""]),
+        st.just(PLACE + "/"),
+        st.lists(
+            st.from_regex(r"[A-Za-z0-9_-]{1,12}(\.[a-z]{1,3})?", fullmatch=True), min_size=1, max_size=4
+        ).map("/".join),
+    ).map("".join),
 )
 
 

@@ -18,7 +18,12 @@ _anything = st.recursive(
 )
 
 
-@given(st.dictionaries(st.text(max_size=100) | st.integers(), _anything, max_size=200) | _anything)
+@given(
+    st.dictionaries(
+        st.text(max_size=100) | st.integers(), st.floats() | st.integers() | _anything, max_size=200
+    )
+    | _anything
+)
 def test_whatever_is_reported_comes_out_inside_the_bounds_and_encodes_as_strict_json(raw: object) -> None:
     bounded = bound_metrics(raw)
     assert len(bounded.metrics) <= MAX_METRICS

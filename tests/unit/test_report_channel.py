@@ -116,7 +116,8 @@ def test_a_checkpoint_path_is_inside_its_directory_or_none(suffix: str) -> None:
         "file:///learners/job/checkpoints",
         "file:///learners/job/checkpoints-evil/x",
         "s3://bucket/x",
-        "/learners/job/checkpoints/x",
+        "/learners/job/checkpoints/../other/x",
+        "learners/job/checkpoints/x",
     ],
 )
 def test_no_learner_is_handed_a_checkpoint_outside_its_place(uri: str) -> None:
@@ -124,8 +125,13 @@ def test_no_learner_is_handed_a_checkpoint_outside_its_place(uri: str) -> None:
     assert resume_path(checkpoint, "/learners/job/checkpoints") == ""
 
 
-def test_a_checkpoint_inside_its_place_is_handed_on() -> None:
-    checkpoint = Checkpoint(rank=0, attempt=1, step=1, uri="file:///learners/job/checkpoints/a/./step-1")
+@pytest.mark.parametrize(
+    "uri", ["file:///learners/job/checkpoints/a/./step-1", "/learners/job/checkpoints/a/step-1"]
+)
+def test_a_checkpoint_inside_its_place_is_handed_on(uri: str) -> None:
+    """A bare absolute path too: the owner records it as the job's checkpoint, so the next attempt
+    must start from it (it once started from nothing)."""
+    checkpoint = Checkpoint(rank=0, attempt=1, step=1, uri=uri)
     assert resume_path(checkpoint, "/learners/job/checkpoints") == "/learners/job/checkpoints/a/step-1"
 
 

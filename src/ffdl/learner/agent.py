@@ -526,12 +526,13 @@ class LearnerAgent:
         self._changed.set()
 
     def _checkpoint_problem(self, uri: str) -> str | None:
-        """Why a checkpoint at ``uri`` is not the job's, or None: it must be a ``file://`` path inside
-        the job's checkpoint directory, reached without a symbolic link (which could lead out)."""
+        """Why a checkpoint at ``uri`` is not the job's, or None: it must be a ``file://`` URI or an
+        absolute path inside the job's checkpoint directory, reached without a symbolic link (which
+        could lead out)."""
         root = self._config.checkpoint_dir
         path = checkpoint_path(uri, root) if root else None
         if path is None:
-            return f"not a file:// path inside the job's checkpoint directory {root!r}"
+            return f"not a file:// URI or absolute path inside the job's checkpoint directory {root!r}"
         parts = Path(path).relative_to(root).parts
         if len(parts) > REPORTED_DEPTH_MAX:  # each part costs a lookup of the whole path so far
             return f"nested deeper than {REPORTED_DEPTH_MAX} directories in the job's checkpoint directory"

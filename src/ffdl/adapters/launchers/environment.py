@@ -124,9 +124,12 @@ class LearnerSite:
 
 
 def checkpoint_path(uri: str, checkpoint_dir: str) -> str | None:
-    """The path a ``file://`` checkpoint ``uri`` names when it lies inside ``checkpoint_dir`` (by its
-    words: ``..`` cannot climb out), else None. Symbolic links are the caller's to refuse."""
-    if not uri.startswith("file:///") or "\0" in uri:
+    """The path a checkpoint ``uri`` (``file:///...``, or an absolute path, which the job's owner
+    reads as one too) names when it lies inside ``checkpoint_dir`` (by its words: ``..`` cannot
+    climb out), else None. Symbolic links are the caller's to refuse. A bare path was once
+    recorded as the job's checkpoint by the owner but handed to no learner: the job restarted
+    from nothing, saying it resumed."""
+    if "\0" in uri or not (uri.startswith(("file:///", "/"))):
         return None
     path = posixpath.normpath(uri.removeprefix("file://"))
     root = posixpath.normpath(checkpoint_dir)
