@@ -7,7 +7,7 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from ffdl.core.job import Job, evolve, start
@@ -520,8 +520,21 @@ class Model:
         self.became_healthy_if(was_healthy)
 
 
+_PAST_GRACE = ("wait", 2 * GRACE_S)
+
+
 @settings(max_examples=300, deadline=None)
 @given(steps=st.lists(Step, max_size=60))
+# losses, which random steps seldom reach (the store is often unhealthy or in its grace): the
+# checks on a loss run on these in every session
+@example(steps=[("beat", 0, 1), ("beat", 1, 1), _PAST_GRACE, ("delete", 0), ("tick",), ("tick",)])
+@example(
+    steps=[("beat", 0, 1), _PAST_GRACE, ("delete", 0), ("tick",), ("beat", 0, 2), ("delete", 0), ("tick",)]
+)
+@example(steps=[("beat", 0, 1), ("exit", 0, 0), _PAST_GRACE, ("delete", 0), ("tick",)])
+@example(
+    steps=[("beat", 0, 1), _PAST_GRACE, ("store_lost",), ("delete", 0), ("tick",), ("resync",), ("tick",)]
+)
 def test_losses_wait_for_a_healthy_store_and_its_grace_and_each_learner_is_reported_once(
     steps: list[tuple[object, ...]],
 ) -> None:
