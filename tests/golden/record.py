@@ -38,8 +38,10 @@ metrics and the reasons of what was dropped, ``LearnerProgressed`` and ``ReportP
 through the upcasters of what it predates. Today's stories, with both, are the
 ``NAME_specs_and_reports_v2`` logs, but for the two with a tenant's command to an aggregate not its
 own (another tenant's job, a node): the owner recorded its refusal there, and today's dead-letters
-it (``outsiders-dead-lettered``), so those stories are told anew as ``rejected_commands_outsiders``
-and ``forged_commands_outsiders``.
+it (``outsiders-dead-lettered``), so those stories were told anew as ``rejected_commands_outsiders``
+and ``forged_commands_outsiders``. Then halts came to say whether a preemption made room for a job
+of the halted job's own tenant (``HaltJob`` and ``HaltRequested`` v3): the stories with a halt are
+today's as ``NAME_halts_v3``, and the logs before replay through the v3 upcasters.
 
 The :class:`Owner` here is the partition owner without I/O: the owner's gate and the job and node
 deciders, their folds and the cluster view, on a virtual clock, the way ``handlers/owner.py`` runs
@@ -748,16 +750,16 @@ SCENARIOS: dict[str, tuple[Callable[[Owner], None], RestartPolicy]] = {
         restart_after_kill,
         RestartPolicy(base_s=1.0, factor=2.0, max_backoff_s=60.0),
     ),
-    "halt_resume_specs_and_reports_v2": (halt_resume, RestartPolicy()),
+    "halt_resume_halts_v3": (halt_resume, RestartPolicy()),
     "cancel_specs_and_reports_v2": (cancel, RestartPolicy()),
     "max_restarts_failure_specs_and_reports_v2": (
         max_restarts_failure,
         RestartPolicy(base_s=0.5, factor=3.0, max_backoff_s=30.0),
     ),
-    "rejected_commands_outsiders": (rejected_commands, RestartPolicy()),
-    "preemption_specs_and_reports_v2": (preemption, RestartPolicy()),
-    "node_drain_specs_and_reports_v2": (node_drain, RestartPolicy()),
-    "forged_commands_outsiders": (forged_commands, RestartPolicy()),
+    "rejected_commands_halts_v3": (rejected_commands, RestartPolicy()),
+    "preemption_halts_v3": (preemption, RestartPolicy()),
+    "node_drain_halts_v3": (node_drain, RestartPolicy()),
+    "forged_commands_halts_v3": (forged_commands, RestartPolicy()),
 }
 #: The instant every golden log starts at.
 START = datetime(2024, 5, 1, 9, 0, tzinfo=UTC)

@@ -95,10 +95,22 @@ WRITTEN_BEFORE_PRINCIPALS = (
     | {"halt_resume_direct_launch"}
 )
 #: Today's stories, each by its name.
-STORIES = {name.removesuffix("_specs_and_reports_v2").removesuffix("_outsiders") for name in SCENARIOS}
+STORIES = {
+    name.removesuffix("_specs_and_reports_v2").removesuffix("_halts_v3").removesuffix("_outsiders")
+    for name in SCENARIOS
+}
 #: The stories with a tenant's command to an aggregate not its own, as told before the owner
 #: dead-lettered its refusal instead of recording it there (``outsiders-dead-lettered``).
-WRITTEN_BEFORE_OUTSIDERS = {f"{story}_specs_and_reports_v2" for story in STORIES} - SCENARIOS.keys()
+WRITTEN_BEFORE_OUTSIDERS = {
+    f"{story}_specs_and_reports_v2" for story in ("rejected_commands", "forged_commands")
+}
+#: The stories with a halt, as told before halts said whether a preemption made room for a job of
+#: the halted job's own tenant (``HaltJob`` and ``HaltRequested`` v2): through the v3 upcasters.
+WRITTEN_BEFORE_HALTS_V3 = {
+    *(f"{story}_specs_and_reports_v2" for story in ("halt_resume", "preemption", "node_drain")),
+    "rejected_commands_outsiders",
+    "forged_commands_outsiders",
+}
 #: The stories told with principals, with version 1 specs (before launcher, nproc_per_node,
 #: keep_checkpoints and stop_grace_s) and unbounded reports (``LearnerProgressed`` v1): they replay
 #: through both upcasters, deciding the same.
@@ -116,6 +128,7 @@ def test_every_recorded_scenario_of_the_issue_has_a_golden_log() -> None:
         | WRITTEN_BEFORE_SPEC_V2
         | WRITTEN_BEFORE_BOUNDED_REPORTS
         | WRITTEN_BEFORE_OUTSIDERS
+        | WRITTEN_BEFORE_HALTS_V3
         | SCENARIOS.keys()
     ) == set(GOLDEN)
 
@@ -315,8 +328,10 @@ def test_the_v1_golden_log_holds_v1_halts_that_replay_through_their_upcasters() 
     ]
 
     assert raw_halt["schema_version"] == 1 and "requeue" not in raw_halt["data"]
-    assert halted.schema_version == 2 and halt.requeue is False
-    assert halt_command.schema_version == 2 and halt_job.requeue is False
+    assert halted.schema_version == ev.HaltRequested.VERSION
+    assert (halt.requeue, halt.for_own_tenant) == (False, False)
+    assert halt_command.schema_version == cmd.HaltJob.VERSION
+    assert (halt_job.requeue, halt_job.for_own_tenant) == (False, False)
     assert golden_file_mentions(
         GOLDEN_DIR / "halt_resume_v1.commands.jsonl", '"type":"HaltJob"', '"schema_version":1'
     )

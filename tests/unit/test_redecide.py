@@ -152,7 +152,7 @@ def test_a_command_recorded_with_its_principal_is_decided_for_it_and_never_witho
 ) -> None:
     """A log of today's owner names each command's principal: the refusals of the hostile senders re-decide
     as recorded, and sent for another principal the same command decides otherwise, a divergence."""
-    events = copy_log("forged_commands_outsiders", tmp_path)
+    events = copy_log("forged_commands_halts_v3", tmp_path)
     lines = [json.loads(line) for line in commands_beside(events).read_text().splitlines()]
 
     clean = report_of(verify(str(events), "--json"))

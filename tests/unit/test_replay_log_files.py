@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from ffdl.events import job_events as ev
 from ffdl.events.codec import event_to_json
 from ffdl.tools.log_files import (
     EventFilter,
@@ -26,7 +27,7 @@ from tests.node_history import JOB, NODE, node_and_job_events, positioned
 PREEMPTION = GOLDEN_DIR / "preemption.events.jsonl"
 LEGACY = GOLDEN_DIR / "halt_resume_v1.events.jsonl"
 #: A log of today's versions only: an older one reads back upcast, so not byte for byte.
-TODAYS = GOLDEN_DIR / "preemption_specs_and_reports_v2.events.jsonl"
+TODAYS = GOLDEN_DIR / "preemption_halts_v3.events.jsonl"
 
 
 def test_a_written_log_reads_back_to_the_same_events_and_the_same_bytes(tmp_path: Path) -> None:
@@ -60,7 +61,7 @@ def test_every_current_line_carries_the_events_own_json_and_an_old_one_is_upcast
         else:
             assert canonical.body is None  # serialised again, at its current version
     old = [line for line in lines if line.schema_version == 1 and line.logged.event.type == "HaltRequested"]
-    assert len(old) == 1 and old[0].logged.event.schema_version == 2
+    assert len(old) == 1 and old[0].logged.event.schema_version == ev.HaltRequested.VERSION
 
 
 def test_a_bad_line_is_an_error_naming_its_line_number(tmp_path: Path) -> None:

@@ -30,6 +30,7 @@ OLDER_LOGS = [
             "_bounded_reports",
             "_specs_and_reports_v2",
             "_outsiders",
+            "_halts_v3",
         )
     )
 ]

@@ -15,6 +15,7 @@ from ffdl.core.invariants import check
 from ffdl.core.job import Job, evolve
 from ffdl.core.states import JobState
 from ffdl.events import job_commands as cmd
+from ffdl.events import job_events as ev
 from ffdl.events.codec import command_from_json, event_from_json, event_to_json
 from ffdl.events.envelope import Command, CommandData, Event
 from ffdl.events.model import Checkpoint, JobSpec, LearnerPlacement, Placement, WaitReason
@@ -117,6 +118,23 @@ def test_a_queued_job_is_requeued_at_once_when_preempted() -> None:
     events = job.send(cmd.HaltJob(reason="preempted", requeue=True), producer="scheduler")
     assert types(events) == ["HaltRequested", "JobHalted", "ResumeRequested", "JobQueued"]
     assert "from the start (no checkpoint)" in job.state.reason
+
+
+def test_a_preemption_for_a_job_of_its_own_tenant_is_counted_apart_and_only_a_preemption_is() -> None:
+    job = Driven()
+    events = job.send(
+        cmd.HaltJob(reason="preempted", requeue=True, for_own_tenant=True), producer="scheduler"
+    )
+    assert events[0].data == ev.HaltRequested(
+        reason="preempted", requested_by="scheduler", requeue=True, for_own_tenant=True
+    )
+    assert (job.state.preemptions, job.state.preemptions_for_own_tenant) == (1, 1)
+    job.send(cmd.HaltJob(reason="preempted", requeue=True), producer="scheduler")
+    assert (job.state.preemptions, job.state.preemptions_for_own_tenant) == (2, 1)
+    halted = Driven()
+    halted.allocate()
+    halt = halted.send(cmd.HaltJob(reason="by its user", for_own_tenant=True))  # no preemption: no mark
+    assert halt[0].data.for_own_tenant is False  # type: ignore[attr-defined]
 
 
 def test_a_job_preempted_as_it_launches_requeues_once_its_learners_are_stopped() -> None:

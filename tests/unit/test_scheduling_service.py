@@ -9,6 +9,7 @@ also holds every step to a plan over state rebuilt from the fold).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -72,6 +73,42 @@ def test_a_job_past_its_threshold_is_halted_for_a_newcomer_of_its_priority() -> 
     service = service_of(first, POLICY, 4)
     assert service.attained == 4 * 30.0  # from its allocation to the halt's start
     assert service.running_since is None and service.queued_since == world.now()
+
+
+def test_a_tenant_cannot_halt_its_own_job_into_the_loop_guard() -> None:
+    """Halted for a job of its own tenant, a job's preemption does not count towards the guard: a
+    tenant once kicked its long job with short jobs of its own until the guard kept it in the top
+    band for the rest of its run, above every other tenant's newcomers."""
+    guarded_after_one = replace(POLICY, max_service_preemptions=1)
+    world = World(1, guarded_after_one)
+    world.submit("a", 1, 4, 0)
+    world.settle()
+    run(world, "job-1")
+    tick(world, 30)  # 120 GPU-s: below a newcomer's band
+    world.submit("a", 1, 4, 0)  # the same tenant's newcomer
+    world.settle()
+    assert world.jobs["job-1"].state is JobState.HALTING
+    exit_all(world, "job-1")
+    world.settle()
+    first = world.jobs["job-1"]
+    assert (first.preemptions, first.preemptions_for_own_tenant) == (1, 1)
+    service = service_of(first, guarded_after_one, 4)
+    assert service.preemptions == 0 and band(guarded_after_one, service, world.now()) == 1, "not guarded"
+
+    run(world, "job-2")
+    world.user("job-2", cmd.CancelJob(reason="done"))
+    world.user("job-2", cmd.ReleaseGpus())
+    world.settle()
+    run(world, "job-1")
+    tick(world, 10)
+    world.submit("b", 1, 4, 0)  # another tenant's newcomer: this halt counts
+    world.settle()
+    assert world.jobs["job-1"].state is JobState.HALTING
+    exit_all(world, "job-1")
+    world.settle()
+    first = world.jobs["job-1"]
+    assert (first.preemptions, first.preemptions_for_own_tenant) == (2, 1)
+    assert band(guarded_after_one, service_of(first, guarded_after_one, 4), world.now()) == 0, "guarded"
 
 
 def test_a_job_without_gpus_is_served_by_what_its_cpus_count_as_and_moves_down_too() -> None:

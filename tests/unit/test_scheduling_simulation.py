@@ -204,7 +204,12 @@ def test_aging_lifts_a_starved_job_and_the_cap_ends_the_ping_pong() -> None:
 def test_service_bands_lose_no_work_and_no_job_is_halted_past_the_cap(
     jobs: list[tuple[float, str, int, int, float]], cap: int
 ) -> None:
-    trace = [TraceJob(f"j{i}", *job) for i, job in enumerate(jobs)]
+    """Each job its own tenant's: every preemption counts towards the cap (one made for a job of the
+    victim's own tenant does not, so a tenant cannot halt its own job into the guard)."""
+    trace = [
+        TraceJob(f"j{i}", submit, f"{tenant}{i}", learners, gpus, runtime)
+        for i, (submit, tenant, learners, gpus, runtime) in enumerate(jobs)
+    ]
     policy = SchedulerPolicy(
         min_runtime_s=10.0, service_queues=(600.0, 3000.0), starve_after_s=300.0, max_service_preemptions=cap
     )

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from pydantic import AllowInfNan, BaseModel
 from pydantic.fields import FieldInfo
 
+from ffdl.events import job_events as ev
 from ffdl.events.codec import (
     AnyEvent,
     DecodeError,
@@ -276,4 +277,4 @@ def test_a_golden_log_line_of_an_older_version_is_upcast_by_validation() -> None
     )
 
     assert built_line(old) is None
-    assert decode_line(old).event.schema_version == 2
+    assert decode_line(old).event.schema_version == ev.HaltRequested.VERSION

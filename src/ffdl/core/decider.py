@@ -161,8 +161,8 @@ def _decide(d: _Decision, job: Job, data: CommandData, rules: _Rules) -> None:  
             if _observes_current(d, job, rank, attempt) and job.learners[rank].active:
                 d.emit(ev.LearnerLost(rank=rank, attempt=attempt, reason=reason, detail=detail))
                 _consequences(d, rules)
-        case cmd.HaltJob(reason=reason, requeue=requeue):
-            _halt(d, job, reason, requeue, rules.checkpoints)
+        case cmd.HaltJob(reason=reason, requeue=requeue, for_own_tenant=for_own_tenant):
+            _halt(d, job, reason, requeue, for_own_tenant and requeue, rules.checkpoints)
         case cmd.ResumeJob():
             if state is S.HALTED:
                 d.emit(ev.ResumeRequested(requested_by=d.command.producer))
@@ -250,7 +250,14 @@ def _observes_current(d: _Decision, job: Job, rank: int, attempt: int) -> bool:
     return attempt == job.attempt and job.state.observes_learners
 
 
-def _halt(d: _Decision, job: Job, reason: str, requeue: bool, checkpoints: CheckpointPlaces | None) -> None:
+def _halt(
+    d: _Decision,
+    job: Job,
+    reason: str,
+    requeue: bool,
+    for_own_tenant: bool,
+    checkpoints: CheckpointPlaces | None,
+) -> None:
     state = job.state
     if state is S.HALTING and job.requeue_on_halt and not requeue:
         d.emit(ev.HaltRequested(reason=reason or "halt requested", requested_by=d.command.producer))
@@ -261,7 +268,14 @@ def _halt(d: _Decision, job: Job, reason: str, requeue: bool, checkpoints: Check
         d.reject(f"a job in state {state} cannot be halted")
         return
     requester = d.command.producer
-    job = d.emit(ev.HaltRequested(reason=reason or "halt requested", requested_by=requester, requeue=requeue))
+    job = d.emit(
+        ev.HaltRequested(
+            reason=reason or "halt requested",
+            requested_by=requester,
+            requeue=requeue,
+            for_own_tenant=for_own_tenant,
+        )
+    )
     nothing_runs = state is S.RESTARTING or not any(learner.active for learner in job.learners)
     if job.state is not S.HALTING or nothing_runs:
         _halted(d, job, checkpoints)

@@ -111,7 +111,11 @@ class Job:
     waiting: WaitRecord | None = None
     waiting_since: datetime | None = None
     requeue_on_halt: bool = False
+    halt_for_own_tenant: bool = False  # the halt under way makes room for a job of its own tenant
     preemptions: int = 0  # halts that requeued it: preemptions, moves off a lost or drained node
+    #: of those, preemptions that made room for a job of its own tenant (least attained service's
+    #: loop guard counts the others only: a tenant's own jobs could halt its job into the guard)
+    preemptions_for_own_tenant: int = 0
     recent_commands: tuple[int, ...] = field(default=(), repr=False)  # the ids' ints (``remember``)
 
     @property
@@ -348,11 +352,17 @@ def _payload_changes(job: Job, event: Event) -> dict[str, object]:
                 "waiting": None,
                 "waiting_since": None,
                 "requeue_on_halt": False,
+                "halt_for_own_tenant": False,
             }
         case ev.JobHalted() if job.requeue_on_halt:
-            return {"preemptions": job.preemptions + 1}
-        case ev.HaltRequested(reason=reason, requeue=requeue):
-            return {"reason": reason or job.reason, "requeue_on_halt": requeue}
+            own = job.preemptions_for_own_tenant + int(job.halt_for_own_tenant)
+            return {"preemptions": job.preemptions + 1, "preemptions_for_own_tenant": own}
+        case ev.HaltRequested(reason=reason, requeue=requeue, for_own_tenant=for_own_tenant):
+            return {
+                "reason": reason or job.reason,
+                "requeue_on_halt": requeue,
+                "halt_for_own_tenant": requeue and for_own_tenant,
+            }
         case ev.JobCancelled(reason=reason):
             return {"reason": reason or job.reason}
         case _:

@@ -13,7 +13,10 @@ holds its GPUs in the lower band's class from then on, and a newcomer may halt i
 
 * **Aging**: a job of a lower band that has waited ``starve_after_s`` since it queued is in the top
   band, and when it starts its attained service counts from zero again.
-* **Loop guard**: a job halted ``max_service_preemptions`` times stays in the top band.
+* **Loop guard**: a job halted ``max_service_preemptions`` times stays in the top band. Halts that
+  made room for its own tenant's jobs do not count: else a tenant halted its own long job that
+  many times with short jobs of its own, and that job held the top band, above every other
+  tenant's newcomers, for the rest of its run.
 
 One definition for both users of it: the scheduler role derives a job's :class:`Service` from its
 folded history (:func:`service_of`), the simulator keeps one per job as virtual time goes by; both
@@ -42,7 +45,8 @@ class Service:
     gpus: float
     #: GPU-seconds run in its past runs (since aging last let it start afresh)
     attained: float = 0.0
-    #: how often it was halted to be requeued (preempted, or moved off a node)
+    #: how often it was halted to be requeued (preempted, or moved off a node), preemptions that made
+    #: room for its own tenant's jobs aside: what the loop guard counts
     preemptions: int = 0
     #: when its current run started, if it runs
     running_since: float | None = None
@@ -140,4 +144,4 @@ def service_of(job: Job, policy: SchedulerPolicy, gpus: float) -> Service:
             service = stopped(policy, service, at)
         if entry.state is JobState.QUEUED:
             service = queued(service, at)
-    return replace(service, preemptions=job.preemptions)
+    return replace(service, preemptions=job.preemptions - job.preemptions_for_own_tenant)

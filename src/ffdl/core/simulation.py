@@ -210,8 +210,11 @@ class _Simulator:
             outcome = self.outcomes[eviction.job_id]
             outcome.preemptions += 1
             if self.policy.service_queues:
-                stopped = service_bands.stopped(self.policy, self.services[eviction.job_id], now)
-                self.services[eviction.job_id] = replace(stopped, preemptions=outcome.preemptions)
+                service = self.services[eviction.job_id]
+                preemptor = self.outcomes[eviction.preempted_by] if eviction.preempted_by else None
+                own = preemptor is not None and preemptor.job.tenant == outcome.job.tenant
+                stopped = service_bands.stopped(self.policy, service, now)
+                self.services[eviction.job_id] = replace(stopped, preemptions=service.preemptions + (not own))
             self.lost_gpu_seconds += self.halt_s * outcome.job.gpus
             heappush(self.timeline, (now + self.halt_s, _HALTED, eviction.job_id, running.generation))
         for allocation in decided.allocations:

@@ -33,6 +33,12 @@ def _not_requeued(data: JsonObject) -> JsonObject:
     return {**data, "requeue": False}
 
 
+def _for_another_tenant(data: JsonObject) -> JsonObject:
+    """v2 -> v3 of ``HaltJob`` and ``HaltRequested``: a preemption before v3 is counted as one for
+    another tenant's job (towards the loop guard), as every preemption then was."""
+    return {**data, "for_own_tenant": False}
+
+
 def _spec_defaults(data: JsonObject) -> JsonObject:
     """v1 -> v2 of ``SubmitJob`` and ``JobSubmitted``: a v1 spec knew no launcher, nproc_per_node,
     keep_checkpoints nor stop_grace_s; their defaults are what a v1 job meant (its command as it is,
@@ -59,6 +65,8 @@ def _bounded_result(data: JsonObject) -> JsonObject:
 UPCASTERS: dict[tuple[str, int], Upcaster] = {
     ("HaltJob", 1): _not_requeued,
     ("HaltRequested", 1): _not_requeued,
+    ("HaltJob", 2): _for_another_tenant,
+    ("HaltRequested", 2): _for_another_tenant,
     ("SubmitJob", 1): _spec_defaults,
     ("JobSubmitted", 1): _spec_defaults,
     ("ReportProgress", 1): _bounded_progress,

@@ -101,12 +101,15 @@ class ReportLearnerLost(CommandData):
 
 
 class HaltJob(CommandData):
-    """``requeue``: queue the job again once halted (a preemption), to resume from its checkpoint."""
+    """``requeue``: queue the job again once halted (a preemption), to resume from its checkpoint.
+    ``for_own_tenant``: the preemption makes room for a job of the halted job's own tenant (it does
+    not count towards least attained service's loop guard, :mod:`ffdl.core.service`)."""
 
-    VERSION = 2
+    VERSION = 3
 
     reason: Reason = ""
     requeue: bool = False
+    for_own_tenant: bool = False
 
 
 class ResumeJob(CommandData):

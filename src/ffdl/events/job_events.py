@@ -139,13 +139,15 @@ class JobRestarting(EventData):
 
 
 class HaltRequested(EventData):
-    """``requeue``: once halted the job queues again (a preemption), to resume from its checkpoint."""
+    """``requeue``: once halted the job queues again (a preemption), to resume from its checkpoint;
+    ``for_own_tenant``: that preemption makes room for a job of its own tenant."""
 
-    VERSION = 2
+    VERSION = 3
 
     reason: Reason = ""
     requested_by: str = ""
     requeue: bool = False
+    for_own_tenant: bool = False
 
 
 class JobHalted(EventData):

@@ -323,7 +323,10 @@ class SchedulerState:
         state, decided = self.next_plan(self._clock())
         for eviction in decided.evictions:
             job = self._jobs[eviction.job_id]
-            commands.append(self._command(job, cmd.HaltJob(reason=eviction.reason, requeue=True)))
+            preemptor = self._jobs.get(eviction.preempted_by) if eviction.preempted_by else None
+            own = preemptor is not None and preemptor.tenant == job.tenant
+            halt = cmd.HaltJob(reason=eviction.reason, requeue=True, for_own_tenant=own)
+            commands.append(self._command(job, halt))
             self._halts.sent(job.job_id, commands[-1].command_id, None)
             log.info(
                 "job preempted",
