@@ -25,6 +25,11 @@ every waiting job on its own each step (``weigh_all``: the same decisions, check
 of every job's outcome) on a shorter trace at load 1.3 (``--baseline-jobs``, 20,000 by default;
 it grows with the queue, so 100,000 would take many minutes).
 
+With ``--only demands``: one planning step over 3,000 waiting jobs of one tenant on a full cluster,
+all of one demand (the baseline) and each of a demand of its own (CPUs stepped by a thousandth), in
+CPU seconds and their ratio: what a tenant that varies its demands costs every step; and the same
+step with every run's end looked up by demand, as before runs were read job by job.
+
 Last, with ``--only philly``: the whole Philly trace (``../shared/traces/philly.csv``, 82,247 jobs;
 read where it lies, never copied) replayed through ffdl's configured policy (bands included, as
 above) on ``--philly-nodes`` x 8 GPUs.
@@ -51,9 +56,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ffdl.core import scheduling
 from ffdl.core.allocator import Node
-from ffdl.core.cluster import ClusterState, Demand
-from ffdl.core.scheduling import Planner, SchedulerPolicy, WaitingJob
+from ffdl.core.cluster import ClusterState, Demand, HeldJob
+from ffdl.core.scheduling import Planner, SchedulerPolicy, WaitingJob, WaitingQueue
 from ffdl.core.simulation import TraceJob, percentile, simulate
 from ffdl.tools.simulate import homogeneous_cluster
 from ffdl.tools.trace_formats import load_trace
@@ -253,6 +259,55 @@ def philly_replay(path: Path, nodes: int) -> dict[str, Any]:
     }
 
 
+def demand_runs(jobs: int = 3000) -> dict[str, Any]:
+    """One planning step over ``jobs`` waiting jobs of one tenant on a full cluster (128 x 8 GPUs),
+    their reasons recorded by the step before: all of one demand (the baseline), then each of a
+    demand of its own (CPUs stepped by a thousandth), as a tenant may submit them."""
+
+    def step(distinct: bool) -> float:
+        def cluster() -> ClusterState:
+            state = ClusterState(homogeneous_cluster(128, GPUS_PER_NODE))
+            for index in range(128):
+                gang = state.room.find(Demand(1, 8))
+                assert gang is not None
+                state.hold(HeldJob(f"held-{index}", "b", Demand(1, 8), 0, gang, 0.0))
+            return state
+
+        queue = WaitingQueue(
+            WaitingJob(
+                f"a{i:05d}",
+                "a",
+                Demand(2, 8, None, 1000 + (i if distinct else 0)),
+                0,
+                (float(i), f"a{i:05d}"),
+            )
+            for i in range(jobs)
+        )
+        for job_id, wait in Planner(cluster(), queue, NOW, SchedulerPolicy()).run().waits.items():
+            job = queue.get(job_id)
+            assert job is not None
+            queue.put(job.with_wait(wait))
+        state = cluster()
+        started = time.process_time()
+        Planner(state, queue, NOW + 1, SchedulerPolicy()).run()
+        return time.process_time() - started
+
+    alike, distinct = min(step(False) for _ in range(RUNS)), min(step(True) for _ in range(RUNS))
+    configured = scheduling.SHORT_RUN
+    scheduling.SHORT_RUN = jobs + 1  # no run read job by job: each end looked up by demand, as before
+    try:
+        looked_up = min(step(True) for _ in range(RUNS))
+    finally:
+        scheduling.SHORT_RUN = configured
+    return {
+        "jobs": jobs,
+        "step_cpu_s_one_demand": round(alike, 4),
+        "step_cpu_s_a_demand_each": round(distinct, 4),
+        "step_cpu_s_a_demand_each_looked_up_by_demand": round(looked_up, 3),
+        "a_demand_each_over_one_demand": round(distinct / max(alike, 1e-6), 1),
+    }
+
+
 def simulator_runs(nodes: list[Node], jobs: int, baseline_jobs: int) -> list[dict[str, Any]]:
     runs = [simulator_speed(nodes, jobs, 0.9), simulator_speed(nodes, jobs, 1.3)]
     if baseline_jobs:
@@ -264,7 +319,7 @@ def simulator_runs(nodes: list[Node], jobs: int, baseline_jobs: int) -> list[dic
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--only", choices=["simulator", "philly"], help="run only that part")
+    parser.add_argument("--only", choices=["simulator", "philly", "demands"], help="run only that part")
     parser.add_argument("--philly", type=Path, default=PHILLY, help="the Philly job table (philly.csv)")
     parser.add_argument("--philly-nodes", type=int, default=64, help="8-GPU nodes of the Philly replay")
     parser.add_argument("--simulated-jobs", type=int, default=SIMULATED_JOBS, help="jobs per simulated trace")
@@ -278,6 +333,10 @@ def main() -> None:
         replay = philly_replay(args.philly, args.philly_nodes)
         replay["load_average"] = [load_at_start, os.getloadavg()[0]]
         print(json.dumps(replay, indent=2) if args.json else replay)
+        return
+    if args.only == "demands":
+        figures = demand_runs()
+        print(json.dumps(figures, indent=2) if args.json else figures)
         return
     if args.only == "simulator":
         runs = simulator_runs(nodes, args.simulated_jobs, args.baseline_jobs)

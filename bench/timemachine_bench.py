@@ -1,0 +1,124 @@
+"""Time-machine benchmark: a read of the cluster as it is now, on a long log, kept against afresh.
+
+    .venv/bin/python -m bench.timemachine_bench [--jobs 1000] [--progress 150] [--new 200] [--json]
+
+The log: ``--jobs`` copies of the golden happy path's job (``tests/golden``), each with
+``--progress`` more progress events (so 1,000 jobs of 150 make about 197,000 events), 30 s apart,
+projected into a fresh projection file. Then ``--new`` events arrive (a later copy of the last
+job's), as learners' progress does while a cluster page is open, and the page reads the present
+again. Measured in one run:
+
+* ``afresh``: what every read did before the log was kept: decode every event of the projection,
+  fold them all, and the utilisation over them (a new :class:`KeptLog` and :class:`ClusterAtEnd`);
+* ``kept``: the same read by the API's kept reader after the new events: it decodes those and folds
+  them on (:class:`KeptLog`, :class:`ClusterAtEnd`).
+
+Both give the same picture (checked). Reported in wall seconds and as the ratio afresh / kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import tempfile
+import time
+import uuid
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from ffdl.projections.store import KeptLog, LoggedEvent, Projection
+from ffdl.projections.timemachine import ClusterAtEnd, cluster_at
+from ffdl.tools.log_files import read_log
+from tests.golden.record import GOLDEN_DIR
+
+
+def long_log(jobs: int, progress: int) -> list[LoggedEvent]:
+    """``jobs`` copies of the happy path's job, each with ``progress`` more progress events."""
+    base = [json.loads(line) for line in (GOLDEN_DIR / "happy_path.events.jsonl").read_text().splitlines()]
+    at = next(index for index, line in enumerate(base) if line["type"] == "LearnerProgressed")
+    lines = []
+    for job in range(jobs):
+        extra = []
+        for step in range(progress):
+            line = copy.deepcopy(base[at])
+            line["data"]["step"] = base[at]["data"]["step"] + 1 + step
+            extra.append(line)
+        for seq, original in enumerate([*base[: at + 1], *extra, *base[at + 1 :]], start=1):
+            line = dict(original, job_id=f"job{job}-7f3a", seq=seq, event_id=str(uuid.uuid4()))
+            line["position"] = f"0:{len(lines)}"
+            lines.append(line)
+    with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as out:
+        out.write("\n".join(json.dumps(line) for line in lines) + "\n")
+    events = list(read_log(Path(out.name)))
+    Path(out.name).unlink()
+    spread = []
+    for job in range(jobs):  # each job 30 s after the one before
+        chunk = events[job * (len(events) // jobs) : (job + 1) * (len(events) // jobs)]
+        for logged in chunk:
+            moved = logged.event.model_copy(
+                update={"occurred_at": logged.event.occurred_at + timedelta(seconds=30 * job)}
+            )
+            spread.append(LoggedEvent(moved, logged.partition, logged.offset))
+    return spread
+
+
+def read_now(log: KeptLog, at_end: ClusterAtEnd) -> tuple[dict[str, Any], list[dict[str, Any]], float]:
+    started = time.perf_counter()
+    folded = at_end.folded(log)
+    picture = cluster_at(log.events(), None, folded)
+    return picture, at_end.utilisation(), time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--jobs", type=int, default=1000)
+    parser.add_argument("--progress", type=int, default=150)
+    parser.add_argument("--new", type=int, default=200)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    events = long_log(args.jobs, args.progress)
+    with tempfile.TemporaryDirectory() as directory:
+        projection = Projection(Path(directory) / "projections.sqlite")
+        for start in range(0, len(events), 5000):
+            projection.apply(events[start : start + 5000])
+        kept, at_end = KeptLog(projection), ClusterAtEnd()
+        _, _, first = read_now(kept, at_end)  # the API's first read: the whole log, once
+        later = events[-args.new :]
+        day = timedelta(days=1)
+        projection.apply(
+            [
+                LoggedEvent(
+                    e.event.model_copy(
+                        update={"event_id": uuid.uuid4(), "occurred_at": e.event.occurred_at + day}
+                    ),
+                    1,
+                    i,
+                )
+                for i, e in enumerate(later)
+            ]
+        )
+        picture, series, kept_s = read_now(kept, at_end)
+        fresh_picture, fresh_series, afresh_s = read_now(KeptLog(projection), ClusterAtEnd())
+        assert (picture, series) == (fresh_picture, fresh_series), "the kept read differs from a fold afresh"
+        projection.close()
+    figures = {
+        "events": len(events) + args.new,
+        "new_events": args.new,
+        "first_read_s": round(first, 3),
+        "afresh_s": round(afresh_s, 3),
+        "kept_s": round(kept_s, 4),
+        "afresh_over_kept": round(afresh_s / kept_s, 1),
+    }
+    if args.json:
+        print(json.dumps(figures))
+        return
+    for name, value in figures.items():
+        print(f"{name:>18}: {value}")
+
+
+if __name__ == "__main__":
+    main()
