@@ -66,8 +66,9 @@ def long_log(jobs: int, progress: int) -> list[LoggedEvent]:
 
 def read_now(log: KeptLog, at_end: ClusterAtEnd) -> tuple[dict[str, Any], list[dict[str, Any]], float]:
     started = time.perf_counter()
-    folded = at_end.folded(log)
-    picture = cluster_at(log.events(), None, folded)
+    located = log.located()
+    folded = at_end.folded(located)
+    picture = cluster_at([logged for _, logged in located], None, folded)
     return picture, at_end.utilisation(), time.perf_counter() - started
 
 

@@ -458,9 +458,11 @@ def test_a_head_waits_for_the_drain_when_it_is_cheaper_or_a_job_on_its_nodes_may
         (NOW - 30, 0, SchedulerPolicy(min_runtime_s=60.0, preempt_drains=True)),  # inside its minimum runtime
         (NOW - 3600, 5, SchedulerPolicy(preempt_drains=True)),  # a higher class than the head's
         (NOW - 3600, 0, SchedulerPolicy()),  # not asked for: off by default
+        # another tenant's job inside its guarantee
+        (NOW - 3600, 0, SchedulerPolicy(TenancyPolicy({"b": TenantQuota(8)}), preempt_drains=True)),
     ):
         state = cluster(nodes=2, gpus=8)
-        running(state, "long", "n0", range(4), tenant="a", priority=priority, started_at=started_at)
+        running(state, "long", "n0", range(4), tenant="b", priority=priority, started_at=started_at)
         big = [waiting("big", 8, learners=2, order=0.0)]
         first = plan(state, big, NOW, policy)
         decided = plan(state, carried(big, first), NOW + 1, policy)

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from ffdl.projections import store
 from ffdl.projections.store import KeptLog, LoggedEvent, Projection
@@ -31,6 +35,10 @@ def test_a_jobs_row_gives_the_reason_of_the_state_it_is_in_at_the_moment() -> No
     assert str(done["reason"]).startswith("results recorded"), done  # not the scheduler's stale word
 
 
+def events_of(kept: KeptLog) -> list[LoggedEvent]:
+    return [logged for _, logged in kept.located()]
+
+
 def test_the_kept_log_decodes_only_what_was_applied_since_it_last_read_and_keeps_time_order(
     tmp_path: Path,
 ) -> None:
@@ -41,7 +49,7 @@ def test_the_kept_log_decodes_only_what_was_applied_since_it_last_read_and_keeps
     early, late = read[: len(read) // 2], read[len(read) // 2 :]
     projection.apply([LoggedEvent(entry.event, 0, offset) for offset, entry in enumerate(early)])
     kept = KeptLog(projection)
-    assert [entry.event.event_id for entry in kept.events()] == [entry.event.event_id for entry in early]
+    assert [entry.event.event_id for entry in events_of(kept)] == [entry.event.event_id for entry in early]
     decoded = []
     real = store.trusted_any_event_from_json
 
@@ -51,9 +59,9 @@ def test_the_kept_log_decodes_only_what_was_applied_since_it_last_read_and_keeps
 
     store.trusted_any_event_from_json = counting  # type: ignore[assignment]
     try:
-        assert len(kept.events()) == len(early) and not decoded, "nothing new: nothing decoded"
+        assert len(events_of(kept)) == len(early) and not decoded, "nothing new: nothing decoded"
         projection.apply([LoggedEvent(entry.event, 1, offset) for offset, entry in enumerate(late)])
-        events = kept.events()
+        events = events_of(kept)
     finally:
         store.trusted_any_event_from_json = real  # type: ignore[assignment]
     assert len(decoded) == len(late)
@@ -67,7 +75,50 @@ def test_the_kept_log_decodes_only_what_was_applied_since_it_last_read_and_keeps
     rebuilt = Projection(tmp_path / "projection.sqlite")
     rebuilt.apply([LoggedEvent(entry.event, 0, offset) for offset, entry in enumerate(early[:3])])
     rebuilt.close()
-    assert [entry.event.event_id for entry in kept.events()] == [entry.event.event_id for entry in early[:3]]
+    assert [entry.event.event_id for entry in events_of(kept)] == [
+        entry.event.event_id for entry in early[:3]
+    ]
+
+
+@pytest.mark.parametrize("between", [1, 2])
+def test_the_kept_log_loses_no_event_committed_while_it_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, between: int
+) -> None:
+    """The projector commits between two of the reader's queries: read apart, the count of rows
+    once moved the cursor past rows never read, and the present missed them for good."""
+    read = list(read_log(GOLDEN_DIR / "happy_path.events.jsonl"))
+    half = len(read) // 2
+    reader, projector = Projection(tmp_path / "p.sqlite"), Projection(tmp_path / "p.sqlite")
+    projector.apply([LoggedEvent(entry.event, 0, offset) for offset, entry in enumerate(read[:half])])
+    kept = KeptLog(reader)
+    assert len(events_of(kept)) == half
+    opened = Projection._connection
+    queries = 0
+
+    class Committing:
+        def __init__(self, db: Any) -> None:
+            self.db = db
+
+        def execute(self, sql: str, *args: Any) -> Any:
+            nonlocal queries
+            if sql.startswith("SELECT"):
+                queries += 1
+                if queries == between + 1:  # after the reader's first query (or second)
+                    later = read[half:]
+                    projector.apply(
+                        [LoggedEvent(e.event, 0, half + offset) for offset, e in enumerate(later)]
+                    )
+            return self.db.execute(sql, *args)
+
+    @contextmanager
+    def connection(projection: Projection) -> Iterator[Any]:
+        with opened(projection) as db:
+            yield Committing(db) if projection is reader else db
+
+    monkeypatch.setattr(Projection, "_connection", connection)
+    events_of(kept)
+    monkeypatch.undo()
+    assert [entry.event.event_id for entry in events_of(kept)] == [entry.event.event_id for entry in read]
 
 
 def test_the_cluster_at_the_end_is_folded_on_from_what_was_folded_and_is_the_fresh_fold(
@@ -88,12 +139,12 @@ def test_the_cluster_at_the_end_is_folded_on_from_what_was_folded_and_is_the_fre
     folds = []
     for stage in stages:
         projection.apply(stage)
-        folded = at_end.folded(kept)
+        folded = at_end.folded(kept.located())
         folds.append(folded[0])
-        events = kept.events()
+        events = events_of(kept)
         assert cluster_at(events, None, folded) == cluster_at(events, None)
         afresh = ClusterAtEnd()
-        afresh.folded(kept)
+        afresh.folded(kept.located())
         assert at_end.utilisation() == afresh.utilisation()
     assert folds[0] is folds[1], "the later events were folded on"
     assert folds[2] is not folds[1], "an earlier one sorted in: folded again"
@@ -112,7 +163,7 @@ def test_the_projection_gives_the_log_back_in_log_order_past_offset_nine(tmp_pat
     projection = Projection(tmp_path / "projection.sqlite")
     projection.apply(logged)
 
-    given_back = KeptLog(projection).events()
+    given_back = events_of(KeptLog(projection))
 
     assert [(entry.partition, entry.offset) for entry in given_back] == [(2, n) for n in range(len(logged))]
     assert [entry.event.event_id for entry in given_back] == [entry.event.event_id for entry in logged]

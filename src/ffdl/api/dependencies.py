@@ -169,6 +169,7 @@ class PlatformBackend:
         # folded on as it grows, the last moment folded kept until the log moves on, and each
         # tenant's folds waiting counted (see routes/dashboard.py)
         self.folding = asyncio.Lock()
+        self.fold_lock = threading.Lock()
         self.kept_log = KeptLog(self.projection)
         self.at_end = ClusterAtEnd()
         self.folded: tuple[object, Any] | None = None

@@ -757,10 +757,10 @@ class Planner:
         drain ends when enough GPUs are free for the head, the expected earliest ends first; until
         then the nodes' free GPUs idle, and so do those of each job that ends before it is over.
         The halts are the fewest jobs, those expected to run longest, that free enough GPUs now,
-        at ``checkpoint_cost_s`` per GPU. Never a job of a higher class, nor one inside its
-        minimum runtime (a job resumed after a halt runs at least that long, and its expected
-        remaining time starts again from nothing, so it is not halted again at once); the claim
-        and the reason are a preemption's."""
+        at ``checkpoint_cost_s`` per GPU. Never a job of a higher class, nor another tenant's
+        inside its guarantee, nor one inside its minimum runtime (a job resumed after a halt runs
+        at least that long, and its expected remaining time starts again from nothing, so it is
+        not halted again at once); the claim and the reason are a preemption's."""
         nodes = self._head_nodes.get(job.job_id)
         if not self._policy.preempt_drains or not nodes or len(nodes) < 2:
             return None  # a gang of one node waits for the first jobs to end there, not for all
@@ -795,7 +795,7 @@ class Planner:
             victim = running[job_id]
             if victim.stopping:
                 continue
-            if victim.started_at + self._policy.min_runtime_s > self._now:
+            if victim.started_at + self._policy.min_runtime_s > self._now or self._guaranteed(victim, job):
                 return None
             chosen.append(victim)
             freeing += gpus
@@ -824,6 +824,16 @@ class Planner:
         )
         wait = WaitRecord(W.PREEMPTION, detail, named[:NAMES_MAX], nodes)
         return Decision(job, wait=wait, evictions=evictions)
+
+    def _guaranteed(self, victim: HeldJob, job: WaitingJob) -> bool:
+        """Whether ``victim`` is another tenant's job inside that tenant's guarantee: no halt for
+        ``job`` may take it (:meth:`VictimPool.may_preempt`)."""
+        ledger = self._ledger
+        return (
+            victim.tenant != job.tenant
+            and ledger.guaranteed(victim.tenant)
+            and not ledger.borrowed(victim.tenant)
+        )
 
     def _victim_bound(self, job: WaitingJob, reclaims: bool) -> int | None:
         """An upper bound on the GPUs preemption could free for ``job``, from running totals alone;

@@ -575,25 +575,34 @@ class Projection:
 
     def logged_events_after(
         self, cursor: tuple[int, ...]
-    ) -> tuple[tuple[int, ...], list[tuple[TimeOrder, LoggedEvent]]]:
+    ) -> tuple[tuple[int, ...], list[tuple[TimeOrder, LoggedEvent]]] | None:
         """The events (jobs' and nodes') applied after ``cursor`` (each kind's last history row
         read; ``()``: from the start), each with its place in time order, and the cursor after
         them: the log as the API may read it for the time machine, without a bus reader of its
-        own, and what a reader that keeps it (:class:`KeptLog`) decodes anew each time."""
+        own, and what a reader that keeps it (:class:`KeptLog`) decodes anew each time. None when
+        a kind has fewer rows than ``cursor`` says were read: the file is another (rebuilt).
+
+        One read transaction for all of it, so every query sees the same commits: read apart, a
+        commit between the rows and the count of them once moved the cursor past rows never read."""
         start = cursor or (0,) * len(_TABLES)
         rows: list[tuple[str, str, str]] = []
         ends = []
         with self._connection() as db:
-            for tables, after in zip(_TABLES.values(), start, strict=True):
-                found = db.execute(
-                    f"SELECT rowid, occurred_at, position, body FROM {tables.history} WHERE rowid > ? "
-                    "ORDER BY rowid",
-                    (after,),
-                ).fetchall()
-                # the last row: before ``after`` only in another file than the one read then
-                top = db.execute(f"SELECT MAX(rowid) FROM {tables.history}").fetchone()[0]
-                ends.append(found[-1][0] if found else int(top or 0))
-                rows += [(occurred_at, position, body) for _, occurred_at, position, body in found]
+            db.execute("BEGIN")
+            try:
+                for tables, after in zip(_TABLES.values(), start, strict=True):
+                    top = db.execute(f"SELECT MAX(rowid) FROM {tables.history}").fetchone()[0]
+                    if int(top or 0) < after:
+                        return None
+                    found = db.execute(
+                        f"SELECT rowid, occurred_at, position, body FROM {tables.history} WHERE rowid > ? "
+                        "ORDER BY rowid",
+                        (after,),
+                    ).fetchall()
+                    ends.append(found[-1][0] if found else after)
+                    rows += [(occurred_at, position, body) for _, occurred_at, position, body in found]
+            finally:
+                db.execute("COMMIT")
         located = []
         for occurred_at, position, body in rows:
             partition, offset = Position.parse_token(position)
@@ -801,17 +810,15 @@ class KeptLog:
         self._cursor: tuple[int, ...] = ()
         self._events: list[tuple[TimeOrder, LoggedEvent]] = []
 
-    def events(self) -> list[LoggedEvent]:
-        """Every event the projection applied, in time order."""
-        return [logged for _, logged in self.located()]
-
     def located(self) -> list[tuple[TimeOrder, LoggedEvent]]:
-        """:meth:`events`, each with its place in time order (read only)."""
-        cursor, new = self._projection.logged_events_after(self._cursor)
-        if any(end < kept for end, kept in zip(cursor, self._cursor or cursor, strict=True)):
-            # the file is not the one read before (rebuilt): read it from the start
-            cursor, new = self._projection.logged_events_after(())
+        """Every event the projection applied, in time order, each with its place in that order
+        (read only: the reader's own list, extended at the next read)."""
+        read = self._projection.logged_events_after(self._cursor)
+        if read is None:  # the file is not the one read before (rebuilt): read it from the start
+            read = self._projection.logged_events_after(())
+            assert read is not None
             self._events = []
+        cursor, new = read
         if new:
             self._events.extend(new)
             self._events.sort(key=lambda located: located[0])  # runs of sorted events: about linear

@@ -20,7 +20,7 @@ from ffdl.core.nodes import NodePresence, NodeRecord, NodeStatus
 from ffdl.core.tenancy import TenancyPolicy
 from ffdl.events.envelope import NODE_KEY_PREFIX
 from ffdl.projections.documents import JsonObject, job_document, node_document
-from ffdl.projections.store import KeptLog, LoggedEvent, TimeOrder
+from ffdl.projections.store import LoggedEvent, TimeOrder
 
 
 def span(events: Sequence[LoggedEvent]) -> JsonObject:
@@ -49,7 +49,7 @@ def _queued_at(job: Job) -> str:
 
 
 class ClusterAtEnd:
-    """The aggregates folded with every event of a :class:`KeptLog`, and the utilisation over the
+    """The aggregates folded with every event of a kept log (:class:`KeptLog`), and the utilisation over the
     log's span, kept between reads of the cluster as it is now: the events the log adds after those
     folded are folded on, and only an event that sorts in among them (a partition behind the
     others) means folding them all again. The live cluster page reads the present after every
@@ -66,9 +66,9 @@ class ClusterAtEnd:
         self._present: dict[str, int] = {}  # node -> its GPUs, while present
         self._points: list[JsonObject] = []
 
-    def folded(self, log: KeptLog) -> tuple[Aggregates, int]:
-        """The aggregates folded with every event ``log`` holds now, and how many that is."""
-        located = log.located()
+    def folded(self, located: Sequence[tuple[TimeOrder, LoggedEvent]]) -> tuple[Aggregates, int]:
+        """The aggregates folded with every event of ``located`` (what :meth:`KeptLog.located`
+        gives, read once for all a picture says), and how many that is."""
         count = self._count
         if not (count <= len(located) and (count == 0 or located[count - 1][0] == self._last)):
             self._start_over()  # an event sorted in among those folded: fold them all again

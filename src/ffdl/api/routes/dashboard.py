@@ -175,9 +175,14 @@ async def timemachine(
         moment = moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
     def fold() -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        at_end = backend.at_end.folded(backend.kept_log)  # the log's new events folded on
-        events = backend.kept_log.events()
-        return cluster_at(events, moment, at_end if moment is None else None), backend.at_end.utilisation()
+        # the kept log and the present are the API's, changed in place: one thread at a time, even
+        # one whose request was cancelled meanwhile (the asyncio lock is then free, not the thread)
+        with backend.fold_lock:
+            located = backend.kept_log.located()  # read once: the picture and the present agree
+            at_end = backend.at_end.folded(located)  # the log's new events folded on
+            events = [logged for _, logged in located]
+            present = at_end if moment is None else None
+            return cluster_at(events, moment, present), backend.at_end.utilisation()
 
     # A fold folds the whole log (seconds on a long one): callers take turns, so that any tenant
     # asking again and again costs the API one fold's CPU at a time, not one per request, and the
