@@ -93,9 +93,9 @@ class SchedulerState:
         self._demands: dict[str, Demand] = {}  # job -> its gang's demand (a spec never changes)
         self._gangs: dict[str, tuple[Placement, Gang]] = {}  # job -> its placement, as a gang
         # With service bands (policy.service_queues): job -> ((its history's length, its preemptions,
-        # the node events folded), the service they add up to), and when a band changes with no
-        # event (a run crossing a threshold, a wait aging): (time, job) to bring up to date at the
-        # first step from then.
+        # what it counts as), the service they add up to), and when a band changes with no event
+        # (a run crossing a threshold, a wait aging): (time, job) to bring up to date at the first
+        # step from then.
         self._services: dict[str, tuple[tuple[int, int, int], Service]] = {}
         self._counted: tuple[int, Charges] | None = None  # (nodes folded, what jobs count as then)
         self._band_changes: list[tuple[float, str]] = []
@@ -181,14 +181,15 @@ class SchedulerState:
 
     def _track_service(self, job: Job) -> Service:
         """Bring the job's service up to date with its history (only when that grew: progress
-        events leave it as it is) and the inventory (what the job counts as depends on it), and
-        note when its band changes next with no event."""
-        stamp = (len(job.history), job.preemptions, self._nodes_folded)
+        events leave it as it is) and with what it counts as (which the inventory's totals
+        decide: a cordon or a node's status leaves it as it is), and note when its band changes
+        next with no event."""
+        counts = self._charges().charge(self._demand(job))
+        stamp = (len(job.history), job.preemptions, counts)
         kept = self._services.get(job.job_id)
         if kept is not None and kept[0] == stamp:
             return kept[1]
-        counts = self._charges().charge(self._demand(job)) / MILLI_GPUS
-        service = service_of(job, self._policy, counts)
+        service = service_of(job, self._policy, counts / MILLI_GPUS)
         self._services[job.job_id] = (stamp, service)
         for at in band_changes(self._policy, service):
             heappush(self._band_changes, (at, job.job_id))
