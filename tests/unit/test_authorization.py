@@ -240,6 +240,23 @@ def test_the_leaders_token_makes_no_one_else_the_scheduler() -> None:
     )
 
 
+@pytest.mark.parametrize("leader", [7, None], ids=["a leader", "no leader"])
+def test_only_the_scheduler_s_commands_carry_a_fencing_token(leader: int | None) -> None:
+    """A tenant's token once became its job's while no scheduler led: with 2**62, every later
+    leader's halt, allocation and drain of the job was refused as a deposed sender's. On a
+    submission it was never checked, and `ffdl verify` then reported every scheduler event of the
+    partition as a fencing breach."""
+    job = submitted("acme")
+    running = job_command(cmd.ReportProgress(rank=0, attempt=1, step=1), token=2**62)
+    why = "tenant:acme may not send a fencing token: only the scheduler's commands carry one"
+    assert reason(decide(running, ACME, job, leader)) == why
+    assert reason(decide(job_command(cmd.HaltJob(), token=2**62), OPS, job, leader)) == (
+        "admin:ops may not send a fencing token: only the scheduler's commands carry one"
+    )
+    with pytest.raises(Unauthorized, match=why):  # it would create the job: a dead letter
+        decide(job_command(cmd.SubmitJob(spec=SPEC), token=2**62), ACME, None, leader)
+
+
 def test_a_tenant_s_node_command_is_a_dead_letter_and_writes_nothing_in_the_node_s_history() -> None:
     joined = NODES.evolve(None, decide(node_command(nd.ObserveNode(spec=NODE_SPEC), token=7), SCHEDULER)[0])
     drain = node_command(nd.CordonNode(reason="mine", drain=True))

@@ -210,6 +210,12 @@ def refusal(
         return f"{kind.name} belongs to another tenant than {principal.name!r}"
     if principal.kind is PrincipalKind.SCHEDULER:
         return fencing_problem(command.fencing_token, leader_token)
+    if command.fencing_token is not None:
+        # A tenant's token once became its job's: while no scheduler led it was taken for a leader's,
+        # and with 2**62 every later leader's halt, allocation and drain of the job was refused as
+        # a deposed sender's (and a token on a submission made `ffdl verify` report every scheduler
+        # event of its partition as a fencing breach).
+        return f"{principal} may not send a fencing token: only the scheduler's commands carry one"
     return ""
 
 
