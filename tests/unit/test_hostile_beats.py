@@ -29,7 +29,14 @@ from ffdl.core.job import Job, evolve
 from ffdl.events import job_commands as cmd
 from ffdl.events.codec import DecodeError, command_from_json, event_from_json, event_to_json
 from ffdl.events.envelope import Event
-from ffdl.events.reports import MAX_DROP_REASONS, MAX_METRICS, MAX_STEP, loads_finite, strict_dumps
+from ffdl.events.reports import (
+    MAX_DROP_REASONS,
+    MAX_METRICS,
+    MAX_STEP,
+    finite_or_null,
+    loads_finite,
+    strict_dumps,
+)
 from ffdl.handlers.heartbeat_keys import (
     MAX_BEAT_WORKERS,
     MAX_EXIT_BYTES,
@@ -135,6 +142,53 @@ def test_a_beat_keeps_its_learner_alive_however_bad_its_report() -> None:
         "checkpoint is not an object: list",
         "metric 'loss' is not finite (nan)",
     )
+
+
+def test_a_checkpoint_nested_past_the_stack_is_dropped_and_the_monitor_reads_on() -> None:
+    """1 KiB of a checkpoint 500 levels deep once raised RecursionError in the monitor: the role
+    crashed at that key on every restart, and no learner of any tenant's job was reported lost."""
+    deep = b'{"attempt": 1, "step": 3, "checkpoint": {"uri": ' + b"[" * 500 + b"]" * 500 + b"}}"
+    assert len(deep) < 1100
+
+    beat = LearnerBeat.from_json(deep)
+
+    assert (beat.step, beat.checkpoint, beat.dropped) == (3, None, ("checkpoint holds a nested value",))
+    tracked = HeartbeatTracker(grace_s=0.0, launch_timeout_s=60.0, progress_interval_s=0.0)
+    tracked.resync({learner_key("job-1", 0): deep}, 0.0, revision=1)
+    tracked.observe(running(), adopted=False, now=0.0)
+    effects = tracked.put(learner_key("job-1", 0), deep, 1.0)
+    assert [effect.data for effect in effects if isinstance(effect, Report)] == [
+        cmd.ReportProgress(rank=0, attempt=1, step=3, dropped=("checkpoint holds a nested value",))
+    ]
+
+
+def _recursive_finite_or_null(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _recursive_finite_or_null(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_recursive_finite_or_null(item) for item in value]
+    return value
+
+
+@given(_json)
+def test_the_read_side_cleans_non_finite_numbers_as_the_recursive_definition_does(value: Any) -> None:
+    cleaned = finite_or_null(value)
+    assert cleaned == _recursive_finite_or_null(value)
+    assert json.dumps(cleaned, allow_nan=False) == json.dumps(
+        _recursive_finite_or_null(value), allow_nan=False
+    )
+
+
+def test_the_read_side_cleans_a_value_nested_deeper_than_the_stack() -> None:
+    deep: Any = math.nan
+    for _ in range(100_000):
+        deep = [deep]
+    cleaned = finite_or_null(deep)
+    for _ in range(100_000):
+        cleaned = cleaned[0]
+    assert cleaned is None
 
 
 def test_a_beat_keeps_the_workers_steps_it_can_read_and_says_why_it_dropped_the_others() -> None:

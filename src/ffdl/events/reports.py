@@ -125,11 +125,27 @@ def finite_or_null(value: Any) -> Any:
     """
     if isinstance(value, float):
         return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {key: finite_or_null(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [finite_or_null(item) for item in value]
-    return value
+    if not isinstance(value, dict | list | tuple):
+        return value
+    # without recursion: a value nested deeper than the stack (tenants write some of what is read)
+    # raised RecursionError, which no caller expects
+    root: list[Any] = [None]
+    pending: list[tuple[Any, Any, Any]] = [(value, root, 0)]  # (value, where its copy goes, at)
+    while pending:
+        item, into, at = pending.pop()
+        if isinstance(item, float):
+            into[at] = item if math.isfinite(item) else None
+        elif isinstance(item, dict):
+            copy: dict[Any, Any] = dict.fromkeys(item)
+            into[at] = copy
+            pending.extend((inner, copy, key) for key, inner in item.items())
+        elif isinstance(item, list | tuple):
+            listed: list[Any] = [None] * len(item)
+            into[at] = listed
+            pending.extend((inner, listed, index) for index, inner in enumerate(item))
+        else:
+            into[at] = item
+    return root[0]
 
 
 def loads_finite(text: str | bytes) -> Any:

@@ -20,6 +20,9 @@ from ffdl.events.reports import MAX_STEP, bound_metrics, bound_step, few_reasons
 
 JOBS_PREFIX = "/ffdl/jobs/"
 
+#: what a checkpoint field of a beat may be
+_SCALARS = (str, int, float, bool, type(None))
+
 
 def learner_key(job_id: str, rank: int) -> str:
     return f"{JOBS_PREFIX}{job_id}/learners/{rank}"
@@ -197,6 +200,11 @@ class LearnerBeat:
         checkpoint = raw.get("checkpoint")
         if checkpoint is not None and not isinstance(checkpoint, dict):
             dropped.append(f"checkpoint is not an object: {type(checkpoint).__name__}")
+            checkpoint = None
+        if checkpoint is not None and not all(isinstance(item, _SCALARS) for item in checkpoint.values()):
+            # a checkpoint's fields are scalars: a nested one, 500 levels deep in 1 KiB, once
+            # crashed the monitor (its cleaning recursed past the stack), for every tenant
+            dropped.append("checkpoint holds a nested value")
             checkpoint = None
         # read as data only (the monitor validates it as a Checkpoint): a NaN in it is null
         checkpoint = finite_or_null(checkpoint)
