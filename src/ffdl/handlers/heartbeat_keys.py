@@ -185,6 +185,13 @@ class LearnerBeat:
             raise ValueError("heartbeat nested too deeply") from exc
         except UnicodeDecodeError as exc:
             raise ValueError(f"heartbeat is not UTF-8: {exc}") from exc
+        try:
+            return cls._read(raw)
+        except RecursionError as exc:  # a value just under the parser's depth, deeper in a reason's repr
+            raise ValueError("heartbeat nested too deeply") from exc
+
+    @classmethod
+    def _read(cls, raw: object) -> LearnerBeat:
         if not isinstance(raw, dict):
             raise ValueError(f"heartbeat is not a JSON object: {type(raw).__name__}")
         attempt = raw.get("attempt")
