@@ -478,6 +478,8 @@ class Model:
     exit_written: set[int] = field(default_factory=set)
 
     def take(self, effects: list[Effect]) -> None:
+        errors = [effect for effect in effects if isinstance(effect, Note) and effect.level == "error"]
+        assert errors == [], "a key the tracker could not read (it skips them, so a bug would hide)"
         for data in reports(effects):
             if isinstance(data, cmd.ReportLearnerLost):
                 assert self.tracked.healthy, "a loss decided while the store is not healthy"

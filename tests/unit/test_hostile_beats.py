@@ -162,6 +162,34 @@ def test_a_checkpoint_nested_past_the_stack_is_dropped_and_the_monitor_reads_on(
     ]
 
 
+def test_a_key_that_fails_to_read_is_skipped_with_its_name_and_the_store_is_read_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Whatever fails in one key (a learner's side writes them), the monitor names it and reads the
+    others: one key once crashed the role at every restart, for every job."""
+    real = LearnerBeat.from_json
+
+    def failing(value: bytes) -> LearnerBeat:
+        if b"poison" in value:
+            raise RuntimeError("nothing anyone expected")
+        return real(value)
+
+    monkeypatch.setattr(LearnerBeat, "from_json", staticmethod(failing))
+    tracked = HeartbeatTracker(grace_s=0.0, launch_timeout_s=60.0, progress_interval_s=0.0)
+    tracked.observe(running(), adopted=False, now=0.0)
+    poisoned = learner_key("job-1", 1)
+    effects = tracked.resync(
+        {poisoned: b'{"attempt": 1, "poison": 1}', learner_key("job-1", 0): b'{"attempt": 1, "step": 2}'},
+        1.0,
+        revision=1,
+    )
+    [skipped] = [effect for effect in effects if isinstance(effect, Note) and effect.level == "error"]
+    assert skipped.details == {"key": poisoned, "error": "RuntimeError: nothing anyone expected"}
+    assert [effect.data for effect in effects if isinstance(effect, Report)] == [
+        cmd.ReportProgress(rank=0, attempt=1, step=2)
+    ]
+
+
 def _recursive_finite_or_null(value: Any) -> Any:
     if isinstance(value, float):
         return value if math.isfinite(value) else None

@@ -83,7 +83,7 @@ class Report:
 class Note:
     """Something worth a log line; the shell writes it, since the state machine does no I/O."""
 
-    level: Literal["info", "warning"]
+    level: Literal["info", "warning", "error"]
     message: str
     details: Mapping[str, object] = field(default_factory=dict)
 
@@ -321,6 +321,15 @@ class HeartbeatTracker:
         return self.healthy and now >= self._reap_after and now >= watched.reap_after
 
     def _on_put(self, key: str, value: bytes, now: float) -> None:
+        """A key written: read on its own, so that nothing in one key, which a learner's side
+        writes, stops the monitor for every job (a nested checkpoint once crashed the role at the
+        same key after every restart, and no learner anywhere was reported lost)."""
+        try:
+            self._read_put(key, value, now)
+        except Exception as exc:  # the rest of the store is read on; the key is named
+            self._note("error", "heartbeat key skipped", key=key, error=f"{type(exc).__name__}: {exc}"[:500])
+
+    def _read_put(self, key: str, value: bytes, now: float) -> None:
         parsed = parse_key(key)
         if parsed is None:
             return
@@ -552,7 +561,7 @@ class HeartbeatTracker:
     def _report(self, job: Job, data: CommandData) -> None:
         self._effects.append(Report(job.job_id, job.tenant, data))
 
-    def _note(self, level: Literal["info", "warning"], message: str, **details: object) -> None:
+    def _note(self, level: Literal["info", "warning", "error"], message: str, **details: object) -> None:
         self._effects.append(Note(level, message, details))
 
     def _take_effects(self) -> list[Effect]:
