@@ -24,6 +24,18 @@ def commit_elsewhere(path: Path) -> None:
     db.close()
 
 
+class CountedProbe:
+    """The projection file's version, as ``ProjectionProgress`` looks at it, with the looks counted."""
+
+    def __init__(self, projection: Projection) -> None:
+        self.projection = projection
+        self.looks = 0
+
+    def __call__(self) -> int | None:
+        self.looks += 1
+        return self.projection.version()
+
+
 @pytest.fixture
 def projection(tmp_path: Path) -> Projection:
     return Projection(tmp_path / "projections.sqlite")
@@ -32,22 +44,16 @@ def projection(tmp_path: Path) -> Projection:
 async def test_a_commit_wakes_every_waiter_at_the_next_look(projection: Projection) -> None:
     """One look at the file's version after the commit wakes all 500 (counted in looks, not in
     seconds, which a loaded machine stretches)."""
-    looks = 0
-
-    def probe() -> int | None:
-        nonlocal looks
-        looks += 1
-        return projection.version()
-
+    probe = CountedProbe(projection)
     progress = ProjectionProgress(probe, TICK_S)
     since = progress.version()
     waiters = [asyncio.create_task(progress.wait_for_change(since, 3600)) for _ in range(500)]
     await asyncio.sleep(5 * TICK_S)
     assert not any(waiter.done() for waiter in waiters)
-    before = looks
+    before = probe.looks
     commit_elsewhere(projection.path)
     await asyncio.wait_for(asyncio.gather(*waiters), 30)  # a deadline far past the next look
-    assert looks - before == 1
+    assert probe.looks - before == 1
 
 
 async def test_a_commit_between_the_read_and_the_wait_ends_the_wait_at_once(projection: Projection) -> None:
@@ -68,19 +74,12 @@ async def test_a_commit_while_the_poll_runs_before_the_wait_ends_the_wait(projec
 
 
 async def test_without_a_change_a_wait_ends_at_its_timeout_and_then_nothing_polls(tmp_path: Path) -> None:
-    projection = Projection(tmp_path / "projections.sqlite")
-    probes = 0
-
-    def probe() -> int | None:
-        nonlocal probes
-        probes += 1
-        return projection.version()
-
+    probe = CountedProbe(Projection(tmp_path / "projections.sqlite"))
     progress = ProjectionProgress(probe, TICK_S)
     started = time.monotonic()
     await progress.wait_for_change(progress.version(), 10 * TICK_S)
     assert time.monotonic() - started >= 10 * TICK_S
     await asyncio.sleep(3 * TICK_S)
-    polled = probes
+    polled = probe.looks
     await asyncio.sleep(10 * TICK_S)
-    assert probes == polled
+    assert probe.looks == polled

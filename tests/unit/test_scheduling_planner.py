@@ -62,6 +62,23 @@ def carried(jobs: list[WaitingJob], decided: Plan) -> list[WaitingJob]:
     ]
 
 
+def carry_over(queue: WaitingQueue, decided: Plan) -> None:
+    """The plan's placed jobs leave the queue and its reasons are recorded, as the log carries them."""
+    for allocation in decided.allocations:
+        queue.remove(allocation.job_id)
+    for job_id, wait in decided.waits.items():
+        job = queue.get(job_id)
+        assert job is not None
+        queue.put(job.with_wait(wait))
+
+
+def requeue(state: ClusterState, queue: WaitingQueue, job_id: str, now: float) -> None:
+    """A halted job's GPUs are free and it queues again, at ``now``."""
+    held = state.release(job_id)
+    assert held is not None
+    queue.put(WaitingJob(job_id, held.tenant, held.demand, held.priority, (now, job_id)))
+
+
 # -- tenancy --------------------------------------------------------------------------------------
 
 quotas = st.dictionaries(
@@ -221,17 +238,10 @@ def test_a_reclaimed_borrower_cannot_take_its_room_back_from_the_job_that_reclai
     for _ in range(6):
         now += 61.0
         decided = plan(state, queue, now, policy)
-        for allocation in decided.allocations:
-            queue.remove(allocation.job_id)
-        for job_id, wait in decided.waits.items():
-            job = queue.get(job_id)
-            assert job is not None
-            queue.put(job.with_wait(wait))
+        carry_over(queue, decided)
         for eviction in decided.evictions:  # halted and requeued before the next cycle
             halts += 1
-            held = state.release(eviction.job_id)
-            assert held is not None
-            queue.put(WaitingJob(held.job_id, held.tenant, held.demand, held.priority, (now, held.job_id)))
+            requeue(state, queue, eviction.job_id, now)
         if "owner-job" in state.held:
             break
     assert halts == 1 and "owner-job" in state.held
@@ -299,20 +309,13 @@ def test_preemption_settles_once_nothing_arrives_or_ends(
     for cycle in range(40):
         now += 15.0
         for job_id in stopping:  # halted since the last cycle, and requeued
-            held = state.release(job_id)
-            assert held is not None
-            queue.put(WaitingJob(job_id, held.tenant, held.demand, held.priority, (now, job_id)))
+            requeue(state, queue, job_id, now)
         for index, (tenant, learners, gpus, cpus, priority, arrives) in enumerate(jobs):
             if arrives == cycle:
                 demand = Demand(learners, gpus, None, cpus * 1000)
                 queue.put(WaitingJob(f"j{index}", tenant, demand, priority, (now, f"j{index}")))
         decided = plan(state, queue, now, policy)
-        for allocation in decided.allocations:
-            queue.remove(allocation.job_id)
-        for job_id, wait in decided.waits.items():
-            job = queue.get(job_id)
-            assert job is not None
-            queue.put(job.with_wait(wait))
+        carry_over(queue, decided)
         stopping = [eviction.job_id for eviction in decided.evictions]
         if cycle >= 30:
             late_halts.extend(stopping)

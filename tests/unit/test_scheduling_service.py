@@ -17,6 +17,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from ffdl.core.job import Job
 from ffdl.core.scheduling import SchedulerPolicy
 from ffdl.core.service import Service, band, next_change, service_of, started, stopped
 from ffdl.core.states import JobState
@@ -75,6 +76,17 @@ def test_a_job_past_its_threshold_is_halted_for_a_newcomer_of_its_priority() -> 
     assert service.running_since is None and service.queued_since == world.now()
 
 
+def halted_for_a_newcomer(world: World, job_id: str, tenant: str) -> Job:
+    """``tenant`` submits a job of one node's GPUs that halts running ``job_id`` by its band; the
+    halted job once its learners have exited, requeued."""
+    world.submit(tenant, 1, 4, 0)
+    world.settle()
+    assert world.jobs[job_id].state is JobState.HALTING
+    exit_all(world, job_id)
+    world.settle()
+    return world.jobs[job_id]
+
+
 def test_a_tenant_cannot_halt_its_own_job_into_the_loop_guard() -> None:
     """Halted for a job of its own tenant, a job's preemption does not count towards the guard: a
     tenant once kicked its long job with short jobs of its own until the guard kept it in the top
@@ -85,12 +97,7 @@ def test_a_tenant_cannot_halt_its_own_job_into_the_loop_guard() -> None:
     world.settle()
     run(world, "job-1")
     tick(world, 30)  # 120 GPU-s: below a newcomer's band
-    world.submit("a", 1, 4, 0)  # the same tenant's newcomer
-    world.settle()
-    assert world.jobs["job-1"].state is JobState.HALTING
-    exit_all(world, "job-1")
-    world.settle()
-    first = world.jobs["job-1"]
+    first = halted_for_a_newcomer(world, "job-1", "a")  # the same tenant's newcomer
     assert (first.preemptions, first.preemptions_for_own_tenant) == (1, 1)
     service = service_of(first, guarded_after_one, 4)
     assert service.preemptions == 0 and band(guarded_after_one, service, world.now()) == 1, "not guarded"
@@ -101,12 +108,7 @@ def test_a_tenant_cannot_halt_its_own_job_into_the_loop_guard() -> None:
     world.settle()
     run(world, "job-1")
     tick(world, 10)
-    world.submit("b", 1, 4, 0)  # another tenant's newcomer: this halt counts
-    world.settle()
-    assert world.jobs["job-1"].state is JobState.HALTING
-    exit_all(world, "job-1")
-    world.settle()
-    first = world.jobs["job-1"]
+    first = halted_for_a_newcomer(world, "job-1", "b")  # another tenant's newcomer: this halt counts
     assert (first.preemptions, first.preemptions_for_own_tenant) == (2, 1)
     assert band(guarded_after_one, service_of(first, guarded_after_one, 4), world.now()) == 0, "guarded"
 
