@@ -608,7 +608,7 @@ class Projection:
             partition, offset = Position.parse_token(position)
             # one command's events share their instant: their offsets order them, as numbers ("2:10"
             # sorts before "2:9" as text, and a job's fold would stop at the event out of its order)
-            event = LoggedEvent(trusted_any_event_from_json(body.encode()), partition, offset, body)
+            event = LoggedEvent(trusted_any_event_from_json(body.encode()), partition, offset)
             located.append(((occurred_at, partition, offset), event))
         return tuple(ends), located
 
