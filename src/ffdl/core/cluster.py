@@ -260,23 +260,34 @@ class ClusterRoom:
         """How many learners of ``demand`` (which needs GPUs) could fit outside ``excluded`` with
         ``freed`` more GPUs free on each named node: an upper bound by GPUs alone (CPUs and memory
         not counted), without touching the room, so a search can rule a set of victims out cheaply."""
+        return self.slots_freeing(demand, freed) - self.slots_on(demand, freed, excluded)
+
+    def slots_freeing(self, demand: Demand, freed: Mapping[str, int]) -> int:
+        """:meth:`slots_with` on every node: the sum over them of (free + freed) // GPUs per learner."""
         types = self._types_for(demand)
         per = demand.gpus
         total = self._slot_bound(demand, types)
         usable = self._usable if len(types) == len(self._types) else self._usable_of(types)
         if per == 1:  # each freed GPU is one more slot: no node's free count to read
-            total += sum(more for name, more in freed.items() if name in usable and name not in excluded)
-        else:
-            for name, more in freed.items():
-                room = usable.get(name)
-                if room is not None and name not in excluded:
-                    free = len(room.free)
-                    total += (free + more) // per - free // per
+            return total + sum(more for name, more in freed.items() if name in usable)
+        for name, more in freed.items():
+            room = usable.get(name)
+            if room is not None:
+                free = len(room.free)
+                total += (free + more) // per - free // per
+        return total
+
+    def slots_on(self, demand: Demand, freed: Mapping[str, int], nodes: Iterable[str]) -> int:
+        """The part of :meth:`slots_freeing` that lies on ``nodes``: what leaving them out takes
+        away, in the time it takes to read them."""
+        types = self._types_for(demand)
+        per = demand.gpus
         rooms = self._rooms
-        for name in excluded:
+        total = 0
+        for name in nodes:
             room = rooms.get(name)
             if room is not None and room.node.schedulable and room.node.gpu_type in types:
-                total -= len(room.free) // per
+                total += (len(room.free) + freed.get(name, 0)) // per
         return total
 
     def _usable_of(self, types: Sequence[str]) -> dict[str, NodeRoom]:
@@ -542,6 +553,10 @@ class ClusterState:
         self.gpus_by_priority: dict[int, int] = {}  # GPUs of running (not stopping) jobs per priority
         #: the running (not stopping) jobs of each priority: where preemption looks for victims
         self.running: dict[int, dict[str, HeldJob]] = {}
+        #: the same jobs as (-started_at, job id, job), sorted: the youngest first, as a victim
+        #: search takes them, and those still inside their minimum runtime a prefix of each list
+        #: (:class:`~ffdl.core.preemption.VictimPool`), kept sorted instead of sorted every step
+        self.by_start: dict[int, list[tuple[float, str, HeldJob]]] = {}
         #: per priority, the GPUs its running (not stopping) jobs hold on each node
         self.gpus_on_nodes: dict[int, dict[str, int]] = {}
         #: jobs to move off their nodes, with why: a node of theirs left the inventory or is draining
@@ -567,6 +582,7 @@ class ClusterState:
         else:
             self.gpus_by_priority[job.priority] = self.gpus_by_priority.get(job.priority, 0) + gpus
             self.running.setdefault(job.priority, {})[job.job_id] = job
+            insort(self.by_start.setdefault(job.priority, []), (-job.started_at, job.job_id, job))
             self._count_on_nodes(job, 1)
         if (why := self._evacuation(job.gang)) is not None:
             self.evacuees[job.job_id] = why
@@ -600,8 +616,7 @@ class ClusterState:
             self.releasing[job.tenant] -= charge
         else:
             self.gpus_by_priority[job.priority] -= gpus
-            del self.running[job.priority][job_id]
-            self._count_on_nodes(job, -1)
+            self._stop_running(job)
         self.evacuees.pop(job_id, None)
         return job
 
@@ -624,6 +639,12 @@ class ClusterState:
             self.held[job_id] = replace(job, stopping=True)
             self.releasing[job.tenant] = self.releasing.get(job.tenant, 0) + self.held_charge(job)
             self.gpus_by_priority[job.priority] -= job.gang.gpus
-            del self.running[job.priority][job_id]
-            self._count_on_nodes(job, -1)
+            self._stop_running(job)
         return self.held[job_id]
+
+    def _stop_running(self, job: HeldJob) -> None:
+        """``job`` no longer runs: it leaves its class's running jobs (and their counts)."""
+        del self.running[job.priority][job.job_id]
+        by_start = self.by_start[job.priority]
+        del by_start[bisect_left(by_start, (-job.started_at, job.job_id))]
+        self._count_on_nodes(job, -1)

@@ -28,7 +28,8 @@ What keeps preemption from looping:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Set
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Mapping, Set
 from dataclasses import dataclass, field
 
 from ffdl.core.cluster import ClusterRoom, ClusterState, Demand, Gang, HeldJob
@@ -50,47 +51,44 @@ class Preemptor:
 class VictimPool:
     """The running jobs that may be preempted in this cycle, lowest priority and youngest first.
 
-    The running jobs of each priority are noted when the pool is made (the cycle's first search)
-    and each class is sorted only when a search first reaches it: a preemptor that only outranks
-    the lowest class never pays for sorting the others."""
+    Each class's running jobs are kept youngest first by the state (``ClusterState.by_start``), so
+    those still inside their minimum runtime are a prefix found by bisection, and a search that
+    a bound rules out never lists the candidates at all."""
 
     state: ClusterState
     ledger: TenantLedger
     now: float
     min_runtime_s: float
-    running: dict[int, list[HeldJob]]
     priorities: list[int]  # ascending
-    sorted_classes: dict[int, list[HeldJob]] = field(default_factory=dict)
     chosen: set[str] = field(default_factory=set)
     # (priority, GPUs per learner, GPU type) -> (the state it was counted in, the slots that halting
     # every running job below that priority would give): every preemptor of that class and learner
     # shape gets the same count, and most searches end on it
-    slots_below: dict[tuple[int, int, str | None], tuple[tuple[int, int, frozenset[str]], int]] = field(
+    slots_below: dict[tuple[int, int, str | None], tuple[tuple[int, int], int]] = field(default_factory=dict)
+    # (priority, GPU type, tenant or None) -> (what it rests on when found, what _eligible_of found)
+    eligible: dict[tuple[int, str | None, str | None], tuple[tuple[int, int], Eligible]] = field(
         default_factory=dict
     )
-    # (priority, GPU type, tenant or None) -> (what it rests on when found, what _eligible_of found)
-    eligible: dict[
-        tuple[int, str | None, str | None],
-        tuple[tuple[int, int], tuple[list[HeldJob], int, Mapping[str, int]]],
-    ] = field(default_factory=dict)
     # priority -> (ClusterState.running_changes when added up, the GPUs running jobs below it hold per node)
     held_below: dict[int, tuple[int, Mapping[str, int]]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, state: ClusterState, ledger: TenantLedger, now: float, min_runtime_s: float) -> VictimPool:
-        running = {priority: list(jobs.values()) for priority, jobs in state.running.items() if jobs}
-        return cls(state, ledger, now, min_runtime_s, running, sorted(running))
+        return cls(state, ledger, now, min_runtime_s, sorted(p for p, jobs in state.running.items() if jobs))
+
+    def _young(self, priority: int) -> int:
+        """How many of the class's running jobs are still inside their minimum runtime: a prefix
+        of ``ClusterState.by_start``, the youngest first."""
+        now, min_runtime_s = self.now, self.min_runtime_s
+        return bisect_left(
+            self.state.by_start.get(priority, ()), True, key=lambda entry: -entry[0] + min_runtime_s <= now
+        )
 
     def candidates(self, priority: int) -> list[HeldJob]:
         """The class's jobs that may be victims (past their minimum runtime), youngest first: those
         without GPUs too, as their CPUs and memory can keep a gang off a node as GPUs can."""
-        ordered = self.sorted_classes.get(priority)
-        if ordered is None:
-            now, min_runtime_s = self.now, self.min_runtime_s
-            ordered = [job for job in self.running[priority] if job.started_at + min_runtime_s <= now]
-            ordered.sort(key=lambda job: (-job.started_at, job.job_id))
-            self.sorted_classes[priority] = ordered
-        return ordered
+        entries = self.state.by_start.get(priority, [])
+        return [entry[2] for entry in entries[self._young(priority) :]]
 
     def may_preempt(self, preemptor: Preemptor, victim: HeldJob, taking: Mapping[str, int]) -> bool:
         """Whether ``victim`` may be halted for ``preemptor``, with ``taking`` (GPU-equivalents per
@@ -124,11 +122,14 @@ class VictimPool:
         outranked = demand.gpus and not preemptor.reclaims
         if outranked and self._slots_below(preemptor, excluded) < demand.learners:
             return None
-        eligible, freeable, per_node = self._eligible_of(preemptor)
-        if not eligible or freeable < demand.total_gpus - room.free_for(demand):
+        found = self._eligible_of(preemptor)
+        if found.gpus < demand.total_gpus - room.free_for(demand):
             return None
-        if demand.gpus and room.slots_with(demand, per_node, excluded) < demand.learners:
+        if demand.gpus and room.slots_with(demand, found.per_node, excluded) < demand.learners:
             return None  # not even halting every candidate would make room
+        eligible = found.jobs()
+        if not eligible:
+            return None
         prefix = _Prefix(room, eligible)
         low, high = 0, 1  # the gang fits with ``high`` victims freed, not with ``low``
         while True:
@@ -147,13 +148,16 @@ class VictimPool:
             else:
                 high = middle
         prefix.move_to(high)
-        victims = list(eligible[:high])
-        for victim in reversed(victims[:-1]):
+        victims = eligible[:high]
+        needed = [True] * high  # by position: a list's remove compares whole jobs, one by one
+        for at in range(high - 2, -1, -1):
+            victim = victims[at]
             room.take(victim.demand, victim.gang)
             if room.find(demand, excluded) is None:
                 room.release(victim.demand, victim.gang)
             else:
-                victims.remove(victim)
+                needed[at] = False
+        victims = [victim for victim, kept in zip(victims, needed, strict=True) if kept]
         gang = room.find(demand, excluded)
         assert gang is not None  # every step above kept the gang fitting
         for victim in victims:
@@ -163,18 +167,21 @@ class VictimPool:
 
     def _slots_below(self, preemptor: Preemptor, excluded: Set[str]) -> int:
         """The preemptor's slots outside ``excluded`` were every running job of a class below its
-        own halted (:meth:`ClusterRoom.slots_with`), memoised while the room, the running jobs and
-        ``excluded`` stay as they were."""
+        own halted (:meth:`ClusterRoom.slots_with`): those on every node memoised while the room and
+        the running jobs stay as they were, less those on ``excluded`` (each preemptor keeps off
+        the nodes reserved for others, so the nodes differ from one to the next)."""
         demand = preemptor.demand
         state = self.state
+        held = self._held_below(preemptor.priority)
         key = (preemptor.priority, demand.gpus, demand.gpu_type)
-        stamp = (state.room.changes, state.running_changes, frozenset(excluded))
+        stamp = (state.room.changes, state.running_changes)
         known = self.slots_below.get(key)
         if known is not None and known[0] == stamp:
-            return known[1]
-        slots = state.room.slots_with(demand, self._held_below(preemptor.priority), excluded)
-        self.slots_below[key] = (stamp, slots)
-        return slots
+            slots = known[1]
+        else:
+            slots = state.room.slots_freeing(demand, held)
+            self.slots_below[key] = (stamp, slots)
+        return slots - state.room.slots_on(demand, held, excluded)
 
     def _held_below(self, priority: int) -> Mapping[str, int]:
         """The GPUs running jobs of classes below ``priority`` hold on each node (memoised while
@@ -197,26 +204,49 @@ class VictimPool:
                 held[node] = held.get(node, 0) + gpus
         return held
 
-    def _eligible_of(self, preemptor: Preemptor) -> tuple[list[HeldJob], int, Mapping[str, int]]:
-        """:meth:`_eligible`, with the GPUs they hold in all and on each node. For a preemptor that
-        does not reclaim they depend only on its class, its GPU type, the victims chosen so far
-        (which only grow) and, where a tenant has a guarantee, its tenant and what each tenant
+    def _eligible_of(self, preemptor: Preemptor) -> Eligible:
+        """The victims :meth:`_eligible` would list, with the GPUs they hold in all and on each
+        node. For a preemptor that does not reclaim they depend only on its class, its GPU type,
+        the running jobs and, where a tenant has a guarantee, its tenant and what each tenant
         holds, so they are memoised on those."""
         demand = preemptor.demand
         # whose jobs it may take depends on its tenant once a tenant has a guarantee (may_preempt)
         tenant = preemptor.tenant if self.ledger.any_guarantee else None
-        key = (preemptor.priority, demand.gpu_type if demand.gpus else None, tenant)
+        gpu_type = demand.gpu_type if demand.gpus else None
+        key = (preemptor.priority, gpu_type, tenant)
         known = None if preemptor.reclaims else self.eligible.get(key)
         # what they rest on: the victims chosen so far, and where a guarantee protects jobs, what
-        # each tenant holds (every hold, stop or release of a running job moves running_changes)
+        # each tenant holds (every hold, stop or release of a running job moves running_changes); a
+        # job placed in this step is inside its minimum runtime, so it is no victim yet
         stamp = (len(self.chosen), self.state.running_changes if tenant is not None else 0)
         if known is not None and known[0] == stamp:
             return known[1]
-        eligible = self._eligible(preemptor)
-        found = (eligible, sum(victim.gang.gpus for victim in eligible), _gpus_per_node(eligible))
+        if preemptor.reclaims or tenant is not None or gpu_type is not None:
+            eligible = self._eligible(preemptor)
+            found = Eligible(sum(victim.gang.gpus for victim in eligible), _gpus_per_node(eligible), eligible)
+        else:
+            found = self._below(preemptor.priority)
         if not preemptor.reclaims:
             self.eligible[key] = (stamp, found)
         return found
+
+    def _below(self, priority: int) -> Eligible:
+        """Every candidate of the classes below ``priority``: :meth:`_eligible` where no guarantee
+        protects a job and no GPU type narrows the search. What they hold is what the state counts
+        for those classes less what their young jobs hold, so it costs the young jobs, not the
+        running ones; the list is made only for a search that gets past the bounds."""
+        state = self.state
+        classes = sorted(p for p in state.by_start if p < priority)
+        young = [entry[2] for p in classes for entry in state.by_start[p][: self._young(p)]]
+        gpus = sum(state.gpus_by_priority.get(p, 0) for p in classes) - sum(job.gang.gpus for job in young)
+        per_node = self._held_below(priority)
+        if young:
+            per_node = dict(per_node)
+            for job in young:
+                for node, held in job.gang.learners:
+                    if held:  # a job without GPUs is not counted on its nodes
+                        per_node[node] -= len(held)
+        return Eligible(gpus, per_node, None, lambda: [job for p in classes for job in self.candidates(p)])
 
     def _eligible(self, preemptor: Preemptor) -> list[HeldJob]:
         """The candidates that may be halted for ``preemptor`` and hold GPUs of a type it can use,
@@ -239,6 +269,24 @@ class VictimPool:
                 eligible.append(victim)
                 taking[victim.tenant] = taking.get(victim.tenant, 0) + self.state.held_charge(victim)
         return eligible
+
+
+@dataclass(slots=True)
+class Eligible:
+    """The victims a search may take: the GPUs they hold in all and on each node (what its bounds
+    read) and, listed only when a search gets past those, the jobs themselves in the order it takes
+    them."""
+
+    gpus: int
+    per_node: Mapping[str, int]
+    listed: list[HeldJob] | None
+    listing: Callable[[], list[HeldJob]] | None = None
+
+    def jobs(self) -> list[HeldJob]:
+        if self.listed is None:
+            assert self.listing is not None
+            self.listed = self.listing()
+        return self.listed
 
 
 def _gpus_per_node(jobs: Iterable[HeldJob]) -> dict[str, int]:

@@ -617,6 +617,9 @@ class Planner:
         tenant inside it are safe from other tenants' but not from its own; then a job shares
         with its own tenant's only. Otherwise with every tenant's, as nothing else in its verdict
         (room, victims of lower priority, the reason and its wording) reads the tenant."""
+        if self._ledger.flat and self._state.charge(demand) > 0:
+            # no tenant stands apart (save one whose job counts nothing: it is inside its guarantee)
+            return (priority, demand, None, False)
         if self._alikes_at != self._version:
             self._alikes.clear()
             self._alikes_at = self._version

@@ -101,6 +101,11 @@ class TenantLedger:
         self.any_guarantee = policy.default.guaranteed_gpus > 0 or any(
             quota.guaranteed_gpus > 0 for quota in policy.quotas.values()
         )
+        #: whether no tenant has a guarantee or a limit: then where a tenant stands never bounds
+        #: what its next job may take, nor whose jobs it may preempt
+        self.flat = not self.any_guarantee and all(
+            quota.limit is None for quota in (policy.default, *policy.quotas.values())
+        )
 
     def quota(self, tenant: str) -> TenantQuota:
         return self._policy.quota(tenant)
