@@ -198,6 +198,14 @@ def _key(job: WaitingJob) -> QueueKey:
     return (job.queued_order, job.job_id)
 
 
+def _past(fifo: list[QueueKey], at: int, first: Set[str]) -> int:
+    """The position of the first job in ``fifo`` from ``at`` on that is not in ``first``."""
+    if first:
+        while at < len(fifo) and fifo[at][1] in first:
+            at += 1
+    return at
+
+
 def _discard(reasons: dict[Said, list[QueueKey]], what: Said, key: QueueKey) -> None:
     keys = reasons[what]
     del keys[bisect_left(keys, key)]
@@ -370,10 +378,11 @@ class Planner:
             for job in claimants:
                 yield self._weigh(job)
             first = {job.job_id for job in claimants}
-            heads = self._heads(job for job in queue.in_order(priority) if job.job_id not in first)
-            for job in heads:
-                yield self._weigh(job)
-            first.update(job.job_id for job in heads)
+            if self._backfill_reservations < self._policy.max_reservations:
+                heads = self._heads(job for job in queue.in_order(priority) if job.job_id not in first)
+                for job in heads:
+                    yield self._weigh(job)
+                first.update(job.job_id for job in heads)
             yield from self._fair_share(priority, first)
 
     def run(self) -> Plan:
@@ -394,35 +403,39 @@ class Planner:
 
     def _fair_share(self, priority: int, first: Set[str]) -> Iterator[Decision]:
         """The class's jobs not in ``first``, the next one always from the tenant with the least
-        GPUs per weight (as it was when that tenant was last served), FIFO per tenant."""
+        GPUs per weight (as it was when that tenant was last served), FIFO per tenant. A tenant's
+        place in that order changes only with what it holds or claims, so only when the planner
+        did something (``_version``): until then its key is not worked out again."""
         fifos = self._queue.fifos(priority)
-        cursors = dict.fromkeys(fifos, 0)
-
-        def next_of(tenant: str) -> WaitingJob | None:
-            """The tenant's next job not yet decided, or None."""
-            fifo = fifos[tenant]
-            at = cursors[tenant]
-            while at < len(fifo) and fifo[at][1] in first:
-                at += 1
-            cursors[tenant] = at
-            return self._queue.get(fifo[at][1]) if at < len(fifo) else None
-
-        heap = [(self._ledger.order_key(tenant), tenant) for tenant in fifos if next_of(tenant)]
+        jobs = self._queue.get
+        ledger = self._ledger
+        cursors: dict[str, int] = {}  # tenant -> its next job not yet decided
+        heap = []
+        for tenant, fifo in fifos.items():
+            at = _past(fifo, 0, first)
+            if at < len(fifo):
+                cursors[tenant] = at
+                heap.append((ledger.order_key(tenant), tenant))
         heap.sort()
         while heap:
-            _, tenant = heappop(heap)
-            job = next_of(tenant)
+            entry = heappop(heap)
+            tenant = entry[1]
+            fifo = fifos[tenant]
+            job = jobs(fifo[cursors[tenant]][1])
             assert job is not None
-            cursors[tenant] += 1
+            version = self._version
             yield self._weigh(job)
-            if next_of(tenant) is None:
+            at = _past(fifo, cursors[tenant] + 1, first)
+            if at == len(fifo):
                 continue
-            entry = (self._ledger.order_key(tenant), tenant)
+            if self._version != version:
+                entry = (ledger.order_key(tenant), tenant)
             if not self._weigh_all and (not heap or entry < heap[0]):
                 # The tenant stays first while nothing changes: its settled jobs come next.
-                cursors[tenant] = yield from self._settled_run(priority, tenant, cursors[tenant], first)
-                if next_of(tenant) is None:
+                at = _past(fifo, (yield from self._settled_run(priority, tenant, at, first)), first)
+                if at == len(fifo):
                     continue
+            cursors[tenant] = at
             heappush(heap, entry)
 
     def _settled_run(
