@@ -1,16 +1,23 @@
-"""The victim search's bookkeeping over random clusters: each class's running jobs kept youngest
-first through holds, stops and releases, and the shortcut that counts the victims below a class
-from the state's totals (no guarantee, no GPU type) finding what listing them one by one finds."""
+"""The victim search's bookkeeping: each class's running jobs kept youngest first through holds,
+stops and releases, the shortcut that counts the victims below a class from the state's totals
+(no guarantee, no GPU type) finding what listing them one by one finds, and the key its memo of
+the nodes a preemptor keeps off rests on."""
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Set
+
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ffdl.core.allocator import Node
-from ffdl.core.cluster import ClusterState, Demand, HeldJob
+from ffdl.core.cluster import ClusterState, Demand, Gang, HeldJob
 from ffdl.core.preemption import Preemptor, VictimPool
+from ffdl.core.scheduling import SchedulerPolicy
+from ffdl.core.simulation import simulate
 from ffdl.core.tenancy import TenancyPolicy, TenantLedger
+from ffdl.tools.traces import generate_trace
 
 NODES = [Node(f"n{index}", 8, cpus=16.0, memory_mb=65536) for index in range(4)]
 
@@ -93,3 +100,33 @@ def test_the_victims_below_a_class_counted_from_totals_are_those_listed_one_by_o
     assert {node: gpus for node, gpus in counted.per_node.items() if gpus} == {
         node: gpus for node, gpus in per_node.items() if gpus
     }
+
+
+def test_what_the_planner_gives_for_the_nodes_a_preemptor_keeps_off_stands_for_the_same_nodes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The victim search memoises what the nodes a preemptor keeps off take away by the key the
+    planner gives for them: within a step, one key must always mean one set of nodes."""
+    seen: dict[tuple[int, Hashable], frozenset[str]] = {}
+    pools: list[VictimPool] = []  # kept alive, so no two steps' pools share an id
+    repeated = 0
+    search = VictimPool.search
+
+    def recording(
+        pool: VictimPool, preemptor: Preemptor, excluded: Set[str], excluded_as: Hashable
+    ) -> tuple[list[HeldJob], Gang] | None:
+        nonlocal repeated
+        pools.append(pool)
+        nodes = frozenset(excluded)
+        known = seen.setdefault((id(pool), excluded_as), nodes)
+        assert known == nodes, f"{excluded_as} stood for {sorted(known)}, now for {sorted(nodes)}"
+        repeated += known is not nodes
+        return search(pool, preemptor, excluded, excluded_as)
+
+    monkeypatch.setattr(VictimPool, "search", recording)
+    trace = generate_trace(600, nodes=8, gpus_per_node=8, load=1.4, seed=3)
+    policy = SchedulerPolicy(service_queues=(3600.0, 16 * 3600.0))
+    result = simulate(trace, [Node(f"n{index}", 8) for index in range(8)], policy)
+    assert result.preemptions > 0
+    assert repeated > 0  # keys were given again, so the check above was reached
+    assert any(nodes for nodes in seen.values())  # and some stood for reserved nodes
