@@ -403,18 +403,21 @@ class Planner:
 
     def _fair_share(self, priority: int, first: Set[str]) -> Iterator[Decision]:
         """The class's jobs not in ``first``, the next one always from the tenant with the least
-        GPUs per weight (as it was when that tenant was last served), FIFO per tenant. A tenant's
-        place in that order changes only with what it holds or claims, so only when the planner
-        did something (``_version``): until then its key is not worked out again."""
+        GPUs per weight (as it was when that tenant was last served), FIFO per tenant. What a
+        tenant holds or claims changes only when the planner does something (``_version``; a
+        preemption for another tenant's job changes it too), so a key is worked out again only
+        when the version moved since it was."""
         fifos = self._queue.fifos(priority)
         jobs = self._queue.get
         ledger = self._ledger
         cursors: dict[str, int] = {}  # tenant -> its next job not yet decided
+        keyed_at: dict[str, int] = {}  # tenant -> the version its key in the heap was worked out at
         heap = []
         for tenant, fifo in fifos.items():
             at = _past(fifo, 0, first)
             if at < len(fifo):
                 cursors[tenant] = at
+                keyed_at[tenant] = self._version
                 heap.append((ledger.order_key(tenant), tenant))
         heap.sort()
         while heap:
@@ -423,13 +426,13 @@ class Planner:
             fifo = fifos[tenant]
             job = jobs(fifo[cursors[tenant]][1])
             assert job is not None
-            version = self._version
             yield self._weigh(job)
             at = _past(fifo, cursors[tenant] + 1, first)
             if at == len(fifo):
                 continue
-            if self._version != version:
+            if keyed_at[tenant] != self._version:
                 entry = (ledger.order_key(tenant), tenant)
+                keyed_at[tenant] = self._version
             if not self._weigh_all and (not heap or entry < heap[0]):
                 # The tenant stays first while nothing changes: its settled jobs come next.
                 at = _past(fifo, (yield from self._settled_run(priority, tenant, at, first)), first)
