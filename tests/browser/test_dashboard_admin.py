@@ -44,10 +44,12 @@ NODES = [
 ACME_QUOTA = TenantQuotaConfig(guaranteed_gpus=1, borrowing_limit_gpus=1, weight=2.0)
 LONG = ["--steps", "600", "--delay", "0.05"]
 QUICK = ["--steps", "6", "--delay", "0.05"]
-#: The tenants' table: quota (guaranteed, borrowing limit), what each borrows, and its fair share.
+#: The tenants' table: what each holds (GPUs, and the GPU-equivalents quotas count), its quota
+#: (guaranteed, borrowing limit), what it borrows, and its fair share.
 SHARE_HEADINGS = [
     "Tenant",
     "GPUs held",
+    "Counts as",
     "Queued jobs",
     "Guaranteed",
     "Borrowing limit",
@@ -378,7 +380,7 @@ async def test_the_cluster_marks_cordoned_and_draining_nodes_and_shows_quotas(
         share = page.get_by_role("region", name="Tenants: quota, borrowing, fair share")
         await expect(share.locator("th")).to_have_text(SHARE_HEADINGS)
         acme = share.locator("tbody tr", has=page.get_by_role("cell", name="acme", exact=True))
-        await expect(acme.locator("td")).to_have_text(["acme", "2", "1", "1", "1", "1", "2", "8"])
+        await expect(acme.locator("td")).to_have_text(["acme", "2", "2", "1", "1", "1", "1", "2", "8"])
         await screenshot(page, "cluster-cordoned")
 
         assert errors == [], errors

@@ -38,6 +38,7 @@ async def test_a_job_that_does_not_fit_says_why_and_where_it_stands(api: Api, se
     assert answer["waiting"]["code"] == "capacity"
     assert answer["summary"].startswith(f"{waiting} waits (capacity, position 1 of 1 in the queue)")
     assert answer["tenant_gpus_held"] == 4
+    assert answer["tenant_counts_as_gpus"] == 4  # no more CPU or memory per GPU than the nodes have
 
     result = await asyncio.to_thread(
         CliRunner().invoke, app, ["why", waiting], env={"FFDL_API": settings.api}

@@ -1,4 +1,5 @@
-"""The time machine's picture of every job: each row tells why the job is in the state it was in then."""
+"""The time machine's picture of every job: each row tells why the job is in the state it was in
+then, and what it holds counts as the scheduler counts it."""
 
 from __future__ import annotations
 
@@ -10,9 +11,12 @@ from typing import Any
 
 import pytest
 
+from ffdl.core.tenancy import TenancyPolicy, TenantQuota
+from ffdl.events.model import JobSpec
 from ffdl.projections import store
+from ffdl.projections.documents import charges_on, counts_as_gpus
 from ffdl.projections.store import KeptLog, LoggedEvent, Projection
-from ffdl.projections.timemachine import ClusterAtEnd, cluster_at
+from ffdl.projections.timemachine import ClusterAtEnd, cluster_at, tenant_rows
 from ffdl.tools.log_files import read_log
 from tests.golden.record import GOLDEN_DIR
 
@@ -169,3 +173,54 @@ def test_the_projection_gives_the_log_back_in_log_order_past_offset_nine(tmp_pat
     assert [entry.event.event_id for entry in given_back] == [entry.event.event_id for entry in logged]
     [job] = cluster_at(given_back, None)["jobs"]
     assert job["state"] == "COMPLETED"
+
+
+def node_doc(name: str, status: str = "READY") -> dict[str, Any]:
+    return {"name": name, "status": status, "gpus": 8, "gpu_type": "a100", "cpus": 64.0, "memory_mb": 262_144}
+
+
+def job_doc(job_id: str, tenant: str, gpus: int, cpus: float, on: str | None) -> dict[str, Any]:
+    spec = JobSpec(name=job_id, command="train", gpus=gpus, cpus=cpus).model_dump(mode="json")
+    placement = (
+        None if on is None else [{"rank": 0, "node": on, "gpus": list(range(gpus)), "gpu_type": "a100"}]
+    )
+    return {"job_id": job_id, "tenant": tenant, "spec": spec, "placement": placement}
+
+
+def test_what_a_job_holds_counts_as_the_scheduler_counts_it_on_the_present_nodes() -> None:
+    """Two present nodes of 8 GPUs and 64 CPUs: 8 CPUs are worth a GPU. A lost node is no part of
+    the inventory the scheduler shares out."""
+    charges = charges_on([node_doc("n0"), node_doc("n1"), node_doc("gone", status="LOST")])
+    assert counts_as_gpus(job_doc("plain", "a", 2, 4.0, "n0"), charges) == 2.0
+    assert counts_as_gpus(job_doc("cpu-heavy", "a", 1, 32.0, "n0"), charges) == 4.0
+    assert counts_as_gpus(job_doc("cpu-only", "a", 0, 16.0, "n1"), charges) == 2.0
+    assert counts_as_gpus(job_doc("queued", "a", 4, 64.0, None), charges) == 0.0
+
+
+def test_a_tenants_row_says_what_its_jobs_count_as_and_borrows_in_those_terms() -> None:
+    """A tenant of jobs without GPUs once showed nothing held and nothing borrowed while the
+    scheduler reclaimed its guarantee's worth from it."""
+    picture = {
+        "nodes": [{**node_doc("n0"), "present": True}, {**node_doc("n1"), "present": True}],
+        "jobs": [
+            {"tenant": "cpu", "state": "RUNNING", "gpus_held": 0, "counts_as_gpus": 6.0},
+            {"tenant": "cpu", "state": "QUEUED", "gpus_held": 0, "counts_as_gpus": 0.0},
+            {"tenant": "gpu", "state": "RUNNING", "gpus_held": 2, "counts_as_gpus": 2.0},
+        ],
+    }
+    policy = TenancyPolicy({"cpu": TenantQuota(guaranteed_gpus=2), "gpu": TenantQuota(guaranteed_gpus=4)})
+    rows = {row["tenant"]: row for row in tenant_rows(picture, policy)}
+    assert (rows["cpu"]["gpus_held"], rows["cpu"]["counts_as_gpus"], rows["cpu"]["borrowed"]) == (0, 6.0, 4.0)
+    assert (rows["gpu"]["gpus_held"], rows["gpu"]["counts_as_gpus"], rows["gpu"]["borrowed"]) == (2, 2.0, 0.0)
+    assert rows["cpu"]["fair_share_gpus"] == rows["gpu"]["fair_share_gpus"] == 8.0  # both hold: an even split
+
+
+def test_the_picture_counts_each_job_holding_a_placement_as_the_scheduler_does() -> None:
+    events = list(read_log(GOLDEN_DIR / "happy_path.events.jsonl"))
+    running = next(
+        logged.event.occurred_at for logged in events if type(logged.event.data).__name__ == "JobRunning"
+    )
+    [job] = cluster_at(events, running)["jobs"]
+    assert job["gpus_held"] > 0 and job["counts_as_gpus"] == job["gpus_held"]
+    [done] = cluster_at(events, None)["jobs"]
+    assert done["gpus_held"] == done["counts_as_gpus"] == 0

@@ -7,10 +7,14 @@ projection rebuilt from the log is byte-for-byte the live one.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
+from ffdl.core.allocator import Node
+from ffdl.core.cluster import MILLI_GPUS, Charges, Demand, Gang, HeldJob
 from ffdl.core.job import Job
-from ffdl.core.nodes import NodeRecord
+from ffdl.core.nodes import NodeRecord, NodeStatus
+from ffdl.events.model import JobSpec
 from ffdl.events.reports import strict_dumps
 
 JsonObject = dict[str, Any]
@@ -87,6 +91,30 @@ def node_document(node: NodeRecord) -> JsonObject:
         "reason": node.reason,
         "since": node.since.isoformat(),
     }
+
+
+def charges_on(nodes: Iterable[JsonObject]) -> Charges:
+    """What jobs count against their tenants on the present nodes among ``nodes`` (node documents),
+    as the scheduler counts it (:class:`~ffdl.core.cluster.Charges`)."""
+    return Charges(
+        Node(node["name"], node["gpus"], node["gpu_type"], node["cpus"], node["memory_mb"])
+        for node in nodes
+        if NodeStatus(node["status"]).present
+    )
+
+
+def counts_as_gpus(job: JsonObject, charges: Charges) -> float:
+    """What a job document's placement counts against its tenant, in GPU-equivalents, as the
+    scheduler counts it (every job with a placement holds it): a job asking much CPU or memory per
+    GPU counts more than its GPUs, one without GPUs what it takes from gangs; 0 if it holds nothing."""
+    placement = job["placement"]
+    if placement is None:
+        return 0.0
+    gang = Gang(tuple((learner["node"], tuple(learner["gpus"])) for learner in placement))
+    holding = HeldJob(
+        job["job_id"], job["tenant"], Demand.of(JobSpec.model_validate(job["spec"])), 0, gang, 0.0
+    )
+    return charges.held_charge(holding) / MILLI_GPUS
 
 
 def why_summary(answer: JsonObject) -> str:

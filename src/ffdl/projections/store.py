@@ -43,7 +43,15 @@ from ffdl.events.codec import (
 )
 from ffdl.events.position import Position
 from ffdl.events.reports import loads_finite
-from ffdl.projections.documents import JsonObject, dumps, job_document, node_document, why_summary
+from ffdl.projections.documents import (
+    JsonObject,
+    charges_on,
+    counts_as_gpus,
+    dumps,
+    job_document,
+    node_document,
+    why_summary,
+)
 
 #: The current states: jobs, nodes; and how far the projection has read each partition.
 _STATE_SCHEMA = """
@@ -701,17 +709,16 @@ class Projection:
             before = db.execute(queued, key).fetchone()[0]
             tenant_before = db.execute(f"{queued} AND tenant = ?", (*key, tenant)).fetchone()[0]
             length = db.execute("SELECT COUNT(*) FROM jobs WHERE state = 'QUEUED'").fetchone()[0]
-        held = sum(
-            len(learner["gpus"])
-            for job in self.holdings()
-            if job["tenant"] == tenant
-            for learner in job["placement"]
-        )
+        holdings = [job for job in self.holdings() if job["tenant"] == tenant]
+        charges = charges_on(self.nodes())
         return {
             "position": before + 1,
             "tenant_position": tenant_before + 1,
             "queue_length": length,
-            "tenant_gpus_held": held,
+            "tenant_gpus_held": sum(len(learner["gpus"]) for job in holdings for learner in job["placement"]),
+            # what quotas and fair share count (GPU-equivalents): more than the GPUs where its jobs
+            # ask much CPU or memory per GPU
+            "tenant_counts_as_gpus": round(sum(counts_as_gpus(job, charges) for job in holdings), 3),
         }
 
     def counts(self) -> dict[tuple[str, str], int]:

@@ -14,12 +14,13 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 
 from ffdl.core.aggregate import Aggregates, Skipped
+from ffdl.core.cluster import Charges
 from ffdl.core.job import Job
 from ffdl.core.kinds import JOBS, KINDS, NODES
 from ffdl.core.nodes import NodePresence, NodeRecord, NodeStatus
 from ffdl.core.tenancy import TenancyPolicy
 from ffdl.events.envelope import NODE_KEY_PREFIX
-from ffdl.projections.documents import JsonObject, job_document, node_document
+from ffdl.projections.documents import JsonObject, charges_on, counts_as_gpus, job_document, node_document
 from ffdl.projections.store import LoggedEvent, TimeOrder
 
 
@@ -147,7 +148,8 @@ def cluster_at(
         }
         for position, job in enumerate(queued, start=1)
     ]
-    job_rows = [_job_row(job) for job in sorted(jobs.values(), key=lambda job: job.submitted_at)]
+    charges = charges_on(node_rows)
+    job_rows = [_job_row(job, charges) for job in sorted(jobs.values(), key=lambda job: job.submitted_at)]
     before = [logged for logged in events if at is None or logged.event.occurred_at <= at]
     after = [logged for logged in events if at is not None and logged.event.occurred_at > at]
     return {
@@ -163,16 +165,22 @@ def cluster_at(
 
 
 def tenant_rows(picture: JsonObject, policy: TenancyPolicy) -> list[JsonObject]:
-    """Per tenant with jobs in the picture: GPUs held, jobs queued, its quota, what it borrows beyond
-    its guarantee, and its fair share (the present GPUs split by weight among the tenants that hold
-    or want GPUs)."""
+    """Per tenant with jobs in the picture: GPUs held, and what they count as (GPU-equivalents, as the
+    scheduler counts quotas, fair share and reclaiming: a job asking much CPU or memory per GPU
+    counts more than its GPUs, a job without GPUs counts what it takes from gangs that need them),
+    jobs queued, its quota, what it borrows beyond its guarantee (in GPU-equivalents too: a tenant
+    shown borrowing nothing while the scheduler reclaimed from it once made the reason look false),
+    and its fair share (the present GPUs split by weight among the tenants that hold or want GPUs)."""
     held: dict[str, int] = {}
+    counted: dict[str, float] = {}
     queued: dict[str, int] = {}
     for job in picture["jobs"]:
-        held[job["tenant"]] = held.get(job["tenant"], 0) + job["gpus_held"]
+        tenant = job["tenant"]
+        held[tenant] = held.get(tenant, 0) + job["gpus_held"]
+        counted[tenant] = counted.get(tenant, 0.0) + job["counts_as_gpus"]
         if job["state"] == "QUEUED":
-            queued[job["tenant"]] = queued.get(job["tenant"], 0) + 1
-    active = sorted(t for t in held if held[t] or queued.get(t))
+            queued[tenant] = queued.get(tenant, 0) + 1
+    active = sorted(t for t in held if held[t] or counted[t] or queued.get(t))
     total = sum(int(node["gpus"]) for node in picture["nodes"] if node["present"])
     weights = sum(policy.quota(t).weight for t in active) or 1.0
     rows = []
@@ -182,11 +190,12 @@ def tenant_rows(picture: JsonObject, policy: TenancyPolicy) -> list[JsonObject]:
             {
                 "tenant": tenant,
                 "gpus_held": held[tenant],
+                "counts_as_gpus": round(counted[tenant], 3),
                 "queued": queued.get(tenant, 0),
                 "guaranteed_gpus": quota.guaranteed_gpus,
                 "borrowing_limit_gpus": quota.borrowing_limit_gpus,
                 "weight": quota.weight,
-                "borrowed": max(0, held[tenant] - quota.guaranteed_gpus),
+                "borrowed": round(max(0.0, counted[tenant] - quota.guaranteed_gpus), 3),
                 "fair_share_gpus": round(total * quota.weight / weights, 2) if tenant in active else 0.0,
             }
         )
@@ -208,10 +217,10 @@ def _event_ref(logged: LoggedEvent) -> JsonObject:
     }
 
 
-def _job_row(job: Job) -> JsonObject:
+def _job_row(job: Job, charges: Charges) -> JsonObject:
     """A job's row at the moment: its reason is that of the state it is in (the last history entry),
     not the job's ``reason``, which keeps the scheduler's last word (a COMPLETED job's "needs 2
-    GPU(s)")."""
+    GPU(s)"); what it holds, in GPUs and in the GPU-equivalents its tenant is charged."""
     document = job_document(job)
     held = sum(len(learner["gpus"]) for learner in document["placement"] or [])
     return {
@@ -222,6 +231,7 @@ def _job_row(job: Job) -> JsonObject:
         "attempt": document["attempt"],
         "reason": job.history[-1].reason if job.history else document["reason"],
         "gpus_held": held,
+        "counts_as_gpus": counts_as_gpus(document, charges),
         "learners": document["spec"]["learners"],
         "gpus": document["spec"]["gpus"],
     }

@@ -42,8 +42,12 @@ export function queueTable(picture) {
 
 export function tenantTable(picture) {
   if (!picture.tenants.length) return h("p", { class: "muted" }, "No tenant holds or wants GPUs.");
-  return table(["Tenant", "GPUs held", "Queued jobs", "Guaranteed", "Borrowing limit", "Borrowed", "Weight", "Fair share"],
-    picture.tenants.map((t) => h("tr", {}, h("td", {}, t.tenant), h("td", {}, t.gpus_held), h("td", {}, t.queued),
+  // "Counts as": GPU-equivalents, what quotas, fair share and borrowing count (a job asking much CPU or
+  // memory per GPU counts more than its GPUs); "Borrowed" is in them too.
+  return table(["Tenant", "GPUs held", "Counts as", "Queued jobs", "Guaranteed", "Borrowing limit", "Borrowed", "Weight",
+    "Fair share"],
+    picture.tenants.map((t) => h("tr", {}, h("td", {}, t.tenant), h("td", {}, t.gpus_held), h("td", {}, t.counts_as_gpus),
+      h("td", {}, t.queued),
       h("td", {}, t.guaranteed_gpus), h("td", {}, t.borrowing_limit_gpus ?? "any idle"), h("td", {}, t.borrowed),
       h("td", {}, t.weight), h("td", {}, t.fair_share_gpus))));
 }
