@@ -3,9 +3,10 @@ then, and what it holds counts as the scheduler counts it."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ import pytest
 
 from ffdl.core.tenancy import TenancyPolicy, TenantQuota
 from ffdl.events.model import JobSpec
-from ffdl.projections import store
+from ffdl.projections import store, timemachine
 from ffdl.projections.documents import charges_on, counts_as_gpus
 from ffdl.projections.store import KeptLog, LoggedEvent, Projection
 from ffdl.projections.timemachine import ClusterAtEnd, cluster_at, tenant_rows
@@ -224,3 +225,35 @@ def test_the_picture_counts_each_job_holding_a_placement_as_the_scheduler_does()
     assert job["gpus_held"] > 0 and job["counts_as_gpus"] == job["gpus_held"]
     [done] = cluster_at(events, None)["jobs"]
     assert done["gpus_held"] == done["counts_as_gpus"] == 0
+
+
+@pytest.mark.parametrize("kept_at_most", [timemachine.SNAPSHOTS_KEPT, 2])
+def test_a_past_moment_folded_on_from_a_kept_copy_is_the_fold_from_the_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kept_at_most: int
+) -> None:
+    """Every new moment a tenant asked for once folded the whole log. Now it is folded on from the
+    last copy kept before it: at every event's time, between two, before the first and after the
+    last, with copies thinned out, and after an event that sorts in among those folded (a
+    partition behind the others), the picture is the one a fold from the start gives."""
+    monkeypatch.setattr(timemachine, "SNAPSHOTS_KEPT", kept_at_most)
+    read = [
+        *read_log(GOLDEN_DIR / "node_drain.events.jsonl"),
+        *read_log(GOLDEN_DIR / "happy_path.events.jsonl"),
+    ]
+    projection = Projection(tmp_path / "projection.sqlite")
+    kept, at_end = KeptLog(projection), ClusterAtEnd(snapshot_every=3)
+    late = read[-1].event.model_copy(update={"occurred_at": read[len(read) // 2].event.occurred_at})
+    stages = [
+        [LoggedEvent(entry.event, 0, offset) for offset, entry in enumerate(read[:-1])],
+        [LoggedEvent(late, 1, 0)],
+    ]
+    for stage in stages:
+        projection.apply(stage)
+        located = kept.located()
+        events = [logged for _, logged in located]
+        times = sorted({logged.event.occurred_at for logged in events})
+        moments = [times[0] - timedelta(seconds=1), *times, times[-1] + timedelta(seconds=1)]
+        moments += [a + (b - a) / 2 for a, b in itertools.pairwise(times)]
+        for moment in moments:
+            assert cluster_at(events, moment, at_end.folded_at(located, moment)) == cluster_at(events, moment)
+        assert len(at_end._snapshots) <= kept_at_most

@@ -363,6 +363,13 @@ class Aggregates:
         book[identity] = after
         return Applied(kind, event, before, after)
 
+    def copy(self) -> Aggregates:
+        """Books of their own with the same aggregates, to fold on apart: an aggregate is an
+        immutable value (every step makes a new one), so the copies share them."""
+        copied = Aggregates(self.kinds)
+        copied._books = {name: dict(book) for name, book in self._books.items()}
+        return copied
+
     def forget(self, which: Iterable[tuple[str, str]]) -> Aggregates:
         """Drop the aggregates named (kind name, id); returns them, in a book of their own."""
         dropped = Aggregates(self.kinds)

@@ -49,14 +49,25 @@ def _queued_at(job: Job) -> str:
     return next((e.at.isoformat() for e in reversed(job.history) if str(e.state) == "QUEUED"), "")
 
 
+#: the most copies of the folded aggregates :class:`ClusterAtEnd` keeps along the log: a copy holds
+#: every aggregate of its moment, so their number is bounded, and their spacing doubles instead
+SNAPSHOTS_KEPT = 32
+
+
 class ClusterAtEnd:
     """The aggregates folded with every event of a kept log (:class:`KeptLog`), and the utilisation over the
     log's span, kept between reads of the cluster as it is now: the events the log adds after those
     folded are folded on, and only an event that sorts in among them (a partition behind the
     others) means folding them all again. The live cluster page reads the present after every
-    change; folding the whole log twice each time cost seconds on a long one."""
+    change; folding the whole log twice each time cost seconds on a long one.
 
-    def __init__(self) -> None:
+    Along the way it keeps copies of what it had folded, every ``snapshot_every`` events (at most
+    :data:`SNAPSHOTS_KEPT` of them, the spacing doubled when there would be more), so that a past
+    moment is folded on from the last copy before it (:meth:`folded_at`) instead of from the log's
+    start: every new moment a tenant asked for cost a fold of the whole log."""
+
+    def __init__(self, snapshot_every: int = 2_000) -> None:
+        self._first_spacing = snapshot_every
         self._start_over()
 
     def _start_over(self) -> None:
@@ -66,6 +77,8 @@ class ClusterAtEnd:
         self._held: dict[str, tuple[str, int]] = {}  # job -> (its tenant, the GPUs it holds)
         self._present: dict[str, int] = {}  # node -> its GPUs, while present
         self._points: list[JsonObject] = []
+        self._spacing = self._first_spacing
+        self._snapshots: list[tuple[int, Aggregates]] = []  # (events folded, a copy of what they made)
 
     def folded(self, located: Sequence[tuple[TimeOrder, LoggedEvent]]) -> tuple[Aggregates, int]:
         """The aggregates folded with every event of ``located`` (what :meth:`KeptLog.located`
@@ -73,11 +86,42 @@ class ClusterAtEnd:
         count = self._count
         if not (count <= len(located) and (count == 0 or located[count - 1][0] == self._last)):
             self._start_over()  # an event sorted in among those folded: fold them all again
-        for _, logged in located[self._count :]:
-            self._fold(logged)
+        for count in range(self._count + 1, len(located) + 1):
+            self._fold(located[count - 1][1])
+            if count % self._spacing == 0:
+                self._keep_snapshot(count)
         self._count = len(located)
         self._last = located[-1][0] if located else None
         return self._folded, self._count
+
+    def folded_at(
+        self, located: Sequence[tuple[TimeOrder, LoggedEvent]], at: datetime
+    ) -> tuple[Aggregates, int]:
+        """What :func:`fold_at` gives for ``at`` over the events of ``located``: the last copy kept
+        before the first event after ``at``, with the events from there on that occurred at or
+        before ``at`` folded on."""
+        self.folded(located)
+        first_after = next(
+            (index for index, (_, logged) in enumerate(located) if logged.event.occurred_at > at),
+            len(located),
+        )
+        start, kept = next(
+            ((count, kept) for count, kept in reversed(self._snapshots) if count <= first_after), (0, None)
+        )
+        folded = kept.copy() if kept is not None else Aggregates(KINDS)
+        count = start
+        for _, logged in located[start:]:
+            if logged.event.occurred_at > at:
+                continue  # as fold_at does: partitions interleave by time only roughly
+            folded.fold(logged.event)
+            count += 1
+        return folded, count
+
+    def _keep_snapshot(self, count: int) -> None:
+        self._snapshots.append((count, self._folded.copy()))
+        if len(self._snapshots) > SNAPSHOTS_KEPT:
+            self._snapshots = self._snapshots[1::2]  # those at every other spacing: twice as far apart
+            self._spacing *= 2
 
     def utilisation(self) -> list[JsonObject]:
         """The GPUs present and held per tenant after each event that changed either, in time

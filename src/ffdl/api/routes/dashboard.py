@@ -179,17 +179,20 @@ async def timemachine(
         # one whose request was cancelled meanwhile (the asyncio lock is then free, not the thread)
         with backend.fold_lock:
             located = backend.kept_log.located()  # read once: the picture and the present agree
-            at_end = backend.at_end.folded(located)  # the log's new events folded on
+            # the log's new events folded on; a past moment from the last copy kept before it
+            if moment is None:
+                folded = backend.at_end.folded(located)
+            else:
+                folded = backend.at_end.folded_at(located, moment)
             events = [logged for _, logged in located]
-            present = at_end if moment is None else None
-            return cluster_at(events, moment, present), backend.at_end.utilisation()
+            return cluster_at(events, moment, folded), backend.at_end.utilisation()
 
-    # A fold folds the whole log (seconds on a long one): callers take turns, so that any tenant
-    # asking again and again costs the API one fold's CPU at a time, not one per request, and the
-    # same moment of an unchanged log is folded once. A tenant has folds of at most a few moments
-    # waiting (another moment is refused with 429): one asking for a new moment each time, many
-    # at once, kept every other tenant's time machine waiting behind a queue of its folds. What is
-    # kept is the whole picture; each caller is shown its own view of it below.
+    # A fold of a past moment folds thousands of events (it once folded the whole log): callers take
+    # turns, so that any tenant asking again and again costs the API one fold's CPU at a time, not
+    # one per request, and the same moment of an unchanged log is folded once. A tenant has folds
+    # of at most a few moments waiting (another moment is refused with 429): one asking for a new
+    # moment each time, many at once, kept every other tenant's time machine waiting behind a queue
+    # of its folds. What is kept is the whole picture; each caller is shown its own view of it below.
     waiting = backend.folds_waiting.setdefault(caller.tenant, Counter())
     if moment not in waiting and len(waiting) >= FOLDS_WAITING_PER_TENANT:
         raise problem(
