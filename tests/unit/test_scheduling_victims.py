@@ -13,10 +13,12 @@ from hypothesis import strategies as st
 
 from ffdl.core.allocator import Node
 from ffdl.core.cluster import ClusterState, Demand, Gang, HeldJob
+from ffdl.core.job import WaitRecord
 from ffdl.core.preemption import Preemptor, VictimPool
-from ffdl.core.scheduling import SchedulerPolicy
+from ffdl.core.scheduling import Planner, SchedulerPolicy, WaitingJob
 from ffdl.core.simulation import simulate
-from ffdl.core.tenancy import TenancyPolicy, TenantLedger
+from ffdl.core.tenancy import TenancyPolicy, TenantLedger, TenantQuota
+from ffdl.events.model import WaitReason
 from ffdl.tools.traces import generate_trace
 
 NODES = [Node(f"n{index}", 8, cpus=16.0, memory_mb=65536) for index in range(4)]
@@ -87,7 +89,7 @@ def test_the_victims_below_a_class_counted_from_totals_are_those_listed_one_by_o
         job
         for running in state.running.values()
         for job in running.values()
-        if job.priority < priority and job.started_at + min_runtime_s <= 200.0
+        if job.priority < priority and job.started_at + min_runtime_s <= 200.0 and job.started_at < 200.0
     ]
     # lowest class first, the youngest first within it
     assert listed == sorted(past_minimum, key=lambda job: (job.priority, -job.started_at, job.job_id))
@@ -130,3 +132,69 @@ def test_what_the_planner_gives_for_the_nodes_a_preemptor_keeps_off_stands_for_t
     assert result.preemptions > 0
     assert repeated > 0  # keys were given again, so the check above was reached
     assert any(nodes for nodes in seen.values())  # and some stood for reserved nodes
+
+
+def test_a_job_placed_in_a_step_is_never_its_victim_even_with_no_minimum_runtime() -> None:
+    """With ``min_runtime_s`` 0 a job placed earlier in the step counted as past its minimum
+    runtime: a later job reclaiming its tenant's guarantee halted it in the same plan that placed
+    it (found by a reviewer's fuzz; the simulator then failed on the doubled job)."""
+    state = ClusterState([Node("n0", 2), Node("n1", 1)])
+    state.hold(HeldJob("running", "c", Demand(1, 2), 1, Gang((("n0", (0, 1)),)), 0.0))
+    policy = SchedulerPolicy(TenancyPolicy({"a": TenantQuota(guaranteed_gpus=1)}), min_runtime_s=0.0)
+    waiting = [
+        WaitingJob("outranks", "c", Demand(1, 2), 3, (1.0, "outranks")),  # preempts: the pool is made
+        WaitingJob("placed", "b", Demand(1, 1), 1, (2.0, "placed")),  # given n1 in this step
+        WaitingJob("reclaims", "a", Demand(1, 1), 0, (3.0, "reclaims")),  # a's guarantee: borrowers' jobs
+    ]
+    decided = Planner(state, waiting, 1000.0, policy).run()
+    assert [allocation.job_id for allocation in decided.allocations] == ["placed"]
+    assert [(eviction.job_id, eviction.preempted_by) for eviction in decided.evictions] == [
+        ("running", "outranks")
+    ]
+
+
+def test_a_job_a_drains_preemption_halted_is_not_halted_again_in_the_same_step() -> None:
+    """A head's drain preemption stopped jobs without the victim search knowing: a later search of
+    the step, its list made earlier, chose one of them again (found by a reviewer's fuzz)."""
+    state = ClusterState(
+        [
+            Node("n0", 4, cpus=8.0),
+            Node("n1", 8, cpus=8.0),
+            Node("n2", 4),
+            Node("n3", 4),
+            Node("n4", 2, cpus=8.0),
+            Node("n5", 4, cpus=8.0),
+        ]
+    )
+    for job_id, tenant, demand, priority, gang, started_at in [
+        ("h00", "b", Demand(1, 1, None, 4000), 1, (("n1", (0,)),), 1000.0),
+        ("h01", "b", Demand(2, 1, None, 8000), 1, (("n2", (0,)), ("n2", (1,))), 500.0),
+        ("h02", "b", Demand(1, 1, None, 4000), 0, (("n2", (2,)),), 1000.0),
+        ("h03", "a", Demand(2, 1), 2, (("n1", (1,)), ("n1", (2,))), 999.5),
+        ("h04", "a", Demand(1, 1), 1, (("n1", (3,)),), 500.0),
+        ("h05", "b", Demand(1, 1), 2, (("n0", (0,)),), 900.0),
+        ("h06", "a", Demand(2, 1), 1, (("n1", (4,)), ("n3", (0,))), 900.0),
+        ("h07", "a", Demand(1, 0, None, 4000), 2, (("n5", ()),), 999.5),
+    ]:
+        state.hold(HeldJob(job_id, tenant, demand, priority, Gang(gang), started_at))
+    waited = WaitRecord(WaitReason.CAPACITY, "waited")
+    waiting = [
+        WaitingJob("w02", "a", Demand(1, 2), 3, (2.0, "w02"), waited),
+        WaitingJob("w01", "a", Demand(3, 4, None, 4000, policy="spread"), 2, (1.0, "w01"), waited),
+        WaitingJob("w03", "a", Demand(1, 4, None, 4000), 2, (3.0, "w03")),
+        WaitingJob("w00", "b", Demand(2, 4, policy="spread"), 1, (0.0, "w00"), waited),
+    ]
+    policy = SchedulerPolicy(
+        min_runtime_s=10.0, max_reservations=3, preempt_drains=True, checkpoint_cost_s=0.0
+    )
+    decided = Planner(state, waiting, 1000.0, policy).run()
+    halted = [eviction.job_id for eviction in decided.evictions]
+    assert halted and len(halted) == len(set(halted)), halted
+
+
+def test_a_holding_that_is_not_a_time_is_refused() -> None:
+    """A start that is not a number would not sort among its class's running jobs."""
+    state = ClusterState(NODES)
+    with pytest.raises(ValueError, match="not a time"):
+        state.hold(HeldJob("j", "t", Demand(1, 1), 0, Gang((("n0", (0,)),)), float("nan")))
+    assert not state.held and not state.by_start

@@ -257,3 +257,14 @@ def test_a_past_moment_folded_on_from_a_kept_copy_is_the_fold_from_the_start(
         for moment in moments:
             assert cluster_at(events, moment, at_end.folded_at(located, moment)) == cluster_at(events, moment)
         assert len(at_end._snapshots) <= kept_at_most
+
+
+def test_a_stored_document_is_counted_without_being_validated_again() -> None:
+    """A spec stored under looser rules (a name today's rules refuse), or before a field existed,
+    must not fail every read of its tenant's holdings; a node status no release knows is no
+    present node."""
+    charges = charges_on([node_doc("n0"), node_doc("n1"), node_doc("odd", status="SOMETHING-NEW")])
+    older = job_doc("older", "a", 1, 32.0, "n0")
+    older["spec"]["name"] = "Not A Valid Name Today!"
+    del older["spec"]["placement"], older["spec"]["memory_mb"]
+    assert counts_as_gpus(older, charges) == 4.0

@@ -25,6 +25,7 @@ operations applied to it since, so the same inputs always give the same placemen
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left, insort
 from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
@@ -567,6 +568,8 @@ class ClusterState:
         self.running_changes = 0
 
     def hold(self, job: HeldJob) -> None:
+        if not math.isfinite(job.started_at):  # it would not sort among the class's running jobs
+            raise ValueError(f"job {job.job_id} started at {job.started_at}: not a time")
         if job.job_id in self.held:
             self.release(job.job_id)
         self.held[job.job_id] = job

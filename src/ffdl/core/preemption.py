@@ -81,12 +81,17 @@ class VictimPool:
         return cls(state, ledger, now, min_runtime_s, sorted(p for p, jobs in state.running.items() if jobs))
 
     def _young(self, priority: int) -> int:
-        """How many of the class's running jobs are still inside their minimum runtime: a prefix
-        of ``ClusterState.by_start``, the youngest first."""
+        """How many of the class's running jobs may not be victims yet: those still inside their
+        minimum runtime, and those given their GPUs at this very moment (a job placed in this step
+        is never its victim, even with no minimum runtime). A prefix of ``ClusterState.by_start``,
+        the youngest first."""
         now, min_runtime_s = self.now, self.min_runtime_s
-        return bisect_left(
-            self.state.by_start.get(priority, ()), True, key=lambda entry: -entry[0] + min_runtime_s <= now
-        )
+
+        def victim(entry: tuple[float, str, HeldJob]) -> bool:
+            started_at = -entry[0]
+            return started_at + min_runtime_s <= now and started_at < now
+
+        return bisect_left(self.state.by_start.get(priority, ()), True, key=victim)
 
     def candidates(self, priority: int) -> list[HeldJob]:
         """The class's jobs that may be victims (past their minimum runtime), youngest first: those
@@ -224,9 +229,10 @@ class VictimPool:
         gpu_type = demand.gpu_type if demand.gpus else None
         key = (preemptor.priority, gpu_type, tenant)
         known = None if preemptor.reclaims else self.eligible.get(key)
-        # what they rest on: the victims chosen so far, and where a guarantee protects jobs, what
-        # each tenant holds (every hold, stop or release of a running job moves running_changes); a
-        # job placed in this step is inside its minimum runtime, so it is no victim yet
+        # what they rest on: the victims chosen so far (and the jobs a drain's preemption halted,
+        # which count as chosen), and where a guarantee protects jobs, what each tenant holds (every
+        # hold, stop or release of a running job moves running_changes); a job placed in this step
+        # is no victim yet (:meth:`_young`), so placements change none of them
         stamp = (len(self.chosen), self.state.running_changes if tenant is not None else 0)
         if known is not None and known[0] == stamp:
             return known[1]

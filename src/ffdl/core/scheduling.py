@@ -836,6 +836,8 @@ class Planner:
         )
         for victim in chosen:
             self._state.stop(victim.job_id)
+        if self._pool is not None:  # no later search may halt them again (nor count them)
+            self._pool.chosen.update(victim.job_id for victim in chosen)
         self._claim_for(job, nodes)
         named = tuple(victim.job_id for victim in chosen)
         detail = (

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ffdl.core.allocator import Node
-from ffdl.core.cluster import MILLI_GPUS, Charges, Demand, Gang, HeldJob
+from ffdl.core.cluster import MILLI_GPUS, Charges, Demand, Gang, HeldJob, milli_cpus
 from ffdl.core.job import Job
 from ffdl.core.nodes import NodeRecord, NodeStatus
 from ffdl.events.model import JobSpec
@@ -96,25 +96,39 @@ def node_document(node: NodeRecord) -> JsonObject:
 def charges_on(nodes: Iterable[JsonObject]) -> Charges:
     """What jobs count against their tenants on the present nodes among ``nodes`` (node documents),
     as the scheduler counts it (:class:`~ffdl.core.cluster.Charges`)."""
+    present = {str(status) for status in NodeStatus if status.present}
     return Charges(
         Node(node["name"], node["gpus"], node["gpu_type"], node["cpus"], node["memory_mb"])
         for node in nodes
-        if NodeStatus(node["status"]).present
+        if node["status"] in present
     )
 
 
 def counts_as_gpus(job: JsonObject, charges: Charges) -> float:
     """What a job document's placement counts against its tenant, in GPU-equivalents, as the
     scheduler counts it (every job with a placement holds it): a job asking much CPU or memory per
-    GPU counts more than its GPUs, one without GPUs what it takes from gangs; 0 if it holds nothing."""
+    GPU counts more than its GPUs, one without GPUs what it takes from gangs; 0 if it holds nothing.
+    The demand is read from the stored spec's fields, not validated again: a document stored under
+    looser rules than today's must not fail every read of its tenant."""
     placement = job["placement"]
     if placement is None:
         return 0.0
-    gang = Gang(tuple((learner["node"], tuple(learner["gpus"])) for learner in placement))
-    holding = HeldJob(
-        job["job_id"], job["tenant"], Demand.of(JobSpec.model_validate(job["spec"])), 0, gang, 0.0
+    spec = job["spec"]
+
+    def field(name: str) -> Any:
+        """The spec's value, or what a spec without the field means (one stored before it was)."""
+        return spec.get(name, JobSpec.model_fields[name].default)
+
+    demand = Demand(
+        field("learners"),
+        field("gpus"),
+        field("gpu_type"),
+        milli_cpus(field("cpus")),
+        field("memory_mb"),
+        field("placement"),
     )
-    return charges.held_charge(holding) / MILLI_GPUS
+    gang = Gang(tuple((learner["node"], tuple(learner["gpus"])) for learner in placement))
+    return charges.held_charge(HeldJob(job["job_id"], job["tenant"], demand, 0, gang, 0.0)) / MILLI_GPUS
 
 
 def why_summary(answer: JsonObject) -> str:

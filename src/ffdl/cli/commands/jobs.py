@@ -299,8 +299,8 @@ def why(job_id: str, json_output: JsonFlag = False) -> None:
         console.print(f"nodes kept free for it: {shown(', '.join(waiting['reserved_nodes']))}")
     if answer["state"] == "QUEUED":
         held = f"{answer['tenant_gpus_held']} GPU(s) held now"
-        if answer["tenant_counts_as_gpus"] != answer["tenant_gpus_held"]:
-            counted = answer["tenant_counts_as_gpus"]
+        counted = answer.get("tenant_counts_as_gpus", answer["tenant_gpus_held"])  # an older API has none
+        if counted != answer["tenant_gpus_held"]:
             held += f", which count as {counted:g} against its quota (CPUs and memory too)"
         console.print(
             shown(f"tenant {answer['tenant']}: position {answer['tenant_position']} among its jobs, {held}")

@@ -164,7 +164,7 @@ export async function jobPage(jobId, { main, signal }) {
       why.replaceChildren(h("p", { id: "why" }, answer.summary),
         answer.position ? h("p", { class: "muted" }, `Position ${answer.position} of ${answer.queue_length}; ` +
           `${answer.tenant_position} within ${answer.tenant}, which holds ${answer.tenant_gpus_held} GPU(s)` +
-          (answer.tenant_counts_as_gpus !== answer.tenant_gpus_held ?
+          ((answer.tenant_counts_as_gpus ?? answer.tenant_gpus_held) !== answer.tenant_gpus_held ?
             `, counted as ${answer.tenant_counts_as_gpus} against its quota (CPUs and memory too).` : ".")) : null);
     }
     const ranks = job.learners.map((l) => String(l.rank));
