@@ -268,3 +268,8 @@ def test_a_stored_document_is_counted_without_being_validated_again() -> None:
     older["spec"]["name"] = "Not A Valid Name Today!"
     del older["spec"]["placement"], older["spec"]["memory_mb"]
     assert counts_as_gpus(older, charges) == 4.0
+
+
+def test_copies_are_kept_at_least_one_event_apart() -> None:
+    with pytest.raises(ValueError, match="at least one"):
+        ClusterAtEnd(snapshot_every=0)

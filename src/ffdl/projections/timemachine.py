@@ -50,7 +50,8 @@ def _queued_at(job: Job) -> str:
 
 
 #: the most copies of the folded aggregates :class:`ClusterAtEnd` keeps along the log: a copy holds
-#: every aggregate of its moment, so their number is bounded, and their spacing doubles instead
+#: a reference to every aggregate of its moment (about 35 bytes each, against the 2.9 KB of every
+#: event the kept log holds), so their number is bounded, and their spacing doubles instead
 SNAPSHOTS_KEPT = 32
 
 
@@ -67,6 +68,8 @@ class ClusterAtEnd:
     start: every new moment a tenant asked for cost a fold of the whole log."""
 
     def __init__(self, snapshot_every: int = 2_000) -> None:
+        if snapshot_every < 1:
+            raise ValueError(f"a copy every {snapshot_every} events: it takes at least one")
         self._first_spacing = snapshot_every
         self._start_over()
 
