@@ -204,14 +204,16 @@ def test_a_tenants_row_says_what_its_jobs_count_as_and_borrows_in_those_terms() 
     picture = {
         "nodes": [{**node_doc("n0"), "present": True}, {**node_doc("n1"), "present": True}],
         "jobs": [
-            {"tenant": "cpu", "state": "RUNNING", "gpus_held": 0, "counts_as_gpus": 6.0},
-            {"tenant": "cpu", "state": "QUEUED", "gpus_held": 0, "counts_as_gpus": 0.0},
-            {"tenant": "gpu", "state": "RUNNING", "gpus_held": 2, "counts_as_gpus": 2.0},
+            {"tenant": "cpu", "state": "RUNNING", "gpus_held": 0, "counts_as_gpus": 6.0, "releasing": False},
+            {"tenant": "cpu", "state": "HALTING", "gpus_held": 0, "counts_as_gpus": 3.0, "releasing": True},
+            {"tenant": "cpu", "state": "QUEUED", "gpus_held": 0, "counts_as_gpus": 0.0, "releasing": False},
+            {"tenant": "gpu", "state": "RUNNING", "gpus_held": 2, "counts_as_gpus": 2.0, "releasing": False},
         ],
     }
     policy = TenancyPolicy({"cpu": TenantQuota(guaranteed_gpus=2), "gpu": TenantQuota(guaranteed_gpus=4)})
     rows = {row["tenant"]: row for row in tenant_rows(picture, policy)}
-    assert (rows["cpu"]["gpus_held"], rows["cpu"]["counts_as_gpus"], rows["cpu"]["borrowed"]) == (0, 6.0, 4.0)
+    # it holds the worth of 9 GPUs, 3 of them on their way out: it borrows 6 - 2 as the scheduler counts
+    assert (rows["cpu"]["gpus_held"], rows["cpu"]["counts_as_gpus"], rows["cpu"]["borrowed"]) == (0, 9.0, 4.0)
     assert (rows["gpu"]["gpus_held"], rows["gpu"]["counts_as_gpus"], rows["gpu"]["borrowed"]) == (2, 2.0, 0.0)
     assert rows["cpu"]["fair_share_gpus"] == rows["gpu"]["fair_share_gpus"] == 8.0  # both hold: an even split
 
@@ -223,8 +225,9 @@ def test_the_picture_counts_each_job_holding_a_placement_as_the_scheduler_does()
     )
     [job] = cluster_at(events, running)["jobs"]
     assert job["gpus_held"] > 0 and job["counts_as_gpus"] == job["gpus_held"]
+    assert job["releasing"] is False
     [done] = cluster_at(events, None)["jobs"]
-    assert done["gpus_held"] == done["counts_as_gpus"] == 0
+    assert done["gpus_held"] == done["counts_as_gpus"] == 0 and done["releasing"] is False
 
 
 @pytest.mark.parametrize("kept_at_most", [timemachine.SNAPSHOTS_KEPT, 2])

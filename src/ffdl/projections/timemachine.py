@@ -215,16 +215,19 @@ def tenant_rows(picture: JsonObject, policy: TenancyPolicy) -> list[JsonObject]:
     """Per tenant with jobs in the picture: GPUs held, and what they count as (GPU-equivalents, as the
     scheduler counts quotas, fair share and reclaiming: a job asking much CPU or memory per GPU
     counts more than its GPUs, a job without GPUs counts what it takes from gangs that need them),
-    jobs queued, its quota, what it borrows beyond its guarantee (in GPU-equivalents too: a tenant
-    shown borrowing nothing while the scheduler reclaimed from it once made the reason look false),
+    jobs queued, its quota, what it borrows beyond its guarantee (in GPU-equivalents too, and of
+    the jobs not on their way out, as the scheduler counts it: a tenant shown borrowing nothing
+    while the scheduler reclaimed from it once made the reason look false),
     and its fair share (the present GPUs split by weight among the tenants that hold or want GPUs)."""
     held: dict[str, int] = {}
     counted: dict[str, float] = {}
+    kept: dict[str, float] = {}  # of what it holds, what it keeps (as the scheduler: not releasing)
     queued: dict[str, int] = {}
     for job in picture["jobs"]:
         tenant = job["tenant"]
         held[tenant] = held.get(tenant, 0) + job["gpus_held"]
         counted[tenant] = counted.get(tenant, 0.0) + job["counts_as_gpus"]
+        kept[tenant] = kept.get(tenant, 0.0) + (0.0 if job["releasing"] else job["counts_as_gpus"])
         if job["state"] == "QUEUED":
             queued[tenant] = queued.get(tenant, 0) + 1
     active = sorted(t for t in held if held[t] or counted[t] or queued.get(t))
@@ -242,7 +245,7 @@ def tenant_rows(picture: JsonObject, policy: TenancyPolicy) -> list[JsonObject]:
                 "guaranteed_gpus": quota.guaranteed_gpus,
                 "borrowing_limit_gpus": quota.borrowing_limit_gpus,
                 "weight": quota.weight,
-                "borrowed": round(max(0.0, counted[tenant] - quota.guaranteed_gpus), 3),
+                "borrowed": round(max(0.0, kept[tenant] - quota.guaranteed_gpus), 3),
                 "fair_share_gpus": round(total * quota.weight / weights, 2) if tenant in active else 0.0,
             }
         )
@@ -279,6 +282,8 @@ def _job_row(job: Job, charges: Charges) -> JsonObject:
         "reason": job.history[-1].reason if job.history else document["reason"],
         "gpus_held": held,
         "counts_as_gpus": counts_as_gpus(document, charges),
+        # what it holds is on its way out (halting, storing its results): not borrowed any more
+        "releasing": job.placement is not None and not job.state.preemptible,
         "learners": document["spec"]["learners"],
         "gpus": document["spec"]["gpus"],
     }
