@@ -38,6 +38,7 @@ async def test_a_preempted_tenant_is_not_told_which_job_preempted_it(api: Api, s
         await admin.wait(victim, "RUNNING")
         urgent = await submit_whole_node(api, globex, "urgent", 10, LONG)
         await admin.wait(urgent, "RUNNING")
+        await admin.wait(victim, "QUEUED")  # requeued, holding nothing
         truth = await admin.http.get(f"/v1/jobs/{victim}/events")
     reasons = [event["data"].get("reason") for event in truth.json()["events"]]
     assert f"preempted by job {urgent} (priority 10 over 0)" in reasons, reasons  # the log and an admin
@@ -50,6 +51,11 @@ async def test_a_preempted_tenant_is_not_told_which_job_preempted_it(api: Api, s
         "/v1/timemachine",
     ]
     shown = await read_without(api, acme, paths, urgent, "globex")
+    # the tenants' table of the time machine, with what each holds and counts as, is acme's alone
+    tenants = json.loads(shown["/v1/timemachine"])["tenants"]
+    assert [row["tenant"] for row in tenants] == ["acme"], tenants
+    why = json.loads(shown[f"/v1/jobs/{victim}/why"])  # requeued: acme holds nothing, globex the node
+    assert (why["state"], why["tenant_gpus_held"], why["tenant_counts_as_gpus"]) == ("QUEUED", 0, 0), why
     history = json.loads(shown[f"/v1/jobs/{victim}"])["history"]
     assert f"preempted by {ANOTHER_JOB} (priority 10 over 0)" in [entry["reason"] for entry in history]
     async with api.http.stream(

@@ -123,6 +123,12 @@ class Job:
         return max(self.checkpoints, key=lambda c: (c.step, c.attempt), default=None)
 
     @property
+    def releasing(self) -> bool:
+        """It holds GPUs on their way out (halting, storing its results): they count for its
+        tenant until freed, but not as what it borrows, and it is no victim."""
+        return self.placement is not None and not self.state.preemptible
+
+    @property
     def allocated_at(self) -> datetime | None:
         """When the job last got its GPUs (entered SCHEDULED): how long its current run has lasted."""
         return next((entry.at for entry in reversed(self.history) if entry.state is JobState.SCHEDULED), None)

@@ -238,7 +238,8 @@ class VictimPool:
             return known[1]
         if preemptor.reclaims or tenant is not None or gpu_type is not None:
             eligible = self._eligible(preemptor)
-            found = Eligible(sum(victim.gang.gpus for victim in eligible), _gpus_per_node(eligible), eligible)
+            gpus = sum(victim.gang.gpus for victim in eligible)
+            found = Eligible(gpus, _gpus_per_node(eligible), lambda: eligible, eligible)
         else:
             found = self._below(preemptor.priority)
         if not preemptor.reclaims:
@@ -261,7 +262,7 @@ class VictimPool:
                 for node, held in job.gang.learners:
                     if held:  # a job without GPUs is not counted on its nodes
                         per_node[node] -= len(held)
-        return Eligible(gpus, per_node, None, lambda: [job for p in classes for job in self.candidates(p)])
+        return Eligible(gpus, per_node, lambda: [job for p in classes for job in self.candidates(p)])
 
     def _eligible(self, preemptor: Preemptor) -> list[HeldJob]:
         """The candidates that may be halted for ``preemptor`` and hold GPUs of a type it can use,
@@ -289,17 +290,16 @@ class VictimPool:
 @dataclass(slots=True)
 class Eligible:
     """The victims a search may take: the GPUs they hold in all and on each node (what its bounds
-    read) and, listed only when a search gets past those, the jobs themselves in the order it takes
-    them."""
+    read) and the jobs themselves in the order it takes them, listed only when a search gets past
+    those bounds (:meth:`jobs`)."""
 
     gpus: int
     per_node: Mapping[str, int]
-    listed: list[HeldJob] | None
-    listing: Callable[[], list[HeldJob]] | None = None
+    listing: Callable[[], list[HeldJob]]
+    listed: list[HeldJob] | None = None
 
     def jobs(self) -> list[HeldJob]:
         if self.listed is None:
-            assert self.listing is not None
             self.listed = self.listing()
         return self.listed
 

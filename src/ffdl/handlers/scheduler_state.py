@@ -240,7 +240,7 @@ class SchedulerState:
         allocated_at = job.allocated_at if job.placement is not None else None
         if allocated_at is None:
             self._dated_now.add(job_id)
-        stopping = (job.placement is not None and not job.state.preemptible) or job_id in self._halts
+        stopping = job.releasing or job_id in self._halts
         return HeldJob(
             job_id=job_id,
             tenant=job.tenant,

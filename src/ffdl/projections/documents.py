@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ffdl.core.allocator import Node
-from ffdl.core.cluster import MILLI_GPUS, Charges, Demand, Gang, HeldJob, milli_cpus
+from ffdl.core.cluster import MILLI_GPUS, Charges, Demand, Gang, HeldJob
 from ffdl.core.job import Job
 from ffdl.core.nodes import NodeRecord, NodeStatus
 from ffdl.events.model import JobSpec
@@ -113,20 +113,7 @@ def counts_as_gpus(job: JsonObject, charges: Charges) -> float:
     placement = job["placement"]
     if placement is None:
         return 0.0
-    spec = job["spec"]
-
-    def field(name: str) -> Any:
-        """The spec's value, or what a spec without the field means (one stored before it was)."""
-        return spec.get(name, JobSpec.model_fields[name].default)
-
-    demand = Demand(
-        field("learners"),
-        field("gpus"),
-        field("gpu_type"),
-        milli_cpus(field("cpus")),
-        field("memory_mb"),
-        field("placement"),
-    )
+    demand = Demand.of(JobSpec.model_construct(**job["spec"]))  # the defaults for fields it lacks
     gang = Gang(tuple((learner["node"], tuple(learner["gpus"])) for learner in placement))
     return charges.held_charge(HeldJob(job["job_id"], job["tenant"], demand, 0, gang, 0.0)) / MILLI_GPUS
 

@@ -32,11 +32,13 @@ def span(events: Sequence[LoggedEvent]) -> JsonObject:
     return {"start": min(times).isoformat(), "end": max(times).isoformat(), "events": len(events)}
 
 
-def fold_at(events: Iterable[LoggedEvent], at: datetime | None) -> tuple[Aggregates, int]:
+def fold_at(
+    events: Iterable[LoggedEvent], at: datetime | None, on: tuple[Aggregates, int] | None = None
+) -> tuple[Aggregates, int]:
     """Every aggregate folded with the events that occurred at or before ``at`` (None: all), and how
-    many events that was."""
-    folded = Aggregates(KINDS)
-    count = 0
+    many events that was; ``on``: aggregates folded already (changed in place), with their count,
+    to fold the events on from."""
+    folded, count = on or (Aggregates(KINDS), 0)
     for logged in events:
         if at is not None and logged.event.occurred_at > at:
             continue  # partitions interleave by time only roughly: keep reading, skip later ones
@@ -111,14 +113,8 @@ class ClusterAtEnd:
         start, kept = next(
             ((count, kept) for count, kept in reversed(self._snapshots) if count <= first_after), (0, None)
         )
-        folded = kept.copy() if kept is not None else Aggregates(KINDS)
-        count = start
-        for _, logged in located[start:]:
-            if logged.event.occurred_at > at:
-                continue  # as fold_at does: partitions interleave by time only roughly
-            folded.fold(logged.event)
-            count += 1
-        return folded, count
+        on = (kept.copy(), start) if kept is not None else None
+        return fold_at((logged for _, logged in located[start:]), at, on)
 
     def _keep_snapshot(self, count: int) -> None:
         self._snapshots.append((count, self._folded.copy()))
@@ -282,8 +278,7 @@ def _job_row(job: Job, charges: Charges) -> JsonObject:
         "reason": job.history[-1].reason if job.history else document["reason"],
         "gpus_held": held,
         "counts_as_gpus": counts_as_gpus(document, charges),
-        # what it holds is on its way out (halting, storing its results): not borrowed any more
-        "releasing": job.placement is not None and not job.state.preemptible,
+        "releasing": job.releasing,
         "learners": document["spec"]["learners"],
         "gpus": document["spec"]["gpus"],
     }
