@@ -19,23 +19,29 @@ Then past moments (``PAST``, as fractions of the log), each new: ``past_from_sta
 of a past moment did before (fold every event up to it), against ``past_from_copy``, the kept
 reader's (:meth:`ClusterAtEnd.folded_at`: fold on from the last copy kept before it). Both the
 picture and everything else :func:`cluster_at` does are in the times; the pictures are checked
-equal.
+equal. The kept reader decodes only the events it folds: ``past_from_copy`` includes reading them
+back from the projection file.
+
+Last, ``kept_bytes_per_event``: what a kept log holds per event once it has read the whole file
+(``tracemalloc``; it keeps where each event is, not the event).
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import json
 import tempfile
 import time
+import tracemalloc
 import uuid
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from ffdl.projections.store import KeptLog, LoggedEvent, Projection
-from ffdl.projections.timemachine import ClusterAtEnd, cluster_at
+from ffdl.projections.timemachine import ClusterAtEnd, cluster_at, kept_picture
 from ffdl.tools.log_files import read_log
 from tests.golden.record import GOLDEN_DIR
 
@@ -44,7 +50,7 @@ def long_log(jobs: int, progress: int) -> list[LoggedEvent]:
     """``jobs`` copies of the happy path's job, each with ``progress`` more progress events."""
     base = [json.loads(line) for line in (GOLDEN_DIR / "happy_path.events.jsonl").read_text().splitlines()]
     at = next(index for index, line in enumerate(base) if line["type"] == "LearnerProgressed")
-    lines = []
+    lines: list[dict[str, Any]] = []
     for job in range(jobs):
         extra = []
         for step in range(progress):
@@ -76,10 +82,20 @@ PAST = (0.1, 0.35, 0.5, 0.8, 0.97)
 
 def read_now(log: KeptLog, at_end: ClusterAtEnd) -> tuple[dict[str, Any], list[dict[str, Any]], float]:
     started = time.perf_counter()
-    located = log.located()
-    folded = at_end.folded(located)
-    picture = cluster_at([logged for _, logged in located], None, folded)
-    return picture, at_end.utilisation(), time.perf_counter() - started
+    picture, series = kept_picture(log, at_end, None)
+    return picture, series, time.perf_counter() - started
+
+
+def kept_bytes(projection: Projection) -> float:
+    """What a kept log holds per event once it has read the whole file (``tracemalloc``)."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        entries = KeptLog(projection).located()
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return held / len(entries)
 
 
 def main() -> None:
@@ -116,17 +132,18 @@ def main() -> None:
         fresh_picture, fresh_series, afresh_s = read_now(KeptLog(projection), ClusterAtEnd())
         assert (picture, series) == (fresh_picture, fresh_series), "the kept read differs from a fold afresh"
         past_from_start, past_kept = [], []
-        located = kept.located()
-        logged = [entry for _, entry in located]
+        logged = list(kept.events(kept.located()))
         for fraction in PAST:  # moments a tenant steps through: each a new one
             moment = logged[int(len(logged) * fraction)].event.occurred_at
             started = time.perf_counter()
             from_start = cluster_at(logged, moment)
             past_from_start.append(time.perf_counter() - started)
             started = time.perf_counter()
-            from_copy = cluster_at(logged, moment, at_end.folded_at(located, moment))
+            from_copy, _ = kept_picture(kept, at_end, moment)
             past_kept.append(time.perf_counter() - started)
             assert from_copy == from_start, "a past moment folded on from a copy differs from a fold afresh"
+        del logged
+        per_event = kept_bytes(projection)
         projection.close()
     figures = {
         "events": len(events) + args.new,
@@ -138,6 +155,7 @@ def main() -> None:
         "past_from_start_s": round(sum(past_from_start) / len(PAST), 3),
         "past_from_copy_s": round(sum(past_kept) / len(PAST), 3),
         "past_from_start_over_copy": round(sum(past_from_start) / sum(past_kept), 1),
+        "kept_bytes_per_event": round(per_event),
     }
     if args.json:
         print(json.dumps(figures))

@@ -21,6 +21,7 @@ from ffdl.adapters.tenants import TenantRegistry
 from ffdl.api.dependencies import MAX_OFFSET
 from ffdl.api.routes import dashboard
 from ffdl.api.routes import jobs as job_routes
+from ffdl.projections.store import KeptLogChanged
 from ffdl.wiring.config import SchedulerConfig, Settings
 from tests.harness import Api, fast_settings, manifest
 
@@ -286,19 +287,19 @@ async def test_the_time_machine_folds_one_moment_at_a_time_and_the_same_moment_o
     job_id = await api.submit(manifest("folded", learners=1, args=QUICK))
     await api.wait(job_id, "COMPLETED", released=True)
     folding = {"now": 0, "most": 0, "folds": 0}
-    real = dashboard.cluster_at
+    real = dashboard.kept_picture
 
-    def counted(events: Any, moment: Any, folded: Any = None) -> Any:
+    def counted(kept: Any, at_end: Any, moment: Any) -> Any:
         folding["folds"] += 1
         folding["now"] += 1
         folding["most"] = max(folding["most"], folding["now"])
         try:
             time.sleep(0.05)  # long enough for the other requests to arrive meanwhile
-            return real(events, moment, folded)
+            return real(kept, at_end, moment)
         finally:
             folding["now"] -= 1
 
-    monkeypatch.setattr(dashboard, "cluster_at", counted)
+    monkeypatch.setattr(dashboard, "kept_picture", counted)
     at = {"at": "2999-01-01T00:00:00+00:00"}
     responses = await asyncio.gather(*(api.http.get("/v1/timemachine", params=at) for _ in range(6)))
 
@@ -316,13 +317,13 @@ async def test_a_tenant_asking_the_time_machine_for_many_moments_at_once_is_refu
     """Each new moment is a fold of the whole log, and folds take turns: a tenant asking for a new
     microsecond each time, many at once, queued folds that kept every other tenant waiting."""
     release = threading.Event()
-    real = dashboard.cluster_at
+    real = dashboard.kept_picture
 
-    def held(events: Any, moment: Any, folded: Any = None) -> Any:
+    def held(kept: Any, at_end: Any, moment: Any) -> Any:
         release.wait(30)
-        return real(events, moment, folded)
+        return real(kept, at_end, moment)
 
-    monkeypatch.setattr(dashboard, "cluster_at", held)
+    monkeypatch.setattr(dashboard, "kept_picture", held)
     moments = [f"2999-01-0{day}T00:00:00+00:00" for day in range(1, dashboard.FOLDS_WAITING_PER_TENANT + 2)]
     asked = [asyncio.create_task(api.http.get("/v1/timemachine", params={"at": at})) for at in moments]
     try:
@@ -333,6 +334,23 @@ async def test_a_tenant_asking_the_time_machine_for_many_moments_at_once_is_refu
     assert [task.result().status_code for task in done] == [429]
     assert done.pop().result().headers["retry-after"] == "1"
     assert [response.status_code for response in answered] == [200] * dashboard.FOLDS_WAITING_PER_TENANT
+
+
+async def test_a_projection_rebuilt_while_the_time_machine_reads_it_is_a_503_to_ask_again(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The time machine checks each row it decodes is the event it read, and reads a replaced file
+    afresh; one replaced again meanwhile answers 503 with Retry-After, never a picture of rows
+    taken for other events."""
+
+    def rebuilt(kept: Any, at_end: Any, moment: Any) -> Any:
+        raise KeptLogChanged("row 7 of the projection's history is not the event read at 0:6")
+
+    monkeypatch.setattr(dashboard, "kept_picture", rebuilt)
+    response = await api.http.get("/v1/timemachine")
+    assert response.status_code == 503
+    assert response.headers["retry-after"] == "1"
+    assert "ask again" in response.text and "row 7" not in response.text
 
 
 async def test_pages_end_at_their_bytes_and_events_and_odd_filters_are_4xx(

@@ -10,8 +10,9 @@ the earlier one, and the answer names the events either side so a reader can ste
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime
+from operator import attrgetter
 
 from ffdl.core.aggregate import Aggregates, Skipped
 from ffdl.core.cluster import Charges
@@ -21,7 +22,10 @@ from ffdl.core.nodes import NodePresence, NodeRecord, NodeStatus
 from ffdl.core.tenancy import TenancyPolicy
 from ffdl.events.envelope import NODE_KEY_PREFIX
 from ffdl.projections.documents import JsonObject, charges_on, counts_as_gpus, job_document, node_document
-from ffdl.projections.store import LoggedEvent, TimeOrder
+from ffdl.projections.store import KeptEntry, KeptLog, KeptLogChanged, LoggedEvent, instant_of
+
+#: a kept log's decoder (:meth:`KeptLog.events`)
+Decode = Callable[[Iterable[KeptEntry]], Iterator[LoggedEvent]]
 
 
 def span(events: Sequence[LoggedEvent]) -> JsonObject:
@@ -52,8 +56,8 @@ def _queued_at(job: Job) -> str:
 
 
 #: the most copies of the folded aggregates :class:`ClusterAtEnd` keeps along the log: a copy holds
-#: a reference to every aggregate of its moment (about 35 bytes each, against the 2.9 KB of every
-#: event the kept log holds), so their number is bounded, and their spacing doubles instead
+#: a reference to every aggregate of its moment (about 35 bytes each), so their number is bounded,
+#: and their spacing doubles instead
 SNAPSHOTS_KEPT = 32
 
 
@@ -78,43 +82,46 @@ class ClusterAtEnd:
     def _start_over(self) -> None:
         self._folded = Aggregates(KINDS)
         self._count = 0
-        self._last: TimeOrder | None = None
+        self._last: KeptEntry | None = None
         self._held: dict[str, tuple[str, int]] = {}  # job -> (its tenant, the GPUs it holds)
         self._present: dict[str, int] = {}  # node -> its GPUs, while present
         self._points: list[JsonObject] = []
         self._spacing = self._first_spacing
         self._snapshots: list[tuple[int, Aggregates]] = []  # (events folded, a copy of what they made)
 
-    def folded(self, located: Sequence[tuple[TimeOrder, LoggedEvent]]) -> tuple[Aggregates, int]:
-        """The aggregates folded with every event of ``located`` (what :meth:`KeptLog.located`
-        gives, read once for all a picture says), and how many that is."""
+    def folded(self, entries: Sequence[KeptEntry], decode: Decode) -> tuple[Aggregates, int]:
+        """The aggregates folded with every event of ``entries`` (what :meth:`KeptLog.located` gives,
+        read once for all a picture says; ``decode``: its :meth:`KeptLog.events`), and how many that
+        is. Should decoding fail (:class:`KeptLogChanged`), what was folded is dropped."""
         count = self._count
-        if not (count <= len(located) and (count == 0 or located[count - 1][0] == self._last)):
+        if not (count <= len(entries) and (count == 0 or entries[count - 1] == self._last)):
             self._start_over()  # an event sorted in among those folded: fold them all again
-        for count in range(self._count + 1, len(located) + 1):
-            self._fold(located[count - 1][1])
-            if count % self._spacing == 0:
-                self._keep_snapshot(count)
-        self._count = len(located)
-        self._last = located[-1][0] if located else None
+        try:
+            for count, logged in enumerate(decode(entries[self._count :]), start=self._count + 1):
+                self._fold(logged)
+                if count % self._spacing == 0:
+                    self._keep_snapshot(count)
+        except BaseException:
+            self._start_over()  # folded in part: the count and the copies would not say what was
+            raise
+        self._count = len(entries)
+        self._last = entries[-1] if entries else None
         return self._folded, self._count
 
-    def folded_at(
-        self, located: Sequence[tuple[TimeOrder, LoggedEvent]], at: datetime
-    ) -> tuple[Aggregates, int]:
-        """What :func:`fold_at` gives for ``at`` over the events of ``located``: the last copy kept
+    def folded_at(self, entries: Sequence[KeptEntry], at: datetime, decode: Decode) -> tuple[Aggregates, int]:
+        """What :func:`fold_at` gives for ``at`` over the events of ``entries``: the last copy kept
         before the first event after ``at``, with the events from there on that occurred at or
-        before ``at`` folded on."""
-        self.folded(located)
+        before ``at`` folded on (only those are decoded)."""
+        self.folded(entries, decode)
+        until = instant_of(at)
         first_after = next(
-            (index for index, (_, logged) in enumerate(located) if logged.event.occurred_at > at),
-            len(located),
+            (index for index, entry in enumerate(entries) if entry.instant > until), len(entries)
         )
         start, kept = next(
             ((count, kept) for count, kept in reversed(self._snapshots) if count <= first_after), (0, None)
         )
         on = (kept.copy(), start) if kept is not None else None
-        return fold_at((logged for _, logged in located[start:]), at, on)
+        return fold_at(decode(entry for entry in entries[start:] if entry.instant <= until), None, on)
 
     def _keep_snapshot(self, count: int) -> None:
         self._snapshots.append((count, self._folded.copy()))
@@ -159,7 +166,74 @@ def cluster_at(
     """The cluster at ``at``: its present nodes with the job holding each GPU, the queued jobs per
     tenant in the scheduler's order, every job's state, and the events either side of the moment.
     ``folded``: the aggregates already folded at ``at``, with how many events (:class:`ClusterAtEnd`)."""
-    aggregates, applied = folded or fold_at(events, at)
+    before = [logged for logged in events if at is None or logged.event.occurred_at <= at]
+    after = [logged for logged in events if at is not None and logged.event.occurred_at > at]
+    return _picture(
+        folded or fold_at(events, at),
+        at,
+        span(events),
+        max(before, key=_when) if before else None,
+        min(after, key=_when) if after else None,
+    )
+
+
+def kept_cluster_at(
+    entries: Sequence[KeptEntry], decode: Decode, at: datetime | None, folded: tuple[Aggregates, int]
+) -> JsonObject:
+    """:func:`cluster_at` over a kept log's ``entries`` (``folded`` at ``at`` already): the span
+    and the events either side of the moment are found by the entries' instants, and only those
+    two events are decoded."""
+    if not entries:
+        return _picture(folded, at, span([]), None, None)
+    instant = attrgetter("instant")  # the first of equals, as min and max of the events' times give
+    first, last = min(entries, key=instant), max(entries, key=instant)
+    previous: KeptEntry | None = last
+    following: KeptEntry | None = None
+    if at is not None:
+        until = instant_of(at)
+        previous = max((entry for entry in entries if entry.instant <= until), key=instant, default=None)
+        following = min((entry for entry in entries if entry.instant > until), key=instant, default=None)
+    either_side = iter(decode(entry for entry in (previous, following) if entry is not None))
+    return _picture(
+        folded,
+        at,
+        # stored as each event's occurred_at.isoformat(): what span() words
+        {"start": first.occurred_at, "end": last.occurred_at, "events": len(entries)},
+        next(either_side) if previous is not None else None,
+        next(either_side) if following is not None else None,
+    )
+
+
+def kept_picture(
+    kept: KeptLog, at_end: ClusterAtEnd, at: datetime | None
+) -> tuple[JsonObject, list[JsonObject]]:
+    """The time machine's read of a kept log: the cluster at ``at`` (None: now) and the utilisation
+    over the log, read once so that the two agree. Had the projection file been replaced since the
+    last read with one no shorter (so the read took it for the same), a row decoded is not the
+    event read (:class:`KeptLogChanged`): the file is read afresh, once."""
+    try:
+        return _kept_picture(kept, at_end, at)
+    except KeptLogChanged:
+        kept.forget()
+        return _kept_picture(kept, at_end, at)
+
+
+def _kept_picture(
+    kept: KeptLog, at_end: ClusterAtEnd, at: datetime | None
+) -> tuple[JsonObject, list[JsonObject]]:
+    entries = kept.located()
+    folded = at_end.folded(entries, kept.events) if at is None else at_end.folded_at(entries, at, kept.events)
+    return kept_cluster_at(entries, kept.events, at, folded), at_end.utilisation()
+
+
+def _picture(
+    folded: tuple[Aggregates, int],
+    at: datetime | None,
+    extent: JsonObject,
+    previous: LoggedEvent | None,
+    following: LoggedEvent | None,
+) -> JsonObject:
+    aggregates, applied = folded
     jobs: dict[str, Job] = aggregates.of(JOBS)
     nodes: dict[str, NodeRecord] = aggregates.of(NODES)
     holders: dict[str, dict[str, str]] = {}
@@ -193,14 +267,12 @@ def cluster_at(
     ]
     charges = charges_on(node_rows)
     job_rows = [_job_row(job, charges) for job in sorted(jobs.values(), key=lambda job: job.submitted_at)]
-    before = [logged for logged in events if at is None or logged.event.occurred_at <= at]
-    after = [logged for logged in events if at is not None and logged.event.occurred_at > at]
     return {
         "at": at.isoformat() if at else None,
-        "span": span(events),
+        "span": extent,
         "applied": applied,
-        "previous_event": _event_ref(max(before, key=_when)) if before else None,
-        "next_event": _event_ref(min(after, key=_when)) if after else None,
+        "previous_event": _event_ref(previous) if previous is not None else None,
+        "next_event": _event_ref(following) if following is not None else None,
         "nodes": node_rows,
         "queue": queue,
         "jobs": job_rows,

@@ -38,7 +38,8 @@ from ffdl.api.dependencies import (
 )
 from ffdl.api.followers import KEEP_ALIVE_S
 from ffdl.events.reports import strict_dumps
-from ffdl.projections.timemachine import cluster_at, hide_others, tenant_rows
+from ffdl.projections.store import KeptLogChanged
+from ffdl.projections.timemachine import hide_others, kept_picture, tenant_rows
 
 #: of how many distinct moments one tenant's time-machine requests may wait for, or be in, a fold
 FOLDS_WAITING_PER_TENANT = 2
@@ -178,14 +179,12 @@ async def timemachine(
         # the kept log and the present are the API's, changed in place: one thread at a time, even
         # one whose request was cancelled meanwhile (the asyncio lock is then free, not the thread)
         with backend.fold_lock:
-            located = backend.kept_log.located()  # read once: the picture and the present agree
-            # the log's new events folded on; a past moment from the last copy kept before it
-            if moment is None:
-                folded = backend.at_end.folded(located)
-            else:
-                folded = backend.at_end.folded_at(located, moment)
-            events = [logged for _, logged in located]
-            return cluster_at(events, moment, folded), backend.at_end.utilisation()
+            try:
+                # the log's new events folded on; a past moment from the last copy kept before it
+                return kept_picture(backend.kept_log, backend.at_end, moment)
+            except KeptLogChanged as exc:  # replaced again while it was read afresh
+                rebuilt = "the projection is being rebuilt: ask again"
+                raise problem(503, rebuilt, headers={"Retry-After": "1"}) from exc
 
     # A fold of a past moment folds thousands of events (it once folded the whole log): callers take
     # turns, so that any tenant asking again and again costs the API one fold's CPU at a time, not
