@@ -59,7 +59,7 @@ def test_the_kept_log_decodes_only_what_was_applied_since_it_last_read_and_keeps
     projection.apply([LoggedEvent(entry.event, 0, offset) for offset, entry in enumerate(early)])
     kept, at_end = KeptLog(projection), ClusterAtEnd()
     assert [entry.event.event_id for entry in events_of(kept)] == [entry.event.event_id for entry in early]
-    at_end.folded(kept.located(), kept.events)
+    at_end.folded(kept, kept.located())
     decoded = []
     real = store.trusted_any_event_from_json
 
@@ -69,10 +69,10 @@ def test_the_kept_log_decodes_only_what_was_applied_since_it_last_read_and_keeps
 
     monkeypatch.setattr(store, "trusted_any_event_from_json", counting)
     assert len(kept.located()) == len(early) and not decoded, "a read decodes nothing"
-    at_end.folded(kept.located(), kept.events)
+    at_end.folded(kept, kept.located())
     assert not decoded, "nothing new: nothing decoded"
     projection.apply([LoggedEvent(entry.event, 1, offset) for offset, entry in enumerate(late)])
-    at_end.folded(kept.located(), kept.events)
+    at_end.folded(kept, kept.located())
     assert len(decoded) == len(late), "only the new events are decoded to fold the present on"
     monkeypatch.undo()
     events = events_of(kept)
@@ -151,12 +151,12 @@ def test_the_cluster_at_the_end_is_folded_on_from_what_was_folded_and_is_the_fre
     for stage in stages:
         projection.apply(stage)
         entries = kept.located()
-        folded = at_end.folded(entries, kept.events)
+        folded = at_end.folded(kept, entries)
         folds.append(folded[0])
         events = events_of(kept)
-        assert kept_cluster_at(entries, kept.events, None, folded) == cluster_at(events, None)
+        assert kept_cluster_at(kept, entries, None, folded) == cluster_at(events, None)
         afresh = ClusterAtEnd()
-        afresh.folded(kept.located(), kept.events)
+        afresh.folded(kept, kept.located())
         assert at_end.utilisation() == afresh.utilisation()
     assert folds[0] is folds[1], "the later events were folded on"
     assert folds[2] is not folds[1], "an earlier one sorted in: folded again"
@@ -265,8 +265,8 @@ def test_a_past_moment_folded_on_from_a_kept_copy_is_the_fold_from_the_start(
         moments = [times[0] - timedelta(seconds=1), *times, times[-1] + timedelta(seconds=1)]
         moments += [a + (b - a) / 2 for a, b in itertools.pairwise(times)]
         for moment in moments:
-            folded = at_end.folded_at(entries, moment, kept.events)
-            assert kept_cluster_at(entries, kept.events, moment, folded) == cluster_at(events, moment)
+            folded = at_end.folded_at(kept, entries, moment)
+            assert kept_cluster_at(kept, entries, moment, folded) == cluster_at(events, moment)
         assert len(at_end._snapshots) <= kept_at_most
 
 
@@ -340,3 +340,67 @@ def test_a_projection_replaced_between_the_read_and_the_fold_is_read_afresh(tmp_
 
     assert picture == cluster_at(more, None)
     assert picture["applied"] == len(more)
+
+
+def test_a_projection_replaced_by_one_whose_new_rows_sort_last_is_not_folded_on_as_the_old_one(
+    tmp_path: Path,
+) -> None:
+    """Its rows past those read decoded as they are (positions and all) and sorted after every event
+    kept: folded on, the picture was the old file's jobs with the new file's tail. The file's
+    replica id tells them apart, and what was folded from the old one is dropped."""
+    read = list(read_log(GOLDEN_DIR / "happy_path.events.jsonl"))
+    path = tmp_path / "projection.sqlite"
+    projection = Projection(path)
+    projection.apply([LoggedEvent(entry.event, 0, offset) for offset, entry in enumerate(read[:5])])
+    kept, at_end = KeptLog(projection), ClusterAtEnd()
+    kept_picture(kept, at_end, None)
+    projection.close()
+    for stale in tmp_path.glob("projection.sqlite*"):
+        stale.unlink()
+    later = timedelta(days=1)
+    other = [
+        LoggedEvent(
+            entry.event.model_copy(
+                update={"job_id": "impostor", "occurred_at": entry.event.occurred_at + later}
+            ),
+            0,
+            offset,
+        )
+        for offset, entry in enumerate(read)
+    ]
+    rebuilt = Projection(path)
+    rebuilt.apply(other)
+    rebuilt.close()
+
+    picture, series = kept_picture(kept, at_end, None)
+
+    assert [job["job_id"] for job in picture["jobs"]] == ["impostor"]
+    assert picture == cluster_at(other, None)
+    afresh = ClusterAtEnd()
+    assert series == kept_picture(KeptLog(Projection(path)), afresh, None)[1]
+
+
+def test_an_event_that_fails_to_decode_keeps_what_was_folded_before_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One bad row made every later read fold the whole log again up to it, under the lock every
+    tenant's time machine waits on; the fold keeps what it folded, and reads on from the bad row."""
+    read = list(read_log(GOLDEN_DIR / "happy_path.events.jsonl"))
+    projection = Projection(tmp_path / "projection.sqlite")
+    projection.apply([LoggedEvent(entry.event, 0, offset) for offset, entry in enumerate(read)])
+    kept, at_end = KeptLog(projection), ClusterAtEnd()
+    bad = read[30].event.event_id
+    decoded: list[bytes] = []
+    real = store.trusted_any_event_from_json
+
+    def failing(body: bytes) -> Any:
+        decoded.append(body)
+        if str(bad).encode() in body:
+            raise ValueError("refused by today's rules")
+        return real(body)
+
+    monkeypatch.setattr(store, "trusted_any_event_from_json", failing)
+    for _ in range(3):
+        with pytest.raises(ValueError, match="today's rules"):
+            at_end.folded(kept, kept.located())
+    assert len(decoded) == 31 + 1 + 1, "the events before the bad one are decoded once"

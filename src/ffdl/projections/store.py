@@ -581,12 +581,14 @@ class Projection:
             ]
         return tuple(int(end or 0) for end in ends)
 
-    def logged_places_after(self, cursor: tuple[int, ...]) -> tuple[tuple[int, ...], list[KeptEntry]] | None:
-        """Where each event (jobs' and nodes') applied after ``cursor`` (each kind's last history row
-        read; ``()``: from the start) sits in time order and in this file, without the event, and
-        the cursor after them: the log as the API may read it for the time machine, without a bus
-        reader of its own (:class:`KeptLog`). None when a kind has fewer rows than ``cursor`` says
-        were read: the file is another (rebuilt).
+    def logged_places_after(
+        self, cursor: tuple[int, ...]
+    ) -> tuple[str, tuple[int, ...], list[KeptEntry]] | None:
+        """The file's replica id, where each event (jobs' and nodes') applied after ``cursor`` (each
+        kind's last history row read; ``()``: from the start) sits in time order and in the file,
+        without the event, and the cursor after them: the log as the API may read it for the time
+        machine, without a bus reader of its own (:class:`KeptLog`). None when a kind has fewer
+        rows than ``cursor`` says were read: the file is another (rebuilt).
 
         One read transaction for all of it, so every query sees the same commits: read apart, a
         commit between the rows and the count of them once moved the cursor past rows never read."""
@@ -596,6 +598,7 @@ class Projection:
         with self._connection() as db:
             db.execute("BEGIN")
             try:
+                replica: str = db.execute("SELECT id FROM replica").fetchone()[0]
                 for table, (tables, after) in enumerate(zip(_TABLES.values(), start, strict=True)):
                     top = db.execute(f"SELECT MAX(rowid) FROM {tables.history}").fetchone()[0]
                     if int(top or 0) < after:
@@ -616,18 +619,23 @@ class Projection:
                         )
             finally:
                 db.execute("COMMIT")
-        return tuple(ends), entries
+        return replica, tuple(ends), entries
 
-    def logged_bodies(self, table: int, rowids: Sequence[int]) -> dict[int, tuple[str, str]]:
-        """The position and body of each row of ``rowids`` in the history of the ``table``-th kind
-        (:class:`KeptEntry`); a row this file does not have is left out."""
+    def logged_bodies(self, table: int, rowids: Sequence[int]) -> tuple[str, dict[int, tuple[str, str]]]:
+        """The file's replica id, and the position and body of each row of ``rowids`` in the history
+        of the ``table``-th kind (:class:`KeptEntry`); a row this file does not have is left out."""
         history = list(_TABLES.values())[table].history
         marks = ",".join("?" * len(rowids))
         with self._connection() as db:
-            found = db.execute(
-                f"SELECT rowid, position, body FROM {history} WHERE rowid IN ({marks})", tuple(rowids)
-            ).fetchall()
-        return {rowid: (position, body) for rowid, position, body in found}
+            db.execute("BEGIN")
+            try:
+                replica: str = db.execute("SELECT id FROM replica").fetchone()[0]
+                found = db.execute(
+                    f"SELECT rowid, position, body FROM {history} WHERE rowid IN ({marks})", tuple(rowids)
+                ).fetchall()
+            finally:
+                db.execute("COMMIT")
+        return replica, {rowid: (position, body) for rowid, position, body in found}
 
     def nodes(self) -> list[JsonObject]:
         """Every node the inventory ever had (removed ones too, with their status), by name."""
@@ -843,32 +851,40 @@ class KeptEntry(NamedTuple):
 
 
 class KeptLogChanged(RuntimeError):
-    """A row a kept log read is no longer the event it was: the projection file was replaced (rebuilt)
-    since; :meth:`KeptLog.forget` and read again."""
+    """The projection file a kept log read is no longer the one it reads now: it was replaced (a
+    rebuilt one put in its place) since; :meth:`KeptLog.forget` and read again."""
 
 
 class KeptLog:
     """The projection's events in time order, kept by a reader that asks again and again (the time
     machine): each read takes only the rows applied since the last one. It keeps where each event
-    is, not the event (about 240 bytes an event; decoded, an event is about 2.9 KB, and a log of a
+    is, not the event (about 280 bytes an event; decoded, an event is about 2.9 KB, and a log of a
     million events held 2.9 GB in the API), and the folds decode the events they need
     (:meth:`events`). Decoding the whole log per request took 10 s of a 15 s fold on 200,000
-    events, and every request with another moment paid it again."""
+    events, and every request with another moment paid it again.
+
+    A file replaced by another (its replica id differs) is read from its first row again, and
+    :attr:`generation` moves on, so that what was folded from the old one is dropped too
+    (:class:`~ffdl.projections.timemachine.ClusterAtEnd`)."""
 
     def __init__(self, projection: Projection) -> None:
         self._projection = projection
         self._cursor: tuple[int, ...] = ()
         self._entries: list[KeptEntry] = []
+        self._replica: str | None = None
+        #: how many times it started again from a file's first row
+        self.generation = 0
 
     def located(self) -> list[KeptEntry]:
         """Every event the projection applied, in time order (read only: the reader's own list,
         extended at the next read)."""
         read = self._projection.logged_places_after(self._cursor)
-        if read is None:  # the file is not the one read before (rebuilt): read it from the start
+        if read is None or self._replica not in (None, read[0]):
+            # not the file read before (rebuilt): read it from the start
             self.forget()
             read = self._projection.logged_places_after(())
             assert read is not None
-        cursor, new = read
+        self._replica, cursor, new = read
         if new:
             self._entries.extend(new)
             self._entries.sort()  # runs of sorted entries: about linear
@@ -879,22 +895,25 @@ class KeptLog:
         """Read the file from its first row at the next :meth:`located` (it was replaced)."""
         self._cursor = ()
         self._entries = []
+        self._replica = None
+        self.generation += 1
 
     def events(self, entries: Iterable[KeptEntry]) -> Iterator[LoggedEvent]:
         """The events of ``entries``, decoded, in their order, :data:`DECODE_BATCH` rows at a time.
-        Raises :class:`KeptLogChanged` at a row that is not the one read: a file rebuilt with more
-        rows than were read is not told apart by its length, and its rows would have been folded
-        as the old file's events."""
+        Raises :class:`KeptLogChanged` if the file is not the one they were read from, or a row is
+        not the event read there (a file rebuilt with more rows than were read is not told
+        apart by its length, and its rows would have been folded as the old file's events)."""
         stream = iter(entries)
         while batch := list(islice(stream, DECODE_BATCH)):
             rowids: dict[int, list[int]] = {}
             for entry in batch:
                 rowids.setdefault(entry.table, []).append(entry.rowid)
-            rows = {
-                (table, rowid): row
-                for table, wanted in rowids.items()
-                for rowid, row in self._projection.logged_bodies(table, wanted).items()
-            }
+            rows: dict[tuple[int, int], tuple[str, str]] = {}
+            for table, wanted in rowids.items():
+                replica, found = self._projection.logged_bodies(table, wanted)
+                if replica != self._replica:
+                    raise KeptLogChanged(f"the projection file is now replica {replica}, not {self._replica}")
+                rows.update(((table, rowid), row) for rowid, row in found.items())
             for entry in batch:
                 position, body = rows.get((entry.table, entry.rowid), ("", ""))
                 if position != Position.format_token(entry.partition, entry.offset):

@@ -10,7 +10,7 @@ the earlier one, and the answer names the events either side so a reader can ste
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from operator import attrgetter
 
@@ -23,9 +23,6 @@ from ffdl.core.tenancy import TenancyPolicy
 from ffdl.events.envelope import NODE_KEY_PREFIX
 from ffdl.projections.documents import JsonObject, charges_on, counts_as_gpus, job_document, node_document
 from ffdl.projections.store import KeptEntry, KeptLog, KeptLogChanged, LoggedEvent, instant_of
-
-#: a kept log's decoder (:meth:`KeptLog.events`)
-Decode = Callable[[Iterable[KeptEntry]], Iterator[LoggedEvent]]
 
 
 def span(events: Sequence[LoggedEvent]) -> JsonObject:
@@ -82,6 +79,7 @@ class ClusterAtEnd:
     def _start_over(self) -> None:
         self._folded = Aggregates(KINDS)
         self._count = 0
+        self._generation = 0  # the kept log's (KeptLog.generation) whose events are folded
         self._last: KeptEntry | None = None
         self._held: dict[str, tuple[str, int]] = {}  # job -> (its tenant, the GPUs it holds)
         self._present: dict[str, int] = {}  # node -> its GPUs, while present
@@ -89,39 +87,46 @@ class ClusterAtEnd:
         self._spacing = self._first_spacing
         self._snapshots: list[tuple[int, Aggregates]] = []  # (events folded, a copy of what they made)
 
-    def folded(self, entries: Sequence[KeptEntry], decode: Decode) -> tuple[Aggregates, int]:
-        """The aggregates folded with every event of ``entries`` (what :meth:`KeptLog.located` gives,
-        read once for all a picture says; ``decode``: its :meth:`KeptLog.events`), and how many that
-        is. Should decoding fail (:class:`KeptLogChanged`), what was folded is dropped."""
+    def folded(self, kept: KeptLog, entries: Sequence[KeptEntry]) -> tuple[Aggregates, int]:
+        """The aggregates folded with every event of ``entries`` (what ``kept``'s
+        :meth:`~KeptLog.located` gave, read once for all a picture says), and how many that is.
+        Should the file have been replaced (:class:`KeptLogChanged`), what was folded is dropped;
+        should an event fail to decode, what was folded before it is kept (the next read folds on
+        from it, instead of folding the whole log again, under the fold lock, every request)."""
         count = self._count
-        if not (count <= len(entries) and (count == 0 or entries[count - 1] == self._last)):
-            self._start_over()  # an event sorted in among those folded: fold them all again
+        if not (
+            kept.generation == self._generation
+            and count <= len(entries)
+            and (count == 0 or entries[count - 1] == self._last)
+        ):
+            self._start_over()  # an event sorted in among those folded, or another file: all again
+            self._generation = kept.generation
         try:
-            for count, logged in enumerate(decode(entries[self._count :]), start=self._count + 1):
+            for logged in kept.events(entries[self._count :]):
                 self._fold(logged)
-                if count % self._spacing == 0:
-                    self._keep_snapshot(count)
-        except BaseException:
-            self._start_over()  # folded in part: the count and the copies would not say what was
+                self._count += 1
+                self._last = entries[self._count - 1]
+                if self._count % self._spacing == 0:
+                    self._keep_snapshot(self._count)
+        except KeptLogChanged:
+            self._start_over()
             raise
-        self._count = len(entries)
-        self._last = entries[-1] if entries else None
         return self._folded, self._count
 
-    def folded_at(self, entries: Sequence[KeptEntry], at: datetime, decode: Decode) -> tuple[Aggregates, int]:
-        """What :func:`fold_at` gives for ``at`` over the events of ``entries``: the last copy kept
-        before the first event after ``at``, with the events from there on that occurred at or
-        before ``at`` folded on (only those are decoded)."""
-        self.folded(entries, decode)
+    def folded_at(self, kept: KeptLog, entries: Sequence[KeptEntry], at: datetime) -> tuple[Aggregates, int]:
+        """What :func:`fold_at` gives for ``at`` over the events of ``entries`` (as for
+        :meth:`folded`): the last copy kept before the first event after ``at``, with the events
+        from there on that occurred at or before ``at`` folded on (only those are decoded)."""
+        self.folded(kept, entries)
         until = instant_of(at)
         first_after = next(
             (index for index, entry in enumerate(entries) if entry.instant > until), len(entries)
         )
-        start, kept = next(
-            ((count, kept) for count, kept in reversed(self._snapshots) if count <= first_after), (0, None)
+        start, copy = next(
+            ((count, copy) for count, copy in reversed(self._snapshots) if count <= first_after), (0, None)
         )
-        on = (kept.copy(), start) if kept is not None else None
-        return fold_at(decode(entry for entry in entries[start:] if entry.instant <= until), None, on)
+        on = (copy.copy(), start) if copy is not None else None
+        return fold_at(kept.events(entry for entry in entries[start:] if entry.instant <= until), None, on)
 
     def _keep_snapshot(self, count: int) -> None:
         self._snapshots.append((count, self._folded.copy()))
@@ -178,9 +183,9 @@ def cluster_at(
 
 
 def kept_cluster_at(
-    entries: Sequence[KeptEntry], decode: Decode, at: datetime | None, folded: tuple[Aggregates, int]
+    kept: KeptLog, entries: Sequence[KeptEntry], at: datetime | None, folded: tuple[Aggregates, int]
 ) -> JsonObject:
-    """:func:`cluster_at` over a kept log's ``entries`` (``folded`` at ``at`` already): the span
+    """:func:`cluster_at` over the ``entries`` of ``kept`` (``folded`` at ``at`` already): the span
     and the events either side of the moment are found by the entries' instants, and only those
     two events are decoded."""
     if not entries:
@@ -193,7 +198,7 @@ def kept_cluster_at(
         until = instant_of(at)
         previous = max((entry for entry in entries if entry.instant <= until), key=instant, default=None)
         following = min((entry for entry in entries if entry.instant > until), key=instant, default=None)
-    either_side = iter(decode(entry for entry in (previous, following) if entry is not None))
+    either_side = kept.events(entry for entry in (previous, following) if entry is not None)
     return _picture(
         folded,
         at,
@@ -208,9 +213,9 @@ def kept_picture(
     kept: KeptLog, at_end: ClusterAtEnd, at: datetime | None
 ) -> tuple[JsonObject, list[JsonObject]]:
     """The time machine's read of a kept log: the cluster at ``at`` (None: now) and the utilisation
-    over the log, read once so that the two agree. Had the projection file been replaced since the
-    last read with one no shorter (so the read took it for the same), a row decoded is not the
-    event read (:class:`KeptLogChanged`): the file is read afresh, once."""
+    over the log, read once so that the two agree. A file replaced since the last read is read
+    afresh (:meth:`KeptLog.located`); one replaced between the read and the decoding
+    (:class:`KeptLogChanged`) is read afresh once more."""
     try:
         return _kept_picture(kept, at_end, at)
     except KeptLogChanged:
@@ -222,8 +227,8 @@ def _kept_picture(
     kept: KeptLog, at_end: ClusterAtEnd, at: datetime | None
 ) -> tuple[JsonObject, list[JsonObject]]:
     entries = kept.located()
-    folded = at_end.folded(entries, kept.events) if at is None else at_end.folded_at(entries, at, kept.events)
-    return kept_cluster_at(entries, kept.events, at, folded), at_end.utilisation()
+    folded = at_end.folded(kept, entries) if at is None else at_end.folded_at(kept, entries, at)
+    return kept_cluster_at(kept, entries, at, folded), at_end.utilisation()
 
 
 def _picture(
