@@ -241,7 +241,7 @@ def simulator_speed(nodes: list[Node], jobs: int, load: float, weigh_all: bool =
 
 def philly_replay(path: Path, nodes: int) -> dict[str, Any]:
     """ffdl's configured policy over the whole Philly trace on ``nodes`` x 8 GPUs: wall and CPU time."""
-    trace = load_trace(path, GPUS_PER_NODE)
+    trace = load_trace(path, GPUS_PER_NODE).jobs
     policy = Settings().scheduler_policy()
     started = time.perf_counter()
     cpu_started = time.process_time()

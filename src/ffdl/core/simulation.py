@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from heapq import heappop, heappush
@@ -256,6 +257,11 @@ def simulate(
     With ``record`` the result keeps who held which node's GPUs over time (for a report's GPU map);
     with ``weigh_all`` each step weighs every waiting job on its own (the same decisions, slower:
     a baseline for the benchmark)."""
+    twice = [job_id for job_id, count in Counter(job.job_id for job in trace).items() if count > 1]
+    if twice:  # two of one id became one job, and the other's outcome was lost without a word
+        raise ValueError(
+            f"job id {twice[0]!r} is in the trace more than once: each job needs an id of its own"
+        )
     sim = _Simulator(nodes, policy or SchedulerPolicy(), placement, halt_s, weigh_all)
     empty = ClusterRoom(nodes)
     arrivals = sorted(trace, key=lambda job: (job.submit_time, job.job_id))

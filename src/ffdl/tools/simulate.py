@@ -41,11 +41,14 @@ def run_simulation(
     placement: PlacementPolicy | None = None,
     html: Path | None = None,
     compare: Sequence[str] = (),
+    left_out: dict[str, int] | None = None,
 ) -> dict[str, Any]:
-    """``{"offered_load": x, "cluster": ..., "never_run": [...], "policies": {"ffdl": {...}, ...}}``:
-    ffdl's planner and each baseline of ``compare`` over the same trace and cluster, each policy's
-    figures those of :func:`ffdl.core.simulation.summarize` with its wall time; with ``html``,
-    also written there as a self-contained page with pictures."""
+    """``{"offered_load": x, "cluster": ..., "jobs": n, "left_out": {...}, "never_run": [...],
+    "policies": {"ffdl": {...}, ...}}``: ffdl's planner and each baseline of ``compare`` over the
+    same trace and cluster, each policy's figures those of :func:`ffdl.core.simulation.summarize`
+    with its wall time; ``left_out``, the jobs the trace's reader left out, by reason
+    (:class:`~ffdl.tools.trace_formats.LoadedTrace`); with ``html``, also written there as a
+    self-contained page with pictures."""
     capacity = sum(node.gpus for node in nodes if node.schedulable)
     load = offered_load(trace, capacity)
     results: dict[str, SimulationResult] = {}
@@ -68,6 +71,7 @@ def run_simulation(
         "offered_load": load,
         "cluster": {"nodes": len(nodes), "gpus": capacity, "placement": placement or "per job (pack)"},
         "jobs": len(trace),
+        "left_out": dict(left_out or {}),
         "never_run": never_run,
         "policies": policies,
     }

@@ -8,6 +8,7 @@ Drawn on the server as SVG so the file opens anywhere, offline, and prints."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from html import escape
@@ -85,7 +86,7 @@ def _curve(usage: Sequence[tuple[float, int]], start: float, end: float) -> list
     span = max(end - start, 1e-9)
     width = span / CURVE_POINTS
     area = [0.0] * CURVE_POINTS
-    for (at, used), (until, _) in zip(usage, [*usage[1:], (end, 0)], strict=True):
+    for (at, used), (until, _) in itertools.pairwise([*usage, (end, 0)]):
         low, high = max(at, start), min(until, end)
         while low < high:
             index = min(int((low - start) / width), CURVE_POINTS - 1)

@@ -17,8 +17,11 @@ The mapping (docs/scheduling.md, "Trace formats", says the same with the reasons
 * The tenant is the virtual cluster where the trace has one (Philly, Helios), else the user
   (PAI), else the pod's QoS class (openb, which names no user).
 * The runtime is how long the job held its GPUs; failed and killed jobs are kept for as long as
-  they ran (they held the GPUs that long), jobs that never ran or never ended in the trace, and
-  jobs without GPUs, are left out. Times become seconds since the epoch (UTC).
+  they ran (they held the GPUs that long); jobs that never ran or never ended in the trace, ran no
+  time, end before they start, or have no GPUs are left out, and counted by reason
+  (:class:`LoadedTrace`). Times become seconds since the epoch (UTC; a time that names its offset
+  is converted). A value that cannot be read (a number that is not one, a row of the wrong number
+  of fields) is an error naming the line, and so are two jobs of one id.
 * GPU types are dropped: the simulated cluster has one type.
 """
 
@@ -27,13 +30,15 @@ from __future__ import annotations
 import csv
 import json
 import math
+from collections import Counter
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from ffdl.core.simulation import TraceJob
-from ffdl.tools.traces import TraceError, read_trace
+from ffdl.tools.traces import TraceError, checked_jobs, located_trace
 
 PHILLY_CSV = ("timestamp", "duration", "num_gpus", "gpu_time", "cluster")
 HELIOS = ("job_id", "user", "vc", "gpu_num", "node_num", "state", "submit_time", "start_time", "end_time")
@@ -54,6 +59,39 @@ PAI_TASK = (
 )
 #: openb's QoS classes as priorities: latency-sensitive first, best effort last.
 OPENB_PRIORITY = {"LS": 10, "Guaranteed": 10, "Burstable": 0, "BE": -10}
+#: What a trace may write for a value it does not have.
+MISSING = frozenset({"", "none", "null", "nan"})
+
+# Why a job of a trace is left out (LoadedTrace.left_out counts them).
+NO_GPUS = "no GPUs"
+NEVER_STARTED = "never started"
+NEVER_ENDED = "never ended in the trace"
+RAN_NO_TIME = "ran no time"
+ENDS_BEFORE_START = "ends before it starts"
+NO_SUBMISSION = "no submission time"
+
+
+@dataclass(slots=True)
+class LoadedTrace:
+    """A trace's jobs, and why jobs of it were left out with how many for each reason: a trace is
+    never cut without a word (``ffdl simulate`` prints them, and its JSON carries them)."""
+
+    jobs: list[TraceJob]
+    left_out: dict[str, int] = field(default_factory=dict)
+
+
+class _Reading:
+    """What a format's reader gathers: each job with where it came from, and what it left out."""
+
+    def __init__(self) -> None:
+        self.jobs: list[tuple[str, TraceJob]] = []
+        self.left_out: Counter[str] = Counter()
+
+    def add(self, where: str, job: TraceJob) -> None:
+        self.jobs.append((where, job))
+
+    def leave_out(self, reason: str) -> None:
+        self.left_out[reason] += 1
 
 
 def gang_shape(gpus: int, gpus_per_node: int) -> tuple[int, int]:
@@ -65,90 +103,169 @@ def gang_shape(gpus: int, gpus_per_node: int) -> tuple[int, int]:
     return gpus // per, per
 
 
-def load_trace(path: Path, gpus_per_node: int = 8) -> list[TraceJob]:
-    """The jobs of the trace at ``path`` in whichever format it is (see the module docstring); a
-    trace that is not what its format says raises :class:`TraceError` naming the file, never a
-    Python error from deep inside (a field of the wrong type, bytes that are not UTF-8)."""
+def load_trace(path: Path, gpus_per_node: int = 8) -> LoadedTrace:
+    """The jobs of the trace at ``path`` in whichever format it is (see the module docstring), and
+    what was left out. A trace that is not what its format says, a value that cannot be read, two
+    jobs of one id, a time the simulator cannot use, or no job at all raise :class:`TraceError`
+    naming the file and the line, never a Python error from deep inside (a field of the wrong
+    type, bytes that are not UTF-8)."""
     try:
-        return _load(path, gpus_per_node)
+        reading = _load(path, gpus_per_node)
     except (UnicodeDecodeError, TypeError, AttributeError, OverflowError, RecursionError, KeyError) as exc:
         raise TraceError(f"{path}: not a trace of the format it looks like: {exc}") from exc
+    jobs = checked_jobs(reading.jobs)
+    left_out = dict(sorted(reading.left_out.items()))
+    if not jobs:
+        why = f"; left out: {describe_left_out(left_out)}" if left_out else ""
+        raise TraceError(f"{path}: no job to simulate{why}")
+    return LoadedTrace(jobs, left_out)
 
 
-def _load(path: Path, gpus_per_node: int) -> list[TraceJob]:
+def describe_left_out(left_out: dict[str, int]) -> str:
+    """``3 never ended in the trace, 1 no GPUs``: the jobs left out, by reason."""
+    return ", ".join(f"{count} {reason}" for reason, count in left_out.items())
+
+
+def _load(path: Path, gpus_per_node: int) -> _Reading:
     if path.is_dir():
         return _pai(path / "pai_job_table.csv", path / "pai_task_table.csv", gpus_per_node)
-    with path.open(newline="") as handle:
+    with path.open(encoding="utf-8-sig", newline="") as handle:
         start = handle.read(4096)
     stripped = start.lstrip()
     if stripped.startswith("["):
         return _philly_json(path, gpus_per_node)
     if stripped.startswith("{"):
-        return read_trace(path)
-    header = tuple(cell.strip() for cell in next(csv.reader([start.splitlines()[0] if start else ""]), []))
-    if header == PHILLY_CSV:
+        return _jsonl(path)
+    first = next(csv.reader([stripped.splitlines()[0] if stripped else ""]), [])
+    header = {_column(cell) for cell in first}
+    if set(PHILLY_CSV) <= header:
         return _philly_csv(path, gpus_per_node)
-    if set(HELIOS) <= set(header):
+    if set(HELIOS) <= header:
         return _helios(path, gpus_per_node)
-    if set(OPENB) <= set(header):
+    if set(OPENB) <= header:
         return _openb(path, gpus_per_node)
-    if len(header) == len(PAI_TASK) or header[:3] == PAI_TASK[:3]:
+    if _pai_table(first, PAI_TASK):
         return _pai(path.with_name("pai_job_table.csv"), path, gpus_per_node)
-    if len(header) == len(PAI_JOB) or header[:3] == PAI_JOB[:3]:
+    if _pai_table(first, PAI_JOB):
         return _pai(path, path.with_name("pai_task_table.csv"), gpus_per_node)
-    return read_trace(path)
+    raise TraceError(
+        f"{path}: not a trace ffdl reads: JSON Lines, Philly's cluster_job_log (a JSON array), or a "
+        f"CSV with the columns of the Philly-derived table ({','.join(PHILLY_CSV)}), Helios' "
+        f"cluster_log.csv or openb's pod list, or a PAI 2020 table (docs/scheduling.md, "
+        '"Trace formats")'
+    )
+
+
+def _column(name: str) -> str:
+    """A header cell as the formats name their columns (spaces and capitals aside)."""
+    return name.strip().lower()
+
+
+def _pai_table(first: Sequence[str], columns: Sequence[str]) -> bool:
+    """Whether a CSV whose first row is ``first`` is the PAI table of ``columns``: those columns as
+    its header, or (as published, without one) as many fields with times where the times are."""
+    if [_column(cell) for cell in first] == list(columns):
+        return True
+    if len(first) != len(columns):
+        return False
+    times = (first[columns.index("start_time")], first[columns.index("end_time")])
+    return all(_is_number(cell) or cell.strip().lower() in MISSING for cell in times)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _jsonl(path: Path) -> _Reading:
+    reading = _Reading()
+    for line, job in located_trace(path):
+        reading.add(f"{path}:{line}", job)
+    return reading
 
 
 def _rows(path: Path, columns: Sequence[str] | None = None) -> Iterator[tuple[int, dict[str, str]]]:
-    """Each row as a dict, with its line number; ``columns`` for a CSV without a header (a header
-    row, if there is one after all, is skipped)."""
+    """Each row as a dict by column name, with the line it ends on; ``columns`` for a CSV without a
+    header (a header row, if there is one after all, is skipped). Blank lines are skipped; a row
+    of another number of fields than the header (a line cut short, a comma too many) is an error."""
     try:
-        handle = path.open(newline="")
+        handle = path.open(encoding="utf-8-sig", newline="")
     except OSError as exc:
         raise TraceError(f"{path}: {exc.strerror or exc}") from exc
     with handle:
-        reader = csv.DictReader(handle, fieldnames=list(columns) if columns else None)
-        for number, row in enumerate(reader, start=1 if columns else 2):
-            if columns and number == 1 and row.get(columns[0]) == columns[0]:
+        reader = csv.reader(handle)
+        header = list(columns) if columns else [_column(cell) for cell in next(reader, [])]
+        for cells in reader:
+            if not any(cell.strip() for cell in cells):
                 continue
-            yield number, {key: (value or "").strip() for key, value in row.items() if key is not None}
+            line = reader.line_num
+            if columns and line == 1 and [_column(cell) for cell in cells] == list(columns):
+                continue
+            if len(cells) != len(header):
+                raise TraceError(f"{path}:{line}: {len(cells)} fields, where the table has {len(header)}")
+            yield line, {name: cell.strip() for name, cell in zip(header, cells, strict=True)}
 
 
-def _number(path: Path, line: int, row: dict[str, str], column: str) -> float:
+def _number(where: str, row: dict[str, str], column: str) -> float:
     try:
         value = float(row[column])
     except (KeyError, ValueError) as exc:
-        raise TraceError(f"{path}:{line}: {column}: not a number: {row.get(column)!r}") from exc
+        raise TraceError(f"{where}: {column}: not a number: {row.get(column)!r}") from exc
     if not math.isfinite(value):
-        raise TraceError(f"{path}:{line}: {column}: not a finite number: {row.get(column)!r}")
+        raise TraceError(f"{where}: {column}: not a finite number: {row.get(column)!r}")
     return value
 
 
-def _optional(row: dict[str, str], column: str) -> float | None:
-    """A number that a trace may leave empty (NaN, None or blank for a job that never got there)."""
-    try:
-        value = float(row.get(column) or "nan")
-    except ValueError:
+def _optional(where: str, row: dict[str, str], column: str) -> float | None:
+    """A number a trace may leave out (blank, None or NaN: a job that never got there); None then.
+    Anything else that is not a number is an error, not a job that never got there."""
+    if row.get(column, "").lower() in MISSING:
         return None
-    return value if math.isfinite(value) else None
+    return _number(where, row, column)
 
 
-def _when(path: Path, line: int, text: str | None, column: str) -> float:
-    """A timestamp as seconds since the epoch: ``YYYY-MM-DD HH:MM:SS`` (UTC) or a number."""
-    if not text or text == "None":
-        raise TraceError(f"{path}:{line}: {column}: no time")
+def _count(where: str, row: dict[str, str], column: str) -> int | None:
+    """A count (GPUs, nodes, instances) a trace may leave out; a count that is not whole is an error."""
+    value = _optional(where, row, column)
+    if value is None:
+        return None
+    if not value.is_integer():
+        raise TraceError(f"{where}: {column}: not a whole number: {row[column]!r}")
+    return int(value)
+
+
+def _moment(where: str, value: object, column: str) -> float | None:
+    """A time as seconds since the epoch, from ``YYYY-MM-DD HH:MM:SS`` (UTC unless it says its
+    offset) or a number of seconds; None where the trace has none (blank, None, null)."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in MISSING):
+        return None
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise TraceError(f"{where}: {column}: not a time: {value!r}")
     try:
-        seconds = float(text)
+        seconds = float(value)
     except ValueError:
         pass
     else:
         if not math.isfinite(seconds):  # NaN never equals the clock: the simulator waited for ever
-            raise TraceError(f"{path}:{line}: {column}: not a time: {text!r}")
+            raise TraceError(f"{where}: {column}: not a time: {value!r}")
         return seconds
     try:
-        return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
+        moment = datetime.fromisoformat(str(value).strip())
     except ValueError as exc:
-        raise TraceError(f"{path}:{line}: {column}: not a time: {text!r}") from exc
+        raise TraceError(f"{where}: {column}: not a time: {value!r}") from exc
+    moment = moment.astimezone(UTC) if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+    return moment.timestamp()
+
+
+def _when(where: str, value: object, column: str) -> float:
+    """A time the trace must give (:func:`_moment`)."""
+    moment = _moment(where, value, column)
+    if moment is None:
+        raise TraceError(f"{where}: {column}: not a time: {value!r}")
+    return moment
 
 
 def _job(
@@ -158,124 +275,200 @@ def _job(
     return TraceJob(job_id, submit, tenant or "default", learners, per, max(runtime, 1.0), priority)
 
 
-def _philly_csv(path: Path, gpus_per_node: int) -> list[TraceJob]:
+def _philly_csv(path: Path, gpus_per_node: int) -> _Reading:
     """The Philly-derived job table (shared/traces/README.md): tenant = ``cluster``."""
-    jobs = []
+    reading = _Reading()
     for line, row in _rows(path):
-        gpus = int(_number(path, line, row, "num_gpus"))
-        runtime = _number(path, line, row, "duration")
-        if gpus <= 0 or runtime <= 0:
-            continue
-        submit = _when(path, line, row["timestamp"], "timestamp")
-        jobs.append(_job(f"philly-{line}", submit, row["cluster"], gpus, runtime, gpus_per_node))
-    return jobs
+        where = f"{path}:{line}"
+        gpus = _count(where, row, "num_gpus")
+        runtime = _number(where, row, "duration")
+        submit = _when(where, row["timestamp"], "timestamp")
+        if not gpus or gpus < 0:
+            reading.leave_out(NO_GPUS)
+        elif runtime <= 0:
+            reading.leave_out(RAN_NO_TIME)
+        else:
+            reading.add(where, _job(f"philly-{line}", submit, row["cluster"], gpus, runtime, gpus_per_node))
+    return reading
 
 
-def _philly_json(path: Path, gpus_per_node: int) -> list[TraceJob]:
+def _philly_json(path: Path, gpus_per_node: int) -> _Reading:
     """Philly's ``cluster_job_log``: the GPUs of the job's last attempt (the machines it ran on and
-    the GPUs on each), the runtime the sum of its attempts (each attempt ran from the start again)."""
+    the GPUs on each), the runtime the sum of its attempts (each attempt ran from the start again).
+    A job whose last attempt never ended in the trace is left out, as is one with an attempt that
+    ends before it starts."""
     try:
-        records: Any = json.loads(path.read_text())
+        records: Any = json.loads(path.read_text(encoding="utf-8-sig"))
     except (OSError, ValueError) as exc:
         raise TraceError(f"{path}: not a cluster_job_log JSON array: {exc}") from exc
     if not isinstance(records, list):
         raise TraceError(f"{path}: not a cluster_job_log JSON array")
-    jobs = []
+    reading = _Reading()
     for index, record in enumerate(records, start=1):
         where = f"{path}: job {index}"
         if not isinstance(record, dict):
             raise TraceError(f"{where}: not an object")
-        runtime = 0.0
-        gpus = 0
-        for attempt in record.get("attempts") or []:
-            start, end = attempt.get("start_time"), attempt.get("end_time")
-            if not start or not end:
-                continue  # an attempt that never started, or never ended in the trace
-            runtime += _when(path, index, end, "end_time") - _when(path, index, start, "start_time")
-            gpus = sum(len(machine.get("gpus") or []) for machine in attempt.get("detail") or [])
-        if gpus <= 0 or runtime <= 0:
+        ran = _philly_attempts(where, _listed(where, record, "attempts"))
+        submit = _moment(where, record.get("submitted_time"), "submitted_time")
+        if isinstance(ran, str) or submit is None:
+            reading.leave_out(ran if isinstance(ran, str) else NO_SUBMISSION)
             continue
-        submit = _when(path, index, record.get("submitted_time"), "submitted_time")
+        gpus, runtime = ran
         job_id = str(record.get("jobid") or f"philly-{index}")
-        jobs.append(_job(job_id, submit, str(record.get("vc") or ""), gpus, runtime, gpus_per_node))
-    return jobs
+        reading.add(where, _job(job_id, submit, str(record.get("vc") or ""), gpus, runtime, gpus_per_node))
+    return reading
 
 
-def _helios(path: Path, gpus_per_node: int) -> list[TraceJob]:
+def _philly_attempts(where: str, attempts: list[Any]) -> tuple[int, float] | str:
+    """(the GPUs of the job's last attempt, the time its attempts ran), or why it is left out."""
+    runtime = 0.0
+    gpus = 0
+    last_ended: bool | None = None  # None: no attempt started
+    for attempt in attempts:
+        if not isinstance(attempt, dict):
+            raise TraceError(f"{where}: an attempt is not an object")
+        start = _moment(where, attempt.get("start_time"), "start_time")
+        end = _moment(where, attempt.get("end_time"), "end_time")
+        if start is None:
+            continue  # an attempt that never started
+        last_ended = end is not None
+        if end is None:
+            continue  # only whether the last attempt ended says whether the job did
+        if end < start:
+            return ENDS_BEFORE_START
+        runtime += end - start
+        gpus = 0
+        for machine in _listed(where, attempt, "detail"):
+            if not isinstance(machine, dict):
+                raise TraceError(f"{where}: a machine of an attempt is not an object")
+            gpus += len(_listed(where, machine, "gpus"))
+    if last_ended is None:
+        return NEVER_STARTED
+    if not last_ended:
+        return NEVER_ENDED
+    if gpus <= 0:
+        return NO_GPUS
+    if runtime <= 0:
+        return RAN_NO_TIME
+    return gpus, runtime
+
+
+def _listed(where: str, record: dict[str, Any], key: str) -> list[Any]:
+    """A list field of a JSON object (missing or null: none)."""
+    value = record.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise TraceError(f"{where}: {key}: not a list: {value!r}"[:300])
+    return value
+
+
+def _helios(path: Path, gpus_per_node: int) -> _Reading:
     """Helios ``cluster_log.csv``: tenant = ``vc``, learners = ``node_num`` when the GPUs divide
     evenly over the nodes, runtime = end - start."""
-    jobs = []
+    reading = _Reading()
     for line, row in _rows(path):
-        gpus = int(_optional(row, "gpu_num") or 0)
-        if gpus <= 0 or not row.get("start_time") or not row.get("end_time"):
-            continue  # a CPU job, or one that never ran or never ended in the trace
-        start = _when(path, line, row["start_time"], "start_time")
-        end = _when(path, line, row["end_time"], "end_time")
-        submit = _when(path, line, row["submit_time"], "submit_time")
-        nodes = int(_optional(row, "node_num") or 1)
+        where = f"{path}:{line}"
+        gpus = _count(where, row, "gpu_num") or 0
+        ran = _runtime_of(
+            gpus, _moment(where, row["start_time"], "start_time"), _moment(where, row["end_time"], "end_time")
+        )
+        if isinstance(ran, str):
+            reading.leave_out(ran)
+            continue
+        submit = _when(where, row["submit_time"], "submit_time")
+        nodes = _count(where, row, "node_num") or 1
         per_node = gpus // nodes if nodes > 0 and gpus % nodes == 0 else 0
         if nodes > 1 and 0 < per_node <= gpus_per_node:
-            job = TraceJob(
-                row["job_id"], submit, row["vc"] or "default", nodes, per_node, max(end - start, 1.0)
-            )
+            job = TraceJob(row["job_id"], submit, row["vc"] or "default", nodes, per_node, max(ran, 1.0))
         else:
-            job = _job(row["job_id"], submit, row["vc"], gpus, end - start, gpus_per_node)
-        if end > start:
-            jobs.append(job)
-    return jobs
+            job = _job(row["job_id"], submit, row["vc"], gpus, ran, gpus_per_node)
+        reading.add(where, job)
+    return reading
 
 
-def _openb(path: Path, gpus_per_node: int) -> list[TraceJob]:
+def _runtime_of(gpus: int, start: float | None, end: float | None) -> float | str:
+    """How long a job of ``gpus`` that ran from ``start`` to ``end`` (None: it never got there) ran,
+    or why it is left out."""
+    if gpus <= 0:
+        return NO_GPUS
+    if start is None:
+        return NEVER_STARTED
+    if end is None:
+        return NEVER_ENDED
+    if end < start:
+        return ENDS_BEFORE_START
+    if end == start:
+        return RAN_NO_TIME
+    return end - start
+
+
+def _openb(path: Path, gpus_per_node: int) -> _Reading:
     """Alibaba 2023 ``openb_pod_list``: one pod a job; ``num_gpu`` GPUs (a pod with a share of
     one, ``gpu_milli`` under 1000, takes a whole GPU); tenant and priority from ``qos``; runtime
     from scheduling to deletion."""
-    jobs = []
+    reading = _Reading()
     for line, row in _rows(path):
-        gpus = int(_optional(row, "num_gpu") or 0)
-        scheduled, deleted = _optional(row, "scheduled_time"), _optional(row, "deletion_time")
-        if gpus <= 0 or scheduled is None or deleted is None or deleted <= scheduled:
-            continue
-        submit = _number(path, line, row, "creation_time")
-        qos = row["qos"] or "default"
-        jobs.append(
-            _job(
-                row["name"], submit, qos, gpus, deleted - scheduled, gpus_per_node, OPENB_PRIORITY.get(qos, 0)
-            )
+        where = f"{path}:{line}"
+        gpus = _count(where, row, "num_gpu") or 0
+        ran = _runtime_of(
+            gpus, _optional(where, row, "scheduled_time"), _optional(where, row, "deletion_time")
         )
-    return jobs
-
-
-def _pai(job_table: Path, task_table: Path, gpus_per_node: int) -> list[TraceJob]:
-    """Alibaba PAI 2020: the job table gives the tenant (``user``) and the submission time; the
-    job's tasks give its GPUs (the instances of every task that plans GPUs, each taking
-    ``plan_gpu`` / 100 GPUs rounded up) and its runtime (first task start to last task end)."""
-    users: dict[str, tuple[str, float | None]] = {}
-    for _, row in _rows(job_table, PAI_JOB):
-        users[row["job_name"]] = (row["user"], _optional(row, "start_time"))
-    learners: dict[str, int] = {}
-    per_learner: dict[str, int] = {}
-    spans: dict[str, tuple[float, float]] = {}
-    for line, row in _rows(task_table, PAI_TASK):
-        plan = _optional(row, "plan_gpu") or 0.0
-        count = int(_optional(row, "inst_num") or 0)
-        start, end = _optional(row, "start_time"), _optional(row, "end_time")
-        if plan <= 0 or count <= 0 or start is None or end is None or end <= start:
+        if isinstance(ran, str):
+            reading.leave_out(ran)
             continue
+        submit = _number(where, row, "creation_time")
+        qos = row["qos"] or "default"
+        reading.add(
+            where, _job(row["name"], submit, qos, gpus, ran, gpus_per_node, OPENB_PRIORITY.get(qos, 0))
+        )
+    return reading
+
+
+def _pai(job_table: Path, task_table: Path, gpus_per_node: int) -> _Reading:
+    """Alibaba PAI 2020: the job table gives the tenant (``user``) and the submission time; the
+    job's tasks that plan GPUs give its GPUs (each instance ``plan_gpu`` / 100 GPUs, rounded up:
+    the instances are its learners when they are all of one size that fits a node, else the sum
+    is shaped as any job's) and its runtime (first start to last end of those tasks)."""
+    users: dict[str, tuple[str, float | None, int]] = {}  # job -> (its user, its start, its line)
+    for line, row in _rows(job_table, PAI_JOB):
+        where = f"{job_table}:{line}"
+        name = row["job_name"]
+        if name in users:
+            raise TraceError(f"{where}: job {name!r} again (first at line {users[name][2]})")
+        users[name] = (row["user"], _optional(where, row, "start_time"), line)
+    instances: dict[str, list[tuple[int, int]]] = {}  # job -> (instances, GPUs each) of its GPU tasks
+    spans: dict[str, tuple[float | None, float | None]] = {}  # job -> its GPU tasks' first start, last end
+    for line, row in _rows(task_table, PAI_TASK):
+        where = f"{task_table}:{line}"
         name = row["job_name"]
         if name not in users:
-            raise TraceError(f"{task_table}:{line}: job {name!r} is not in {job_table.name}")
-        learners[name] = learners.get(name, 0) + count
-        per_learner[name] = max(per_learner.get(name, 0), math.ceil(plan / 100))
+            raise TraceError(f"{where}: job {name!r} is not in {job_table.name}")
+        plan = _optional(where, row, "plan_gpu") or 0.0
+        count = _count(where, row, "inst_num") or 0
+        start, end = _optional(where, row, "start_time"), _optional(where, row, "end_time")
+        if plan <= 0 or count <= 0:
+            continue  # a task without GPUs (a parameter server): the job's GPUs are its other tasks'
+        instances.setdefault(name, []).append((count, math.ceil(plan / 100)))
         low, high = spans.get(name, (start, end))
-        spans[name] = (min(low, start), max(high, end))
-    jobs = []
-    for name, (low, high) in spans.items():
-        user, submitted = users[name]
-        per = per_learner[name]
-        count = learners[name]
+        spans[name] = (
+            None if low is None or start is None else min(low, start),
+            None if high is None or end is None else max(high, end),
+        )
+    reading = _Reading()
+    for name, (user, submitted, line) in users.items():
+        tasks = instances.get(name, [])
+        low, high = spans.get(name, (None, None))
+        gpus = sum(count * per for count, per in tasks)
+        ran = _runtime_of(gpus, low, high)
+        if isinstance(ran, str) or low is None:
+            reading.leave_out(ran if isinstance(ran, str) else NEVER_STARTED)
+            continue
         submit = submitted if submitted is not None else low
-        if per > gpus_per_node:
-            jobs.append(_job(name, submit, user, count * per, high - low, gpus_per_node))
+        sizes = {per for _, per in tasks}
+        if len(sizes) == 1 and (per := sizes.pop()) <= gpus_per_node:
+            job = TraceJob(name, submit, user or "default", gpus // per, per, max(ran, 1.0))
         else:
-            jobs.append(TraceJob(name, submit, user or "default", count, per, max(high - low, 1.0)))
-    return jobs
+            job = _job(name, submit, user, gpus, ran, gpus_per_node)
+        reading.add(f"{job_table}:{line}", job)
+    return reading

@@ -46,6 +46,12 @@ MIN_RUNTIME_S = 30.0
 MAX_RUNTIME_S = 7 * 86_400.0
 
 
+#: The latest submission and the longest runtime a trace may give, in seconds (about the year 5138,
+#: and 31 years): a runtime of 1e300 s overflowed the figures into a traceback.
+LATEST_SUBMIT_S = 1e11
+LONGEST_RUNTIME_S = 1e9
+
+
 class TraceError(ValueError):
     """A trace line that is not a job; the message names the line."""
 
@@ -64,8 +70,14 @@ class _TraceLine(BaseModel):
 
 
 def read_trace(path: Path) -> list[TraceJob]:
+    """The jobs of a JSON Lines trace (:func:`checked_jobs`)."""
+    return checked_jobs((f"{path}:{line}", job) for line, job in located_trace(path))
+
+
+def located_trace(path: Path) -> list[tuple[int, TraceJob]]:
+    """The jobs of a JSON Lines trace, each with its line, not checked against each other yet."""
     jobs = []
-    with path.open() as lines:
+    with path.open(encoding="utf-8-sig") as lines:
         for number, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
@@ -75,18 +87,44 @@ def read_trace(path: Path) -> list[TraceJob]:
                 error = exc.errors()[0]
                 where = ".".join(str(part) for part in error["loc"]) or "(line)"
                 raise TraceError(f"{path}:{number}: {where}: {error['msg']}") from exc
-            jobs.append(
-                TraceJob(
-                    job_id=raw.job_id or f"job-{number}",
-                    submit_time=raw.submit_time,
-                    tenant=raw.tenant,
-                    learners=raw.learners,
-                    gpus_per_learner=raw.gpus_per_learner,
-                    runtime=raw.runtime,
-                    priority=raw.priority,
-                    gpu_type=raw.gpu_type,
-                )
+            job = TraceJob(
+                job_id=raw.job_id or f"job-{number}",
+                submit_time=raw.submit_time,
+                tenant=raw.tenant,
+                learners=raw.learners,
+                gpus_per_learner=raw.gpus_per_learner,
+                runtime=raw.runtime,
+                priority=raw.priority,
+                gpu_type=raw.gpu_type,
             )
+            jobs.append((number, job))
+    return jobs
+
+
+def checked_jobs(located: Iterable[tuple[str, TraceJob]]) -> list[TraceJob]:
+    """The jobs of a trace, each given with where it came from, checked: each has an id of its own
+    (the simulator keeps its books by id: two jobs of one id became one, and the other's outcome
+    was lost without a word), is submitted between 0 and :data:`LATEST_SUBMIT_S` and runs at most
+    :data:`LONGEST_RUNTIME_S`; else :class:`TraceError` naming where."""
+    seen: dict[str, str] = {}
+    jobs = []
+    for where, job in located:
+        if job.job_id in seen:
+            raise TraceError(
+                f"{where}: job id {job.job_id!r} again (first at {seen[job.job_id]}): "
+                "each job needs an id of its own"
+            )
+        seen[job.job_id] = where
+        if not 0 <= job.submit_time <= LATEST_SUBMIT_S:
+            raise TraceError(
+                f"{where}: submitted at {job.submit_time:g} s since the epoch; the simulator takes 0 to "
+                f"{LATEST_SUBMIT_S:g}"
+            )
+        if job.runtime > LONGEST_RUNTIME_S:
+            raise TraceError(
+                f"{where}: runs {job.runtime:g} s; the simulator takes up to {LONGEST_RUNTIME_S:g}"
+            )
+        jobs.append(job)
     return jobs
 
 

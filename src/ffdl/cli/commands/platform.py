@@ -112,7 +112,7 @@ def simulate(
     Tenant quotas and scheduler settings come from the configuration, as for `ffdl up`.
     """
     from ffdl.tools import simulate as simulation  # noqa: PLC0415
-    from ffdl.tools.trace_formats import load_trace  # noqa: PLC0415
+    from ffdl.tools.trace_formats import describe_left_out, load_trace  # noqa: PLC0415
     from ffdl.tools.traces import TraceError, generate_trace, write_trace  # noqa: PLC0415
 
     if policy is not None and policy not in simulation.PLACEMENTS:
@@ -122,6 +122,7 @@ def simulate(
         thresholds = simulation.parse_service_queues(service_queues)
     except ValueError as exc:
         raise fail(exc) from exc
+    left_out: dict[str, int] = {}
     if generate is not None:
         if out is None or trace is not None:
             raise fail(ValueError("--generate N writes to --out FILE (and simulates it); give no TRACE"))
@@ -135,20 +136,23 @@ def simulate(
         raise fail(ValueError("give a TRACE file, or --generate N --out FILE"))
     else:
         try:
-            jobs = load_trace(trace, gpus_per_node)
+            loaded = load_trace(trace, gpus_per_node)
         except (OSError, TraceError) as exc:
             raise fail(exc) from exc
+        jobs, left_out = loaded.jobs, loaded.left_out
     cluster = simulation.homogeneous_cluster(nodes, gpus_per_node)
     placement = simulation.PLACEMENTS.get(policy or "")
     scheduler = Settings().scheduler_policy()
     if thresholds is not None:
         scheduler = replace(scheduler, service_queues=thresholds)
-    report = simulation.run_simulation(jobs, cluster, scheduler, placement, html, baselines)
+    report = simulation.run_simulation(jobs, cluster, scheduler, placement, html, baselines, left_out)
     if json_output:
         print_json(report)
         return
     for table in simulation.report_tables(report):
         console.print(table)
+    if left_out:
+        console.print(f"[yellow]left out of the trace[/]: {describe_left_out(left_out)}")
     for job in report["never_run"][:10]:
         console.print(f"[yellow]never runs[/] {shown(job['job_id'])}: {shown(job['reason'])}")
     if html is not None:
