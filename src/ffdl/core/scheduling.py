@@ -48,7 +48,7 @@ from bisect import bisect_left, insort
 from collections.abc import Generator, Iterable, Iterator, Set
 from dataclasses import dataclass, field
 from functools import lru_cache
-from heapq import heappop, heappush, merge
+from heapq import heappop, heappush
 from typing import NamedTuple
 
 from ffdl.core.cluster import MILLI_GPUS, ClusterState, Demand, Gang, HeldJob, counted
@@ -95,6 +95,9 @@ class WaitingQueue:
         self.gpus = 0  # the GPUs the waiting jobs ask for
         # priority -> tenant -> (queued order, job id) of its waiting jobs, sorted
         self._fifos: dict[int, dict[str, list[QueueKey]]] = {}
+        # priority -> (queued order, job id) of every waiting job of the class, sorted: the heads'
+        # walk reads it as it is (merging every tenant's queue cost a heap of them per class per step)
+        self._orders: dict[int, list[QueueKey]] = {}
         self._claimants: dict[int, set[str]] = {}
         # priority -> tenant -> demand -> what its recorded reason says -> (order, job id), sorted:
         # where a planning step finds the jobs whose reason is not the one their kind gets now
@@ -123,6 +126,7 @@ class WaitingQueue:
         if old is None:
             self.gpus += job.demand.total_gpus
             insort(self._fifos.setdefault(job.priority, {}).setdefault(job.tenant, []), _key(job))
+            insort(self._orders.setdefault(job.priority, []), _key(job))
             insort(self._reasons_of(job).setdefault(said(job.wait), []), _key(job))
         elif (was := said(old.wait)) != (now := said(job.wait)):
             reasons = self._reasons_of(job)
@@ -142,10 +146,13 @@ class WaitingQueue:
         tenants = self._fifos[job.priority]
         fifo = tenants[job.tenant]
         del fifo[bisect_left(fifo, _key(job))]
+        order = self._orders[job.priority]
+        del order[bisect_left(order, _key(job))]
         if not fifo:
             del tenants[job.tenant]
             if not tenants:
                 del self._fifos[job.priority]
+                del self._orders[job.priority]
         self._claimants[job.priority].discard(job_id)
         demands = self._by_reason[job.priority][job.tenant]
         _discard(demands[job.demand], said(job.wait), _key(job))
@@ -179,7 +186,7 @@ class WaitingQueue:
     def in_order(self, priority: int) -> Iterator[WaitingJob]:
         """The class's jobs in queue order, whatever their tenant (lazily: a walk may stop early)."""
         jobs = self._jobs
-        for _, job_id in merge(*self.fifos(priority).values()):
+        for _, job_id in self._orders.get(priority, ()):
             yield jobs[job_id]
 
 
