@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from ffdl.core import simulation
 from ffdl.core.allocator import Node
-from ffdl.core.scheduling import Decision, Planner, SchedulerPolicy
+from ffdl.core.cluster import Demand
+from ffdl.core.scheduling import Decision, Planner, SchedulerPolicy, WaitingJob, WaitingQueue
 from ffdl.core.simulation import TraceJob, simulate
 from ffdl.core.tenancy import TenancyPolicy, TenantQuota
 
@@ -112,3 +113,28 @@ def test_the_walks_agree_on_a_longer_busy_workload(seed: int) -> None:
             )
         )
     assert outcomes(trace, 4, Planner) == outcomes(trace, 4, Rekeying)
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.booleans(), st.integers(0, 11), st.sampled_from("abc"), st.integers(-1, 1), st.integers(0, 5)
+        ),
+        max_size=60,
+    )
+)
+def test_a_class_in_queue_order_is_every_tenants_queue_merged_as_jobs_come_go_and_move(
+    steps: list[tuple[bool, int, str, int, int]],
+) -> None:
+    """The heads' walk reads each class's jobs from one list kept in queue order as jobs are queued,
+    removed, or move class (a band changed); it must be every tenant's queue of the class merged."""
+    queue = WaitingQueue()
+    for add, number, tenant, priority, queued in steps:
+        job_id = f"job-{number}"
+        if add:
+            queue.put(WaitingJob(job_id, tenant, Demand(1, 1), priority, (float(queued), job_id)))
+        else:
+            queue.remove(job_id)
+        for level in (-1, 0, 1):
+            merged = sorted(key for fifo in queue.fifos(level).values() for key in fifo)
+            assert [(job.queued_order, job.job_id) for job in queue.in_order(level)] == merged
