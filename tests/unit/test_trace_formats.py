@@ -313,6 +313,7 @@ def test_the_cli_says_what_the_trace_left_out_and_survives_a_trace_where_nothing
     assert report["left_out"] == {"no GPUs": 1}
     assert [job["job_id"] for job in report["never_run"]] == ["philly-2"]  # 64 GPUs on 4 x 8
     assert page.read_text().startswith("<!doctype html>")
+    assert "Left out of the trace: 1 no GPUs." in page.read_text()
     told = runner.invoke(app, ["simulate", str(trace), "--nodes", "8"])
     assert told.exit_code == 0 and "left out of the trace: 1 no GPUs" in told.output
 
@@ -324,3 +325,46 @@ def test_the_simulator_refuses_two_jobs_of_one_id() -> None:
     twice = [TraceJob("a", 0.0, "t", 1, 1, 60.0), TraceJob("a", 1.0, "u", 1, 1, 60.0)]
     with pytest.raises(ValueError, match="'a' is in the trace more than once"):
         simulate(twice, homogeneous_cluster(1, 8))
+
+
+def test_pai_reads_a_time_of_zero_as_none_and_builds_a_job_from_the_gpu_tasks_that_ran(
+    tmp_path: Path,
+) -> None:
+    """Alibaba's own analysis reads 0 as no time (a task that never launched): taken as a time, an
+    evaluator at 0,0 stretched a one-hour job to 11.6 days. A job whose evaluator never launched
+    ran for the hour all the same; a CPU task of a job the job table lacks is no GPU job to lose."""
+    (tmp_path / "pai_job_table.csv").write_text(
+        "zero,i1,alice,Terminated,0,0\nwaiting,i2,bob,Terminated,1000,4600\nbackwards,i3,carol,Failed,1000,900\n"
+    )
+    (tmp_path / "pai_task_table.csv").write_text(
+        "zero,worker,4,Terminated,1000000,1003600,600.0,29.0,100.0,V100\n"
+        "zero,evaluator,1,Failed,0.0,0.0,600.0,29.0,100.0,V100\n"
+        "waiting,worker,2,Terminated,1000,4600,600.0,29.0,100.0,V100\n"
+        "waiting,evaluator,1,Waiting,,,600.0,29.0,100.0,V100\n"
+        "backwards,worker,1,Terminated,1000,2000,600.0,29.0,100.0,V100\n"
+        "backwards,evaluator,1,Failed,1500,900,600.0,29.0,100.0,V100\n"
+        "orphan,ps,1,Terminated,1000,2000,600.0,29.0,,\n"
+    )
+    loaded = load_trace(tmp_path)
+    assert shapes(loaded.jobs) == [("zero", "alice", 4, 1, 3600.0, 0), ("waiting", "bob", 2, 1, 3600.0, 0)]
+    assert loaded.jobs[0].submit_time == 1000000.0  # the job table's 0 is no time: its first task's
+    assert loaded.left_out == {"ends before it starts": 1}
+
+
+def test_rows_a_reader_leaves_out_are_not_read_for_what_it_does_not_need(tmp_path: Path) -> None:
+    """A CPU job's Unknown start (Slurm's word) or a job without GPUs with no timestamp once
+    aborted the whole trace; a header after blank lines, or without columns no reader uses, is found."""
+    (tmp_path / "helios.csv").write_text(
+        "\n\n" + HELIOS_HEADER + "1,u,vc1,0,4,1,FAILED,0,Unknown,Unknown\n2,u,vc1,8,4,1,COMPLETED,0,10,70\n"
+    )
+    loaded = load_trace(tmp_path / "helios.csv")
+    assert (shapes(loaded.jobs), loaded.left_out) == ([("2", "vc1", 1, 8, 60.0, 0)], {"no GPUs": 1})
+    (tmp_path / "philly.csv").write_text("timestamp,duration,num_gpus,cluster\n,60,0,vc\n0,60,1,vc\n")
+    loaded = load_trace(tmp_path / "philly.csv")
+    assert (shapes(loaded.jobs), loaded.left_out) == ([("philly-3", "vc", 1, 1, 60.0, 0)], {"no GPUs": 1})
+
+
+def test_a_table_taken_for_pai_without_the_other_says_so(tmp_path: Path) -> None:
+    (tmp_path / "numbers.csv").write_text("1,2,3,4,5,6\n")
+    with pytest.raises(TraceError, match="read as an Alibaba PAI 2020 trace"):
+        load_trace(tmp_path / "numbers.csv")

@@ -81,6 +81,15 @@ def _colour(name: str) -> str:
     return f"hsl({value % 360} 60% 42%)"
 
 
+def _left_out(report: dict[str, Any]) -> str:
+    """The sentence on what the trace's reader left out, if it left anything out."""
+    left_out = report.get("left_out") or {}
+    if not left_out:
+        return ""
+    said = ", ".join(f"{count} {escape(reason)}" for reason, count in left_out.items())
+    return f" Left out of the trace: {said}."
+
+
 def _curve(usage: Sequence[tuple[float, int]], start: float, end: float) -> list[tuple[float, float]]:
     """GPUs in use over time, averaged over each of :data:`CURVE_POINTS` slices from start to end."""
     span = max(end - start, 1e-9)
@@ -329,7 +338,7 @@ section{{margin:18px 0}}.swatch{{display:inline-block;width:10px;height:10px;mar
 .legend span{{margin-right:12px;white-space:nowrap}}</style></head>
 <body><h1>Simulation report</h1>
 <p>{report["jobs"]} jobs on {cluster["nodes"]} nodes ({cluster["gpus"]} GPUs), offered load
-{report["offered_load"]:.2f}; {len(report["never_run"])} jobs can never run here.</p>
+{report["offered_load"]:.2f}; {len(report["never_run"])} jobs can never run here.{_left_out(report)}</p>
 {_comparison_table(report)}
 <p class="legend">{policies}</p>
 <section><h2>Job completion time</h2>{_jct_cdf_svg(results)}</section>

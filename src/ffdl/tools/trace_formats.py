@@ -40,9 +40,10 @@ from typing import Any
 from ffdl.core.simulation import TraceJob
 from ffdl.tools.traces import TraceError, checked_jobs, located_trace
 
-PHILLY_CSV = ("timestamp", "duration", "num_gpus", "gpu_time", "cluster")
-HELIOS = ("job_id", "user", "vc", "gpu_num", "node_num", "state", "submit_time", "start_time", "end_time")
-OPENB = ("name", "num_gpu", "gpu_milli", "qos", "creation_time", "deletion_time", "scheduled_time")
+#: The columns each CSV format is known by: those its reader uses (any others may be there too).
+PHILLY_CSV = ("timestamp", "duration", "num_gpus", "cluster")
+HELIOS = ("job_id", "vc", "gpu_num", "node_num", "submit_time", "start_time", "end_time")
+OPENB = ("name", "num_gpu", "qos", "creation_time", "deletion_time", "scheduled_time")
 #: The PAI 2020 tables' columns, in order (the published CSVs have no header).
 PAI_JOB = ("job_name", "inst_id", "user", "status", "start_time", "end_time")
 PAI_TASK = (
@@ -59,8 +60,8 @@ PAI_TASK = (
 )
 #: openb's QoS classes as priorities: latency-sensitive first, best effort last.
 OPENB_PRIORITY = {"LS": 10, "Guaranteed": 10, "Burstable": 0, "BE": -10}
-#: What a trace may write for a value it does not have.
-MISSING = frozenset({"", "none", "null", "nan"})
+#: What a trace may write for a value it does not have (pandas writes NaN and NaT, Slurm Unknown).
+MISSING = frozenset({"", "none", "null", "nan", "nat", "unknown"})
 
 # Why a job of a trace is left out (LoadedTrace.left_out counts them).
 NO_GPUS = "no GPUs"
@@ -197,7 +198,7 @@ def _rows(path: Path, columns: Sequence[str] | None = None) -> Iterator[tuple[in
         raise TraceError(f"{path}: {exc.strerror or exc}") from exc
     with handle:
         reader = csv.reader(handle)
-        header = list(columns) if columns else [_column(cell) for cell in next(reader, [])]
+        header = list(columns) if columns else [_column(cell) for cell in _first_row(reader)]
         for cells in reader:
             if not any(cell.strip() for cell in cells):
                 continue
@@ -207,6 +208,11 @@ def _rows(path: Path, columns: Sequence[str] | None = None) -> Iterator[tuple[in
             if len(cells) != len(header):
                 raise TraceError(f"{path}:{line}: {len(cells)} fields, where the table has {len(header)}")
             yield line, {name: cell.strip() for name, cell in zip(header, cells, strict=True)}
+
+
+def _first_row(rows: Iterator[list[str]]) -> list[str]:
+    """The first row that is not blank (the header, after any blank lines before it)."""
+    return next((cells for cells in rows if any(cell.strip() for cell in cells)), [])
 
 
 def _number(where: str, row: dict[str, str], column: str) -> float:
@@ -282,12 +288,12 @@ def _philly_csv(path: Path, gpus_per_node: int) -> _Reading:
         where = f"{path}:{line}"
         gpus = _count(where, row, "num_gpus")
         runtime = _number(where, row, "duration")
-        submit = _when(where, row["timestamp"], "timestamp")
         if not gpus or gpus < 0:
             reading.leave_out(NO_GPUS)
         elif runtime <= 0:
             reading.leave_out(RAN_NO_TIME)
         else:
+            submit = _when(where, row["timestamp"], "timestamp")
             reading.add(where, _job(f"philly-{line}", submit, row["cluster"], gpus, runtime, gpus_per_node))
     return reading
 
@@ -370,6 +376,9 @@ def _helios(path: Path, gpus_per_node: int) -> _Reading:
     for line, row in _rows(path):
         where = f"{path}:{line}"
         gpus = _count(where, row, "gpu_num") or 0
+        if gpus <= 0:  # a CPU job: its times are not read (Slurm writes Unknown for one never started)
+            reading.leave_out(NO_GPUS)
+            continue
         ran = _runtime_of(
             gpus, _moment(where, row["start_time"], "start_time"), _moment(where, row["end_time"], "end_time")
         )
@@ -411,6 +420,9 @@ def _openb(path: Path, gpus_per_node: int) -> _Reading:
     for line, row in _rows(path):
         where = f"{path}:{line}"
         gpus = _count(where, row, "num_gpu") or 0
+        if gpus <= 0:
+            reading.leave_out(NO_GPUS)
+            continue
         ran = _runtime_of(
             gpus, _optional(where, row, "scheduled_time"), _optional(where, row, "deletion_time")
         )
@@ -427,48 +439,75 @@ def _openb(path: Path, gpus_per_node: int) -> _Reading:
 
 def _pai(job_table: Path, task_table: Path, gpus_per_node: int) -> _Reading:
     """Alibaba PAI 2020: the job table gives the tenant (``user``) and the submission time; the
-    job's tasks that plan GPUs give its GPUs (each instance ``plan_gpu`` / 100 GPUs, rounded up:
+    job's GPU tasks that started give its GPUs (each instance ``plan_gpu`` / 100 GPUs, rounded up:
     the instances are its learners when they are all of one size that fits a node, else the sum
-    is shaped as any job's) and its runtime (first start to last end of those tasks)."""
+    is shaped as any job's) and its runtime (first start to last end of those tasks). A time of 0
+    is no time, as Alibaba's own analysis reads it (a task that never launched)."""
+    for table in (job_table, task_table):
+        if not table.is_file():
+            raise TraceError(
+                f"{table}: not found; read as an Alibaba PAI 2020 trace (a CSV of "
+                f"{len(PAI_JOB)} or {len(PAI_TASK)} columns without a header, or a directory), "
+                "whose pai_job_table.csv and pai_task_table.csv lie side by side"
+            )
     users: dict[str, tuple[str, float | None, int]] = {}  # job -> (its user, its start, its line)
     for line, row in _rows(job_table, PAI_JOB):
         where = f"{job_table}:{line}"
         name = row["job_name"]
         if name in users:
             raise TraceError(f"{where}: job {name!r} again (first at line {users[name][2]})")
-        users[name] = (row["user"], _optional(where, row, "start_time"), line)
-    instances: dict[str, list[tuple[int, int]]] = {}  # job -> (instances, GPUs each) of its GPU tasks
-    spans: dict[str, tuple[float | None, float | None]] = {}  # job -> its GPU tasks' first start, last end
+        users[name] = (row["user"], _pai_time(where, row, "start_time"), line)
+    tasks: dict[str, list[tuple[int, int, float, float | None]]] = {}  # job -> its GPU tasks that started
+    with_gpus: set[str] = set()  # the jobs with a task that plans GPUs
     for line, row in _rows(task_table, PAI_TASK):
         where = f"{task_table}:{line}"
+        plan = _optional(where, row, "plan_gpu") or 0.0
+        count = _count(where, row, "inst_num") or 0
+        if plan <= 0 or count <= 0:
+            continue  # a task without GPUs (a parameter server): the job's GPUs are its other tasks'
         name = row["job_name"]
         if name not in users:
             raise TraceError(f"{where}: job {name!r} is not in {job_table.name}")
-        plan = _optional(where, row, "plan_gpu") or 0.0
-        count = _count(where, row, "inst_num") or 0
-        start, end = _optional(where, row, "start_time"), _optional(where, row, "end_time")
-        if plan <= 0 or count <= 0:
-            continue  # a task without GPUs (a parameter server): the job's GPUs are its other tasks'
-        instances.setdefault(name, []).append((count, math.ceil(plan / 100)))
-        low, high = spans.get(name, (start, end))
-        spans[name] = (
-            None if low is None or start is None else min(low, start),
-            None if high is None or end is None else max(high, end),
-        )
+        with_gpus.add(name)
+        start = _pai_time(where, row, "start_time")
+        if start is not None:  # one that never launched (an evaluator left waiting) held no GPUs
+            end = _pai_time(where, row, "end_time")
+            tasks.setdefault(name, []).append((count, math.ceil(plan / 100), start, end))
     reading = _Reading()
     for name, (user, submitted, line) in users.items():
-        tasks = instances.get(name, [])
-        low, high = spans.get(name, (None, None))
-        gpus = sum(count * per for count, per in tasks)
-        ran = _runtime_of(gpus, low, high)
-        if isinstance(ran, str) or low is None:
-            reading.leave_out(ran if isinstance(ran, str) else NEVER_STARTED)
+        ran = _pai_job(tasks.get(name, [])) if name in with_gpus else NO_GPUS
+        if isinstance(ran, str):
+            reading.leave_out(ran)
             continue
-        submit = submitted if submitted is not None else low
-        sizes = {per for _, per in tasks}
+        first, runtime = ran
+        started = tasks[name]
+        gpus = sum(count * per for count, per, _, _ in started)
+        submit = submitted if submitted is not None else first
+        sizes = {per for _, per, _, _ in started}
         if len(sizes) == 1 and (per := sizes.pop()) <= gpus_per_node:
-            job = TraceJob(name, submit, user or "default", gpus // per, per, max(ran, 1.0))
+            job = TraceJob(name, submit, user or "default", gpus // per, per, max(runtime, 1.0))
         else:
-            job = _job(name, submit, user, gpus, ran, gpus_per_node)
+            job = _job(name, submit, user, gpus, runtime, gpus_per_node)
         reading.add(f"{job_table}:{line}", job)
     return reading
+
+
+def _pai_time(where: str, row: dict[str, str], column: str) -> float | None:
+    """A PAI time: 0 (or less) is none, as for a task that never launched."""
+    value = _optional(where, row, column)
+    return value if value is not None and value > 0 else None
+
+
+def _pai_job(started: list[tuple[int, int, float, float | None]]) -> tuple[float, float] | str:
+    """(first start, runtime) of a PAI job from its GPU tasks that started, or why it is left out:
+    one of them never ended (it still ran when the trace ends), or ends before it starts."""
+    if not started:
+        return NEVER_STARTED
+    ends = [end for _, _, _, end in started]
+    if any(end is None for end in ends):
+        return NEVER_ENDED
+    first = min(start for _, _, start, _ in started)
+    last = max(end for end in ends if end is not None)
+    if any(end is not None and end < start for _, _, start, end in started):
+        return ENDS_BEFORE_START
+    return (first, last - first) if last > first else RAN_NO_TIME
