@@ -30,6 +30,11 @@ all of one demand (the baseline) and each of a demand of its own (CPUs stepped b
 CPU seconds and their ratio: what a tenant that varies its demands costs every step; and the same
 step with every run's end looked up by demand, as before runs were read job by job.
 
+With ``--only tenants``: a simulation of ``--tenants`` jobs, one a second, each of one GPU for a
+minute, on 4 x 8 GPUs (a queue grows to most of them), each job of a tenant of its own, against the
+same jobs of one tenant (the baseline), in CPU seconds and their ratio: what the tenants with
+waiting jobs cost every step.
+
 Last, with ``--only philly``: the whole Philly trace (``../shared/traces/philly.csv``, 82,247 jobs;
 read where it lies, never copied) replayed through ffdl's configured policy (bands included, as
 above) on ``--philly-nodes`` x 8 GPUs.
@@ -39,6 +44,7 @@ Run from the repository root (takes a few minutes):
     .venv/bin/python bench/scheduler_bench.py [--json]
     .venv/bin/python bench/scheduler_bench.py --only simulator [--simulated-jobs 20000 --baseline-jobs 5000]
     .venv/bin/python bench/scheduler_bench.py --only philly [--philly PATH --philly-nodes 64]
+    .venv/bin/python bench/scheduler_bench.py --only tenants [--tenants 2000]
 """
 
 from __future__ import annotations
@@ -308,6 +314,25 @@ def demand_runs(jobs: int = 3000) -> dict[str, Any]:
     }
 
 
+def tenant_runs(jobs: int) -> dict[str, Any]:
+    """``jobs`` one-GPU jobs, one a second, on 4 x 8 GPUs: each of a tenant of its own, and (the
+    baseline) all of one tenant; the same decisions but for whose jobs go first."""
+
+    def run(tenant: Callable[[int], str]) -> float:
+        trace = [TraceJob(f"job-{i}", float(i), tenant(i), 1, 1, 60.0) for i in range(jobs)]
+        started = time.process_time()
+        simulate(trace, homogeneous_cluster(4, GPUS_PER_NODE), Settings().scheduler_policy())
+        return time.process_time() - started
+
+    one, each = run(lambda _: "one"), run(lambda i: f"tenant-{i}")
+    return {
+        "jobs": jobs,
+        "cpu_s_one_tenant": round(one, 2),
+        "cpu_s_a_tenant_each": round(each, 2),
+        "a_tenant_each_over_one_tenant": round(each / max(one, 1e-6), 1),
+    }
+
+
 def simulator_runs(nodes: list[Node], jobs: int, baseline_jobs: int) -> list[dict[str, Any]]:
     runs = [simulator_speed(nodes, jobs, 0.9), simulator_speed(nodes, jobs, 1.3)]
     if baseline_jobs:
@@ -319,7 +344,10 @@ def simulator_runs(nodes: list[Node], jobs: int, baseline_jobs: int) -> list[dic
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--only", choices=["simulator", "philly", "demands"], help="run only that part")
+    parser.add_argument(
+        "--only", choices=["simulator", "philly", "demands", "tenants"], help="run only that part"
+    )
+    parser.add_argument("--tenants", type=int, default=2000, help="jobs (and tenants) of --only tenants")
     parser.add_argument("--philly", type=Path, default=PHILLY, help="the Philly job table (philly.csv)")
     parser.add_argument("--philly-nodes", type=int, default=64, help="8-GPU nodes of the Philly replay")
     parser.add_argument("--simulated-jobs", type=int, default=SIMULATED_JOBS, help="jobs per simulated trace")
@@ -333,6 +361,10 @@ def main() -> None:
         replay = philly_replay(args.philly, args.philly_nodes)
         replay["load_average"] = [load_at_start, os.getloadavg()[0]]
         print(json.dumps(replay, indent=2) if args.json else replay)
+        return
+    if args.only == "tenants":
+        figures = tenant_runs(args.tenants)
+        print(json.dumps(figures, indent=2) if args.json else figures)
         return
     if args.only == "demands":
         figures = demand_runs()
