@@ -56,6 +56,72 @@ def test_passing_over_settled_jobs_decides_as_weighing_each(
         scheduling.SHORT_RUN = configured
 
 
+MANY = tuple(f"t{index}" for index in range(12))
+many_tenants = st.lists(
+    st.tuples(
+        st.lists(
+            st.tuples(
+                st.sampled_from(MANY),
+                st.integers(1, 2),
+                st.sampled_from([1, 2, 8]),
+                st.sampled_from([0, 5]),
+                st.sampled_from([1, 40]),
+            ),
+            max_size=16,
+        ),
+        st.integers(0, 1000),
+        st.booleans(),
+    ),
+    min_size=1,
+    max_size=10,
+)
+
+
+@pytest.mark.parametrize("settle_all_at", [0, 3])
+@settings(max_examples=120, deadline=None)
+@given(nodes=st.integers(1, 4), rounds=many_tenants)
+def test_passing_over_every_tenant_a_verdict_settles_decides_as_weighing_each(
+    settle_all_at: int, nodes: int, rounds: list[tuple[list[tuple[str, int, int, int, int]], int, bool]]
+) -> None:
+    """Where no tenant stands apart, a class whose every demand one verdict settles is passed over
+    at once, whatever the tenants left (a step over thousands of one-job tenants weighed each):
+    the same decisions and reasons as weighing each job, with bands of service as the classes."""
+    configured = scheduling.SETTLE_ALL_AT
+    scheduling.SETTLE_ALL_AT = settle_all_at
+    try:
+        _pass_and_weigh(nodes, rounds, SchedulerPolicy(min_runtime_s=10.0))
+    finally:
+        scheduling.SETTLE_ALL_AT = configured
+
+
+def test_a_class_settled_for_every_tenant_is_passed_over_without_weighing_each_tenant() -> None:
+    """2,000 one-job tenants of one demand on a full cluster: one job is weighed, the rest passed."""
+    state = ClusterState([Node(f"n{index}", 8) for index in range(4)])
+    for index in range(4):
+        gang = state.room.find(Demand(1, 8))
+        assert gang is not None
+        state.hold(HeldJob(f"held-{index}", "b", Demand(1, 8), 0, gang, 0.0))
+    queue = WaitingQueue(
+        WaitingJob(f"j{index:04d}", f"t{index:04d}", Demand(1, 1), 0, (float(index), f"j{index:04d}"))
+        for index in range(2000)
+    )
+    weighed = 0
+    decide = Planner._decide
+
+    def counted(planner: Planner, job: WaitingJob, position: int) -> scheduling.Decision:
+        nonlocal weighed
+        weighed += 1
+        return decide(planner, job, position)
+
+    Planner._decide = counted  # type: ignore[method-assign]
+    try:
+        plan = Planner(state, queue, 1000.0, SchedulerPolicy()).run()
+    finally:
+        Planner._decide = decide  # type: ignore[method-assign]
+    assert len(plan.waits) == 2000 and len({wait.code for wait in plan.waits.values()}) == 1
+    assert weighed == 1, "the first tenant's job is weighed; its verdict settles every other"
+
+
 def test_a_step_reads_each_job_of_a_tenant_with_a_demand_per_job_a_bounded_number_of_times() -> None:
     """Looking the end of each run up by demand cost a pass per job over every demand of the
     tenant: 3,000 jobs of a demand each took 4 s a step. Read job by job, a step reads each job
@@ -91,7 +157,11 @@ def test_a_step_reads_each_job_of_a_tenant_with_a_demand_per_job_a_bounded_numbe
     assert asked <= 4 * len(jobs)
 
 
-def _pass_and_weigh(nodes: int, rounds: list[tuple[list[tuple[str, int, int, int, int]], int, bool]]) -> None:
+def _pass_and_weigh(
+    nodes: int,
+    rounds: list[tuple[list[tuple[str, int, int, int, int]], int, bool]],
+    policy: SchedulerPolicy = POLICY,
+) -> None:
     inventory = [Node(f"n{index}", 8) for index in range(nodes)]
     passing, weighing = ClusterState(inventory), ClusterState(inventory)
     queue = WaitingQueue()
@@ -120,8 +190,8 @@ def _pass_and_weigh(nodes: int, rounds: list[tuple[list[tuple[str, int, int, int
             queue.put(WaitingJob(job_id, tenant, demand, priority, (now, job_id)))
             waiting.append(job_id)
 
-        passed = Planner(passing, queue, now, POLICY).run()
-        weighed = Planner(weighing, queue, now, POLICY, weigh_all=True).run()
+        passed = Planner(passing, queue, now, policy).run()
+        weighed = Planner(weighing, queue, now, policy, weigh_all=True).run()
 
         assert passed.allocations == weighed.allocations
         assert passed.evictions == weighed.evictions

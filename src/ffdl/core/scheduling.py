@@ -39,13 +39,16 @@ where its tenant stands (over its quota, reclaiming its guarantee, or neither) a
 has done so far; so until the step does something more (places, preempts, reserves), the next
 such jobs, of any tenant that stands alike, get the verdict the last one got, and a tenant's run
 of them is passed over at once, yielding only the jobs whose recorded reason says something else.
-``weigh_all`` weighs every job on its own instead: the same decisions, the baseline.
+Where no tenant stands apart (no guarantees, no limits) and verdicts settle every demand of a
+class, the tenants left in it are passed over together, so a step over many tenants does not weigh
+a job of each. ``weigh_all`` weighs every job on its own instead: the same decisions, the baseline.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections.abc import Generator, Iterable, Iterator, Set
+from collections import Counter
+from collections.abc import Collection, Generator, Iterable, Iterator, Set
 from dataclasses import dataclass, field
 from functools import lru_cache
 from heapq import heappop, heappush
@@ -63,6 +66,9 @@ _COMPETING = frozenset({W.CAPACITY, W.FRAGMENTATION, W.GPU_TYPE, W.PRIORITY})
 #: from how many distinct demands of a tenant a pass over its settled jobs reads them one by one
 #: before it looks the end of the run up by demand (Planner._settled_run)
 SHORT_RUN = 16
+#: from how many tenants left to walk in a class a step asks whether a verdict settles every demand
+#: of the class, and if so passes over all their jobs at once (Planner._settle_rest)
+SETTLE_ALL_AT = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +105,7 @@ class WaitingQueue:
         # walk reads it as it is (merging every tenant's queue cost a heap of them per class per step)
         self._orders: dict[int, list[QueueKey]] = {}
         self._claimants: dict[int, set[str]] = {}
+        self._demands: dict[int, Counter[Demand]] = {}  # priority -> demand -> how many wait
         # priority -> tenant -> demand -> what its recorded reason says -> (order, job id), sorted:
         # where a planning step finds the jobs whose reason is not the one their kind gets now
         self._by_reason: dict[int, dict[str, dict[Demand, dict[Said, list[QueueKey]]]]] = {}
@@ -127,6 +134,7 @@ class WaitingQueue:
             self.gpus += job.demand.total_gpus
             insort(self._fifos.setdefault(job.priority, {}).setdefault(job.tenant, []), _key(job))
             insort(self._orders.setdefault(job.priority, []), _key(job))
+            self._demands.setdefault(job.priority, Counter())[job.demand] += 1
             insort(self._reasons_of(job).setdefault(said(job.wait), []), _key(job))
         elif (was := said(old.wait)) != (now := said(job.wait)):
             reasons = self._reasons_of(job)
@@ -148,11 +156,16 @@ class WaitingQueue:
         del fifo[bisect_left(fifo, _key(job))]
         order = self._orders[job.priority]
         del order[bisect_left(order, _key(job))]
+        counts = self._demands[job.priority]
+        counts[job.demand] -= 1
+        if not counts[job.demand]:
+            del counts[job.demand]
         if not fifo:
             del tenants[job.tenant]
             if not tenants:
                 del self._fifos[job.priority]
                 del self._orders[job.priority]
+                del self._demands[job.priority]
         self._claimants[job.priority].discard(job_id)
         demands = self._by_reason[job.priority][job.tenant]
         _discard(demands[job.demand], said(job.wait), _key(job))
@@ -168,6 +181,10 @@ class WaitingQueue:
         """The tenant's jobs of the class by demand, then by what their recorded reason says
         (:func:`said`), each list in queue order; read only."""
         return self._by_reason.get(priority, {}).get(tenant, {})
+
+    def demands(self, priority: int) -> Collection[Demand]:
+        """The demands of the class's waiting jobs, each once; read only."""
+        return self._demands.get(priority, {}).keys()
 
     def priorities(self) -> list[int]:
         """The priority classes with waiting jobs, highest first."""
@@ -333,6 +350,8 @@ class Planner:
         # got (:meth:`_alike`); after, if what that verdict rests on is the same (see :meth:`_decide`).
         self._version = 0
         self._verdicts: dict[Alike, tuple[int, WaitRecord, Grounds]] = {}
+        self._verdicts_made = 0  # verdicts stored: what :meth:`_settles_all` may have changed its mind on
+        self._unsettled_at: tuple[int, int] | None = None  # (version, verdicts made) it last said no at
         # (class, tenant, demand) -> its Alike, as of version ``_alikes_at``: the ledger that
         # decides it changes only with what bumps the version
         self._alikes: dict[tuple[int, str, Demand], Alike] = {}
@@ -428,6 +447,9 @@ class Planner:
                 heap.append((ledger.order_key(tenant), tenant))
         heap.sort()
         while heap:
+            if len(heap) >= SETTLE_ALL_AT and self._settles_all(priority):
+                yield from self._settle_rest(priority, [tenant for _, tenant in heap], cursors, first)
+                return
             entry = heappop(heap)
             tenant = entry[1]
             fifo = fifos[tenant]
@@ -447,6 +469,53 @@ class Planner:
                     continue
             cursors[tenant] = at
             heappush(heap, entry)
+
+    def _settles_all(self, priority: int) -> bool:
+        """Whether a verdict that holds settles every demand of the class's waiting jobs, whatever
+        their tenant: then weighing the rest one by one changes nothing, and their fair-share
+        order does not matter. Only where no tenant stands apart (no guarantee, no limit: the
+        verdict of a job that counts is its class's and demand's alone, :meth:`_alike`), and asked
+        again only once the planner did something or gave a verdict since it last said no."""
+        if self._weigh_all or not self._ledger.flat:
+            return False
+        asked = (self._version, self._verdicts_made)
+        if asked == self._unsettled_at:
+            return False
+        for demand in self._queue.demands(priority):
+            alike: Alike = (priority, demand, None, False)
+            if self._state.charge(demand) <= 0 or self._verdict(priority, "", demand, alike) is None:
+                self._unsettled_at = asked
+                return False
+        return True
+
+    def _settle_rest(
+        self, priority: int, tenants: list[str], cursors: dict[str, int], first: Set[str]
+    ) -> Iterator[Decision]:
+        """Pass over every job of ``tenants`` from its cursor on (:meth:`_settles_all` said the
+        class is settled), yielding those whose recorded reason differs from their verdict, as
+        :meth:`_settled_run` does for one tenant: a step over thousands of one-job tenants weighed
+        each tenant's job on its own, one verdict settling them all."""
+        verdicts: dict[Demand, WaitRecord] = {}
+        fifos = self._queue.fifos(priority)
+        for tenant in sorted(tenants):
+            fifo = fifos[tenant]
+            at = cursors[tenant]
+            start = fifo[at]
+            self._considered += len(fifo) - at - self._firsts_between(priority, tenant, start, None, first)
+            for demand, by_said in self._queue.by_reason(priority, tenant).items():
+                record = verdicts.get(demand)
+                if record is None:
+                    record = self._verdict(priority, tenant, demand, (priority, demand, None, False))
+                    assert record is not None  # what _settles_all found
+                    verdicts[demand] = record
+                says = said(record)
+                for what, keys in by_said.items():
+                    if what == says:
+                        continue
+                    for _, job_id in keys[bisect_left(keys, start) :]:
+                        job = self._queue.get(job_id)
+                        if job is not None and job_id not in first:
+                            yield Decision(job, wait=record)
 
     def _settled_run(
         self, priority: int, tenant: str, at: int, first: Set[str]
@@ -605,6 +674,7 @@ class Planner:
             wait = self._quota_wait(job)
             if alike is not None:
                 self._verdicts[alike] = (self._version, wait, (W.QUOTA,))
+                self._verdicts_made += 1
             return Decision(job, wait=wait)
         gang = self._place(job)
         if gang is not None:
@@ -629,6 +699,7 @@ class Planner:
             # It is within its quota, did not fit and found no victims (both memoised now), and it
             # holds no nodes: what :meth:`_grounds` would find is what the wait says.
             self._verdicts[alike] = (self._version, wait, (wait.code, wait.waiting_for))
+            self._verdicts_made += 1
         return Decision(job, wait=self._kept(job, wait))
 
     def _alike(self, priority: int, tenant: str, demand: Demand) -> Alike:
