@@ -9,6 +9,8 @@ positions and wording) and, for every waiting job, the same reason as the step t
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -16,10 +18,12 @@ from hypothesis import strategies as st
 from ffdl.core import scheduling
 from ffdl.core.allocator import Node
 from ffdl.core.cluster import ClusterState, Demand, HeldJob
+from ffdl.core.job import WaitRecord
 from ffdl.core.scheduling import Alike, Planner, SchedulerPolicy, WaitingJob, WaitingQueue
 from ffdl.core.tenancy import TenancyPolicy, TenantQuota
 from ffdl.events.model import WaitReason
 
+WAITED = WaitRecord(WaitReason.CAPACITY, "needs 1 learner(s) x 1 GPU(s); not enough are free")
 TENANTS = ("a", "b", "c", "d")  # d: the default quota (no guarantee, no limit)
 POLICY = SchedulerPolicy(
     tenancy=TenancyPolicy(
@@ -245,3 +249,29 @@ def test_a_job_that_reclaims_its_guarantee_is_not_given_the_verdict_of_one_that_
     assert passed.waits["x-waiting"].code is WaitReason.CAPACITY
     assert passed.waits["y-waiting"].code is WaitReason.PREEMPTION
     assert (passed.evictions, passed.waits) == (weighed.evictions, weighed.waits)
+
+
+def test_the_heads_walk_ends_once_every_demand_of_the_class_fits() -> None:
+    """A GPU free and 2,000 waiting jobs of one demand that fits: no job can head, and the walk read
+    the whole class to find none, every step a GPU was free."""
+    state = ClusterState([Node(f"n{index}", 8) for index in range(4)])
+    queue = WaitingQueue(
+        WaitingJob(f"j{index:04d}", "t", Demand(1, 1), 0, (float(index), f"j{index:04d}"), WAITED)
+        for index in range(2000)
+    )
+    read = 0
+    in_order = WaitingQueue.in_order
+
+    def counted(waiting: WaitingQueue, priority: int) -> Iterator[WaitingJob]:
+        nonlocal read
+        for job in in_order(waiting, priority):
+            read += 1
+            yield job
+
+    WaitingQueue.in_order = counted  # type: ignore[method-assign]
+    try:
+        plan = Planner(state, queue, 1000.0, SchedulerPolicy()).run()
+    finally:
+        WaitingQueue.in_order = in_order  # type: ignore[method-assign]
+    assert len(plan.allocations) == 32
+    assert read == 1

@@ -405,7 +405,8 @@ class Planner:
                 yield self._weigh(job)
             first = {job.job_id for job in claimants}
             if self._backfill_reservations < self._policy.max_reservations:
-                heads = self._heads(job for job in queue.in_order(priority) if job.job_id not in first)
+                walk = (job for job in queue.in_order(priority) if job.job_id not in first)
+                heads = self._heads(walk, len(queue.demands(priority)))
                 for job in heads:
                     yield self._weigh(job)
                 first.update(job.job_id for job in heads)
@@ -612,16 +613,19 @@ class Planner:
                 count += start <= key and (stop is None or key < stop)
         return count
 
-    def _heads(self, level: Iterable[WaitingJob]) -> list[WaitingJob]:
+    def _heads(self, level: Iterable[WaitingJob], demands: int) -> list[WaitingJob]:
         """The oldest jobs of a class (queue order) that waited before and still do not fit, each
         with nodes reserved for it, while reservations are left (EASY backfill: only jobs behind a
         head must keep off its nodes). A job is weighed once before it can be a head, so a cycle
         of new arrivals costs no search. The walk stops at the first job it cannot reserve for
         because older heads hold the nodes, so no younger job is ever reserved for ahead of an
         older one; a job too big for the open nodes whatever is kept (others are cordoned) is
-        passed by, as it once held up every reservation of its class until the cordon lifted."""
+        passed by, as it once held up every reservation of its class until the cordon lifted. Once
+        every one of the class's ``demands`` is found to fit, no job left can head: the walk ends
+        (it read the whole class, every step a GPU was free, to find none)."""
         heads = []
         fits: dict[Demand, bool] = {}  # the room does not change during the walk, only reservations
+        fitting = 0  # how many of ``fits`` fit
         for job in level:
             if self._backfill_reservations >= self._policy.max_reservations:
                 break
@@ -632,7 +636,10 @@ class Planner:
                 fits[demand] = (
                     demand not in self._no_fit and self._room.find(demand, self._reserved.keys()) is not None
                 )
+                fitting += fits[demand]
             if fits[demand]:
+                if fitting == demands:
+                    break
                 continue
             self._no_fit.add(demand)
             nodes = self._reservation_nodes(job)
@@ -645,6 +652,7 @@ class Planner:
             self._backfill_reservations += 1
             heads.append(job)
             fits.clear()
+            fitting = 0
         return heads
 
     # -- one job ----------------------------------------------------------------------------------
