@@ -117,7 +117,7 @@ def test_a_class_settled_for_every_tenant_is_passed_over_without_weighing_each_t
         weighed += 1
         return decide(planner, job, position)
 
-    Planner._decide = counted  # type: ignore[method-assign]
+    Planner._decide = counted  # type: ignore[method-assign, assignment]
     try:
         plan = Planner(state, queue, 1000.0, SchedulerPolicy()).run()
     finally:
@@ -153,7 +153,7 @@ def test_a_step_reads_each_job_of_a_tenant_with_a_demand_per_job_a_bounded_numbe
         asked += 1
         return alike(planner, priority, tenant, demand)
 
-    Planner._alike = counted  # type: ignore[method-assign]
+    Planner._alike = counted  # type: ignore[method-assign, assignment]
     try:
         Planner(state, queue, 1001.0, POLICY).run()
     finally:
@@ -268,10 +268,38 @@ def test_the_heads_walk_ends_once_every_demand_of_the_class_fits() -> None:
             read += 1
             yield job
 
-    WaitingQueue.in_order = counted  # type: ignore[method-assign]
+    WaitingQueue.in_order = counted  # type: ignore[method-assign, assignment]
     try:
         plan = Planner(state, queue, 1000.0, SchedulerPolicy()).run()
     finally:
         WaitingQueue.in_order = in_order  # type: ignore[method-assign]
     assert len(plan.allocations) == 32
     assert read == 1
+
+
+def test_asking_whether_a_class_is_settled_reads_each_demand_once_a_version() -> None:
+    """2,000 one-job tenants of a demand each: whether the class was settled was asked after every
+    verdict, and each time read every demand again (2 s a step, 8 s at 4,000)."""
+    state = ClusterState([Node(f"n{index}", 8) for index in range(4)])
+    for index in range(4):
+        gang = state.room.find(Demand(1, 8))
+        assert gang is not None
+        state.hold(HeldJob(f"held-{index}", "b", Demand(1, 8), 0, gang, 0.0))
+    queue = WaitingQueue(
+        WaitingJob(f"j{i:04d}", f"t{i:04d}", Demand(1, 1, None, 1000 + i), 0, (float(i), f"j{i:04d}"))
+        for i in range(2000)
+    )
+    asked = 0
+    verdict = Planner._verdict
+
+    def counted(planner: Planner, priority: int, tenant: str, demand: Demand, alike: Alike) -> object:
+        nonlocal asked
+        asked += 1
+        return verdict(planner, priority, tenant, demand, alike)
+
+    Planner._verdict = counted  # type: ignore[method-assign, assignment]
+    try:
+        Planner(state, queue, 1000.0, SchedulerPolicy()).run()
+    finally:
+        Planner._verdict = verdict  # type: ignore[method-assign]
+    assert asked < 5 * 2000, asked

@@ -198,3 +198,23 @@ def test_a_holding_that_is_not_a_time_is_refused() -> None:
     with pytest.raises(ValueError, match="not a time"):
         state.hold(HeldJob("j", "t", Demand(1, 1), 0, Gang((("n0", (0,)),)), float("nan")))
     assert not state.held and not state.by_start
+
+
+def test_a_drains_preemption_never_halts_a_job_placed_in_the_same_step() -> None:
+    """With no minimum runtime, a head's drain preemption counted a job placed earlier in the step
+    (a claimant whose victims had gone) as one it may halt: the plan both started and halted it,
+    and the simulator failed on the doubled job (found by a reviewer's fuzz)."""
+    state = ClusterState([Node("n0", 8), Node("n1", 8)])
+    state.hold(HeldJob("busy", "b", Demand(1, 8), 0, Gang((("n1", tuple(range(8))),)), 0.0))
+    claimed = WaitRecord(WaitReason.PREEMPTION, "preempting gone", ("gone",), ("n0",))
+    waited = WaitRecord(WaitReason.CAPACITY, "waited")
+    waiting = [
+        WaitingJob("claimant", "a", Demand(1, 4), 0, (1.0, "claimant"), claimed),  # placed on n0 first
+        WaitingJob("head", "a", Demand(2, 8), 0, (0.0, "head"), waited),  # n0 and n1 reserved for it
+    ]
+    policy = SchedulerPolicy(min_runtime_s=0.0, preempt_drains=True, checkpoint_cost_s=0.0)
+    decided = Planner(state, waiting, 1000.0, policy).run()
+    placed = {allocation.job_id for allocation in decided.allocations}
+    halted = {eviction.job_id for eviction in decided.evictions}
+    assert placed == {"claimant"}
+    assert not placed & halted, "a job started and halted in one plan"

@@ -47,6 +47,13 @@ class Preemptor:
     reclaims: bool  # its tenant stays inside its guarantee with this job
 
 
+def may_halt(started_at: float, now: float, min_runtime_s: float) -> bool:
+    """Whether a job given its GPUs at ``started_at`` may be halted at ``now``: past its minimum
+    runtime, and not given them at this very moment (a job placed in this step is never halted in
+    it, even with no minimum runtime: the plan would start and halt it at once)."""
+    return started_at + min_runtime_s <= now and started_at < now
+
+
 @dataclass(slots=True)
 class VictimPool:
     """The running jobs that may be preempted in this cycle, lowest priority and youngest first.
@@ -88,8 +95,7 @@ class VictimPool:
         now, min_runtime_s = self.now, self.min_runtime_s
 
         def victim(entry: tuple[float, str, HeldJob]) -> bool:
-            started_at = -entry[0]
-            return started_at + min_runtime_s <= now and started_at < now
+            return may_halt(-entry[0], now, min_runtime_s)
 
         return bisect_left(self.state.by_start.get(priority, ()), True, key=victim)
 

@@ -56,7 +56,7 @@ from typing import NamedTuple
 
 from ffdl.core.cluster import MILLI_GPUS, ClusterState, Demand, Gang, HeldJob, counted
 from ffdl.core.job import WaitRecord
-from ffdl.core.preemption import Preemptor, VictimPool
+from ffdl.core.preemption import Preemptor, VictimPool, may_halt
 from ffdl.core.tenancy import TenancyPolicy, TenantLedger
 from ffdl.events.job_events import NAMES_MAX
 from ffdl.events.model import WaitReason
@@ -352,6 +352,7 @@ class Planner:
         self._verdicts: dict[Alike, tuple[int, WaitRecord, Grounds]] = {}
         self._verdicts_made = 0  # verdicts stored: what :meth:`_settles_all` may have changed its mind on
         self._unsettled_at: tuple[int, int] | None = None  # (version, verdicts made) it last said no at
+        self._settling: _Settling | None = None  # how far it got through a class's demands
         # (class, tenant, demand) -> its Alike, as of version ``_alikes_at``: the ledger that
         # decides it changes only with what bumps the version
         self._alikes: dict[tuple[int, str, Demand], Alike] = {}
@@ -482,11 +483,21 @@ class Planner:
         asked = (self._version, self._verdicts_made)
         if asked == self._unsettled_at:
             return False
-        for demand in self._queue.demands(priority):
+        settling = self._settling
+        if settling is None or (settling.priority, settling.version) != (priority, self._version):
+            # a verdict that holds at a version holds at it for good: a demand found settled stays so
+            # until the planner does something, and a class of many demands is gone through once
+            settling = self._settling = _Settling(
+                priority, self._version, list(self._queue.demands(priority))
+            )
+        demands = settling.demands
+        while settling.settled < len(demands):
+            demand = demands[settling.settled]
             alike: Alike = (priority, demand, None, False)
             if self._state.charge(demand) <= 0 or self._verdict(priority, "", demand, alike) is None:
                 self._unsettled_at = asked
                 return False
+            settling.settled += 1
         return True
 
     def _settle_rest(
@@ -902,7 +913,8 @@ class Planner:
             victim = running[job_id]
             if victim.stopping:
                 continue
-            if victim.started_at + self._policy.min_runtime_s > self._now or self._guaranteed(victim, job):
+            young = not may_halt(victim.started_at, self._now, self._policy.min_runtime_s)
+            if young or self._guaranteed(victim, job):
                 return None
             chosen.append(victim)
             freeing += gpus
@@ -1064,6 +1076,16 @@ class Planner:
         self._backfill_reservations -= head
         self._held_back.clear()
         self._version += 1
+
+
+@dataclass(slots=True)
+class _Settling:
+    """How far :meth:`Planner._settles_all` got through a class's demands at a version."""
+
+    priority: int
+    version: int
+    demands: list[Demand]
+    settled: int = 0  # the first ``settled`` of ``demands`` have a verdict that holds
 
 
 _DETAILS: dict[WaitReason, str] = {
