@@ -336,6 +336,23 @@ async def test_a_tenant_asking_the_time_machine_for_many_moments_at_once_is_refu
     assert [response.status_code for response in answered] == [200] * dashboard.FOLDS_WAITING_PER_TENANT
 
 
+async def test_the_time_machine_answers_moments_at_the_edges_of_time_without_a_500(api: Api) -> None:
+    """A tenant's moment is turned into an instant to compare with the kept log's: the first and
+    last instants a time can name, with the widest offsets or none, are moments before the log or
+    after it, never an error of the server; a moment that is no time is a 422."""
+    job_id = await api.submit(manifest("edges", learners=1, args=QUICK))
+    await api.wait(job_id, "COMPLETED", released=True)
+    for at in ("0001-01-01T00:00:00+14:00", "0001-01-01T00:00:00", "9999-12-31T23:59:59.999999-14:00"):
+        answer = await api.http.get("/v1/timemachine", params={"at": at})
+        assert answer.status_code == 200, (at, answer.text)
+        picture = answer.json()
+        before = at.startswith("0001")
+        assert (picture["previous_event"] is None) == before and (picture["next_event"] is None) != before
+        assert [job["state"] for job in picture["jobs"]] == ([] if before else ["COMPLETED"])
+    refused = await api.http.get("/v1/timemachine", params={"at": "yesterday"})
+    assert refused.status_code == 422
+
+
 async def test_a_projection_rebuilt_while_the_time_machine_reads_it_is_a_503_to_ask_again(
     api: Api, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -60,6 +60,16 @@ def test_passing_over_settled_jobs_decides_as_weighing_each(
         scheduling.SHORT_RUN = configured
 
 
+def full_cluster(nodes: int) -> ClusterState:
+    """``nodes`` nodes of 8 GPUs, each held whole by a job of tenant b."""
+    state = ClusterState([Node(f"n{index}", 8) for index in range(nodes)])
+    for index in range(nodes):
+        gang = state.room.find(Demand(1, 8))
+        assert gang is not None
+        state.hold(HeldJob(f"held-{index}", "b", Demand(1, 8), 0, gang, 0.0))
+    return state
+
+
 MANY = tuple(f"t{index}" for index in range(12))
 many_tenants = st.lists(
     st.tuples(
@@ -100,11 +110,7 @@ def test_passing_over_every_tenant_a_verdict_settles_decides_as_weighing_each(
 
 def test_a_class_settled_for_every_tenant_is_passed_over_without_weighing_each_tenant() -> None:
     """2,000 one-job tenants of one demand on a full cluster: one job is weighed, the rest passed."""
-    state = ClusterState([Node(f"n{index}", 8) for index in range(4)])
-    for index in range(4):
-        gang = state.room.find(Demand(1, 8))
-        assert gang is not None
-        state.hold(HeldJob(f"held-{index}", "b", Demand(1, 8), 0, gang, 0.0))
+    state = full_cluster(4)
     queue = WaitingQueue(
         WaitingJob(f"j{index:04d}", f"t{index:04d}", Demand(1, 1), 0, (float(index), f"j{index:04d}"))
         for index in range(2000)
@@ -130,11 +136,7 @@ def test_a_step_reads_each_job_of_a_tenant_with_a_demand_per_job_a_bounded_numbe
     """Looking the end of each run up by demand cost a pass per job over every demand of the
     tenant: 3,000 jobs of a demand each took 4 s a step. Read job by job, a step reads each job
     a few times."""
-    state = ClusterState([Node(f"n{index}", 8) for index in range(16)])
-    for index in range(16):  # the cluster is full
-        gang = state.room.find(Demand(1, 8))
-        assert gang is not None
-        state.hold(HeldJob(f"held-{index}", "b", Demand(1, 8), 0, gang, 0.0))
+    state = full_cluster(16)
     jobs = [
         WaitingJob(f"a{index:05d}", "a", Demand(2, 8, None, 1000 + index), 0, (float(index), f"a{index:05d}"))
         for index in range(2000)
@@ -280,11 +282,7 @@ def test_the_heads_walk_ends_once_every_demand_of_the_class_fits() -> None:
 def test_asking_whether_a_class_is_settled_reads_each_demand_once_a_version() -> None:
     """2,000 one-job tenants of a demand each: whether the class was settled was asked after every
     verdict, and each time read every demand again (2 s a step, 8 s at 4,000)."""
-    state = ClusterState([Node(f"n{index}", 8) for index in range(4)])
-    for index in range(4):
-        gang = state.room.find(Demand(1, 8))
-        assert gang is not None
-        state.hold(HeldJob(f"held-{index}", "b", Demand(1, 8), 0, gang, 0.0))
+    state = full_cluster(4)
     queue = WaitingQueue(
         WaitingJob(f"j{i:04d}", f"t{i:04d}", Demand(1, 1, None, 1000 + i), 0, (float(i), f"j{i:04d}"))
         for i in range(2000)

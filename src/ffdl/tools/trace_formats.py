@@ -33,11 +33,11 @@ import math
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from ffdl.core.simulation import TraceJob
+from ffdl.tools.log_files import parse_time
 from ffdl.tools.traces import TraceError, checked_jobs, located_trace
 
 #: The columns each CSV format is known by: those its reader uses (any others may be there too).
@@ -259,11 +259,9 @@ def _moment(where: str, value: object, column: str) -> float | None:
             raise TraceError(f"{where}: {column}: not a time: {value!r}")
         return seconds
     try:
-        moment = datetime.fromisoformat(str(value).strip())
+        return parse_time(str(value).strip()).timestamp()
     except ValueError as exc:
         raise TraceError(f"{where}: {column}: not a time: {value!r}") from exc
-    moment = moment.astimezone(UTC) if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
-    return moment.timestamp()
 
 
 def _when(where: str, value: object, column: str) -> float:
