@@ -197,13 +197,18 @@ async def test_changes_at_the_source_become_node_events(cluster: Cluster) -> Non
 
     await cluster.operate("b", nd.UncordonNode(reason="let me"))
     events = await cluster.node_events()
-    await wait_until_async(
-        lambda: (n := cluster.node("b")) is not None and n.seq == 3,
-        10.0,
-        what="the operator's uncordon decided",
-    )
-    rejected = [e for e in await cluster.node_events() if e.node == "b" and e.type == "NodeCommandRejected"]
+
+    async def rejections() -> list[NodeEvent]:
+        return [e for e in await cluster.node_events() if e.node == "b" and e.type == "NodeCommandRejected"]
+
+    # The owner's book takes the decision before its append lands: wait for the log, which is what is read.
+    async def refused() -> bool:
+        return bool(await rejections())
+
+    await wait_until_async(refused, 10.0, what="the operator's uncordon refused on the log")
+    rejected = await rejections()
     assert len(rejected) == 1 and "cordoned by its inventory" in rejected[0].data.reason  # type: ignore[attr-defined]
+    assert (n := cluster.node("b")) is not None and n.seq == 3
 
     cluster.source.nodes = {"b": Node("b", 4, "A100")}
     cluster.source.lost = {"c": "NotReady: kubelet stopped posting status"}
