@@ -43,6 +43,18 @@ async def platform(settings: Settings) -> AsyncIterator[Platform]:
         yield running
 
 
+async def _settled(platform: Platform, job_id: str) -> bool:
+    """The job has ended and given its GPUs back, and the owners have decided every command on the
+    log: an export now holds each command's events (one decided later would count as undecided)."""
+    job = platform.projection.get(job_id)
+    if job is None or job["state"] != "COMPLETED" or job["placement"] is not None:
+        return False
+    commands = platform.topics.commands
+    ends = await platform.bus.end_offsets(commands)
+    committed = await platform.bus.committed(platform.owners_group, commands)
+    return any(ends.values()) and all(committed.get(partition, 0) >= end for partition, end in ends.items())
+
+
 def submission(priority: int) -> cmd.SubmitJob:
     return cmd.SubmitJob(spec=JobSpec(name="urgent", command="true", priority=priority))
 
@@ -65,6 +77,7 @@ async def test_a_tenant_writing_its_own_topic_cannot_submit_above_its_ceiling(
 
     at = await forger.write(topic, forger.job(f"fair-{uuid.uuid4().hex[:6]}", "acme", submission(100)))
     await wait_until_async(lambda: platform.projection.get(at.key) is not None, 30, what="the job")
+    await wait_until_async(lambda: _settled(platform, at.key), 60, what="all decided")
 
     # decided again from an export, with the tenants file's ceilings, as the owner decided
     events = tmp_path / "ceiling.events.jsonl"

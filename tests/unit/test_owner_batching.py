@@ -96,7 +96,9 @@ async def test_a_command_whose_events_the_log_would_refuse_is_dead_lettered_and_
     running = asyncio.create_task(consume(log, "owners", [topics.commands], owner, stop))
 
     async def all_handled() -> bool:
-        return len(owner.book.jobs) == 2 and owner.dead_letters == 1
+        # the book and the dead letters are ahead of the fetch's one append: wait for its commit too
+        decided = len(owner.book.jobs) == 2 and owner.dead_letters == 1
+        return decided and bool(await log.committed("owners", topics.commands))
 
     try:
         await wait_until_async(all_handled, 15, what="the small submissions decided, the large one parked")

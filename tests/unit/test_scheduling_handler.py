@@ -3,7 +3,6 @@ through the owner, recorded wait reasons, and the same decisions from the same l
 
 from __future__ import annotations
 
-import asyncio
 import random
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -152,7 +151,15 @@ async def test_the_same_log_in_another_order_yields_the_same_decisions(cluster: 
         15.0,
         what="every job is queued or scheduled",
     )
-    await asyncio.sleep(0)
+
+    async def on_the_log() -> bool:  # the owner's book is ahead of its appends
+        last: dict[str, int] = {}
+        for event, _ in await cluster.log():
+            if isinstance(event, Event):
+                last[event.job_id] = max(last.get(event.job_id, 0), event.seq)
+        return all(last.get(job_id) == job.seq for job_id, job in cluster.owner.book.jobs.items())
+
+    await wait_until_async(on_the_log, 15.0, what="every decision on the log")
     log = [event for event, _ in await cluster.log()]
     by_job: dict[str, list[Event]] = {}
     for event in log:
