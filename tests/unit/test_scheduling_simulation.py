@@ -6,6 +6,7 @@ import json
 from collections import Counter
 from itertools import pairwise
 from pathlib import Path
+from unittest.mock import patch
 
 import pytest
 from hypothesis import given, settings
@@ -15,7 +16,7 @@ from typer.testing import CliRunner
 from ffdl.cli.main import app
 from ffdl.core.allocator import Node
 from ffdl.core.scheduling import SchedulerPolicy
-from ffdl.core.simulation import TraceJob, offered_load, simulate, summarize
+from ffdl.core.simulation import SimulationResult, TraceJob, offered_load, simulate, summarize
 from ffdl.core.tenancy import TenancyPolicy, TenantQuota
 from ffdl.tools.traces import TraceError, generate_trace, read_trace, write_trace
 
@@ -275,3 +276,64 @@ def test_the_cli_applies_the_configured_service_bands_unless_told_off(tmp_path: 
     assert figures["off"]["preemptions"] == 0 and figures["off"]["jct_mean_s"] > figures[""]["jct_mean_s"]
     refused = runner.invoke(app, ["simulate", str(out), "--nodes", "1", "--service-queues", "16,1"])
     assert refused.exit_code != 0 and "rising GPU-hours" in refused.output
+
+
+def planning_at_every_instant(trace: list[TraceJob], policy: SchedulerPolicy) -> SimulationResult:
+    """The run with a step at every instant something was due, those that repeat a step which
+    decided nothing included (``halts_allowed`` never the same twice: no step is passed over)."""
+    with patch("ffdl.core.simulation.halts_allowed", side_effect=lambda *_: object()):
+        return simulate(trace, nodes(2), policy, halt_s=20.0)
+
+
+def decided(result: SimulationResult) -> list[object]:
+    return [(o.job.job_id, o.first_start, o.end, o.preemptions, o.last_wait) for o in result.outcomes] + [
+        result.busy_gpu_seconds,
+        result.lost_gpu_seconds,
+        result.usage,
+    ]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    jobs=st.lists(
+        st.tuples(
+            st.floats(0, 2000).map(round),
+            st.sampled_from("abc"),
+            st.integers(1, 2),
+            st.sampled_from([1, 2, 8]),
+            st.floats(1, 3000),
+            st.sampled_from([0, 0, 5]),
+        ),
+        min_size=1,
+        max_size=25,
+    ),
+    min_runtime_s=st.sampled_from([0.0, 10.0, 60.0]),
+    bands=st.booleans(),
+)
+def test_a_step_passed_over_would_have_decided_nothing(
+    jobs: list[tuple[float, str, int, int, float, int]], min_runtime_s: float, bands: bool
+) -> None:
+    """A step whose inputs are those of the last step, which decided nothing (the same jobs held,
+    waiting and allowed to be halted: a stale entry of the timeline woke it), is passed over, and
+    the run is the run that planned it: the same starts, ends, preemptions, last reasons and
+    figures."""
+    trace = [
+        TraceJob(f"j{i}", submit, tenant, learners, gpus, runtime, priority)
+        for i, (submit, tenant, learners, gpus, runtime, priority) in enumerate(jobs)
+    ]
+    policy = SchedulerPolicy(
+        min_runtime_s=min_runtime_s, service_queues=(600.0, 6000.0) if bands else (), starve_after_s=900.0
+    )
+    passing_over = simulate(trace, nodes(2), policy, halt_s=20.0)
+    everywhere = planning_at_every_instant(trace, policy)
+    assert decided(passing_over) == decided(everywhere)
+    assert passing_over.cycles <= everywhere.cycles
+
+
+def test_a_preempted_jobs_first_end_wakes_no_step_that_would_decide_nothing() -> None:
+    trace = generate_trace(300, nodes=2, gpus_per_node=8, load=1.3, seed=3)
+    policy = SchedulerPolicy(service_queues=(3600.0, 57_600.0))
+    passing_over = simulate(trace, nodes(2), policy, halt_s=20.0)
+    everywhere = planning_at_every_instant(trace, policy)
+    assert passing_over.preemptions > 0 and passing_over.cycles < everywhere.cycles
+    assert decided(passing_over) == decided(everywhere)

@@ -54,6 +54,26 @@ def may_halt(started_at: float, now: float, min_runtime_s: float) -> bool:
     return started_at + min_runtime_s <= now and started_at < now
 
 
+def young(state: ClusterState, priority: int, now: float, min_runtime_s: float) -> int:
+    """How many of the class's running jobs may not be victims yet: those still inside their
+    minimum runtime, and those given their GPUs at this very moment (a job placed in this step is
+    never its victim, even with no minimum runtime). A prefix of ``ClusterState.by_start``, the
+    youngest first."""
+
+    def victim(entry: tuple[float, str, HeldJob]) -> bool:
+        return may_halt(-entry[0], now, min_runtime_s)
+
+    return bisect_left(state.by_start.get(priority, ()), True, key=victim)
+
+
+def halts_allowed(state: ClusterState, now: float, min_runtime_s: float) -> tuple[tuple[int, int], ...]:
+    """Which running jobs may be halted at ``now``, as (class, how many of its jobs may not): all
+    that time changes in a planning step's inputs while no job comes, goes or moves (see
+    :func:`ffdl.core.simulation.simulate`)."""
+    classes = sorted(state.by_start)
+    return tuple((priority, young(state, priority, now, min_runtime_s)) for priority in classes)
+
+
 @dataclass(slots=True)
 class VictimPool:
     """The running jobs that may be preempted in this cycle, lowest priority and youngest first.
@@ -88,16 +108,7 @@ class VictimPool:
         return cls(state, ledger, now, min_runtime_s, sorted(p for p, jobs in state.running.items() if jobs))
 
     def _young(self, priority: int) -> int:
-        """How many of the class's running jobs may not be victims yet: those still inside their
-        minimum runtime, and those given their GPUs at this very moment (a job placed in this step
-        is never its victim, even with no minimum runtime). A prefix of ``ClusterState.by_start``,
-        the youngest first."""
-        now, min_runtime_s = self.now, self.min_runtime_s
-
-        def victim(entry: tuple[float, str, HeldJob]) -> bool:
-            return may_halt(-entry[0], now, min_runtime_s)
-
-        return bisect_left(self.state.by_start.get(priority, ()), True, key=victim)
+        return young(self.state, priority, self.now, self.min_runtime_s)
 
     def candidates(self, priority: int) -> list[HeldJob]:
         """The class's jobs that may be victims (past their minimum runtime), youngest first: those

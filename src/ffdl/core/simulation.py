@@ -3,7 +3,9 @@
 There is no clock and no sleeping: time jumps from one happening (a job arrives, a job ends, a
 preempted job has stopped) to the next, and after each the very :class:`~ffdl.core.scheduling.Planner`
 that the scheduler role runs decides, with the reasons and reservations it recorded carried to
-the next step as the log carries them for the role.
+the next step as the log carries them for the role. A step whose inputs would be those of the
+last step, which decided nothing, is passed over (``_Simulator.plan``): the same decisions, fewer
+steps.
 
 The model: a job starts the moment it is allocated and runs for its remaining runtime. A
 preempted job keeps its GPUs for ``halt_s`` while it writes its checkpoint and stops, loses no
@@ -30,6 +32,7 @@ from ffdl.core import service as service_bands
 from ffdl.core.allocator import Node, PlacementPolicy
 from ffdl.core.cluster import MILLI_GPUS, ClusterRoom, ClusterState, Demand, HeldJob, counted
 from ffdl.core.job import WaitRecord
+from ffdl.core.preemption import halts_allowed
 from ffdl.core.scheduling import Planner, SchedulerPolicy, WaitingJob, WaitingQueue
 from ffdl.core.service import Service
 
@@ -124,6 +127,9 @@ class _Simulator:
     #: with service bands: what each job has been served (:mod:`ffdl.core.service`)
     services: dict[str, Service] = field(default_factory=dict)
     aging: dict[str, int] = field(default_factory=dict)  # waiting job of a lower band -> its wake-up
+    #: after a step that decided nothing, and while nothing came, went or moved since: which running
+    #: jobs might be halted then (:func:`~ffdl.core.preemption.halts_allowed`); else None
+    quiet: tuple[tuple[int, int], ...] | None = None
 
     def __post_init__(self) -> None:
         self.state = ClusterState(self.nodes)
@@ -162,8 +168,11 @@ class _Simulator:
             self.remaining[job.job_id] = job.runtime
             self.services[job.job_id] = Service(self.state.charge(demand) / MILLI_GPUS)
             self.queue(job, now)
+            self.quiet = None
 
     def happen(self, kind: int, job_id: str, generation: int, now: float) -> None:
+        """What the timeline says happens now; an entry a later change made stale changes nothing
+        (a preempted job's first end, the band change of a job that has stopped or started)."""
         running = self.running.get(job_id)
         if kind == _AGED:
             waiting = self.waiting.get(job_id)
@@ -171,6 +180,7 @@ class _Simulator:
                 del self.aging[job_id]
                 job = self.outcomes[job_id].job
                 self.waiting.put(replace(waiting, priority=self.band_class(job, self.services[job_id], now)))
+                self.quiet = None
             return
         if kind == _DEMOTED:
             if running is not None and running.generation == generation:
@@ -178,10 +188,12 @@ class _Simulator:
             return
         if kind == _FINISHED:
             if running is not None and running.generation == generation:
+                self.quiet = None
                 del self.running[job_id]
                 self.state.release(job_id)
                 self.outcomes[job_id].end = now
             return
+        self.quiet = None
         self.state.release(job_id)
         self.queue(self.outcomes[job_id].job, now)
 
@@ -190,6 +202,7 @@ class _Simulator:
         held = self.state.held[job_id]
         if held.stopping:
             return
+        self.quiet = None
         job = self.outcomes[job_id].job
         service = self.services[job_id]
         running.band = service_bands.band(self.policy, service, now)
@@ -203,8 +216,21 @@ class _Simulator:
         if crossing is not None and crossing < running.since + running.remaining:
             heappush(self.timeline, (crossing, _DEMOTED, job_id, running.generation))
 
+    def plan(self, now: float) -> bool:
+        """Plan a step now unless its inputs are those of the last step, which decided nothing: the
+        same jobs held, waiting (with the same reasons) and allowed to be halted. The planner reads
+        the time only through which jobs may be halted (and, draining by preemption, how long
+        each has run), so such a step would decide nothing again: one an entry of the timeline
+        made stale wakes up for, say. Whether it planned."""
+        quiet = self.quiet is not None and not self.policy.preempt_drains
+        if quiet and self.quiet == halts_allowed(self.state, now, self.policy.min_runtime_s):
+            return False
+        self.step(now)
+        return True
+
     def step(self, now: float) -> None:
         decided = Planner(self.state, self.waiting, now, self.policy, weigh_all=self.weigh_all).run()
+        changed = bool(decided.evictions or decided.allocations)
         for eviction in decided.evictions:
             running = self.running.pop(eviction.job_id)
             self.remaining[eviction.job_id] = max(0.0, running.remaining - (now - running.since))
@@ -240,7 +266,9 @@ class _Simulator:
             assert waiting is not None
             if wait is not waiting.wait and not wait.same_as(waiting.wait):
                 self.waiting.put(waiting.with_wait(wait))
+                changed = True
             self.outcomes[job_id].last_wait = wait
+        self.quiet = None if changed else halts_allowed(self.state, now, self.policy.min_runtime_s)
 
 
 def simulate(
@@ -281,8 +309,7 @@ def simulate(
         while next_arrival < len(arrivals) and arrivals[next_arrival].submit_time == now:
             sim.arrive(arrivals[next_arrival], now, empty)
             next_arrival += 1
-        if sim.waiting:
-            sim.step(now)
+        if sim.waiting and sim.plan(now):
             result.cycles += 1
         in_use = sum(sim.state.gpus_held.values())
         result.usage.append((now, in_use))
