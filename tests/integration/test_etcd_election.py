@@ -30,7 +30,7 @@ pytestmark = pytest.mark.integration
 
 TTL_S = 1.0
 # Scheduling slack on a busy two-core machine.
-SLACK_S = 1.5
+SLACK_S = 3.0
 
 
 @pytest.fixture
@@ -119,22 +119,31 @@ async def test_a_leader_killed_with_sigkill_is_replaced_within_the_ttl(
 
 
 async def test_a_leader_cut_off_from_etcd_stops_leading_before_its_lease_can_expire(
-    etcd_server: EtcdServer, elections: list[EtcdElection], role: str
+    etcd_server: EtcdServer, role: str
 ) -> None:
-    first, second = elections
-    token = await first.campaign(role)
-    etcd_server.pause()
+    # A longer TTL than the other tests': the margin (a quarter of it) must outlast a loaded
+    # machine's stall of the event loop, as a second of TTL left a quarter second.
+    ttl_s = 3.0
+    first, second = (
+        EtcdElection(etcd_server.host, etcd_server.port, ttl_s, identity=f"cut-off-{i}") for i in range(2)
+    )
     try:
-        paused_at = time.monotonic()
-        await wait_until_async(lambda: not_leading(first, role, token), 2 * TTL_S, what="leadership lost")
-        # The term ends a quarter TTL before etcd could expire the lease (renewals are every TTL/3).
-        assert time.monotonic() - paused_at < TTL_S
+        token = await first.campaign(role)
+        etcd_server.pause()
+        try:
+            paused_at = time.monotonic()
+            await wait_until_async(lambda: not_leading(first, role, token), 2 * ttl_s, what="leadership lost")
+            # The term ends a quarter TTL before etcd could expire the lease (renewals are every TTL/3).
+            assert time.monotonic() - paused_at < ttl_s
+        finally:
+            etcd_server.resume()
+        successor = await asyncio.wait_for(second.campaign(role), 2 * ttl_s + SLACK_S)
+        assert successor > token
+        assert not await first.is_leader(role, token), "a lost term stays lost"
+        assert await first.current_token(role) == successor
     finally:
-        etcd_server.resume()
-    successor = await asyncio.wait_for(second.campaign(role), 2 * TTL_S + SLACK_S)
-    assert successor > token
-    assert not await first.is_leader(role, token), "a lost term stays lost"
-    assert await first.current_token(role) == successor
+        await first.close()
+        await second.close()
 
 
 async def not_leading(election: EtcdElection, role: str, token: int) -> bool:

@@ -36,7 +36,7 @@ from tests.services import EtcdServer, TansuBroker, wait_until_async
 pytestmark = pytest.mark.integration
 
 LEADER_TTL_S = 2.0
-SLACK_S = 1.5
+SLACK_S = 3.0  # six processes share two CPUs: the takeover measured up to 2.45 s under load
 JOBS = 8
 KILL_AFTER = 3
 
