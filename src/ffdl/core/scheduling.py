@@ -41,7 +41,9 @@ such jobs, of any tenant that stands alike, get the verdict the last one got, an
 of them is passed over at once, yielding only the jobs whose recorded reason says something else.
 Where no tenant stands apart (no guarantees, no limits) and verdicts settle every demand of a
 class, the tenants left in it are passed over together, so a step over many tenants does not weigh
-a job of each. ``weigh_all`` weighs every job on its own instead: the same decisions, the baseline.
+a job of each; a demand that fits nowhere and could preempt no one gets its verdict without a job
+of it weighed, so a class whose jobs all wait (the lowest band, mostly) is passed over whole.
+``weigh_all`` weighs every job on its own instead: the same decisions, the baseline.
 """
 
 from __future__ import annotations
@@ -66,9 +68,6 @@ _COMPETING = frozenset({W.CAPACITY, W.FRAGMENTATION, W.GPU_TYPE, W.PRIORITY})
 #: from how many distinct demands of a tenant a pass over its settled jobs reads them one by one
 #: before it looks the end of the run up by demand (Planner._settled_run)
 SHORT_RUN = 16
-#: from how many tenants left to walk in a class a step asks whether a verdict settles every demand
-#: of the class, and if so passes over all their jobs at once (Planner._settle_rest)
-SETTLE_ALL_AT = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -353,6 +352,8 @@ class Planner:
         self._verdicts_made = 0  # verdicts stored: what :meth:`_settles_all` may have changed its mind on
         self._unsettled_at: tuple[int, int] | None = None  # (version, verdicts made) it last said no at
         self._settling: _Settling | None = None  # how far it got through a class's demands
+        # the last class walked: no class after it names its first blocked job (_settle_unweighed)
+        self._last_class = min(self._queue.priorities(), default=None)
         # (class, tenant, demand) -> its Alike, as of version ``_alikes_at``: the ledger that
         # decides it changes only with what bumps the version
         self._alikes: dict[tuple[int, str, Demand], Alike] = {}
@@ -449,7 +450,7 @@ class Planner:
                 heap.append((ledger.order_key(tenant), tenant))
         heap.sort()
         while heap:
-            if len(heap) >= SETTLE_ALL_AT and self._settles_all(priority):
+            if self._settles_all(priority):
                 yield from self._settle_rest(priority, [tenant for _, tenant in heap], cursors, first)
                 return
             entry = heappop(heap)
@@ -475,9 +476,11 @@ class Planner:
     def _settles_all(self, priority: int) -> bool:
         """Whether a verdict that holds settles every demand of the class's waiting jobs, whatever
         their tenant: then weighing the rest one by one changes nothing, and their fair-share
-        order does not matter. Only where no tenant stands apart (no guarantee, no limit: the
-        verdict of a job that counts is its class's and demand's alone, :meth:`_alike`), and asked
-        again only once the planner did something or gave a verdict since it last said no."""
+        order does not matter. A demand no job of which was weighed yet is settled without one
+        where it can be (:meth:`_settle_unweighed`). Only where no tenant stands apart (no
+        guarantee, no limit: the verdict of a job that counts is its class's and demand's alone,
+        :meth:`_alike`), and asked again only once the planner did something or gave a verdict
+        since it last said no."""
         if self._weigh_all or not self._ledger.flat:
             return False
         asked = (self._version, self._verdicts_made)
@@ -494,10 +497,44 @@ class Planner:
         while settling.settled < len(demands):
             demand = demands[settling.settled]
             alike: Alike = (priority, demand, None, False)
-            if self._state.charge(demand) <= 0 or self._verdict(priority, "", demand, alike) is None:
-                self._unsettled_at = asked
-                return False
+            if self._state.charge(demand) <= 0:
+                break
+            # (found once at this version to need a job weighed: the room and victims stay so)
+            unsettled = self._verdict(priority, "", demand, alike) is None
+            if unsettled and (settling.weigh_first or not self._settle_unweighed(priority, demand)):
+                settling.weigh_first = True
+                break
             settling.settled += 1
+            settling.weigh_first = False
+        else:
+            return True
+        self._unsettled_at = asked
+        return False
+
+    def _settle_unweighed(self, priority: int, demand: Demand) -> bool:
+        """Give the class's jobs of ``demand`` the verdict a job of it would get, without weighing
+        one, where no job of it could get anything else whatever the order: it fits nowhere and
+        no victims could make room. What weighing would change besides is the class's first
+        blocked job, which lower classes name; so only where that is named already, or no class is
+        walked after this one. Whether it did."""
+        blocked_as = (priority, demand.gpu_type if demand.gpus else None)
+        if blocked_as not in self._blocked and priority != self._last_class:
+            return False
+        if demand not in self._no_fit:
+            if self._room.find(demand, self._reserved.keys()) is not None:
+                return False
+            self._no_fit.add(demand)
+        key = (demand, priority, None)
+        if self._policy.preemption and key not in self._no_victims:
+            bound = self._victim_bound(priority, "", reclaims=False)
+            if bound is not None and self._room.free_for(demand) + bound >= demand.total_gpus:
+                return False
+            self._no_victims.add(key)
+        code, waiting_for = self._blocking_reason(priority, demand, held_back=True)
+        cordoned = self._cordoned_for(demand) if code in (W.CAPACITY, W.GPU_TYPE) and demand.gpus else 0
+        wait = _blocked_record(code, demand, waiting_for, cordoned, ())
+        self._verdicts[(priority, demand, None, False)] = (self._version, wait, (wait.code, wait.waiting_for))
+        self._verdicts_made += 1
         return True
 
     def _settle_rest(
@@ -840,7 +877,7 @@ class Planner:
         key = (demand, job.priority, self._whose_victims(job.tenant, reclaims))
         if key in self._no_victims:
             return None
-        bound = self._victim_bound(job, reclaims)
+        bound = self._victim_bound(job.priority, job.tenant, reclaims)
         if bound is None or self._room.free_for(demand) + bound < demand.total_gpus:
             self._no_victims.add(key)
             return None
@@ -956,17 +993,18 @@ class Planner:
             and not ledger.borrowed(victim.tenant)
         )
 
-    def _victim_bound(self, job: WaitingJob, reclaims: bool) -> int | None:
-        """An upper bound on the GPUs preemption could free for ``job``, from running totals alone;
-        None when no running job could be its victim. (A victim may hold no GPUs: a job without
-        them can hold the CPUs or memory a gang needs on a node, and must not keep it out.)"""
+    def _victim_bound(self, priority: int, tenant: str, reclaims: bool) -> int | None:
+        """An upper bound on the GPUs preemption could free for a job of ``priority`` and
+        ``tenant``, from running totals alone; None when no running job could be its victim. (A
+        victim may hold no GPUs: a job without them can hold the CPUs or memory a gang needs on a
+        node, and must not keep it out.)"""
         state = self._state
-        outranked = [priority for priority, jobs in state.running.items() if priority < job.priority and jobs]
-        bound = sum(state.gpus_by_priority[priority] for priority in outranked)
+        outranked = [below for below, jobs in state.running.items() if below < priority and jobs]
+        bound = sum(state.gpus_by_priority[below] for below in outranked)
         if not reclaims:
             return bound if outranked else None
         ledger = self._ledger
-        borrowers = [t for t in ledger.tenants() if t != job.tenant and ledger.borrowed(t)]
+        borrowers = [t for t in ledger.tenants() if t != tenant and ledger.borrowed(t)]
         # all the GPUs a borrower holds: the last job taken from it may hold more than it borrows
         bound += sum(state.gpus_held.get(tenant, 0) for tenant in borrowers)
         return bound if outranked or borrowers else None
@@ -1086,6 +1124,7 @@ class _Settling:
     version: int
     demands: list[Demand]
     settled: int = 0  # the first ``settled`` of ``demands`` have a verdict that holds
+    weigh_first: bool = False  # the next one cannot be settled before one of its jobs is weighed
 
 
 _DETAILS: dict[WaitReason, str] = {
