@@ -35,6 +35,10 @@ minute, on 4 x 8 GPUs (a queue grows to most of them), each job of a tenant of i
 same jobs of one tenant (the baseline), in CPU seconds and their ratio: what the tenants with
 waiting jobs cost every step.
 
+With ``--only backlog``: the load-1.3 trace again, each planning step's share of the run (from its
+start to the next step's: the simulator's bookkeeping included) and the waiting jobs whose recorded
+reason it changed, per tenth of the run's steps: how a step's cost follows the backlog.
+
 Last, with ``--only philly``: the whole Philly trace (``../shared/traces/philly.csv``, 82,247 jobs;
 read where it lies, never copied) replayed through ffdl's configured policy (bands included, as
 above) on ``--philly-nodes`` x 8 GPUs.
@@ -45,6 +49,7 @@ Run from the repository root (takes a few minutes):
     .venv/bin/python bench/scheduler_bench.py --only simulator [--simulated-jobs 20000 --baseline-jobs 5000]
     .venv/bin/python bench/scheduler_bench.py --only philly [--philly PATH --philly-nodes 64]
     .venv/bin/python bench/scheduler_bench.py --only tenants [--tenants 2000]
+    .venv/bin/python bench/scheduler_bench.py --only backlog [--simulated-jobs 100000]
 """
 
 from __future__ import annotations
@@ -60,12 +65,13 @@ import tracemalloc
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
+from unittest.mock import patch
 
-from ffdl.core import scheduling
+from ffdl.core import scheduling, simulation
 from ffdl.core.allocator import Node
 from ffdl.core.cluster import ClusterState, Demand, HeldJob
-from ffdl.core.scheduling import Planner, SchedulerPolicy, WaitingJob, WaitingQueue
+from ffdl.core.scheduling import Plan, Planner, SchedulerPolicy, WaitingJob, WaitingQueue
 from ffdl.core.simulation import TraceJob, percentile, simulate
 from ffdl.tools.simulate import homogeneous_cluster
 from ffdl.tools.trace_formats import load_trace
@@ -245,6 +251,51 @@ def simulator_speed(nodes: list[Node], jobs: int, load: float, weigh_all: bool =
     }
 
 
+class _NotingPlanner(Planner):
+    """The planner, noting when each step starts, the jobs waiting then, and how many of them the
+    step gives a reason other than the one recorded (what the simulator then records again)."""
+
+    noted: ClassVar[list[tuple[float, int, int]]] = []  # (start, jobs waiting, reasons changed)
+
+    def run(self) -> Plan:
+        started = time.perf_counter()
+        plan = super().run()
+        queue = self._queue
+        changed = 0
+        for job_id, wait in plan.waits.items():
+            job = queue.get(job_id)
+            changed += job is None or not wait.same_as(job.wait)
+        self.noted.append((started, len(queue), changed))
+        return plan
+
+
+def backlog_run(nodes: list[Node], jobs: int, tenths: int = 10) -> dict[str, Any]:
+    """The load-1.3 trace with every step noted (:class:`_NotingPlanner`), summed per tenth of its
+    steps: the jobs waiting, the microseconds from a step's start to the next one's, and the
+    reasons it changed."""
+    trace = generate_trace(jobs, nodes=NODES, gpus_per_node=GPUS_PER_NODE, load=1.3, seed=SEED)
+    noted: list[tuple[float, int, int]] = []
+    _NotingPlanner.noted = noted
+    with patch.object(simulation, "Planner", _NotingPlanner):  # the planner the simulator runs
+        started = time.perf_counter()
+        simulate(trace, nodes, Settings().scheduler_policy())
+        ended = time.perf_counter()
+    starts = [at for at, _, _ in noted] + [ended]
+    rows = []
+    for tenth in range(tenths):
+        low, high = tenth * len(noted) // tenths, (tenth + 1) * len(noted) // tenths
+        steps = high - low
+        rows.append(
+            {
+                "steps": steps,
+                "waiting_mean": round(sum(waiting for _, waiting, _ in noted[low:high]) / steps),
+                "us_per_step": round((starts[high] - starts[low]) / steps * 1e6),
+                "reasons_changed_per_step": round(sum(changed for *_, changed in noted[low:high]) / steps, 1),
+            }
+        )
+    return {"jobs": jobs, "load": 1.3, "seconds": round(ended - started, 2), "tenths": rows}
+
+
 def philly_replay(path: Path, nodes: int) -> dict[str, Any]:
     """ffdl's configured policy over the whole Philly trace on ``nodes`` x 8 GPUs: wall and CPU time."""
     trace = load_trace(path, GPUS_PER_NODE).jobs
@@ -345,7 +396,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(
-        "--only", choices=["simulator", "philly", "demands", "tenants"], help="run only that part"
+        "--only", choices=["simulator", "philly", "demands", "tenants", "backlog"], help="run only that part"
     )
     parser.add_argument("--tenants", type=int, default=2000, help="jobs (and tenants) of --only tenants")
     parser.add_argument("--philly", type=Path, default=PHILLY, help="the Philly job table (philly.csv)")
@@ -365,6 +416,18 @@ def main() -> None:
     if args.only == "tenants":
         figures = tenant_runs(args.tenants)
         print(json.dumps(figures, indent=2) if args.json else figures)
+        return
+    if args.only == "backlog":
+        figures = backlog_run(nodes, args.simulated_jobs)
+        if args.json:
+            print(json.dumps(figures, indent=2))
+            return
+        print(f"{figures['jobs']} jobs at load 1.3 in {figures['seconds']} s; per tenth of the steps:")
+        for tenth, row in enumerate(figures["tenths"], 1):
+            print(
+                f"{tenth:>3}: {row['steps']} steps, {row['waiting_mean']} waiting, "
+                f"{row['us_per_step']} µs a step, {row['reasons_changed_per_step']} reasons changed a step"
+            )
         return
     if args.only == "demands":
         figures = demand_runs()
