@@ -4,6 +4,7 @@ projection builds from the recorded reason (queue position, what the job waits f
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -87,6 +88,59 @@ def test_priority_a_higher_priority_job_waits_ahead_for_the_same_gpus() -> None:
     jobs = [job("important", Demand(1, 8), priority=10), job("ordinary", Demand(1, 4), priority=0)]
     wait = plan(state, jobs, NOW, SchedulerPolicy()).waits["ordinary"]
     assert wait.code is W.PRIORITY and wait.waiting_for == ("important",)
+
+
+def test_priority_a_wait_keeps_naming_a_job_while_it_still_waits_ahead() -> None:
+    """A priority wait names the first blocked job of a higher class the step walks, and that order
+    moves with the tenants' shares; a job whose recorded wait names another that still waits
+    ahead keeps it (no new event, the same ``since``) and is given the first anew once the job
+    it names got GPUs."""
+    policy = SchedulerPolicy(max_reservations=0)
+    state = ClusterState([Node("n0", 8)])
+    hold(state, "busy-a", "n0", range(4), priority=20, tenant="z")
+    hold(state, "busy-b", "n0", range(4, 8), priority=20, tenant="z")
+    later = job("hi-b", Demand(1, 4), tenant="b", priority=10, order=2.0)
+    low = job("low", Demand(1, 4), tenant="c", order=0.0)
+    first = plan(state, [later, low], NOW, policy)
+    recorded = first.waits["low"]
+    assert recorded.code is W.PRIORITY and recorded.waiting_for == ("hi-b",)
+
+    walked_first = job("hi-a", Demand(1, 8), tenant="a", priority=10, order=3.0)
+    newcomer = job("low-new", Demand(1, 4), tenant="d", order=4.0)
+    second = plan(state, [*again([later, low], first), walked_first, newcomer], NOW + 1, policy)
+    assert second.waits["low-new"].waiting_for == ("hi-a",)  # the first blocked job walked now
+    assert second.waits.get("low", recorded) is recorded  # hi-b still waits ahead: no change
+
+    state.release("busy-b")  # hi-b fits now; hi-a still does not
+    recorded_now = {**first.waits, **second.waits}  # a job not named keeps its reason
+    queue = [replace(j, wait=recorded_now[j.job_id]) for j in (later, low, walked_first)]
+    third = plan(state, queue, NOW + 2, policy)
+    assert [a.job_id for a in third.allocations] == ["hi-b"]
+    assert third.waits["low"].code is W.PRIORITY and third.waits["low"].waiting_for == ("hi-a",)
+
+
+def test_priority_a_wait_that_still_holds_is_kept_when_reservations_are_what_keep_the_job_out() -> None:
+    """A job of a lower class behind a head of a higher class: while the head still waits, the
+    job's recorded priority wait (it fit nowhere) is kept when the room changes so that it would
+    fit but for the head's reserved nodes (a ``reservation`` for a job with no recorded reason):
+    the two would otherwise swap at every job that ends or starts near it."""
+    state = ClusterState([Node("n0", 8), Node("n1", 8)])
+    hold(state, "busy", "n0", range(4), priority=20)
+    hold(state, "other", "n1", range(8), priority=20)
+    big = job("big", Demand(2, 8), priority=10, order=0.0)
+    low = job("low", Demand(1, 8), tenant="c", order=1.0)
+    first = plan(state, [big], NOW, SchedulerPolicy())
+    second = plan(state, [*again([big], first), low], NOW + 1, SchedulerPolicy())
+    recorded = second.waits["low"]
+    assert recorded.code is W.PRIORITY and recorded.waiting_for == ("big",)
+    assert second.waits["big"].reserved_nodes == ("n0", "n1")
+
+    state.release("other")  # n1 is empty now, but kept for big
+    newcomer = job("low-new", Demand(1, 8), tenant="d", order=2.0)
+    third = plan(state, [*again([big, low], second), newcomer], NOW + 2, SchedulerPolicy())
+    assert third.waits["low-new"].code is W.RESERVATION  # what a job with no reason is told
+    assert third.waits.get("low", recorded) is recorded
+    assert not third.allocations
 
 
 def test_reservation_it_would_fit_but_only_on_nodes_kept_for_an_older_job() -> None:

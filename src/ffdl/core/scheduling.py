@@ -21,7 +21,9 @@ guarantee first (:mod:`ffdl.core.tenancy`); within a tenant, first queued first.
    use are reserved for it until they are free; while its victims stop it preempts nobody else;
 4. otherwise it waits, with the reason: capacity, fragmentation, GPU type, priority (a
    higher-priority job waits ahead for the same GPUs) or reservation (it would fit, but only on
-   nodes kept for a job ahead of it).
+   nodes kept for a job ahead of it). A recorded priority wait is kept while the job it names
+   still waits ahead (:meth:`Planner._still_said`), so it is not renamed whenever the walk meets
+   another blocked job of that class first, nor swapped with a reservation and back as jobs end.
 
 **Backfill without starvation** (EASY backfill, without runtimes). In each class, the oldest
 waiting jobs that do not fit now (queue order, up to ``max_reservations`` in all) are *heads*: each
@@ -358,6 +360,9 @@ class Planner:
         # decides it changes only with what bumps the version
         self._alikes: dict[tuple[int, str, Demand], Alike] = {}
         self._alikes_at = 0
+        # job -> the wait this step gave it (None: placed), for every job it named on its own; a job
+        # passed over keeps its recorded reason (what :meth:`_still_ahead` reads)
+        self._given: dict[str, WaitRecord | None] = {}
         self.evictions = self._evacuate()
         self._keep_claims()
 
@@ -400,6 +405,12 @@ class Planner:
         job, a run of a tenant's jobs that verdicts already given settle (see :meth:`_decide`) is
         passed over at once, and of those only the jobs whose recorded reason says something else
         than their verdict are yielded: a step touches what changed and the head of each queue."""
+        given = self._given
+        for decision in self._walk():
+            given[decision.job.job_id] = decision.wait if decision.allocation is None else None
+            yield decision
+
+    def _walk(self) -> Iterator[Decision]:
         queue = self._queue
         for priority in queue.priorities():
             claimants = queue.claimants(priority)
@@ -559,7 +570,7 @@ class Planner:
                     verdicts[demand] = record
                 says = said(record)
                 for what, keys in by_said.items():
-                    if what == says:
+                    if what == says or self._still_said(what, says, priority, demand):
                         continue
                     for _, job_id in keys[bisect_left(keys, start) :]:
                         job = self._queue.get(job_id)
@@ -591,11 +602,11 @@ class Planner:
             return end
         start = fifo[at]
         stop: QueueKey | None = None
-        settled: list[tuple[dict[Said, list[QueueKey]], WaitRecord]] = []
+        settled: list[tuple[Demand, dict[Said, list[QueueKey]], WaitRecord]] = []
         for demand, by_said in demands.items():
             verdict = self._verdict(priority, tenant, demand, self._alike(priority, tenant, demand))
             if verdict is not None:
-                settled.append((by_said, verdict))
+                settled.append((demand, by_said, verdict))
                 continue
             for keys in by_said.values():
                 index = bisect_left(keys, start)
@@ -605,10 +616,10 @@ class Planner:
         if end == at:
             return at
         self._considered += end - at - self._firsts_between(priority, tenant, start, stop, first)
-        for by_said, record in settled:
+        for demand, by_said, record in settled:
             says = said(record)
             for what, keys in by_said.items():
-                if what == says:
+                if what == says or self._still_said(what, says, priority, demand):
                     continue
                 low = bisect_left(keys, start)
                 high = len(keys) if stop is None else bisect_left(keys, stop, low)
@@ -644,7 +655,8 @@ class Planner:
                 return None
             if job_id not in first:
                 passed += 1
-                if said(job.wait) != said(verdict):
+                recorded, says = said(job.wait), said(verdict)
+                if recorded != says and not self._still_said(recorded, says, priority, demand):
                     decisions.append(Decision(job, wait=verdict))
         return len(fifo), passed, decisions
 
@@ -820,14 +832,55 @@ class Planner:
                 return None
         return self._blocking_reason(priority, demand, held_back=True)
 
-    @staticmethod
-    def _kept(job: WaitingJob, wait: WaitRecord) -> WaitRecord:
-        """The job's recorded reason if ``wait`` says the same (its wording stays), else ``wait``;
-        a quota wait is always given afresh."""
-        if wait.code is not W.QUOTA and wait.same_as(job.wait):
-            assert job.wait is not None
-            return job.wait
+    def _kept(self, job: WaitingJob, wait: WaitRecord) -> WaitRecord:
+        """The job's recorded reason if ``wait`` says the same (its wording stays), or if it is a
+        priority wait that still holds (:meth:`_still_said`); else ``wait``. A quota wait is always
+        given afresh."""
+        recorded = job.wait
+        if recorded is None or wait.code is W.QUOTA:
+            return wait
+        if wait.same_as(recorded) or self._still_said(said(recorded), said(wait), job.priority, job.demand):
+            return recorded
         return wait
+
+    def _still_said(self, recorded: Said, verdict: Said, priority: int, demand: Demand) -> bool:
+        """Whether a job of ``priority`` and ``demand`` whose recorded reason says ``recorded`` keeps
+        it though its verdict says ``verdict``: the recorded one is a ``priority`` wait whose job
+        still waits ahead of it, and the verdict another ``priority`` wait or a ``reservation``
+        (on the same nodes, if any): a reason that still holds is kept.
+
+        Which blocked job of a higher class a priority wait names is the first the step walks, and
+        that order moves with every tenant's share; and whether a job of a lower class would fit
+        but for the nodes kept for a head (``reservation``) or not at all (``priority``) moves with
+        every job that ends or starts. Naming them anew made a reason change (an event, a new
+        ``since``) for nearly every job of the lower classes at nearly every step, though the job
+        named still waited ahead of them all."""
+        return (
+            recorded is not None
+            and verdict is not None
+            and recorded[0] is W.PRIORITY
+            and (verdict[0] is W.PRIORITY or verdict[0] is W.RESERVATION)
+            and recorded[2] == verdict[2]
+            and self._still_ahead(recorded[1], priority, demand)
+        )
+
+    def _still_ahead(self, named: tuple[str, ...], priority: int, demand: Demand) -> bool:
+        """Whether the job ``named`` (of a priority wait) waits ahead of a job of ``priority`` and
+        ``demand`` in this step, as :meth:`_higher_priority_blocked` asks of the first blocked job
+        of each class: it is of a higher class, blocked in this step (a competing reason: it
+        neither got GPUs nor preempts) and wants the same kind of GPUs. Every higher class is
+        walked before, so its job was either named on its own (what ``_given`` holds) or passed
+        over keeping its recorded reason."""
+        if not named or not demand.gpus:
+            return False
+        ahead = self._queue.get(named[0])
+        if ahead is None or ahead.priority <= priority:
+            return False
+        wait = self._given.get(ahead.job_id, ahead.wait)  # given None: it got GPUs
+        if wait is None or wait.code not in _COMPETING:
+            return False
+        gpu_type = ahead.demand.gpu_type if ahead.demand.gpus else None
+        return gpu_type is None or demand.gpu_type is None or gpu_type == demand.gpu_type
 
     def _place(self, job: WaitingJob) -> Gang | None:
         """A placement off the nodes reserved for others, or None (remembered for the cycle: the
