@@ -282,6 +282,7 @@ def backlog_run(nodes: list[Node], jobs: int, tenths: int = 10) -> dict[str, Any
         ended = time.perf_counter()
     starts = [at for at, _, _ in noted] + [ended]
     rows = []
+    tenths = min(tenths, len(noted))  # a short trace plans fewer steps than that
     for tenth in range(tenths):
         low, high = tenth * len(noted) // tenths, (tenth + 1) * len(noted) // tenths
         steps = high - low
