@@ -11,7 +11,7 @@ from pathlib import Path
 from ffdl.core.allocator import Node
 from ffdl.core.cluster import ClusterState, Demand, Gang, HeldJob
 from ffdl.core.decider import decide
-from ffdl.core.job import Job, evolve
+from ffdl.core.job import Job, WaitRecord, evolve
 from ffdl.core.scheduling import Plan, SchedulerPolicy, WaitingJob, plan
 from ffdl.core.tenancy import TenancyPolicy, TenantQuota
 from ffdl.events import job_commands as cmd
@@ -117,6 +117,30 @@ def test_priority_a_wait_keeps_naming_a_job_while_it_still_waits_ahead() -> None
     third = plan(state, queue, NOW + 2, policy)
     assert [a.job_id for a in third.allocations] == ["hi-b"]
     assert third.waits["low"].code is W.PRIORITY and third.waits["low"].waiting_for == ("hi-a",)
+
+
+def test_priority_a_recorded_wait_that_names_no_job_waiting_ahead_is_given_afresh() -> None:
+    """A recorded priority wait is kept only on what this step finds: one naming a job that is not
+    waiting (gone, or a name the log should never have held), a job of the same class, or one
+    blocked for another GPU type, is replaced by the job that does wait ahead."""
+    state = ClusterState([Node("n0", 8, "a100"), Node("n1", 8, "h100")])
+    hold(state, "busy-0", "n0", range(8), priority=20, tenant="z")
+    hold(state, "busy-1", "n1", range(8), priority=20, tenant="z")
+    ahead = job("ahead", Demand(1, 8, gpu_type="a100"), priority=10, order=0.0)
+    other_type = job("other-type", Demand(1, 8, gpu_type="h100"), tenant="b", priority=10, order=0.5)
+    peer = job("peer", Demand(1, 8, gpu_type="a100"), tenant="c", order=1.0)
+    queue = [ahead, other_type, peer]
+    first = plan(state, queue, NOW, SchedulerPolicy())
+    told = first.waits["peer"]
+    assert told.code is W.PRIORITY and told.waiting_for == ("ahead",)
+    recorded = {job.job_id: first.waits[job.job_id] for job in queue}
+    for named in ("ghost", "peer-of-its-class", "other-type"):
+        stale = WaitRecord(W.PRIORITY, f"needs 1 learner(s) x 8 GPU(s); job {named} waits ahead", (named,))
+        waiting = [replace(j, wait=stale if j is peer else recorded[j.job_id]) for j in queue]
+        if named == "peer-of-its-class":  # walked before peer (tenant a), and blocked too
+            waiting.append(replace(job(named, Demand(1, 8, gpu_type="a100"), order=0.9), wait=told))
+        decided = plan(state, waiting, NOW + 1, SchedulerPolicy())
+        assert decided.waits["peer"].waiting_for == ("ahead",), named
 
 
 def test_priority_a_wait_that_still_holds_is_kept_when_reservations_are_what_keep_the_job_out() -> None:

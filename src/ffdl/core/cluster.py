@@ -64,6 +64,12 @@ class Demand(NamedTuple):
     def total_gpus(self) -> int:
         return self.learners * self.gpus
 
+    @property
+    def gpu_kind(self) -> str | None:
+        """The GPU type that matters for this demand: its own where it asks for GPUs, else None
+        (a gang without GPUs competes for no type)."""
+        return self.gpu_type if self.gpus else None
+
     def describe(self) -> str:
         kind = f" of type {self.gpu_type}" if self.gpu_type and self.gpus else ""
         return f"{self.learners} learner(s) x {self.gpus} GPU(s){kind}"
@@ -174,7 +180,7 @@ class ClusterRoom:
 
     def free_for(self, demand: Demand) -> int:
         """Free GPUs that ``demand`` could use."""
-        return self.free_gpus(demand.gpu_type if demand.gpus else None)
+        return self.free_gpus(demand.gpu_kind)
 
     def cordoned_for(self, demand: Demand) -> int:
         """Free GPUs that ``demand`` could use if their nodes were not cordoned."""

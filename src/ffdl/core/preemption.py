@@ -243,7 +243,7 @@ class VictimPool:
         demand = preemptor.demand
         # whose jobs it may take depends on its tenant once a tenant has a guarantee (may_preempt)
         tenant = preemptor.tenant if self.ledger.any_guarantee else None
-        gpu_type = demand.gpu_type if demand.gpus else None
+        gpu_type = demand.gpu_kind
         key = (preemptor.priority, gpu_type, tenant)
         known = None if preemptor.reclaims else self.eligible.get(key)
         # what they rest on: the victims chosen so far (and the jobs a drain's preemption halted,
@@ -286,7 +286,7 @@ class VictimPool:
         lowest priority first (classes it does not outrank only when it reclaims its guarantee)."""
         room = self.state.room
         demand = preemptor.demand
-        gpu_type = demand.gpu_type if demand.gpus else None
+        gpu_type = demand.gpu_kind
         taking: dict[str, int] = {}
         eligible = []
         for priority in self.priorities:

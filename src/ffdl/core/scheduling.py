@@ -404,7 +404,8 @@ class Planner:
         get reservations), then the rest by fair share, FIFO per tenant. Unless it weighs every
         job, a run of a tenant's jobs that verdicts already given settle (see :meth:`_decide`) is
         passed over at once, and of those only the jobs whose recorded reason says something else
-        than their verdict are yielded: a step touches what changed and the head of each queue."""
+        than their verdict are yielded: a step touches what changed and the head of each queue.
+        What each decision gives a job is noted as it goes (``_given``: :meth:`_still_ahead`)."""
         given = self._given
         for decision in self._walk():
             given[decision.job.job_id] = decision.wait if decision.allocation is None else None
@@ -528,7 +529,7 @@ class Planner:
         no victims could make room. What weighing would change besides is the class's first
         blocked job, which lower classes name; so only where that is named already, or no class is
         walked after this one. Whether it did."""
-        blocked_as = (priority, demand.gpu_type if demand.gpus else None)
+        blocked_as = (priority, demand.gpu_kind)
         if blocked_as not in self._blocked and priority != self._last_class:
             return False
         if demand not in self._no_fit:
@@ -879,8 +880,7 @@ class Planner:
         wait = self._given.get(ahead.job_id, ahead.wait)  # given None: it got GPUs
         if wait is None or wait.code not in _COMPETING:
             return False
-        gpu_type = ahead.demand.gpu_type if ahead.demand.gpus else None
-        return gpu_type is None or demand.gpu_type is None or gpu_type == demand.gpu_type
+        return _same_gpus(ahead.demand.gpu_kind, demand)
 
     def _place(self, job: WaitingJob) -> Gang | None:
         """A placement off the nodes reserved for others, or None (remembered for the cycle: the
@@ -1082,7 +1082,7 @@ class Planner:
         nodes = self._head_nodes.get(job.job_id, ())
         code, waiting_for = self._blocking_reason(job.priority, demand, held_back=not nodes)
         if code in _COMPETING:
-            self._blocked.setdefault((job.priority, demand.gpu_type if demand.gpus else None), job.job_id)
+            self._blocked.setdefault((job.priority, demand.gpu_kind), job.job_id)
         cordoned = self._cordoned_for(demand) if code in (W.CAPACITY, W.GPU_TYPE) and demand.gpus else 0
         return _blocked_record(code, demand, waiting_for, cordoned, nodes)
 
@@ -1129,9 +1129,8 @@ class Planner:
         """A job of a class above ``priority`` that waits for the same kind of GPUs as ``demand``, if any."""
         if not demand.gpus:
             return None
-        wanted = demand.gpu_type
-        for (blocked, gpu_type), job_id in self._blocked.items():
-            if blocked > priority and (gpu_type is None or wanted is None or gpu_type == wanted):
+        for (blocked, kind), job_id in self._blocked.items():
+            if blocked > priority and _same_gpus(kind, demand):
                 return job_id
         return None
 
@@ -1202,6 +1201,12 @@ def _blocked_record(
     if nodes:
         detail += f"; {len(nodes)} node(s) are kept free for it, so jobs behind it cannot delay it"
     return WaitRecord(code, detail, waiting_for[:NAMES_MAX], nodes)
+
+
+def _same_gpus(kind: str | None, demand: Demand) -> bool:
+    """Whether a job blocked for GPUs of ``kind`` (:attr:`Demand.gpu_kind`) waits for the GPUs
+    ``demand``, which asks for some, could use: either of them takes any type, or both the same."""
+    return kind is None or demand.gpu_type is None or kind == demand.gpu_type
 
 
 def _some(job_ids: tuple[str, ...]) -> str:
