@@ -507,6 +507,59 @@ def test_the_oldest_blocked_job_gets_the_reservation_not_a_younger_one() -> None
     assert young.reserved_nodes == () and young.code is W.FRAGMENTATION
 
 
+@pytest.mark.parametrize("head_tenant", ["b", "0b"])
+def test_a_head_whose_nodes_have_drained_starts_before_younger_jobs_of_any_tenant(head_tenant: str) -> None:
+    """The head's node is empty at last, and every tenant holds nothing: fair share alone would
+    serve tenant "a" before "b" by name, and its younger 2-GPU job (then "c"'s 4-GPU one) took the
+    node the 8-GPU head had waited for, which then waited as long again."""
+    state = cluster(nodes=1, gpus=8)
+    kept = WaitRecord(W.CAPACITY, "needs 8; kept for it", (), ("n0",))
+    behind = WaitRecord(W.RESERVATION, "kept for big", ("big",))
+    jobs = [
+        waiting("big", 8, tenant=head_tenant, order=1.0, wait=kept),
+        waiting("small", 2, tenant="a", order=2.0, wait=behind),
+        waiting("medium", 4, tenant="c", order=3.0, wait=behind),
+    ]
+    decided = plan(state, jobs, NOW, SchedulerPolicy())
+    assert [a.job_id for a in decided.allocations] == ["big"]
+    assert {job_id: wait.code for job_id, wait in decided.waits.items()} == {
+        "small": W.CAPACITY,
+        "medium": W.CAPACITY,
+    }
+
+
+def test_a_drained_head_is_placed_first_though_an_older_head_took_the_last_reservation() -> None:
+    """One reservation, taken again by the older head still waiting for two nodes: the walk goes on
+    to the younger head whose node has drained, and places it before tenant "a"'s younger job."""
+    state = cluster(nodes=3, gpus=8)
+    running(state, "r0", "n0", range(4), tenant="z")
+    running(state, "r1", "n1", range(4), tenant="z")
+    jobs = [
+        waiting(
+            "wide", 8, learners=2, tenant="x", order=0.0, wait=WaitRecord(W.CAPACITY, "", (), ("n0", "n1"))
+        ),
+        waiting("big", 8, tenant="b", order=1.0, wait=WaitRecord(W.CAPACITY, "", (), ("n2",))),
+        waiting("small", 4, tenant="a", order=2.0, wait=WaitRecord(W.RESERVATION, "", ("big",))),
+    ]
+    decided = plan(state, jobs, NOW, SchedulerPolicy(max_reservations=1))
+    assert [a.job_id for a in decided.allocations] == ["big"]
+    assert decided.waits["wide"].reserved_nodes == ("n0", "n1")
+
+
+def test_a_head_placed_as_its_nodes_drain_does_not_wait_for_the_younger_jobs_it_let_pass() -> None:
+    """The reviewer's trace: the 8-GPU job waits for the 4-GPU job on the only node, with the node
+    kept for it; when that ends at 100 s it starts, not at 600 s after the younger jobs."""
+    trace = [
+        TraceJob("J1", 0.0, "a", 1, 4, 100.0),
+        TraceJob("J2", 1.0, "b", 1, 8, 50.0),
+        TraceJob("J3", 2.0, "a", 1, 2, 10.0),
+        TraceJob("J4", 3.0, "c", 1, 4, 500.0),
+    ]
+    result = simulate(trace, [Node("n0", 8)])
+    starts = {o.job.job_id: o.first_start for o in result.outcomes}
+    assert starts == {"J1": 0.0, "J2": 100.0, "J3": 150.0, "J4": 150.0}
+
+
 @settings(max_examples=10, deadline=None)
 @given(seed=st.integers(0, 10_000), small_gpus=st.sampled_from([1, 2, 4]), nodes=st.integers(2, 4))
 def test_the_reserved_big_job_starts_while_small_jobs_keep_coming(

@@ -30,10 +30,11 @@ waiting jobs that do not fit now (queue order, up to ``max_reservations`` in all
 gets the fewest nodes that could hold it once empty, those with the most free GPUs first, kept
 for it. Every other job of that class or below runs anywhere else (backfill) but never on a head's
 nodes, so those nodes only drain, and the head starts at the latest when the jobs already on them
-end. A head is never displaced by a younger job: its position in the queue only improves, and the
-walk that picks heads stops at the first job older heads keep from a reservation. The reserved
-nodes are recorded with the head's reason and kept from cycle to cycle while they stay valid, so
-draining is never wasted. Only a higher priority class can overtake a head.
+end. A head is never displaced by a younger job: its position in the queue only improves, the
+walk that picks heads stops at the first job older heads keep from a reservation, and a head
+whose nodes have drained (it fits now) is placed where that walk meets it, before the younger
+jobs. The reserved nodes are recorded with the head's reason and kept from cycle to cycle while
+they stay valid, so draining is never wasted. Only a higher priority class can overtake a head.
 
 **What a step touches.** The waiting jobs come in a :class:`WaitingQueue` the caller keeps up to
 date, not sorted afresh. A job that neither heads nor claims is decided by its class and demand,
@@ -106,6 +107,9 @@ class WaitingQueue:
         # walk reads it as it is (merging every tenant's queue cost a heap of them per class per step)
         self._orders: dict[int, list[QueueKey]] = {}
         self._claimants: dict[int, set[str]] = {}
+        # priority -> the class's jobs whose recorded reason keeps nodes for them: its heads at the
+        # last step (:meth:`Planner._heads` places one that fits now before any younger job)
+        self._headed: dict[int, set[str]] = {}
         self._demands: dict[int, Counter[Demand]] = {}  # priority -> demand -> how many wait
         # priority -> tenant -> demand -> what its recorded reason says -> (order, job id), sorted:
         # where a planning step finds the jobs whose reason is not the one their kind gets now
@@ -142,10 +146,17 @@ class WaitingQueue:
             _discard(reasons, was, _key(job))
             insort(reasons.setdefault(now, []), _key(job))
         claimants = self._claimants.setdefault(job.priority, set())
-        if job.wait is not None and job.wait.code is W.PREEMPTION:
+        headed = self._headed.setdefault(job.priority, set())
+        wait = job.wait
+        if wait is not None and wait.code is W.PREEMPTION:
             claimants.add(job.job_id)
+            headed.discard(job.job_id)
         else:
             claimants.discard(job.job_id)
+            if wait is not None and wait.reserved_nodes:
+                headed.add(job.job_id)
+            else:
+                headed.discard(job.job_id)
 
     def remove(self, job_id: str) -> WaitingJob | None:
         job = self._jobs.pop(job_id, None)
@@ -168,6 +179,7 @@ class WaitingQueue:
                 del self._orders[job.priority]
                 del self._demands[job.priority]
         self._claimants[job.priority].discard(job_id)
+        self._headed[job.priority].discard(job_id)
         demands = self._by_reason[job.priority][job.tenant]
         _discard(demands[job.demand], said(job.wait), _key(job))
         if not demands[job.demand]:
@@ -196,6 +208,11 @@ class WaitingQueue:
         jobs = [self._jobs[job_id] for job_id in self._claimants.get(priority, ())]
         jobs.sort(key=_key)
         return jobs
+
+    def headed(self, priority: int) -> Set[str]:
+        """The class's jobs whose recorded reason keeps nodes for them (its heads at the last step);
+        read only."""
+        return self._headed.get(priority, set())
 
     def fifos(self, priority: int) -> dict[str, list[QueueKey]]:
         """Each tenant's jobs of the class, first queued first, as (order, job id); read only."""
@@ -418,9 +435,10 @@ class Planner:
             for job in claimants:
                 yield self._weigh(job)
             first = {job.job_id for job in claimants}
-            if self._backfill_reservations < self._policy.max_reservations:
+            headed = queue.headed(priority)
+            if self._backfill_reservations < self._policy.max_reservations or headed:
                 walk = (job for job in queue.in_order(priority) if job.job_id not in first)
-                heads = self._heads(walk, len(queue.demands(priority)))
+                heads = yield from self._heads(walk, len(queue.demands(priority)), headed - first, first)
                 for job in heads:
                     yield self._weigh(job)
                 first.update(job.job_id for job in heads)
@@ -674,7 +692,9 @@ class Planner:
                 count += start <= key and (stop is None or key < stop)
         return count
 
-    def _heads(self, level: Iterable[WaitingJob], demands: int) -> list[WaitingJob]:
+    def _heads(
+        self, level: Iterable[WaitingJob], demands: int, headed: Set[str], first: set[str]
+    ) -> Generator[Decision, None, list[WaitingJob]]:
         """The oldest jobs of a class (queue order) that waited before and still do not fit, each
         with nodes reserved for it, while reservations are left (EASY backfill: only jobs behind a
         head must keep off its nodes). A job is weighed once before it can be a head, so a cycle
@@ -683,13 +703,25 @@ class Planner:
         older one; a job too big for the open nodes whatever is kept (others are cordoned) is
         passed by, as it once held up every reservation of its class until the cordon lifted. Once
         every one of the class's ``demands`` is found to fit, no job left can head: the walk ends
-        (it read the whole class, every step a GPU was free, to find none)."""
-        heads = []
-        fits: dict[Demand, bool] = {}  # the room does not change during the walk, only reservations
+        (it read the whole class, every step a GPU was free, to find none).
+
+        A job that headed the class at the last step (``headed``: its recorded reason keeps nodes
+        for it) and fits now is weighed where the walk meets it, before any younger job, and added
+        to ``first``: left to the fair-share walk, it lost the nodes it had waited for to the
+        younger jobs of any tenant that came before its own there, at the very step they had
+        drained, and waited on for as long as those ran. The walk goes on, reserving nothing more
+        once reservations are spent, until it has met every such job."""
+        heads: list[WaitingJob] = []
+        fits: dict[Demand, bool] = {}  # the room changes during the walk only by a former head placed
         fitting = 0  # how many of ``fits`` fit
+        reserving = True  # reservations are left, and no older head keeps the next one from a job
+        left = len(headed)  # former heads not met yet
         for job in level:
-            if self._backfill_reservations >= self._policy.max_reservations:
+            reserving = reserving and self._backfill_reservations < self._policy.max_reservations
+            if not reserving and not left:
                 break
+            was_head = job.job_id in headed
+            left -= was_head
             demand = job.demand
             if job.wait is None or not self._ledger.within_limit(job.tenant, self._state.charge(demand)):
                 continue
@@ -699,14 +731,21 @@ class Planner:
                 )
                 fitting += fits[demand]
             if fits[demand]:
-                if fitting == demands:
+                if was_head:
+                    first.add(job.job_id)
+                    yield self._weigh(job)
+                    fits.clear()
+                    fitting = 0
+                elif fitting == demands and not left:
                     break
                 continue
             self._no_fit.add(demand)
+            if not reserving:
+                continue
             nodes = self._reservation_nodes(job)
             if not nodes:
                 if self._reserved and self._room.reservation(demand, frozenset()) is not None:
-                    break  # only nodes kept for older jobs are missing: no younger job goes first
+                    reserving = False  # only nodes kept for older jobs are missing: no younger job goes first
                 continue  # too few open nodes for it whatever is kept (a cordon): it holds no one up
             self._reserve(job, nodes)
             self._head_nodes[job.job_id] = nodes
