@@ -248,3 +248,76 @@ def test_reservations_for_more_distinct_demands_than_a_room_keeps_stay_right_and
         assert room.reservation(Demand(2, 8, memory_mb=memory_mb), frozenset()) == ("n1", "n2")
         assert room.reservation(Demand(2, 8, memory_mb=65536 + memory_mb), frozenset()) is None
     assert len(room._when_empty) <= WHEN_EMPTY_KEPT
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    nodes=clusters(),
+    earlier=st.lists(demands, max_size=10),
+    demand=demands,
+    excluded=st.sets(st.sampled_from([f"n{i}" for i in range(8)])),
+    moves=st.lists(st.tuples(st.integers(0, 7), st.booleans()), max_size=12),
+)
+def test_counting_holdings_given_back_says_whether_the_gang_fits_as_placing_it_would(
+    nodes: list[Node],
+    earlier: list[Demand],
+    demand: Demand,
+    excluded: set[str],
+    moves: list[tuple[int, bool]],
+) -> None:
+    """What a victim search asks without touching the room (ClusterRoom.freeing) against the room
+    with the same holdings given back: the same answer after every move."""
+    held = fill(ClusterRoom([replace(node, schedulable=True) for node in nodes]), earlier)
+    room = ClusterRoom(nodes)  # jobs hold GPUs on cordoned nodes too: they were placed before the cordon
+    for held_demand, gang in held:
+        room.take(held_demand, gang)
+    freeing = room.freeing(demand, excluded)
+    assert freeing.fits() == (room.find(demand, excluded) is not None)
+    if not held:
+        return
+    given_back: set[int] = set()
+    for pick, give in moves:
+        index = pick % len(held)
+        if give == (index in given_back):
+            continue  # give back only what is held, take again only what was given back
+        held_demand, gang = held[index]
+        if give:
+            freeing.release(held_demand, gang)
+            given_back.add(index)
+        else:
+            freeing.take(held_demand, gang)
+            given_back.discard(index)
+        counted = freeing.fits()
+        for number, (held_demand, gang) in enumerate(held):  # the room as it would be
+            if number in given_back:
+                room.release(held_demand, gang)
+        assert counted == (room.find(demand, excluded) is not None)
+        for number, (held_demand, gang) in enumerate(held):
+            if number in given_back:
+                room.take(held_demand, gang)
+
+
+def test_counting_holdings_given_back_reads_memory_cordons_and_what_a_node_has() -> None:
+    """The cases a random cluster seldom draws: a gang held back by memory alone, a job holding
+    GPUs on a node cordoned since (giving them back opens nothing), and a holding that names GPUs
+    the node no longer has (given back, they are not free)."""
+    small = Node("small", 8, cpus=64.0, memory_mb=4096)
+    cordoned = Node("cordoned", 8, schedulable=False)
+    shrunk = Node("shrunk", 2)
+    room = ClusterRoom([small, cordoned, shrunk])
+    light = Demand(1, 8, mcpus=1000, memory_mb=1024)
+    on_small, on_cordoned = Gang((("small", tuple(range(8))),)), Gang((("cordoned", tuple(range(8))),))
+    on_shrunk = Gang((("shrunk", (0, 1, 2, 3)),))
+    for gang in (on_small, on_cordoned, on_shrunk):
+        room.take(light, gang)
+    for demand, gang in (
+        (Demand(1, 1, mcpus=1000, memory_mb=16384), on_small),
+        (Demand(1, 8), on_cordoned),
+        (Demand(1, 4), on_shrunk),
+    ):
+        freeing = room.freeing(demand)
+        freeing.release(light, gang)
+        room.release(light, gang)
+        assert room.find(demand) is None
+        assert not freeing.fits()
+        room.take(light, gang)

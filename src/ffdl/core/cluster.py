@@ -375,6 +375,14 @@ class ClusterRoom:
             handed[order] += 1
         return Gang(tuple(learners))
 
+    def freeing(self, demand: Demand, excluded: Set[str] = frozenset()) -> Freeing:
+        """The slots of ``demand`` outside ``excluded`` now, to count holdings given back and taken
+        again without touching the room (:class:`Freeing`)."""
+        types = self._types_for(demand)
+        rooms = self._rooms_by_free(types, demand.gpus, ascending=False)
+        slots = sum(room.slots(demand) for room in rooms if room.node.name not in excluded)
+        return Freeing(self, demand, frozenset(types), excluded, slots)
+
     # -- reserving --------------------------------------------------------------------------------
 
     def reservation(self, demand: Demand, excluded: Set[str]) -> tuple[str, ...] | None:
@@ -422,6 +430,85 @@ class ClusterRoom:
                 return False
             total += room.slots_when_empty(demand)
         return total >= demand.learners
+
+
+class _Freed:
+    """One node as :class:`Freeing` counts it: what would be free on it, and its slots (-1 where
+    the node does not count: cordoned, of another GPU type or left out)."""
+
+    __slots__ = ("free", "gpus", "mcpus", "memory_mb", "slots")
+
+    def __init__(self, room: NodeRoom, slots: int) -> None:
+        self.gpus = room.node.gpus
+        self.free = set(room.free)
+        self.mcpus = room.mcpus
+        self.memory_mb = room.memory_mb
+        self.slots = slots
+
+
+class Freeing:
+    """The slots of one demand as holdings are given back (as :meth:`ClusterRoom.release` would)
+    and taken again (:meth:`ClusterRoom.take`), without touching the room.
+
+    ``find`` places a gang exactly when the slots on the schedulable nodes of a usable type outside
+    the nodes left out add up to its learners, so :meth:`fits` says what it would (the room must
+    not change meanwhile: a node is read when first touched). A victim search
+    asks that again and again for the gang with some victims gone; freeing them in the room and
+    placing the gang each time rebucketed every node touched and built a gang, at a cost of about
+    a millisecond a search that found victims (a sixth of a run at load 1.3)."""
+
+    __slots__ = ("_demand", "_excluded", "_nodes", "_room", "_types", "slots")
+
+    def __init__(
+        self, room: ClusterRoom, demand: Demand, types: Set[str], excluded: Set[str], slots: int
+    ) -> None:
+        self._room = room
+        self._demand = demand
+        self._types = types
+        self._excluded = excluded
+        self.slots = slots  # on the nodes that count, as freed so far
+        self._nodes: dict[str, _Freed] = {}  # the nodes touched so far
+
+    def fits(self) -> bool:
+        return self.slots >= self._demand.learners
+
+    def release(self, demand: Demand, gang: Gang) -> None:
+        """Count ``gang`` (of a job with ``demand``) as given back."""
+        for node, (gpus, learners) in _per_node(gang).items():
+            freed = self._node(node)
+            if freed is not None:
+                freed.free.update(gpu for gpu in gpus if gpu < freed.gpus)
+                self._recount(freed, demand.mcpus * learners, demand.memory_mb * learners)
+
+    def take(self, demand: Demand, gang: Gang) -> None:
+        """Count ``gang`` as held again."""
+        for node, (gpus, learners) in _per_node(gang).items():
+            freed = self._node(node)
+            if freed is not None:
+                freed.free.difference_update(gpus)
+                self._recount(freed, -demand.mcpus * learners, -demand.memory_mb * learners)
+
+    def _node(self, name: str) -> _Freed | None:
+        freed = self._nodes.get(name)
+        if freed is None:
+            room = self._room.room(name)
+            if room is None:
+                return None  # as the room skips a node it does not know
+            node = room.node
+            counts = node.schedulable and node.gpu_type in self._types and name not in self._excluded
+            freed = self._nodes[name] = _Freed(room, room.slots(self._demand) if counts else -1)
+        return freed
+
+    def _recount(self, freed: _Freed, mcpus: int, memory_mb: int) -> None:
+        freed.mcpus += mcpus
+        freed.memory_mb += memory_mb
+        if freed.slots < 0:
+            return
+        demand = self._demand
+        by_gpus = len(freed.free) // demand.gpus if demand.gpus else _UNLIMITED
+        slots = min(by_gpus, freed.mcpus // demand.mcpus, freed.memory_mb // demand.memory_mb)
+        self.slots += slots - freed.slots
+        freed.slots = slots
 
 
 class Admission:

@@ -32,7 +32,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Hashable, Iterable, Mapping, Set
 from dataclasses import dataclass, field
 
-from ffdl.core.cluster import ClusterRoom, ClusterState, Demand, Gang, HeldJob
+from ffdl.core.cluster import ClusterState, Demand, Gang, HeldJob
 from ffdl.core.tenancy import TenantLedger
 
 
@@ -140,11 +140,10 @@ class VictimPool:
         ``excluded_as`` stands for ``excluded`` while the pool lives (the same key, the same nodes):
         what the nodes left out take away is memoised on it, as they may be hundreds.
 
-        It frees the eligible candidates in order and finds the shortest prefix of them that makes
-        the gang fit: freeing more never makes a gang fit less, so it doubles the prefix until the
-        gang fits and then bisects the last step (a few placement attempts, and only the victims up
-        to about twice that prefix are ever freed). Then it drops every victim of that prefix the
-        gang fits without. The room is left exactly as it was."""
+        It counts the eligible candidates freed in order (:class:`~ffdl.core.cluster.Freeing`, the
+        room untouched) up to the shortest prefix of them that makes the gang fit, then drops every
+        victim of that prefix but the last that the gang fits without, last first, and places the
+        gang with the rest freed. The room is left exactly as it was."""
         room = self.state.room
         demand = preemptor.demand
         # Ruled out cheaply first, by what the state keeps: not even halting every running job of
@@ -160,36 +159,27 @@ class VictimPool:
         eligible = found.jobs()
         if not eligible:
             return None
-        prefix = _Prefix(room, eligible)
-        low, high = 0, 1  # the gang fits with ``high`` victims freed, not with ``low``
-        while True:
-            prefix.move_to(high)
-            if room.find(demand, excluded) is not None:
-                break
+        freeing = room.freeing(demand, excluded)
+        high = 0  # the gang fits with the first ``high`` victims freed (at least one)
+        while high == 0 or not freeing.fits():
             if high == len(eligible):
-                prefix.move_to(0)
                 return None
-            low, high = high, min(2 * high, len(eligible))
-        while high - low > 1:
-            middle = (low + high) // 2
-            prefix.move_to(middle)
-            if room.find(demand, excluded) is None:
-                low = middle
-            else:
-                high = middle
-        prefix.move_to(high)
+            freeing.release(eligible[high].demand, eligible[high].gang)
+            high += 1
         victims = eligible[:high]
         needed = [True] * high  # by position: a list's remove compares whole jobs, one by one
         for at in range(high - 2, -1, -1):
             victim = victims[at]
-            room.take(victim.demand, victim.gang)
-            if room.find(demand, excluded) is None:
-                room.release(victim.demand, victim.gang)
-            else:
+            freeing.take(victim.demand, victim.gang)
+            if freeing.fits():
                 needed[at] = False
+            else:
+                freeing.release(victim.demand, victim.gang)
         victims = [victim for victim, kept in zip(victims, needed, strict=True) if kept]
+        for victim in victims:
+            room.release(victim.demand, victim.gang)
         gang = room.find(demand, excluded)
-        assert gang is not None  # every step above kept the gang fitting
+        assert gang is not None  # the slots said it fits
         for victim in victims:
             room.take(victim.demand, victim.gang)
         self.chosen.update(victim.job_id for victim in victims)
@@ -328,19 +318,3 @@ def _gpus_per_node(jobs: Iterable[HeldJob]) -> dict[str, int]:
         for node, gpus in job.gang.learners:
             held[node] = held.get(node, 0) + len(gpus)
     return held
-
-
-@dataclass(slots=True)
-class _Prefix:
-    """Frees the first ``freed`` of ``victims`` in the room, moving that count up or down."""
-
-    room: ClusterRoom
-    victims: list[HeldJob]
-    freed: int = 0
-
-    def move_to(self, count: int) -> None:
-        for victim in self.victims[self.freed : count]:
-            self.room.release(victim.demand, victim.gang)
-        for victim in self.victims[count : self.freed]:
-            self.room.take(victim.demand, victim.gang)
-        self.freed = count
