@@ -140,6 +140,39 @@ def test_a_job_that_can_never_fit_or_never_be_allowed_is_reported_not_waited_for
     assert report["completed"] == 1 and report["makespan_s"] == 10.0
 
 
+def test_each_policy_reports_the_jobs_it_can_never_run_and_the_report_leads_with_ffdls(
+    tmp_path: Path,
+) -> None:
+    """The baselines know no quotas: a job over its tenant's limit never runs under ffdl alone. Each
+    policy's own list once gave way to the last baseline's, in the JSON, the table and the page."""
+    config = tmp_path / "ffdl.yaml"
+    config.write_text("tenant_quotas:\n  small: {guaranteed_gpus: 2, borrowing_limit_gpus: 0}\n")
+    trace = tmp_path / "quota.jsonl"
+    write_trace(
+        [TraceJob("toobig", 0.0, "small", 1, 4, 100.0), TraceJob("ok", 10.0, "other", 1, 4, 100.0)], trace
+    )
+    page = tmp_path / "report.html"
+    runner = CliRunner(env={"FFDL_CONFIG": str(config)})
+    args = ["simulate", str(trace), "--nodes", "1", "--compare", "fifo,las"]
+    made = runner.invoke(app, [*args, "--json", "--html", str(page)])
+    assert made.exit_code == 0, made.output
+    report = json.loads(made.output)
+    over = [{"job_id": "toobig", "reason": "needs 4; tenant small may hold at most 2 GPUs"}]
+    assert report["never_run"] == over  # ffdl's: the configured cluster and quotas' verdict
+    policies = report["policies"]
+    assert {name: (figures["never_run"], figures["completed"]) for name, figures in policies.items()} == {
+        "ffdl": (over, 1),
+        "fifo": ([], 2),
+        "las": ([], 2),
+    }
+    label = "never run (cannot fit or over quota)"
+    assert f'<th scope="row">{label}</th><td>1</td><td>0</td><td>0</td>' in page.read_text()
+    table = runner.invoke(app, args)
+    assert table.exit_code == 0, table.output
+    [row] = [line for line in table.output.splitlines() if label in line]
+    assert [cell.strip() for cell in row.split("│")[2:5]] == ["1", "0", "0"]
+
+
 def test_a_high_priority_arrival_preempts_and_the_victim_finishes_its_work_later() -> None:
     trace = [
         TraceJob("long-low", 0.0, "a", 1, 8, 1000.0, priority=0),

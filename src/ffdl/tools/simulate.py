@@ -46,14 +46,15 @@ def run_simulation(
     """``{"offered_load": x, "cluster": ..., "jobs": n, "left_out": {...}, "never_run": [...],
     "policies": {"ffdl": {...}, ...}}``: ffdl's planner and each baseline of ``compare`` over the
     same trace and cluster, each policy's figures those of :func:`ffdl.core.simulation.summarize`
-    with its wall time; ``left_out``, the jobs the trace's reader left out, by reason
+    with its wall time, the jobs that can never run under it among them (the baselines know no
+    quotas, so theirs may be fewer); the top-level ``never_run`` is ffdl's, the configured cluster
+    and quotas' verdict; ``left_out``, the jobs the trace's reader left out, by reason
     (:class:`~ffdl.tools.trace_formats.LoadedTrace`); with ``html``, also written there as a
     self-contained page with pictures."""
     capacity = sum(node.gpus for node in nodes if node.schedulable)
     load = offered_load(trace, capacity)
     results: dict[str, SimulationResult] = {}
     policies: dict[str, dict[str, Any]] = {}
-    never_run: list[dict[str, str]] = []
     for name in ("ffdl", *compare):
         started = time.perf_counter()
         if name == "ffdl":
@@ -62,7 +63,6 @@ def run_simulation(
             result = simulate_baseline(name, trace, nodes, placement=placement)
         wall_s = time.perf_counter() - started
         figures = summarize(result, load)
-        never_run = figures.pop("never_run")
         figures["wall_s"] = wall_s
         figures["jobs_per_wall_second"] = len(trace) / wall_s if wall_s > 0 else 0.0
         results[name] = result
@@ -72,7 +72,7 @@ def run_simulation(
         "cluster": {"nodes": len(nodes), "gpus": capacity, "placement": placement or "per job (pack)"},
         "jobs": len(trace),
         "left_out": dict(left_out or {}),
-        "never_run": never_run,
+        "never_run": policies["ffdl"]["never_run"],
         "policies": policies,
     }
     if html is not None:
@@ -120,7 +120,6 @@ def report_tables(report: dict[str, Any]) -> list[Table]:
         summary.add_column(name, justify="right")
     for key, label, show in ROWS:
         summary.add_row(label, *(show(figures[key]) for figures in policies.values()))
-    summary.add_row("never run (cannot fit)", *(str(len(report["never_run"])) for _ in policies))
     tenants = Table(title="median slowdown per tenant")
     tenants.add_column("tenant")
     tenants.add_column("jobs", justify="right")

@@ -50,6 +50,7 @@ def _percent_or_none(value: float | None) -> str:
 #: The rows of the comparison (the table and the page): the figure, its label, how it is shown.
 ROWS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
     ("completed", "jobs completed", str),
+    ("never_run", "never run (cannot fit or over quota)", lambda jobs: str(len(jobs))),
     ("jct_mean_s", "JCT mean", human_duration),
     ("jct_p50_s", "JCT p50", human_duration),
     ("jct_p99_s", "JCT p99", human_duration),
@@ -338,7 +339,7 @@ section{{margin:18px 0}}.swatch{{display:inline-block;width:10px;height:10px;mar
 .legend span{{margin-right:12px;white-space:nowrap}}</style></head>
 <body><h1>Simulation report</h1>
 <p>{report["jobs"]} jobs on {cluster["nodes"]} nodes ({cluster["gpus"]} GPUs), offered load
-{report["offered_load"]:.2f}; {len(report["never_run"])} jobs can never run here.{_left_out(report)}</p>
+{report["offered_load"]:.2f}.{_left_out(report)}</p>
 {_comparison_table(report)}
 <p class="legend">{policies}</p>
 <section><h2>Job completion time</h2>{_jct_cdf_svg(results)}</section>
