@@ -73,6 +73,29 @@ def test_las_preempts_a_job_that_has_had_more_service_and_counts_the_checkpoint(
     assert result.lost_gpu_seconds == 30.0 * 8
 
 
+def test_las_preempts_no_job_of_the_waiting_jobs_own_queue_and_a_job_that_does_not_fit_holds_up_none() -> (
+    None
+):
+    # one node of 8; every job stays far below 16 GPU-hours, so all four share the first queue
+    trace = [
+        TraceJob("J1", 0.0, "a", 1, 4, 100.0),
+        TraceJob("J2", 1.0, "b", 1, 8, 50.0),  # waits for the whole node
+        TraceJob("J3", 2.0, "a", 1, 2, 10.0),  # fits beside J1 at once, though J2 waits ahead of it
+        TraceJob("J4", 3.0, "c", 1, 4, 500.0),  # fits when J3 ends at 12
+    ]
+    result = simulate_baseline("las", trace, nodes(1), halt_s=30.0)
+    runs = {o.job.job_id: (o.first_start, o.end, o.preemptions) for o in result.outcomes}
+    # when J1 ends at 100, J2 (first in the queue) finds 4 GPUs free: J4 is of its own queue, so
+    # it is no victim, and J2 starts when J4 ends
+    assert runs == {
+        "J1": (0.0, 100.0, 0),
+        "J2": (512.0, 562.0, 0),
+        "J3": (2.0, 12.0, 0),
+        "J4": (12.0, 512.0, 0),
+    }
+    assert result.lost_gpu_seconds == 0.0
+
+
 def test_the_oracle_serves_the_shortest_remaining_time_first() -> None:
     trace = [
         TraceJob("long", 0.0, "a", 1, 8, 1000.0),

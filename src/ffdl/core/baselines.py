@@ -11,7 +11,9 @@ tenants' quotas, no reasons, no reservations.
   so a big job may wait while small ones keep passing it.
 * ``las``: Tiresias' discretised two-dimensional least-attained-service (Gu et al., NSDI 2019):
   jobs in queues by the GPU-seconds they have had (thresholds :data:`LAS_THRESHOLDS`), FIFO
-  within a queue, and a waiting job preempts running jobs of a lower queue.
+  within a queue, and a waiting job preempts running jobs of a lower queue, never of its own. A
+  job that does not fit, even by preempting, holds up none behind it that fits: the GPUs are
+  filled down the order, as Tiresias fills them.
 * ``oracle``: shortest remaining time first, knowing every runtime: a waiting job preempts running
   jobs with more time left. It is a bound on what a scheduler that cannot see the future may
   reach, not a rival.
@@ -93,8 +95,13 @@ class _Baseline:
         return (0.0, job.order)
 
     def threshold(self, key: Key, now: float) -> Key:
-        """The rank of a running job that a waiting job of ``key`` is served before."""
-        return (key[0] + now, key[1]) if self.name == "oracle" else key
+        """The bound past which running jobs are victims of a waiting job of ``key`` (those ranked
+        after it): oracle, those that would end after it; las, those of a lower queue only (from
+        the next queue's first rank on), as Tiresias preempts: a running job of the waiting job's
+        own queue is no victim, however much later it arrived."""
+        if self.name == "oracle":
+            return (key[0] + now, key[1])
+        return (key[0] + 1, -1)
 
     def queue(self, job: _Job) -> None:
         demand = job.demand if self.name != "fifo" else _ONE_QUEUE
