@@ -173,6 +173,32 @@ def test_each_policy_reports_the_jobs_it_can_never_run_and_the_report_leads_with
     assert [cell.strip() for cell in row.split("│")[2:5]] == ["1", "0", "0"]
 
 
+def test_a_trace_whose_jobs_all_arrive_at_one_instant_has_no_offered_load(tmp_path: Path) -> None:
+    """Over no span of arrivals the load (and the utilisation over that span) is undefined: it read
+    0.00, as if the cluster had been asked for nothing."""
+    trace = [TraceJob("a", 0.0, "a", 1, 8, 100.0), TraceJob("b", 0.0, "b", 1, 4, 50.0)]
+    assert offered_load(trace, 8) is None
+    figures = summarize(simulate(trace, nodes(1)))
+    assert figures["offered_load"] is None and figures["utilization_while_arriving"] is None
+    assert figures["utilization"] == (800 + 200) / (8 * 150.0)  # the whole run's is still measured
+    path = tmp_path / "batch.jsonl"
+    write_trace(trace, path)
+    page = tmp_path / "report.html"
+    runner = CliRunner()
+    made = runner.invoke(app, ["simulate", str(path), "--nodes", "1", "--json", "--html", str(page)])
+    assert made.exit_code == 0, made.output
+    report = json.loads(made.output)
+    assert report["offered_load"] is None and report["policies"]["ffdl"]["utilization_while_arriving"] is None
+    why = "n/a (every job arrives at one instant: no span to spread the work over)"
+    assert f"offered load\n{why}." in page.read_text()
+    assert '<th scope="row">GPU utilisation while jobs arrive</th><td>n/a</td>' in page.read_text()
+    table = runner.invoke(app, ["simulate", str(path), "--nodes", "1"])
+    assert table.exit_code == 0, table.output
+    assert why in " ".join(table.output.split())  # the title, however it is wrapped
+    [row] = [line for line in table.output.splitlines() if "GPU utilisation while jobs arrive" in line]
+    assert row.split("│")[2].strip() == "n/a"
+
+
 def test_a_high_priority_arrival_preempts_and_the_victim_finishes_its_work_later() -> None:
     trace = [
         TraceJob("long-low", 0.0, "a", 1, 8, 1000.0, priority=0),

@@ -355,23 +355,30 @@ def _slowdown(outcome: JobOutcome) -> float:
     return (outcome.end - outcome.job.submit_time) / max(outcome.job.runtime, 10.0)
 
 
-def offered_load(trace: Sequence[TraceJob], capacity_gpus: int) -> float:
+def offered_load(trace: Sequence[TraceJob], capacity_gpus: int) -> float | None:
     """The GPU-time the trace asks for over what the cluster has between its first and last
-    submission: 1.0 keeps every GPU busy if the work could be spread evenly."""
+    submission: 1.0 keeps every GPU busy if the work could be spread evenly. None where every job
+    arrives at one instant: all the work at once over no span is no load that can be given as a
+    number (0.0 would say the cluster was asked for nothing)."""
     if not trace or capacity_gpus <= 0:
         return 0.0
     span = max(job.submit_time for job in trace) - min(job.submit_time for job in trace)
+    if span <= 0:
+        return None
     work = sum(job.gpus * job.runtime for job in trace if job.gpus <= capacity_gpus)
-    return work / (capacity_gpus * span) if span > 0 else 0.0
+    return work / (capacity_gpus * span)
 
 
-def utilization_while_arriving(result: SimulationResult) -> float:
+def utilization_while_arriving(result: SimulationResult) -> float | None:
     """The GPU-time held between the first and the last submission over the capacity then: the span
     the offered load is measured over, so the two compare (the whole run's utilisation also counts
-    the drain-out after the last arrival, when there may be nothing left to run)."""
+    the drain-out after the last arrival, when there may be nothing left to run). None where every
+    job arrives at one instant, as the offered load: there is no such span."""
     last_submit = max((o.job.submit_time for o in result.outcomes), default=result.first_submit)
     span = last_submit - result.first_submit
-    if span <= 0 or result.capacity_gpus <= 0:
+    if span <= 0:
+        return None
+    if result.capacity_gpus <= 0:
         return 0.0
     busy = 0.0
     for (at, in_use), (until, _) in itertools.pairwise([*result.usage, (last_submit, 0)]):

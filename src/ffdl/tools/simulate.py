@@ -20,7 +20,7 @@ from ffdl.core.allocator import Node, PlacementPolicy
 from ffdl.core.baselines import BASELINES, simulate_baseline
 from ffdl.core.scheduling import SchedulerPolicy
 from ffdl.core.simulation import SimulationResult, TraceJob, offered_load, simulate, summarize
-from ffdl.tools.simulate_report import ROWS, render_report
+from ffdl.tools.simulate_report import ROWS, render_report, shown_load
 from ffdl.tools.terminal import shown
 
 PLACEMENTS: dict[str, PlacementPolicy] = {"pack": "pack", "spread": "spread"}
@@ -111,7 +111,7 @@ def report_tables(report: dict[str, Any]) -> list[Table]:
     cluster = report["cluster"]
     title = (
         f"simulation: {report['jobs']} jobs on {cluster['nodes']} nodes, {cluster['gpus']} GPUs, "
-        f"placement {cluster['placement']}; offered load {report['offered_load']:.2f}"
+        f"placement {cluster['placement']}; offered load {shown_load(report['offered_load'])}"
     )
     policies = report["policies"]
     summary = Table(title=title)

@@ -42,9 +42,18 @@ def _percent(value: float) -> str:
     return f"{value:.1%}"
 
 
-def _percent_or_none(value: float | None) -> str:
-    """A share that may not exist (no backlog ever waited): a dash then."""
-    return "-" if value is None else _percent(value)
+def _percent_unless(absent: str) -> Callable[[float | None], str]:
+    """A share that may not exist, shown as ``absent`` then: a dash where no backlog ever waited,
+    n/a where every job arrives at one instant (no span to measure over: :func:`shown_load`)."""
+    return lambda value: absent if value is None else _percent(value)
+
+
+def shown_load(load: float | None) -> str:
+    """The offered load as the table's title and the page say it, with why there is none where
+    every job arrives at one instant (:func:`ffdl.core.simulation.offered_load`)."""
+    if load is None:
+        return "n/a (every job arrives at one instant: no span to spread the work over)"
+    return f"{load:.2f}"
 
 
 #: The rows of the comparison (the table and the page): the figure, its label, how it is shown.
@@ -57,8 +66,8 @@ ROWS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
     ("queue_delay_p50_s", "queueing delay p50", human_duration),
     ("queue_delay_p99_s", "queueing delay p99", human_duration),
     ("utilization", "GPU utilisation", _percent),
-    ("utilization_while_arriving", "GPU utilisation while jobs arrive", _percent),
-    ("utilization_backlogged", "GPU utilisation while a backlog waits", _percent_or_none),
+    ("utilization_while_arriving", "GPU utilisation while jobs arrive", _percent_unless("n/a")),
+    ("utilization_backlogged", "GPU utilisation while a backlog waits", _percent_unless("-")),
     ("makespan_s", "makespan", human_duration),
     ("preemptions", "preemptions", str),
     ("max_preemptions_per_job", "most preemptions of one job", str),
@@ -339,7 +348,7 @@ section{{margin:18px 0}}.swatch{{display:inline-block;width:10px;height:10px;mar
 .legend span{{margin-right:12px;white-space:nowrap}}</style></head>
 <body><h1>Simulation report</h1>
 <p>{report["jobs"]} jobs on {cluster["nodes"]} nodes ({cluster["gpus"]} GPUs), offered load
-{report["offered_load"]:.2f}.{_left_out(report)}</p>
+{escape(shown_load(report["offered_load"]))}.{_left_out(report)}</p>
 {_comparison_table(report)}
 <p class="legend">{policies}</p>
 <section><h2>Job completion time</h2>{_jct_cdf_svg(results)}</section>
