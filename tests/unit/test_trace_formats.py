@@ -219,6 +219,9 @@ def test_a_trace_the_simulator_cannot_take_as_it_is_is_refused_naming_where(
         "," + PHILLY_HEADER + "0,2017-10-09 07:01:55,66.0,1,66.0,vc-a\n",  # pandas' index column
         "Cluster, Num_GPUs ,Duration,timestamp,gpu_time\nvc-a,1,66.0,2017-10-09 07:01:55,66\n",  # order, case
         PHILLY_HEADER + "2017-10-09T15:01:55+08:00,66.0,1,66.0,vc-a\n",  # an offset of its own
+        # rows of empty fields before the header are skipped, as everywhere else: the header was
+        # not found, the file was "not a trace ffdl reads"
+        ",,,,\r\n\r\n , \r\n" + PHILLY_HEADER + "2017-10-09 07:01:55,66.0,1,66.0,vc-a\n",
     ],
 )
 def test_the_philly_table_is_known_by_its_columns_whatever_their_order_case_or_company(
@@ -368,3 +371,16 @@ def test_a_table_taken_for_pai_without_the_other_says_so(tmp_path: Path) -> None
     (tmp_path / "numbers.csv").write_text("1,2,3,4,5,6\n")
     with pytest.raises(TraceError, match="read as an Alibaba PAI 2020 trace"):
         load_trace(tmp_path / "numbers.csv")
+
+
+def test_pai_tables_with_their_header_after_a_row_of_empty_fields_are_read_as_without(tmp_path: Path) -> None:
+    """The header of a headerless table is skipped where it is the first row that is not blank, as
+    the format was told by it, not only on line 1 (else it was read as a job of the table)."""
+    (tmp_path / "pai_job_table.csv").write_text(
+        ",,,,,\njob_name,inst_id,user,status,start_time,end_time\njob_a,inst_a,alice,Terminated,1000,5000\n"
+    )
+    (tmp_path / "pai_task_table.csv").write_text(
+        "job_a,worker,4,Terminated,1010,5000,600.0,29.0,100.0,V100\n"
+    )
+    jobs = load_trace(tmp_path / "pai_job_table.csv").jobs
+    assert shapes(jobs) == [("job_a", "alice", 4, 1, 3990.0, 0)]

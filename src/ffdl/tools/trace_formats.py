@@ -28,10 +28,11 @@ The mapping (docs/scheduling.md, "Trace formats", says the same with the reasons
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -137,7 +138,7 @@ def _load(path: Path, gpus_per_node: int) -> _Reading:
         return _philly_json(path, gpus_per_node)
     if stripped.startswith("{"):
         return _jsonl(path)
-    first = next(csv.reader([stripped.splitlines()[0] if stripped else ""]), [])
+    first = next(_filled(csv.reader(io.StringIO(start, newline=""))), [])  # the row _rows takes as the header
     header = {_column(cell) for cell in first}
     if set(PHILLY_CSV) <= header:
         return _philly_csv(path, gpus_per_node)
@@ -190,29 +191,32 @@ def _jsonl(path: Path) -> _Reading:
 
 def _rows(path: Path, columns: Sequence[str] | None = None) -> Iterator[tuple[int, dict[str, str]]]:
     """Each row as a dict by column name, with the line it ends on; ``columns`` for a CSV without a
-    header (a header row, if there is one after all, is skipped). Blank lines are skipped; a row
-    of another number of fields than the header (a line cut short, a comma too many) is an error."""
+    header (a header row, if there is one after all, is skipped). Blank rows are skipped
+    (:func:`_filled`); a row of another number of fields than the header (a line cut short, a
+    comma too many) is an error."""
     try:
         handle = path.open(encoding="utf-8-sig", newline="")
     except OSError as exc:
         raise TraceError(f"{path}: {exc.strerror or exc}") from exc
     with handle:
         reader = csv.reader(handle)
-        header = list(columns) if columns else [_column(cell) for cell in _first_row(reader)]
-        for cells in reader:
-            if not any(cell.strip() for cell in cells):
-                continue
+        rows = _filled(reader)
+        header = list(columns) if columns else [_column(cell) for cell in next(rows, [])]
+        for index, cells in enumerate(rows):
             line = reader.line_num
-            if columns and line == 1 and [_column(cell) for cell in cells] == list(columns):
+            if columns and index == 0 and [_column(cell) for cell in cells] == header:
                 continue
             if len(cells) != len(header):
                 raise TraceError(f"{path}:{line}: {len(cells)} fields, where the table has {len(header)}")
             yield line, {name: cell.strip() for name, cell in zip(header, cells, strict=True)}
 
 
-def _first_row(rows: Iterator[list[str]]) -> list[str]:
-    """The first row that is not blank (the header, after any blank lines before it)."""
-    return next((cells for cells in rows if any(cell.strip() for cell in cells)), [])
+def _filled(rows: Iterable[list[str]]) -> Iterator[list[str]]:
+    """The rows of a CSV that are not blank: a blank line or a row of nothing but empty fields
+    (``,,,,``, as a spreadsheet exports) is skipped wherever it stands, before the header too. One
+    rule for telling the format from its header (:func:`_load`) and for reading it (:func:`_rows`),
+    so a file is never read with a header other than the one it was told apart by."""
+    return (cells for cells in rows if any(cell.strip() for cell in cells))
 
 
 def _number(where: str, row: dict[str, str], column: str) -> float:
