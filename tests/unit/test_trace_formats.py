@@ -189,6 +189,12 @@ JOB_A = '{"job_id": "a", "submit_time": 0, "tenant": "t", "learners": 1, "gpus_p
             PHILLY_HEADER + "0,60,2,1,vc-a\n\n\n0,60,2,1\n",
             r"philly.csv:5: 4 fields, where the table has 5",
         ),
+        # read as the last of the two, a runtime of 5 s came from the wrong column
+        (
+            "philly.csv",
+            "timestamp,duration,num_gpus,cluster, Duration\n0,100,1,vc-a,5\n",
+            r"philly.csv:1: the header names the column 'duration' twice",
+        ),
         ("odd.csv", "a,b,c\n1,2,3\n", "not a trace ffdl reads"),
         ("empty.csv", "", "not a trace ffdl reads"),
         ("philly.csv", PHILLY_HEADER, "no job to simulate"),
@@ -222,6 +228,8 @@ def test_a_trace_the_simulator_cannot_take_as_it_is_is_refused_naming_where(
         # rows of empty fields before the header are skipped, as everywhere else: the header was
         # not found, the file was "not a trace ffdl reads"
         ",,,,\r\n\r\n , \r\n" + PHILLY_HEADER + "2017-10-09 07:01:55,66.0,1,66.0,vc-a\n",
+        # columns without a name name nothing, however many there are
+        PHILLY_HEADER.replace("\n", ",,\n") + "2017-10-09 07:01:55,66.0,1,66.0,vc-a,,\n",
     ],
 )
 def test_the_philly_table_is_known_by_its_columns_whatever_their_order_case_or_company(

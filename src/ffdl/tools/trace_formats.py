@@ -193,7 +193,9 @@ def _rows(path: Path, columns: Sequence[str] | None = None) -> Iterator[tuple[in
     """Each row as a dict by column name, with the line it ends on; ``columns`` for a CSV without a
     header (a header row, if there is one after all, is skipped). Blank rows are skipped
     (:func:`_filled`); a row of another number of fields than the header (a line cut short, a
-    comma too many) is an error."""
+    comma too many) is an error, and so is a header naming a column twice (which of the two holds
+    its values cannot be told: the last was read, silently); a cell with no name (a trailing
+    comma) names no column, and may come more than once."""
     try:
         handle = path.open(encoding="utf-8-sig", newline="")
     except OSError as exc:
@@ -202,6 +204,12 @@ def _rows(path: Path, columns: Sequence[str] | None = None) -> Iterator[tuple[in
         reader = csv.reader(handle)
         rows = _filled(reader)
         header = list(columns) if columns else [_column(cell) for cell in next(rows, [])]
+        twice = [name for name, count in Counter(header).items() if name and count > 1]
+        if twice:
+            raise TraceError(
+                f"{path}:{reader.line_num}: the header names the column {twice[0]!r} twice: which of "
+                "the two holds its values cannot be told"
+            )
         for index, cells in enumerate(rows):
             line = reader.line_num
             if columns and index == 0 and [_column(cell) for cell in cells] == header:
