@@ -195,6 +195,12 @@ JOB_A = '{"job_id": "a", "submit_time": 0, "tenant": "t", "learners": 1, "gpus_p
             "timestamp,duration,num_gpus,cluster, Duration\n0,100,1,vc-a,5\n",
             r"philly.csv:1: the header names the column 'duration' twice",
         ),
+        # past the csv module's field limit: its error went out as a traceback
+        (
+            "philly.csv",
+            'timestamp,duration,num_gpus,cluster\n0,100,1,"' + "x" * 140_000 + '"\n',
+            r"philly.csv:2: not a CSV ffdl can read: field larger than field limit",
+        ),
         ("odd.csv", "a,b,c\n1,2,3\n", "not a trace ffdl reads"),
         ("empty.csv", "", "not a trace ffdl reads"),
         ("philly.csv", PHILLY_HEADER, "no job to simulate"),

@@ -202,21 +202,24 @@ def _rows(path: Path, columns: Sequence[str] | None = None) -> Iterator[tuple[in
         raise TraceError(f"{path}: {exc.strerror or exc}") from exc
     with handle:
         reader = csv.reader(handle)
-        rows = _filled(reader)
-        header = list(columns) if columns else [_column(cell) for cell in next(rows, [])]
-        twice = [name for name, count in Counter(header).items() if name and count > 1]
-        if twice:
-            raise TraceError(
-                f"{path}:{reader.line_num}: the header names the column {twice[0]!r} twice: which of "
-                "the two holds its values cannot be told"
-            )
-        for index, cells in enumerate(rows):
-            line = reader.line_num
-            if columns and index == 0 and [_column(cell) for cell in cells] == header:
-                continue
-            if len(cells) != len(header):
-                raise TraceError(f"{path}:{line}: {len(cells)} fields, where the table has {len(header)}")
-            yield line, {name: cell.strip() for name, cell in zip(header, cells, strict=True)}
+        try:
+            rows = _filled(reader)
+            header = list(columns) if columns else [_column(cell) for cell in next(rows, [])]
+            twice = [name for name, count in Counter(header).items() if name and count > 1]
+            if twice:
+                raise TraceError(
+                    f"{path}:{reader.line_num}: the header names the column {twice[0]!r} twice: which "
+                    "of the two holds its values cannot be told"
+                )
+            for index, cells in enumerate(rows):
+                line = reader.line_num
+                if columns and index == 0 and [_column(cell) for cell in cells] == header:
+                    continue
+                if len(cells) != len(header):
+                    raise TraceError(f"{path}:{line}: {len(cells)} fields, where the table has {len(header)}")
+                yield line, {name: cell.strip() for name, cell in zip(header, cells, strict=True)}
+        except csv.Error as exc:  # a field over the csv module's limit, a quote left open at the end
+            raise TraceError(f"{path}:{reader.line_num}: not a CSV ffdl can read: {exc}") from exc
 
 
 def _filled(rows: Iterable[list[str]]) -> Iterator[list[str]]:
