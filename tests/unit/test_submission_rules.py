@@ -137,6 +137,77 @@ def test_a_submit_command_with_a_refused_env_is_undecodable_whoever_sent_it() ->
         command_from_json(json.dumps(forged).encode())
 
 
+#: Text that is not Unicode: a lone UTF-16 surrogate, as JSON's ``\ud800`` makes it, among any characters.
+NOT_UNICODE_TEXT = st.lists(st.one_of(st.characters(), st.integers(0xD800, 0xDFFF).map(chr)), max_size=6).map(
+    "".join
+)
+
+
+def has_surrogate(text: str) -> bool:
+    return any(0xD800 <= ord(character) <= 0xDFFF for character in text)
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"env": {"A": "\udfff"}}, "env.A"),
+        ({"env": {"A\udfff": "x"}}, "env.A\\udfff"),
+        ({"labels": {"team": "\ud800"}}, "labels.team"),
+        ({"labels": {"\ud800": "v"}}, "labels.\\ud800"),
+    ],
+)
+def test_a_map_entry_that_is_not_unicode_is_refused_naming_it_escaped(
+    fields: dict[str, object], field: str
+) -> None:
+    """A lone surrogate made the byte count of the env raise (the API's 500), passed the label
+    rules, and named a label key raw in a problem no UTF-8 response could encode."""
+    ((named, message),) = spec(**fields).submission_problems()
+    assert (named, "lone UTF-16 surrogate" in message) == (field, True)
+    with pytest.raises(ValidationError, match="not Unicode text") as refused:
+        cmd.SubmitJob(spec=spec(**fields))
+    str(refused.value).encode()
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"name": "job\ud800"}, "name"),
+        ({"command": "python train.py \ud800"}, "command"),
+        ({"env": {"A": "\udfff"}}, "env.A"),
+        ({"env": {"A\udfff": "x"}}, "env.A\\udfff"),
+        ({"labels": {"team": "\ud800"}}, "labels.team"),
+        ({"labels": {"\ud800": "v"}}, "labels.\\ud800"),
+        ({"gpu_type": "a100\udc80"}, "gpu_type"),
+        ({"image": "\udc80"}, "image"),
+        ({"framework": "\udc80"}, "framework"),
+        ({"framework_version": "\udc80"}, "framework_version"),
+        ({"data_dir": "data/\ud800"}, "data_dir"),
+        ({"result_dir": "out/\ud800"}, "result_dir"),
+    ],
+)
+def test_every_text_of_a_manifest_that_is_not_unicode_is_refused_naming_its_field(
+    fields: dict[str, object], field: str
+) -> None:
+    """What JSON's escapes spell (``\\ud800`` without its pair), wherever it is: the map entries by
+    the submission rules, every other string by pydantic, which refuses a bounded string that is not
+    Unicode; each problem can be written in UTF-8."""
+    with pytest.raises(ManifestError) as refused:
+        parse_manifest(json.dumps({"name": "job", "command": "true", **fields}).encode())
+    assert fields_of(refused.value.problems) == [field]
+    str(refused.value).encode()
+
+
+@given(st.dictionaries(NOT_UNICODE_TEXT, NOT_UNICODE_TEXT, max_size=3))
+def test_any_env_or_labels_are_judged_without_raising_and_every_problem_encodes(
+    entries: dict[str, str],
+) -> None:
+    problems = spec(env=entries, labels=entries).submission_problems()
+    for field, message in problems:
+        f"{field}: {message}".encode()
+    not_unicode = any(map(has_surrogate, [*entries, *entries.values()]))
+    assert any("not Unicode" in message for _, message in problems) == not_unicode
+
+
 def test_a_job_submitted_under_older_rules_stays_readable_on_the_log() -> None:
     old = spec(env={"LD_PRELOAD": "/tmp/evil.so"}, labels={"a b": "x"})
     submitted = Event(
@@ -151,6 +222,23 @@ def test_a_job_submitted_under_older_rules_stays_readable_on_the_log() -> None:
     decoded = event_from_json(event_to_json(submitted))
     assert isinstance(decoded.data, ev.JobSubmitted)
     assert fields_of(decoded.data.spec.submission_problems()) == ["env.LD_PRELOAD", "labels.a b"]
+
+
+def test_a_job_whose_labels_an_older_platform_took_with_a_lone_surrogate_stays_readable() -> None:
+    old = spec(labels={"team": "\ud800"})
+    submitted = Event(
+        event_id=uuid.uuid4(),
+        occurred_at=AT,
+        job_id="j",
+        tenant="t",
+        seq=1,
+        producer="owner",
+        data=ev.JobSubmitted(spec=old),
+    )
+    decoded = event_from_json(event_to_json(submitted))
+    assert isinstance(decoded.data, ev.JobSubmitted)
+    assert decoded.data.spec.labels == {"team": "\ud800"}
+    assert fields_of(decoded.data.spec.submission_problems()) == ["labels.team"]
 
 
 def _command(job_id: str, data: cmd.CommandData) -> Command:

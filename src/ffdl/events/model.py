@@ -91,6 +91,12 @@ MAP_ENTRIES_MAX = 256
 _ENV_NAME = re.compile(rf"[A-Za-z_][A-Za-z0-9_.-]{{0,{ENV_NAME_MAX - 1}}}\Z")
 _LABEL_KEY = re.compile(rf"[A-Za-z0-9]([A-Za-z0-9._/-]{{0,{LABEL_KEY_MAX - 2}}}[A-Za-z0-9])?\Z")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+#: A lone UTF-16 surrogate: what JSON's ``\ud800`` and YAML's ``"\uD800"`` escapes make of half a
+#: pair. Python keeps it in a ``str``, but it is no Unicode character and UTF-8 cannot encode it.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_NOT_UNICODE = (
+    "is not Unicode text: it holds a lone UTF-16 surrogate (an escape such as \\ud800 without its pair)"
+)
 
 
 def env_problems(env: Mapping[str, str]) -> list[tuple[str, str]]:
@@ -245,6 +251,8 @@ class JobSpec(Frozen):
         manifest parser) and again by the launchers, not whenever a spec is decoded: a job submitted
         under older rules stays readable on the log, and is refused when it would launch.
         """
+        if problems := self._surrogates():
+            return problems  # the rules below measure text in UTF-8 and echo it: Unicode text only
         problems = [*env_problems(self.env), *label_problems(self.labels)]
         if self.nproc_per_node is not None and self.launcher != "torchrun":
             problems.append(("nproc_per_node", "only with launcher: torchrun"))
@@ -260,6 +268,25 @@ class JobSpec(Frozen):
                     f"reports for it, takes {LEARNER_AGENT_MEMORY_MB} of it",
                 )
             )
+        return problems
+
+    def _surrogates(self) -> list[tuple[str, str]]:
+        """The entries of the spec's maps (``env``, ``labels``) whose key or value is not Unicode
+        text, each named with a key's surrogate written as its escape.
+
+        The spec's other strings are bounded in the model, and pydantic refuses a bounded string
+        that is not Unicode (``string_unicode``); a map's keys and values are bounded by the rules
+        after this one, which measure them in UTF-8. Such text in ``env`` made that measure raise (a
+        500 from the API), and in a label it was accepted, after which no response naming it could
+        be encoded."""
+        problems: list[tuple[str, str]] = []
+        for name, value in self:
+            if isinstance(value, Mapping):
+                problems += [
+                    (f"{name}.{key.encode('utf-8', 'backslashreplace').decode()}", _NOT_UNICODE)
+                    for key, text in value.items()
+                    if _SURROGATE.search(key) or _SURROGATE.search(text)
+                ]
         return problems
 
 
