@@ -3,6 +3,8 @@ parsing, data and result places, log tails and the redaction of other tenants' j
 
 from __future__ import annotations
 
+import json
+import math
 import re
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
@@ -10,13 +12,17 @@ from typing import BinaryIO
 
 import pytest
 import yaml
+from fastapi import Request
 from hypothesis import given
 from hypothesis import strategies as st
 
 from ffdl.adapters.tenants import Principal
+from ffdl.api.app import http_problem
+from ffdl.api.dependencies import problem
 from ffdl.api.manifest import MAX_DEPTH, MAX_NODES, ManifestError, parse_manifest
 from ffdl.api.redaction import ANOTHER_JOB, ANOTHER_TENANT, Redactor, mentioned_jobs
 from ffdl.api.routes.logs import TAIL_MAX_BYTES, tail_of
+from ffdl.api.strict_json import StrictJSONResponse
 from ffdl.core.places import place_problem
 from ffdl.events import job_events as ev
 from ffdl.events.model import JobSpec
@@ -72,6 +78,26 @@ def test_nesting_and_size_are_bounded() -> None:
 )
 def test_a_bad_manifest_is_refused_naming_the_field(text: str | bytes, field: str) -> None:
     assert field in [f for f, _ in problems(text)]
+
+
+def test_a_body_holding_text_utf8_cannot_encode_is_written_with_escapes_and_the_rest_as_utf8() -> None:
+    """A label an older platform took with a lone surrogate made every read of its job a 500."""
+    stored = {"labels": {"\ud800": "caf\u00e9 \udfff"}, "loss": math.nan}
+    assert json.loads(bytes(StrictJSONResponse(stored).body)) == {
+        "labels": {"\ud800": "caf\u00e9 \udfff"},
+        "loss": None,
+    }
+    assert StrictJSONResponse({"team": "caf\u00e9"}).body == '{"team":"caf\u00e9"}'.encode()
+
+
+async def test_a_refusal_naming_text_utf8_cannot_encode_is_written_all_the_same() -> None:
+    """Starlette's own response made such a 422 a 500 (a label key named as it was sent, before)."""
+    request = Request({"type": "http", "method": "POST", "path": "/v1/jobs", "headers": []})
+    response = await http_problem(request, problem(422, "refused: \udfff", "labels.\ud800"))
+    assert (response.status_code, json.loads(bytes(response.body))) == (
+        422,
+        {"detail": [{"field": "labels.\ud800", "message": "refused: \udfff"}]},
+    )
 
 
 @pytest.mark.parametrize(

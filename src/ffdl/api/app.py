@@ -73,15 +73,17 @@ async def invalid_request(request: Request, exc: RequestValidationError) -> JSON
     """A request FastAPI could not validate: 422 naming each field (without where it came from)."""
     detail = field_problems(exc.errors())
     refused(request, 422, detail)
-    return JSONResponse({"detail": detail}, status_code=422)
+    return StrictJSONResponse({"detail": detail}, status_code=422)
 
 
 async def http_problem(request: Request, exc: HTTPException) -> JSONResponse:
     """Every refusal in the problem format: the routes' own already are; the framework's (an unknown
-    path, a method not allowed) are given the field ``(request)``."""
+    path, a method not allowed) are given the field ``(request)``. Written as the API writes any JSON
+    (Starlette's own response could not encode a problem naming a label key that held a lone
+    surrogate: a 500 instead of the 422)."""
     detail = exc.detail if isinstance(exc.detail, list) else [{"field": "(request)", "message": exc.detail}]
     refused(request, exc.status_code, detail)
-    return JSONResponse({"detail": detail}, status_code=exc.status_code, headers=exc.headers)
+    return StrictJSONResponse({"detail": detail}, status_code=exc.status_code, headers=exc.headers)
 
 
 def refused(request: Request, status: int, detail: list[dict[str, str]]) -> None:
