@@ -11,8 +11,9 @@ base, the request's and the contract's names) and the user's command's, which th
 from its own (:func:`command_environment`). The job's own ``env`` rides in the agent's environment
 wrapped (``FFDL_JOB_ENV_<NAME>``), so it cannot change what the agent (platform code, with the
 heartbeat store's credentials) loads or runs; only the command gets it unwrapped. The job's env is
-checked again here (``JobSpec.submission_problems``) before anything starts: a job submitted under
-older rules may still be on the log.
+checked again here by the rules a submission's env is checked by (``env_problems``, part of
+``JobSpec.submission_problems``) before anything starts: a job submitted under older rules may
+still be on the log.
 
 Pure functions, no I/O.
 """
