@@ -4,7 +4,7 @@ never the relay's end: every direct tenant's commands go through it."""
 from __future__ import annotations
 
 from ffdl.handlers.ingress import IngressRelay
-from ffdl.handlers.messaging import DEAD_LETTER_REASON_HEADER, PRINCIPAL_HEADER, Topics
+from ffdl.handlers.messaging import DEAD_LETTER_REASON_HEADER, PARKED_KEY_CHARS, PRINCIPAL_HEADER, Topics
 from ffdl.handlers.ports import MAX_RECORD_BYTES, Bus, Record
 
 
@@ -25,3 +25,26 @@ async def test_a_record_whose_copy_is_over_the_limit_is_dead_lettered_and_the_ba
     assert [record.key for record in parked] == ["job-a"]
     reason = dict(parked[0].headers)[DEAD_LETTER_REASON_HEADER].decode()
     assert "over the limit" in reason
+
+
+async def test_a_record_whose_key_is_near_the_limit_is_parked_as_its_heads_and_the_batch_relayed(
+    bus: Bus,
+) -> None:
+    """Its dead letter, whole key and all, was refused too: the relay raised, uncommitted, and met the
+    record again after every restart, while every direct tenant's commands waited behind it."""
+    topics = Topics()
+    relay = IngressRelay(bus, topics, ["acme"])
+    ingress = topics.ingress("acme")
+    key = "k" * (MAX_RECORD_BYTES - 50)  # the tenant's topic took it; its copy's headers tip it over
+    huge = Record(ingress, 0, 0, key, b"x" * 10)
+    small = Record(ingress, 0, 1, "job-b", b'{"type": "CancelJob"}')
+
+    await relay.process([huge, small])
+
+    relayed = [record async for record in bus.read(topics.commands, 0)]
+    assert [r.key for r in relayed] == ["job-b"]
+    [parked] = [record async for record in bus.read(topics.deadletter, 0)]
+    assert (parked.key, parked.value) == (key[:PARKED_KEY_CHARS], huge.value)
+    headers = dict(parked.headers)
+    assert headers["ffdl_dlq_key_truncated_from"] == str(len(key)).encode()
+    assert "over the limit" in headers[DEAD_LETTER_REASON_HEADER].decode()

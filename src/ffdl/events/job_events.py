@@ -26,10 +26,25 @@ NAMES_MAX = 1024
 Reason = Annotated[str, Field(max_length=REASON_MAX)]
 
 
+#: The most characters of a value its sender chose (a record's key, a rank) that a reason quotes.
+QUOTE_MAX = 200
+
+
 def within_reason(text: str) -> str:
     """``text`` as a reason may hold it: its head, and an ellipsis where it was cut (for text from
     elsewhere, a Kubernetes message say, that may be longer)."""
-    return text if len(text) <= REASON_MAX else text[: REASON_MAX - 1] + "\u2026"
+    return _cut(text, REASON_MAX)
+
+
+def quoted(text: str) -> str:
+    """``text`` (a sender's value) as a reason quotes it: at most :data:`QUOTE_MAX` characters, so
+    that what the reason says around it still fits (a tenant's record key may be a megabyte long,
+    a rank 4,000 digits)."""
+    return _cut(text, QUOTE_MAX)
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
 JobIds = Annotated[tuple[str, ...], Field(max_length=NAMES_MAX)]

@@ -32,6 +32,7 @@ from ffdl.events.codec import (
     command_to_json,
     event_to_json,
 )
+from ffdl.events.job_events import quoted, within_reason
 from ffdl.events.position import Position
 from ffdl.handlers.ports import Bus, OutgoingRecord, Record, RecordTooLarge
 
@@ -40,8 +41,9 @@ C = TypeVar("C", bound=CommandEnvelope)
 P = TypeVar("P")
 #: The header that names why a record was dead-lettered (the tally classifies it for the metrics).
 DEAD_LETTER_REASON_HEADER = "ffdl_dlq_reason"
-#: How much of a record too large to park whole is parked.
+#: How much of a record too large to park whole is parked: the head of its value, and of its key.
 PARKED_HEAD_BYTES = 64 * 1024
+PARKED_KEY_CHARS = 1024
 #: The header that names the principal a command on the commands topic is sent for (``tenant:acme``).
 PRINCIPAL_HEADER = "ffdl_principal"
 
@@ -131,7 +133,7 @@ def misrouted(record: Record, command: AnyCommand, home: int) -> str:
     commands on the wrong partition.
     """
     if command.key != record.key:
-        return f"record key {record.key!r} is not the command's key {command.key!r}"
+        return f"record key {quoted(repr(record.key))} is not the command's key {command.key!r}"
     if record.partition != home:
         return f"wrong partition: key {record.key!r} belongs on partition {home}, not {record.partition}"
     return ""
@@ -175,7 +177,13 @@ _PLATFORM_KINDS = frozenset({PrincipalKind.PLATFORM, PrincipalKind.SCHEDULER})
 
 
 async def dead_letter(bus: Bus, topics: Topics, record: Record, reason: str) -> None:
-    """Park an undecodable or inapplicable record with its reason and origin; processing moves on."""
+    """Park an undecodable or inapplicable record with its reason and origin; processing moves on.
+
+    A dead letter always fits the log's limit: its reason is cut to a reason's length (it may quote
+    what the record holds), and a record too large to park whole is parked as the heads of its key
+    and value, without its own headers. One the log refused raised out of the role's processing,
+    uncommitted, and the role, restarted, met the same record again, for ever."""
+    reason = within_reason(reason)
     headers = (
         *record.headers,
         (DEAD_LETTER_REASON_HEADER, reason.encode()),
@@ -186,11 +194,15 @@ async def dead_letter(bus: Bus, topics: Topics, record: Record, reason: str) -> 
     try:
         await bus.publish(topics.deadletter, [OutgoingRecord(record.key, record.value, headers)])
     except RecordTooLarge:
-        # The record with its reason does not fit the log's limit: park the head of its value with
-        # the reason and origin (not its own headers), and how long it was.
-        head = record.value[:PARKED_HEAD_BYTES]
-        ours = (*headers[len(record.headers) :], ("ffdl_dlq_truncated_from", str(len(record.value)).encode()))
-        await bus.publish(topics.deadletter, [OutgoingRecord(record.key, head, ours)])
+        # The record with its reason does not fit the log's limit: park the heads of its key and
+        # value with the reason and origin (not its own headers), and how long each was.
+        ours = (
+            *headers[len(record.headers) :],
+            ("ffdl_dlq_truncated_from", str(len(record.value)).encode()),
+            ("ffdl_dlq_key_truncated_from", str(len(record.key)).encode()),
+        )
+        head = OutgoingRecord(record.key[:PARKED_KEY_CHARS], record.value[:PARKED_HEAD_BYTES], ours)
+        await bus.publish(topics.deadletter, [head])
     log.warning(
         "dead-lettered", topic=record.topic, partition=record.partition, offset=record.offset, reason=reason
     )

@@ -84,6 +84,7 @@ import structlog
 
 from ffdl.adapters.bus.listening import partition_names, tell_listener
 from ffdl.adapters.bus.partitioning import partition_for
+from ffdl.events.job_events import quoted
 from ffdl.events.position import Position
 from ffdl.handlers.ports import (
     MAX_RECORD_BYTES,
@@ -843,8 +844,8 @@ class EmbeddedBus:
             size = record_size(record)
             if size > MAX_RECORD_BYTES:  # refused before anything of the publish is written
                 raise RecordTooLarge(
-                    f"appending to {topic!r} refused: the record for key {record.key!r} is {size} bytes,"
-                    f" more than the {MAX_RECORD_BYTES} a record may have"
+                    f"appending to {topic!r} refused: the record for key {quoted(repr(record.key))} is"
+                    f" {size} bytes, more than the {MAX_RECORD_BYTES} a record may have"
                 )
         positions = await self._file.writer.run(
             partial(
