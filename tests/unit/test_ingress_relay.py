@@ -3,7 +3,10 @@ never the relay's end: every direct tenant's commands go through it."""
 
 from __future__ import annotations
 
-from ffdl.handlers.ingress import IngressRelay
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
+
+from ffdl.core.authorization import Principal
+from ffdl.handlers.ingress import IngressRelay, relayed
 from ffdl.handlers.messaging import DEAD_LETTER_REASON_HEADER, PARKED_KEY_CHARS, PRINCIPAL_HEADER, Topics
 from ffdl.handlers.ports import MAX_RECORD_BYTES, Bus, Record
 
@@ -48,3 +51,29 @@ async def test_a_record_whose_key_is_near_the_limit_is_parked_as_its_heads_and_t
     headers = dict(parked.headers)
     assert headers["ffdl_dlq_key_truncated_from"] == str(len(key)).encode()
     assert "over the limit" in headers[DEAD_LETTER_REASON_HEADER].decode()
+
+
+async def test_a_record_whose_copy_kafkas_producer_would_refuse_is_dead_lettered_not_relayed(
+    bus: Bus,
+) -> None:
+    """The copy's key, value and headers fit the limit, their framing does not: the relay counted the
+    bytes alone, and on Kafka the batch's publish was refused, each time the batch came again."""
+    topics = Topics()
+    relay = IngressRelay(bus, topics, ["acme"])
+    ingress = topics.ingress("acme")
+
+    def weighed_by_kafka(key_length: int) -> int:
+        copy = relayed(Record(ingress, 0, 0, "k" * key_length, b"{}"), Principal.tenant("acme"))
+        return DefaultRecordBatchBuilder.estimate_size_in_bytes(
+            copy.key.encode(), copy.value, [*copy.headers]
+        )
+
+    near = MAX_RECORD_BYTES - 200
+    record = Record(ingress, 0, 0, "k" * (near + MAX_RECORD_BYTES + 1 - weighed_by_kafka(near)), b"{}")
+    assert weighed_by_kafka(len(record.key)) == MAX_RECORD_BYTES + 1
+
+    await relay.process([record])
+
+    assert [r async for r in bus.read(topics.commands, 0)] == []
+    [parked] = [r async for r in bus.read(topics.deadletter, 0)]
+    assert "over the limit" in dict(parked.headers)[DEAD_LETTER_REASON_HEADER].decode()

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from ffdl.adapters.bus import open_bus
 from ffdl.adapters.election import FileElection
@@ -17,10 +19,11 @@ from ffdl.core.job import Job
 from ffdl.core.kinds import JOBS
 from ffdl.core.states import JobState
 from ffdl.events import job_commands as cmd
+from ffdl.events.envelope import Command
 from ffdl.events.model import JobSpec
 from ffdl.events.position import Position
 from ffdl.handlers import owner as owner_module
-from ffdl.handlers.messaging import DEAD_LETTER_REASON_HEADER, CommandSender, Topics
+from ffdl.handlers.messaging import DEAD_LETTER_REASON_HEADER, CommandSender, Topics, event_records
 from ffdl.handlers.owner import JobOwner
 from ffdl.handlers.ports import Bus, CommitFailed, OutgoingRecord
 from ffdl.handlers.runtime import StaleMember, consume, decode_event
@@ -115,6 +118,41 @@ async def test_a_command_whose_events_the_log_would_refuse_is_dead_lettered_and_
     assert record.key == "job-large"
     reason = dict(record.headers)[DEAD_LETTER_REASON_HEADER].decode()
     assert "SubmitJob decided an event of" in reason and "more than the 4000" in reason
+
+
+def test_an_event_whose_framing_takes_it_over_the_limit_is_too_large_as_on_kafka(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Kafka's producer weighs a record with its framing: an event whose key, value and headers fit
+    the limit but not with it was decided when the owner counted the bytes alone, and on Kafka the
+    fetch's one append was refused, each time the fetch came again. The limit is lowered so a bounded
+    spec reaches it."""
+    limit = 4_000
+    monkeypatch.setattr(owner_module, "MAX_RECORD_BYTES", limit)
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    sender = CommandSender(None, Topics(), "test", Principal.tenant("default"))  # type: ignore[arg-type]
+
+    def submit(job_id: str, length: int) -> Command:
+        spec = JobSpec(name="j", command="x" * length)
+        return sender.make(JOBS.address(job_id, "default"), cmd.SubmitJob(spec=spec))
+
+    def weighed_by_kafka(command: Command) -> int:
+        [record] = event_records(JOBS.decide(None, command, at, producer="owner", leader_token=None), "owner")
+        return DefaultRecordBatchBuilder.estimate_size_in_bytes(
+            record.key.encode(), record.value, [*record.headers]
+        )
+
+    length = 3_000 + limit - weighed_by_kafka(submit("job-0", 3_000))  # ids and times are of fixed width
+    assert weighed_by_kafka(submit("job-0", length)) == limit
+    owner = JobOwner(None, Topics(), FileElection(tmp_path / "election"), clock=lambda: at)  # type: ignore[arg-type]
+    tenant = Principal.tenant("default")
+
+    owner.decide(submit("job-1", length), 0, tenant, None)
+    with pytest.raises(
+        owner_module.DecisionTooLarge, match=f"SubmitJob decided an event of {limit + 1} bytes"
+    ):
+        owner.decide(submit("job-2", length + 1), 0, tenant, None)
+    assert sorted(owner.book.jobs) == ["job-1"]
 
 
 async def test_an_owner_whose_fold_broke_off_decides_only_on_the_whole_history(tmp_path: Path) -> None:

@@ -63,15 +63,36 @@ class RecordTooLarge(ValueError):
     """A record the log refuses for its size: sending it again can never succeed."""
 
 
-#: The largest record (key, value and headers) a bus appends: Kafka's default ``max.request.size``
-#: and ``message.max.bytes``, so that what the embedded log takes a Kafka cluster takes too.
+#: The largest record a bus appends, weighed by :func:`record_size`: Kafka's default
+#: ``max.request.size``, which the Kafka bus's producer is given, so that what the embedded log
+#: takes a Kafka cluster takes too.
 MAX_RECORD_BYTES = 1_048_576
+#: What Kafka frames any record with, besides the lengths of its parts: the header of the batch it
+#: travels in (61 bytes) and the most its own fixed fields take (21: its length, attributes,
+#: timestamp and offset deltas), as the producer estimates a record before it sends it.
+RECORD_FRAMING_BYTES = 61 + 21
 
 
 def record_size(record: OutgoingRecord) -> int:
-    """What a record weighs against :data:`MAX_RECORD_BYTES`: its key, value and headers."""
-    headers = sum(len(name.encode()) + len(value) for name, value in record.headers)
-    return len(record.key.encode()) + len(record.value) + headers
+    """What a record weighs against :data:`MAX_RECORD_BYTES`: as Kafka's producer weighs it (aiokafka's
+    ``estimate_size_in_bytes``), its key, value and headers, each with its length, and its framing.
+
+    Counting the bytes of the parts alone let records through that the producer then refused: up to
+    90 bytes of framing more, and two lengths for each header, however empty; refused in a batch,
+    such a record failed the whole publish, again each time it was handled."""
+    headers = sum(_sized(len(name.encode())) + _sized(len(value)) for name, value in record.headers)
+    parts = _sized(len(record.key.encode())) + _sized(len(record.value)) + _varint_size(len(record.headers))
+    return RECORD_FRAMING_BYTES + parts + headers
+
+
+def _sized(length: int) -> int:
+    """What a part of ``length`` bytes takes in a record: its length, then its bytes."""
+    return _varint_size(length) + length
+
+
+def _varint_size(n: int) -> int:
+    """The bytes of ``n`` (>= 0) as a record writes a length: a zigzag varint, 7 bits a byte."""
+    return max(1, ((n << 1).bit_length() + 6) // 7)
 
 
 class CommitFailed(RuntimeError):

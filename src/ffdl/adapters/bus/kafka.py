@@ -417,7 +417,7 @@ class KafkaBus:
             acks="all" if s.acks == "all" else int(s.acks),
             enable_idempotence=s.enable_idempotence,
             linger_ms=s.linger_ms,
-            max_request_size=MAX_RECORD_BYTES,
+            max_request_size=MAX_RECORD_BYTES,  # record_size weighs a record as this producer does
         )
         reader = _OffsetReader(self._consumer(None), s.request_timeout_s)
         try:
