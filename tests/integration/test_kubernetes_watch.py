@@ -21,6 +21,7 @@ from ffdl.adapters.launchers.kubernetes import KubernetesLauncher
 from ffdl.core.allocator import Node
 from ffdl.core.authorization import Principal
 from ffdl.events import job_commands as cmd
+from ffdl.events import nodes as nd
 from ffdl.events.codec import command_from_json
 from ffdl.events.envelope import Command
 from ffdl.events.job_events import REASON_MAX
@@ -437,6 +438,26 @@ async def test_a_node_that_goes_not_ready_leaves_the_inventory_and_its_learners_
     seen = cluster.nodes.observe()
     assert seen is not None and list(seen.nodes) == ["node-1"]
     assert seen.lost == {"node-0": "node node-0 is NotReady (KubeletReady)"}, "lost, not gone: it may return"
+
+
+async def test_a_node_not_ready_with_a_message_of_any_length_is_lost_with_a_reason_within_bounds(
+    cluster: Cluster,
+) -> None:
+    """Kubernetes' message has no bound: quoted whole, the node's loss was too long a reason for the
+    scheduler's ReportNodeLost, which raised in its every planning step."""
+    not_ready = node_manifest("node-0", gpus=4, ready=False)["status"]
+    not_ready["conditions"][0]["message"] = "m" * 5_000
+
+    await request_json(cluster.api, "PATCH", "/api/v1/nodes/node-0/status", {"status": not_ready})
+
+    await wait_until_async(
+        lambda: [n.name for n in cluster.nodes.inventory()] == ["node-1"], 5, what="node-0 lost"
+    )
+    seen = cluster.nodes.observe()
+    assert seen is not None
+    reason = seen.lost["node-0"]
+    assert reason.startswith("node node-0 is NotReady (KubeletReady: mmm") and len(reason) == REASON_MAX
+    assert nd.ReportNodeLost(reason=reason).reason == reason
 
 
 async def test_a_deleted_node_leaves_the_inventory(cluster: Cluster) -> None:

@@ -289,6 +289,26 @@ def test_a_lost_learner_fails_the_job_with_its_code_once_restarts_are_spent(
     assert f"learner 0 lost ({reason})" in failed.reason
 
 
+@pytest.mark.parametrize(("max_restarts", "outcome"), [(3, ev.JobRestarting), (0, ev.JobFailed)])
+def test_a_loss_whose_detail_fills_a_reason_is_recorded_and_its_consequence_cut_to_a_reason(
+    max_restarts: int, outcome: type[ev.JobRestarting | ev.JobFailed]
+) -> None:
+    """A launch error or a Kubernetes message is cut to a reason's length; prefixed with the loss it
+    was too long for the job's restart or failure, so the loss itself was never recorded (the
+    command was dead-lettered as an internal error, the job left launching with its GPUs held)."""
+    owner = Owner(_spec(learners=1, max_restarts=max_restarts))
+    owner.reach(S.RUNNING)
+    detail = ev.within_reason("launch failed: " + "x" * 5_000)
+
+    events = owner.send(cmd.ReportLearnerLost(rank=0, attempt=1, reason=LossReason.VANISHED, detail=detail))
+
+    assert [type(event.data) for event in events] == [ev.LearnerLost, outcome]
+    consequence = events[1].data
+    assert isinstance(consequence, outcome)
+    assert len(consequence.reason) == ev.REASON_MAX
+    assert consequence.reason.startswith("learner 0 lost (vanished): launch failed: xxx")
+
+
 def test_halt_while_running_stops_with_the_latest_checkpoint_and_resumes_from_it() -> None:
     owner = Owner(_spec(learners=2))
     owner.reach(S.RUNNING)
@@ -441,6 +461,23 @@ def test_illegal_commands_are_recorded_as_rejections(
     assert rejected.command_type == data.type_name()
     assert reason_part in rejected.reason
     assert owner.state() is state
+
+
+def test_a_report_for_a_rank_of_thousands_of_digits_is_refused_quoting_the_ranks_head() -> None:
+    """Quoted whole, the rank made the refusal too long to be valid: the command was dead-lettered as
+    an internal error instead of refused in the job's history."""
+    owner = Owner(_spec(learners=1))
+    owner.reach(S.RUNNING)
+
+    events = owner.send(cmd.ReportProgress(rank=10**4_000, attempt=1, step=1))
+
+    assert _names(events) == ["CommandRejected"]
+    rejected = events[0].data
+    assert isinstance(rejected, ev.CommandRejected)
+    assert rejected.reason.startswith("rank 1000")
+    assert rejected.reason.endswith("\u2026 does not exist: the job has 1 learners")
+    assert len(rejected.reason) < ev.QUOTE_MAX + 100
+    assert owner.state() is S.RUNNING
 
 
 @pytest.mark.parametrize(

@@ -42,6 +42,7 @@ from ffdl.events.codec import (
     event_to_json,
 )
 from ffdl.events.envelope import NodeCommand, NodeCommandData, NodeEvent, NodeEventData
+from ffdl.events.job_events import REASON_MAX
 
 NODES = ("node-a", "node-b", "node-c")
 START = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
@@ -380,6 +381,19 @@ def test_an_operator_cordon_asked_for_on_an_inventory_cordoned_node_outlives_the
     record = record_after("node-a", cordoned_by_inventory, operator_cordon, inventory_lifts)
 
     assert record.status is NodeStatus.CORDONED, "the operator's cordon was lifted by the inventory"
+
+
+def test_an_uncordon_refused_for_an_inventory_cordon_of_a_whole_reason_is_refused_within_one() -> None:
+    """The refusal quotes the inventory's reason, itself as long as a reason may be: too long, the
+    refusal was invalid, and the operator's command dead-lettered as an internal error."""
+    cordon_reason = "x" * REASON_MAX
+    record = record_after("node-a", nd.ObserveNode(spec=SPEC, cordoned=True, cordon_reason=cordon_reason))
+
+    [refused] = decide_node(record, node_command("node-a", nd.UncordonNode()), START)
+
+    assert isinstance(refused.data, nd.NodeCommandRejected)
+    assert refused.data.reason.startswith("node node-a is cordoned by its inventory (xxx")
+    assert len(refused.data.reason) == REASON_MAX
 
 
 def test_an_operator_drain_takes_over_an_inventory_cordon_and_outlives_it() -> None:

@@ -39,6 +39,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypedDict, TypeVar, cast
 
 from ffdl.events.ids import derived_id
+from ffdl.events.job_events import within_reason
 
 if TYPE_CHECKING:
     from ffdl.core.authorization import Senders
@@ -264,7 +265,10 @@ class Decision(Generic[S, E, C, D]):
         return self.state
 
     def reject(self, reason: str) -> None:
-        self.emit(self.kind.rejection(self.command, reason), fenced=False)
+        """Record that the command is refused, for ``reason`` cut to a reason's length: a refusal may
+        quote what the sender chose, or a detail as long as a reason already is, and a refusal too
+        long to be valid dead-lettered the command as an internal error instead."""
+        self.emit(self.kind.rejection(self.command, within_reason(reason)), fenced=False)
 
 
 class Skip(StrEnum):

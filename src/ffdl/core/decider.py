@@ -33,6 +33,7 @@ from ffdl.core.states import JobState
 from ffdl.events import job_commands as cmd
 from ffdl.events import job_events as ev
 from ffdl.events.envelope import Command, CommandData, Event, EventData
+from ffdl.events.job_events import quoted, within_reason
 from ffdl.events.model import Checkpoint, ErrorCode, LossReason, Placement
 
 S = JobState
@@ -245,7 +246,7 @@ def _begin_launch(d: _Decision, job: Job, attempt: int, checkpoints: CheckpointP
 def _observes_current(d: _Decision, job: Job, rank: int, attempt: int) -> bool:
     """Whether a learner observation is about the running attempt; stale ones decide nothing."""
     if rank >= job.spec.learners:
-        d.reject(f"rank {rank} does not exist: the job has {job.spec.learners} learners")
+        d.reject(f"rank {quoted(str(rank))} does not exist: the job has {job.spec.learners} learners")
         return False
     return attempt == job.attempt and job.state.observes_learners
 
@@ -320,13 +321,14 @@ def _consequences(d: _Decision, rules: _Rules) -> None:
             d.emit(
                 ev.JobRestarting(
                     attempt=job.attempt + 1,
-                    reason=reason,
+                    reason=within_reason(reason),
                     backoff_s=rules.policy.backoff(job.restarts),
                     resume_from=resume_point(job, rules.checkpoints),
                 )
             )
         else:
-            d.emit(ev.JobFailed(code=code, reason=f"{reason}; gave up after {job.restarts} restarts"))
+            gave_up = f"{reason}; gave up after {job.restarts} restarts"
+            d.emit(ev.JobFailed(code=code, reason=within_reason(gave_up)))
         return
     if job.state is S.LAUNCHING and all(learner.has_started for learner in job.learners):
         job = d.emit(ev.JobRunning(attempt=job.attempt))

@@ -524,7 +524,8 @@ class NodeInventory:
             self._not_ready.pop(name, None)
             detail = f"node {name} was deleted"
         else:
-            detail = f"node {name} is NotReady ({condition})"
+            # the reason the scheduler records the node lost with: Kubernetes' message has no bound
+            detail = within_reason(f"node {name} is NotReady ({condition})")
             self._not_ready[name] = detail
         if not was_there:
             return
