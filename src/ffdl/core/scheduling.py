@@ -271,8 +271,10 @@ class SchedulerPolicy:
     #: the thresholds in GPU-seconds a job has run that split each class into bands, the least
     #: served first (empty: off; the configuration's default is 1 and 16 GPU-hours)
     service_queues: tuple[float, ...] = ()
-    #: aging: a job of a lower band that has waited this long moves to the top band again
-    starve_after_s: float = 24 * 3600.0
+    #: aging: a job of a lower band that has waited this long moves to the top band again (three
+    #: days: an aged job starts its service afresh and is soon halted again by newcomers, so aging
+    #: after a day cost long jobs a day's wait per few hours of running; docs/scheduling.md, "Aging")
+    starve_after_s: float = 3 * 24 * 3600.0
     #: a loop guard: a job preempted this often by the bands is no longer moved down while it runs
     max_service_preemptions: int = 16
 

@@ -106,7 +106,7 @@ class SchedulerConfig(BaseModel):
         "bands, the least served first (rising; [] turns it off)",
     )
     starve_after_s: float = Field(
-        default=24 * 3600.0,
+        default=3 * 24 * 3600.0,
         gt=0,
         allow_inf_nan=False,
         description="a job of a lower band that waited this long is served first",
