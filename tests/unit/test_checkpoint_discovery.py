@@ -7,14 +7,18 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ffdl.events.model import Checkpoint
 from ffdl.learner import checkpoints
-from ffdl.learner.checkpoints import CheckpointScanner, Found, scanner_for, step_of_name
+from ffdl.learner.channel import NOTES_PER_INTERVAL, LearnerNotes
+from ffdl.learner.checkpoints import CheckpointScanner, Found, as_checkpoint, scanner_for, step_of_name
 
 
 def sha256(data: bytes) -> str:
@@ -441,10 +445,11 @@ def test_retention_never_deletes_the_newest_nor_the_resumed_and_keeps_at_most_ke
 
 def test_only_rank_0_scans_and_the_platforms_keep_is_read() -> None:
     environment = {"FFDL_CHECKPOINT_DIR": "/ckpt", "FFDL_KEEP_CHECKPOINTS": "7"}
-    assert scanner_for(environment, 1) is None
-    assert scanner_for({}, 0) is None
-    scanner = scanner_for(environment, 0)
-    assert scanner is not None and scanner._keep == 7
+    notes = LearnerNotes(Notes(), time.monotonic)
+    assert scanner_for(environment, 1, notes) is None
+    assert scanner_for({}, 0, notes) is None
+    scanner = scanner_for(environment, 0, notes)
+    assert scanner is not None and scanner._keep == 7 and scanner.notes is notes
 
 
 def test_a_step_past_what_json_keeps_exact_is_no_checkpoint(tmp_path: Path) -> None:
@@ -454,3 +459,95 @@ def test_a_step_past_what_json_keeps_exact_is_no_checkpoint(tmp_path: Path) -> N
     (tmp_path / "model.pt.step").write_text("9" * 32)
     (tmp_path / f"ckpt_{2**53 - 1}.pt").write_bytes(b"z")
     assert [found.step for found in settle(CheckpointScanner(str(tmp_path), keep=0))] == [2**53 - 1]
+
+
+class Notes:
+    """A logger that keeps what it was told."""
+
+    def __init__(self) -> None:
+        self.lines: list[dict[str, Any]] = []
+
+    def warning(self, event: str, **fields: Any) -> None:
+        self.lines.append({"event": event, **fields})
+
+    info = warning
+
+
+def test_a_name_no_record_can_carry_is_passed_over_with_one_note_while_it_stays(tmp_path: Path) -> None:
+    """A file name that is not UTF-8 (the kernel takes any bytes) made the record of the checkpoint
+    raise inside the agent, which then died before its exit record: a clean exit taken for a lost
+    learner. Passed over, it is never recorded, hashed nor counted by retention."""
+    root = os.fsencode(tmp_path)
+    for name in (b"ckpt_step_9\xff.pt", b"ckpt_step_8\xc3(.pt"):
+        with open(root + b"/" + name, "wb") as file:
+            file.write(b"x")
+    (tmp_path / "ckpt_step_5.pt").write_bytes(b"kept")
+    (tmp_path / "ckpt_step_1.pt").write_bytes(b"old")
+    notes = Notes()
+    scanner = CheckpointScanner(str(tmp_path), keep=1, notes=LearnerNotes(notes, time.monotonic))
+
+    found = settle(scanner, scans=5)
+
+    assert [each.name for each in found] == ["ckpt_step_1.pt", "ckpt_step_5.pt"]
+    for each in found:
+        as_checkpoint(each, str(tmp_path), rank=0, attempt=1)  # every one found can be recorded
+    assert sorted(os.listdir(root)) == [b"ckpt_step_5.pt", b"ckpt_step_8\xc3(.pt", b"ckpt_step_9\xff.pt"]
+    passed = [line for line in notes.lines if line["event"] == "learner checkpoint passed over"]
+    assert sorted(line["name"] for line in passed) == [
+        ascii("ckpt_step_8\udcc3(.pt"),
+        ascii("ckpt_step_9\udcff.pt"),
+    ]
+    assert all("unicode" in line["reason"] for line in passed)
+
+
+def test_a_name_whose_uri_is_past_what_a_record_carries_is_passed_over(tmp_path: Path) -> None:
+    directory = tmp_path
+    while len(str(directory)) < 3700:
+        directory /= "d" * 200
+    directory /= "e" * (3950 - len(str(directory)))  # a path the kernel still opens whole
+    directory.mkdir(parents=True)
+    parent = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:  # the file's own path is past the kernel's limit, and its URI past the record's
+        os.close(os.open("c" * 200 + "_step_3.pt", os.O_WRONLY | os.O_CREAT, dir_fd=parent))
+    finally:
+        os.close(parent)
+    notes = Notes()
+    scanner = CheckpointScanner(str(directory), notes=LearnerNotes(notes, time.monotonic))
+
+    assert settle(scanner, scans=3) == []
+    assert [line["reason"] for line in notes.lines] == ["String should have at most 4096 characters"]
+
+
+async def test_a_failure_to_report_a_found_checkpoint_is_noted_and_the_others_are_reported(
+    tmp_path: Path,
+) -> None:
+    for step in (1, 2):
+        (tmp_path / f"ckpt_step_{step}.pt").write_bytes(b"x")
+    notes = Notes()
+    scanner = CheckpointScanner(str(tmp_path), notes=LearnerNotes(notes, time.monotonic))
+    reported: list[Checkpoint] = []
+
+    def report(found: Found) -> None:
+        if found.step == 1:
+            raise ValueError("refused")
+        reported.append(as_checkpoint(found, str(tmp_path), rank=0, attempt=1))
+
+    await checkpoints.final_scan(scanner, report)
+
+    assert [checkpoint.step for checkpoint in reported] == [2, 2]  # found, then handed over again
+    assert [line["event"] for line in notes.lines] == ["checkpoint found but not reported"] * 2
+
+
+def test_a_failing_scan_is_noted_within_the_learner_s_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def fail(self: CheckpointScanner) -> list[Found]:
+        raise RecursionError("whatever the learner left")
+
+    monkeypatch.setattr(CheckpointScanner, "scan", fail)
+    notes = Notes()
+    scanner = CheckpointScanner(str(tmp_path), notes=LearnerNotes(notes, time.monotonic))
+
+    for _ in range(NOTES_PER_INTERVAL + 5):
+        assert checkpoints._scan_or_note(scanner) == []
+    assert [line["event"] for line in notes.lines] == ["checkpoint scan failed"] * NOTES_PER_INTERVAL

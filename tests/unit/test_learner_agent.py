@@ -506,3 +506,21 @@ def test_a_reported_checkpoint_nested_too_deep_is_refused_before_its_path_is_loo
     assert agent._checkpoint_problem(f"file://{directory}/{deep}/7.pt") == (
         f"nested deeper than {REPORTED_DEPTH_MAX} directories in the job's checkpoint directory"
     )
+
+
+async def test_a_checkpoint_name_that_is_not_utf8_is_passed_over_and_the_clean_exit_is_recorded(
+    tmp_path: Path, run_agent: AgentRunner
+) -> None:
+    """The kernel takes any bytes for a name; the record of a checkpoint named so raised inside the
+    agent's final scan, before its exit record: a clean exit became a lost learner (P200)."""
+    store = FlakyStore()
+    directory = tmp_path / "checkpoints"
+    directory.mkdir()
+    bad_name = "$(printf 'ckpt_step_9\\377.pt')"  # one byte that is not UTF-8
+    command = f"printf good > {directory}/ckpt_step_5.pt && printf bad > {directory}/{bad_name}"
+    agent = LearnerAgent(with_checkpoint_dir(tmp_path, directory), store, command)
+
+    assert await run_agent(agent) == 0
+    record = parse_exit(store.keys[exit_key(JOB, 1, 0)][0])
+    assert record.exit_code == 0
+    assert record.checkpoint is not None and record.checkpoint["uri"] == f"file://{directory}/ckpt_step_5.pt"

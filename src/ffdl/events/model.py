@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from ffdl.events.reports import Metrics
 
@@ -309,13 +309,30 @@ class Placement(Frozen):
         return frozenset((learner.node, gpu) for learner in self.learners for gpu in learner.gpus)
 
 
+#: Where a checkpoint is, as the log carries it: 1 to 4096 characters of text. A file name that is
+#: not UTF-8 decodes (``os.fsdecode``) to lone surrogates, which are no text: the model refuses them.
+CheckpointUri = Annotated[str, Field(min_length=1, max_length=4096)]
+_CHECKPOINT_URI: TypeAdapter[str] = TypeAdapter(CheckpointUri)
+
+
+def checkpoint_uri_problem(uri: object) -> str | None:
+    """Why :class:`Checkpoint` would refuse ``uri``, or None: the learner's agent asks before it
+    records what a learner named, since a refusal raised from inside the agent ended it before its
+    exit record."""
+    try:
+        _CHECKPOINT_URI.validate_python(uri, strict=True)
+    except ValidationError as error:
+        return str(error.errors()[0]["msg"])
+    return None
+
+
 class Checkpoint(Frozen):
     """A checkpoint the platform recorded (it records; the learner stores)."""
 
     rank: Annotated[int, Field(ge=0)]
     attempt: Annotated[int, Field(ge=1)]
     step: Annotated[int, Field(ge=0)]
-    uri: Annotated[str, Field(min_length=1, max_length=4096)]
+    uri: CheckpointUri
     size_bytes: Annotated[int, Field(ge=0)] = 0
     checksum: Annotated[str, Field(max_length=200)] = ""
 

@@ -262,7 +262,7 @@ class LearnerAgent:
             if config.report_dir is not None
             else None
         )
-        self._checkpoints = checkpoints.scanner_for(config.command_environment, config.rank)
+        self._checkpoints = checkpoints.scanner_for(config.command_environment, config.rank, self._notes)
         self._workers = WorkerSteps.from_environment(config.command_environment, config.rank)
 
     @property

@@ -34,6 +34,7 @@ import contextlib
 import json
 import os
 import socket
+import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,8 +60,9 @@ NOTES_INTERVAL_S = 60.0
 class LearnerNotes:
     """The agent's log, for what its learner makes it say: at most :data:`NOTES_PER_INTERVAL` lines
     per :data:`NOTES_INTERVAL_S`, then how many were left out, once the interval is over. Each line
-    is the learner's to trigger (a refused report, a reconnection), so without a bound a learner
-    fills the platform's disk and spends the agent's CPU, which no limit of its own counts."""
+    is the learner's to trigger (a refused report, a reconnection, a checkpoint name passed over), so
+    without a bound a learner fills the platform's disk and spends the agent's CPU, which no limit of
+    its own counts. Safe to call from the checkpoint scan's worker thread as well as from the loop."""
 
     def __init__(self, logger: Any, clock: Callable[[], float]) -> None:
         self._log = logger
@@ -68,6 +70,7 @@ class LearnerNotes:
         self._since = clock()
         self._logged = 0
         self._left_out = 0
+        self._lock = threading.Lock()
 
     def info(self, message: str, **details: Any) -> None:
         self._note("info", message, details)
@@ -76,16 +79,17 @@ class LearnerNotes:
         self._note("warning", message, details)
 
     def _note(self, level: str, message: str, details: dict[str, Any]) -> None:
-        now = self._clock()
-        if now - self._since >= NOTES_INTERVAL_S:
-            if self._left_out:
-                self._log.warning("learner's notes left out of the log", left_out=self._left_out)
-            self._since, self._logged, self._left_out = now, 0, 0
-        if self._logged >= NOTES_PER_INTERVAL:
-            self._left_out += 1
-            return
-        self._logged += 1
-        getattr(self._log, level)(message, **details)
+        with self._lock:
+            now = self._clock()
+            if now - self._since >= NOTES_INTERVAL_S:
+                if self._left_out:
+                    self._log.warning("learner's notes left out of the log", left_out=self._left_out)
+                self._since, self._logged, self._left_out = now, 0, 0
+            if self._logged >= NOTES_PER_INTERVAL:
+                self._left_out += 1
+                return
+            self._logged += 1
+            getattr(self._log, level)(message, **details)
 
 
 @dataclass(frozen=True, slots=True)

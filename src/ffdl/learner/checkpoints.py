@@ -13,10 +13,12 @@ them. What counts as a checkpoint, at the top of the checkpoint directory:
 
 The step comes from the name (after ``step``, else the last number of it) or from a sidecar
 ``NAME.step`` holding the number, which wins. Names that say "not done" (a leading dot, ``.tmp``,
-``.partial``, ``~``...) are never checkpoints. A checkpoint is recorded once its SHA-256 is known
-(for a directory: the hash of its manifest of files, as :func:`ffdl.learner.report_checkpoint`
-computes it), with its size; the newest (highest step) becomes the learner's checkpoint, which the
-monitor records and the next attempt gets as ``FFDL_RESUME_FROM``.
+``.partial``, ``~``...) are never checkpoints, and neither are names that no checkpoint record can
+carry (not UTF-8, or a URI past its length): they are passed over with a note, once while they
+stay. A checkpoint is recorded once its SHA-256 is known (for a directory: the hash of its manifest
+of files, as :func:`ffdl.learner.report_checkpoint` computes it), with its size; the newest (highest
+step) becomes the learner's checkpoint, which the monitor records and the next attempt gets as
+``FFDL_RESUME_FROM``.
 
 Retention (``FFDL_KEEP_CHECKPOINTS``, the manifest's ``keep_checkpoints``; 0 keeps everything):
 after a new checkpoint is recorded, complete checkpoints beyond the newest N are deleted, never the
@@ -44,13 +46,15 @@ import os
 import re
 import stat
 import threading
-from collections.abc import Callable, Iterator, Mapping
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import structlog
 
-from ffdl.events.model import Checkpoint, JobSpec
+from ffdl.events.model import Checkpoint, JobSpec, checkpoint_uri_problem
 from ffdl.events.reports import MAX_STEP
+from ffdl.learner.channel import LearnerNotes
 
 log = structlog.get_logger(__name__)
 
@@ -123,23 +127,38 @@ class CheckpointScanner:
 
     Scans run one at a time (a lock): the agent scans in a worker thread, and a scan whose caller was
     cancelled (the learner exited mid-scan) runs on to its end in that thread while the next waits.
+    What the learner's directory makes the scanner say goes to ``notes`` (the agent's, bounded).
     """
 
-    def __init__(self, directory: str, *, resume_from: str = "", keep: int = DEFAULT_KEEP) -> None:
+    def __init__(
+        self,
+        directory: str,
+        *,
+        resume_from: str = "",
+        keep: int = DEFAULT_KEEP,
+        notes: LearnerNotes | None = None,
+    ) -> None:
         self._directory = directory
         self._resume_name = _name_in(directory, resume_from)
         self._keep = keep
+        self._notes = notes if notes is not None else LearnerNotes(log, time.monotonic)
         self._seen: dict[str, tuple[int, ...]] = {}  # name -> what it looked like last scan
         self._hashing: dict[str, _Hashing] = {}
         self._recorded: dict[str, tuple[Found, tuple[int, ...]]] = {}
         # directories whose listing was refused (too many entries, or not only files and
         # directories), by how their top level looked then: not walked again each second
         self._refused: dict[str, tuple[int, ...]] = {}
+        # names no record can carry, noted once while they stay
+        self._passed_over: set[str] = set()
         self._lock = threading.RLock()
 
     @property
     def directory(self) -> str:
         return self._directory
+
+    @property
+    def notes(self) -> LearnerNotes:
+        return self._notes
 
     @property
     def settling(self) -> bool:
@@ -170,6 +189,7 @@ class CheckpointScanner:
     def _scan(self, root: int) -> list[Found]:
         current: dict[str, tuple[int, ...]] = {}
         directories: list[tuple[int, str, os.stat_result]] = []
+        passed_over: set[str] = set()
         for name, info in _entries(root, MAX_ENTRIES):
             if _NOT_DONE.search(name) or name.endswith(SIDECAR_SUFFIX) or name in self._recorded:
                 continue
@@ -181,6 +201,14 @@ class CheckpointScanner:
                 step = step_of_name(name)
             if step is None or step > MAX_STEP:  # a step past what JSON keeps exact is no step
                 continue  # (known before a directory is walked: a name without one never is)
+            if (problem := checkpoint_uri_problem(_uri(self._directory, name))) is not None:
+                # never hashed, recorded or counted by retention: its record would be refused
+                passed_over.add(name)
+                if name not in self._passed_over:
+                    self._notes.warning(
+                        "learner checkpoint passed over", name=ascii(name)[:300], reason=problem
+                    )
+                continue
             if is_dir:
                 directories.append((step, name, info))
             else:
@@ -203,6 +231,7 @@ class CheckpointScanner:
                 continue
             self._settle(name, (*identity, hash(tuple(listing))), step, info, listing, current)
         self._refused = refused
+        self._passed_over = passed_over
         for name in [
             name for name, hashing in self._hashing.items() if current.get(name) != hashing.identity
         ]:
@@ -483,7 +512,7 @@ RESUME_FROM_VARIABLE = "FFDL_RESUME_FROM"
 KEEP_VARIABLE = "FFDL_KEEP_CHECKPOINTS"
 
 
-def scanner_for(environment: Mapping[str, str], rank: int) -> CheckpointScanner | None:
+def scanner_for(environment: Mapping[str, str], rank: int, notes: LearnerNotes) -> CheckpointScanner | None:
     """The scanner of a learner's agent: rank 0's only (the learners of a job share the directory,
     and rank 0 is who saves in data-parallel training), None without a checkpoint directory."""
     directory = environment.get(CHECKPOINT_DIR_VARIABLE, "")
@@ -494,6 +523,7 @@ def scanner_for(environment: Mapping[str, str], rank: int) -> CheckpointScanner 
         directory,
         resume_from=environment.get(RESUME_FROM_VARIABLE, ""),
         keep=int(keep) if keep.isdigit() else DEFAULT_KEEP,
+        notes=notes,
     )
 
 
@@ -503,29 +533,45 @@ def as_checkpoint(found: Found, directory: str, *, rank: int, attempt: int) -> C
         rank=rank,
         attempt=attempt,
         step=found.step,
-        uri=f"file://{os.path.join(directory, found.name)}",
+        uri=_uri(directory, found.name),
         size_bytes=found.size_bytes,
         checksum=found.checksum,
     )
+
+
+def _uri(directory: str, name: str) -> str:
+    return f"file://{os.path.join(directory, name)}"
 
 
 async def discover(scanner: CheckpointScanner, on_found: Callable[[Found], None]) -> None:
     """Scan every :data:`SCAN_INTERVAL_S` in a worker thread, handing what is found to ``on_found``
     on the caller's loop, until cancelled."""
     while True:
-        for found in await asyncio.to_thread(_scan_or_log, scanner):
-            on_found(found)
+        _hand_over(await asyncio.to_thread(_scan_or_note, scanner), scanner, on_found)
         await asyncio.sleep(SCAN_INTERVAL_S)
 
 
-def _scan_or_log(scanner: CheckpointScanner) -> list[Found]:
+def _scan_or_note(scanner: CheckpointScanner) -> list[Found]:
     """A scan, or nothing when it fails: whatever the learner left in its directory, the agent goes
-    on (its heartbeat, its exit record) and the scan is tried again (logged)."""
+    on (its heartbeat, its exit record) and the scan is tried again (noted, within the bound)."""
     try:
         return scanner.scan()
     except Exception:
-        log.exception("checkpoint scan failed", directory=scanner.directory)
+        scanner.notes.warning("checkpoint scan failed", directory=scanner.directory, exc_info=True)
         return []
+
+
+def _hand_over(found: Iterable[Found], scanner: CheckpointScanner, on_found: Callable[[Found], None]) -> None:
+    """Each checkpoint found to ``on_found``; one it fails on is noted and the rest handed over: a
+    failure raised from here ended the agent before its exit record, and its clean exit was then
+    taken for a lost learner."""
+    for each in found:
+        try:
+            on_found(each)
+        except Exception:
+            scanner.notes.warning(
+                "checkpoint found but not reported", name=ascii(each.name)[:300], exc_info=True
+            )
 
 
 async def final_scan(scanner: CheckpointScanner, on_found: Callable[[Found], None]) -> None:
@@ -538,9 +584,7 @@ async def final_scan(scanner: CheckpointScanner, on_found: Callable[[Found], Non
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(FINAL_SCAN_TIMEOUT_S):
             while True:
-                for found in await asyncio.to_thread(_scan_or_log, scanner):
-                    on_found(found)
+                _hand_over(await asyncio.to_thread(_scan_or_note, scanner), scanner, on_found)
                 if not scanner.settling:
                     break
-            for found in await asyncio.to_thread(lambda: scanner.recorded):
-                on_found(found)
+            _hand_over(await asyncio.to_thread(lambda: scanner.recorded), scanner, on_found)
