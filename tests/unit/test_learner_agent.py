@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 
 from ffdl.adapters.heartbeats import exit_key, learner_key, open_store
 from ffdl.adapters.processes import exit_code_of
@@ -30,6 +31,7 @@ from ffdl.handlers.heartbeat_keys import LearnerBeat, parse_exit
 from ffdl.handlers.ports import Snapshot, StoreUnavailable, WatchEvent
 from ffdl.learner import checkpoints
 from ffdl.learner.agent import REPORTED_DEPTH_MAX, AgentConfig, LearnerAgent, main
+from ffdl.learner.channel import NOTES_PER_INTERVAL, CheckpointReport
 from tests.services import wait_until_async
 
 JOB = "job-agent"
@@ -524,3 +526,23 @@ async def test_a_checkpoint_name_that_is_not_utf8_is_passed_over_and_the_clean_e
     record = parse_exit(store.keys[exit_key(JOB, 1, 0)][0])
     assert record.exit_code == 0
     assert record.checkpoint is not None and record.checkpoint["uri"] == f"file://{directory}/ckpt_step_5.pt"
+
+
+def test_checkpoints_a_learner_reports_or_saves_again_and_again_are_logged_within_its_bound(
+    tmp_path: Path,
+) -> None:
+    """Each accepted report was a line of the platform's log: one report of a long path, sent again
+    and again, wrote 12 MB a second there."""
+    directory = tmp_path / "checkpoints"
+    directory.mkdir()
+    (directory / "7.pt").write_bytes(b"w")
+    with structlog.testing.capture_logs() as logs:
+        agent = LearnerAgent(with_checkpoint_dir(tmp_path, directory), FlakyStore(), "true")
+        for _ in range(NOTES_PER_INTERVAL):
+            agent._take_report(CheckpointReport(7, f"file://{directory}/7.pt"))
+        for step in range(8, 8 + NOTES_PER_INTERVAL):
+            agent._found(checkpoints.Found(f"{step}.pt", step, 1, "sha256:x", 0))
+
+    assert agent.beat.checkpoint is not None and agent.beat.checkpoint["step"] == 7 + NOTES_PER_INTERVAL
+    events = [entry["event"] for entry in logs]
+    assert events == ["checkpoint reported"] * NOTES_PER_INTERVAL

@@ -506,7 +506,8 @@ class LearnerAgent:
                 checksum=report.checksum,
             )
             self._beat = replace(self._beat, checkpoint=checkpoint.model_dump(mode="json"), last_progress=now)
-            self._log.info("checkpoint reported", step=checkpoint.step, uri=checkpoint.uri)
+            # the learner's to repeat at will (one report sent again and again wrote 12 MB a second)
+            self._notes.info("checkpoint reported", step=checkpoint.step, uri=checkpoint.uri)
         self._changed.set()
 
     def _found(self, found: checkpoints.Found) -> None:
@@ -522,7 +523,7 @@ class LearnerAgent:
         self._beat = replace(
             self._beat, checkpoint=checkpoint.model_dump(mode="json"), last_progress=self._clock()
         )
-        self._log.info("checkpoint discovered", step=checkpoint.step, uri=checkpoint.uri)
+        self._notes.info("checkpoint discovered", step=checkpoint.step, uri=checkpoint.uri)
         self._changed.set()
 
     def _checkpoint_problem(self, uri: str) -> str | None:
