@@ -546,3 +546,30 @@ def test_checkpoints_a_learner_reports_or_saves_again_and_again_are_logged_withi
     assert agent.beat.checkpoint is not None and agent.beat.checkpoint["step"] == 7 + NOTES_PER_INTERVAL
     events = [entry["event"] for entry in logs]
     assert events == ["checkpoint reported"] * NOTES_PER_INTERVAL
+
+
+async def test_a_checkpoint_report_naming_a_file_that_is_not_utf8_is_dropped_and_the_next_is_taken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run_agent: AgentRunner
+) -> None:
+    """The file exists, so the report passed the agent's checks, and the record refused its URI:
+    the connection's task ended there, with a traceback, and what the learner sent after was lost."""
+    monkeypatch.setenv("FFDL_REPORT_SOCKET", str(tmp_path / "report.sock"))
+    directory = tmp_path / "checkpoints"
+    directory.mkdir()
+    (directory / os.fsdecode(b"x\xff")).write_bytes(b"w")
+    reports = tmp_path / "reports"
+    reports.write_bytes(
+        b'{"type": "checkpoint", "step": 1, "uri": "file://%s/x\\udcff"}\n' % bytes(directory)
+        + b'{"type": "progress", "step": 2}\n'
+    )
+    program = (
+        "import os, socket; s = socket.socket(socket.AF_UNIX); s.connect(os.environ['FFDL_REPORT_SOCKET']); "
+        f"s.sendall(open({str(reports)!r}, 'rb').read())"
+    )
+    agent = LearnerAgent(config(tmp_path), FlakyStore(), f'{sys.executable} -c "{program}"')
+    with structlog.testing.capture_logs() as logs:
+        assert await run_agent(agent) == 0
+
+    assert agent.beat.step == 2 and agent.beat.checkpoint is None
+    [dropped] = [entry for entry in logs if entry["event"] == "learner report dropped"]
+    assert dropped["reason"].startswith("checkpoint uri: ")

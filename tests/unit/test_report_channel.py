@@ -59,6 +59,9 @@ def test_a_checkpoint_report_is_taken_as_data() -> None:
         (b'{"type": "progress", "step": 1, "local_rank": "0"}', "local_rank"),
         (b'{"type": "shell", "step": 1}', "unknown report type"),
         (b'{"type": "checkpoint", "step": 1, "uri": 7}', "uri"),
+        (b'{"type": "checkpoint", "step": 1, "uri": "file:///c/x\\udcff"}', "uri: .*unicode"),
+        (b'{"type": "checkpoint", "step": 1, "uri": "file:///c/x\\ud800"}', "uri: .*unicode"),
+        (b'{"type": "checkpoint", "step": 1, "uri": "file:///' + b"c" * 4096 + b'"}', "uri: .*4096"),
         (b'{"type": "checkpoint", "step": 1, "uri": "file:///c", "size_bytes": -1}', "size_bytes"),
         (b'{"type": "progress", "step": 1, "pad": "' + b"x" * MAX_REPORT_BYTES + b'"}', "over the limit"),
     ],
@@ -203,3 +206,31 @@ async def test_reconnecting_does_not_start_the_log_s_bound_again(tmp_path: Path)
     await channel.close(drain_s=5.0)
 
     assert len(recorder.warnings) + len(recorder.infos) == NOTES_PER_INTERVAL
+
+
+async def test_a_report_the_agent_refuses_by_raising_is_a_counted_drop_and_the_connection_reads_on(
+    tmp_path: Path,
+) -> None:
+    """Only :class:`Dropped` was caught: anything else the agent raised on a report ended the
+    connection's task, a traceback in the platform's log for each connection a learner made."""
+    recorder = Recorder()
+
+    def take(report: Report) -> None:
+        if report.step == 1:
+            raise ValueError("refused")
+        recorder.reports.append(report)
+
+    channel = ReportChannel(tmp_path, take, LearnerNotes(recorder, time.monotonic))
+    await channel.start()
+
+    def send() -> None:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+            connection.connect(str(channel.path))
+            connection.sendall(b'{"type": "progress", "step": 1}\n{"type": "progress", "step": 2}\n')
+
+    await asyncio.to_thread(send)
+    await channel.close(drain_s=5.0)
+
+    assert [report.step for report in recorder.reports] == [2]
+    [dropped] = [warning for warning in recorder.warnings if warning["event"] == "learner report dropped"]
+    assert dropped["reason"] == "not taken: ValueError('refused')"

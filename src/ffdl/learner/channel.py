@@ -14,8 +14,11 @@ is parsed and kept. Whatever arrives is untrusted data, parsed as bounded data o
 
 * a line longer than :data:`~ffdl.events.reports.MAX_REPORT_BYTES` is dropped unread (the bytes up to
   its newline are skipped without being kept);
-* a line that is not a JSON object of a known type with a valid step is dropped; metrics are brought
-  inside :func:`~ffdl.events.reports.bound_metrics` (each drop with its reason);
+* a line that is not a JSON object of a known type with a valid step is dropped, and so is a
+  checkpoint whose URI no record can carry; metrics are brought inside
+  :func:`~ffdl.events.reports.bound_metrics` (each drop with its reason);
+* a report the agent refuses by raising is dropped like a line that is none: it never ends its
+  connection's task;
 * at most :data:`MAX_CONNECTIONS` connections at a time; each is read in its own task, and the
   reader yields to the agent's other tasks after every line, so a flood of reports, an endless line
   or a connection that stalls mid-line never holds up the heartbeat or the exit report; a
@@ -41,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from ffdl.adapters.launchers.environment import REPORT_SOCKET_NAME
+from ffdl.events.model import checkpoint_uri_problem
 from ffdl.events.reports import MAX_REPORT_BYTES, bound_metrics, bound_step
 
 MAX_CONNECTIONS = 64
@@ -50,7 +54,6 @@ LOGGED_DROPS = 20
 #: Drops after which a connection is closed: a program that sends that much garbage is broken or
 #: hostile, and reading it would only cost the agent the time its heartbeat needs.
 MAX_DROPS_PER_CONNECTION = 1000
-MAX_URI_LENGTH = 4096
 MAX_CHECKSUM_LENGTH = 200
 #: Lines a learner may make its agent log per :data:`NOTES_INTERVAL_S`; the rest are counted.
 NOTES_PER_INTERVAL = 100
@@ -141,9 +144,10 @@ def parse_report(line: bytes) -> Report:
         bounded = bound_metrics(raw.get("metrics"))
         return ProgressReport(step, bounded.metrics, bounded.dropped, local_rank)
     if kind == "checkpoint":
-        uri, size_bytes, checksum = raw.get("uri"), raw.get("size_bytes", 0), raw.get("checksum", "")
-        if not isinstance(uri, str) or not 0 < len(uri) <= MAX_URI_LENGTH:
-            raise Dropped(f"checkpoint uri is not a string of 1 to {MAX_URI_LENGTH} characters")
+        uri, size_bytes, checksum = raw.get("uri", ""), raw.get("size_bytes", 0), raw.get("checksum", "")
+        if (problem := checkpoint_uri_problem(uri)) is not None:
+            # a JSON escape (\udcff) names a file that is not UTF-8, which no record can carry
+            raise Dropped(f"checkpoint uri: {problem}")
         if isinstance(size_bytes, bool) or not isinstance(size_bytes, int) or not 0 <= size_bytes < 2**63:
             raise Dropped(f"checkpoint size_bytes is not a size: {size_bytes!r:.40}")
         if not isinstance(checksum, str) or len(checksum) > MAX_CHECKSUM_LENGTH:
@@ -264,6 +268,16 @@ class ReportChannel:
         reader, writer = await asyncio.open_unix_connection(sock=connection)
         await self._serve(reader, writer)
 
+    def _report(self, line: bytes) -> None:
+        """One line to ``on_report``, or :class:`Dropped`, also where ``on_report`` refuses the report
+        by raising: a checkpoint report naming a file that is not UTF-8 once ended its connection's
+        task, a traceback in the platform's log for every connection the learner made."""
+        report = parse_report(line)
+        try:
+            self._on_report(report)
+        except Exception as error:
+            raise Dropped(f"not taken: {error!r:.200}") from error
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         drops = 0
         try:
@@ -272,7 +286,7 @@ class ReportChannel:
                     if line is None:
                         raise Dropped(f"report over the limit of {MAX_REPORT_BYTES} bytes")
                     if line.strip():
-                        self._on_report(parse_report(line))
+                        self._report(line)
                 except Dropped as dropped:
                     drops += 1
                     if drops <= LOGGED_DROPS:
