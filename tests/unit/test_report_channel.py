@@ -4,9 +4,11 @@ whatever a learner sends is bounded data or dropped with a reason, never an exce
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import socket
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -19,11 +21,15 @@ from ffdl.adapters.launchers.environment import checkpoint_path, resume_path
 from ffdl.events.model import Checkpoint
 from ffdl.events.reports import MAX_METRICS, MAX_REPORT_BYTES
 from ffdl.learner.channel import (
+    BUDGET_SLICE_S,
+    CONNECTION_UNITS,
+    MAX_CONNECTIONS,
     MAX_DROPS_PER_CONNECTION,
     NOTES_INTERVAL_S,
     NOTES_PER_INTERVAL,
     CheckpointReport,
     Dropped,
+    LearnerBudget,
     LearnerNotes,
     ProgressReport,
     Report,
@@ -234,3 +240,84 @@ async def test_a_report_the_agent_refuses_by_raising_is_a_counted_drop_and_the_c
     assert [report.step for report in recorder.reports] == [2]
     [dropped] = [warning for warning in recorder.warnings if warning["event"] == "learner report dropped"]
     assert dropped["reason"] == "not taken: ValueError('refused')"
+
+
+def test_the_budget_lasts_its_burst_then_makes_each_spender_wait_its_turn_a_slice_at_a_time() -> None:
+    now = [0.0]
+    budget = LearnerBudget(100.0, 50.0, lambda: now[0])
+
+    assert budget.spend(50) == 0.0
+    assert budget.spend(1) == pytest.approx(BUDGET_SLICE_S + 0.01)
+    assert budget.spend(1) == pytest.approx(BUDGET_SLICE_S + 0.02)  # behind the first
+
+    now[0] += 60.0  # idle for a minute: no more than the burst is saved
+    assert budget.spend(50) == 0.0
+    assert budget.spend(1) > 0.0
+
+
+async def test_a_flood_of_valid_reports_is_read_at_the_budget_s_rate_and_holds_the_sender(
+    tmp_path: Path,
+) -> None:
+    """The agent runs outside the learner's cgroup: a learner limited to a tenth of a core flooded
+    small valid reports, and its agent read and took them all, a whole core. Past its budget the
+    channel is not read, so the learner's sends block on the full socket."""
+    rate, burst = 200.0, 100.0
+    taken: list[Report] = []
+    recorder = Recorder()
+    budget = LearnerBudget(rate, burst, time.monotonic)
+    channel = ReportChannel(tmp_path, taken.append, LearnerNotes(recorder, time.monotonic), budget=budget)
+    await channel.start()
+    flood = b'{"type": "progress", "step": 1, "metrics": {"a": 1}}\n' * 80_000  # 4 MB
+    sent = threading.Event()
+
+    def send() -> None:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+            connection.connect(str(channel.path))
+            with contextlib.suppress(OSError):  # cut off at the channel's close
+                connection.sendall(flood)
+                sent.set()
+
+    started = time.monotonic()
+    sender = asyncio.create_task(asyncio.to_thread(send))
+    await asyncio.sleep(1.0)
+    elapsed = time.monotonic() - started
+
+    assert not sent.is_set()  # held by the full socket
+    assert 0 < len(taken) <= burst + rate * elapsed
+    await channel.close(drain_s=0.1)
+    await sender
+
+
+async def test_connections_are_taken_at_the_budget_s_rate_and_the_learner_s_connects_wait(
+    tmp_path: Path,
+) -> None:
+    """Setting up a connection's reader costs the agent about what 16 lines do: a learner that only
+    connects, sends a line and closes spends nothing of the budget's lines, but its connections."""
+    rate, burst = 10.0 * CONNECTION_UNITS, 5.0 * CONNECTION_UNITS  # ten connections a second, five at once
+    taken: list[Report] = []
+    recorder = Recorder()
+    budget = LearnerBudget(rate, burst, time.monotonic)
+    channel = ReportChannel(tmp_path, taken.append, LearnerNotes(recorder, time.monotonic), budget=budget)
+    await channel.start()
+    stop = threading.Event()
+    connected = [0]
+
+    def connect_again_and_again() -> None:
+        while not stop.is_set():
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+                connection.settimeout(0.05)
+                with contextlib.suppress(OSError):
+                    connection.connect(str(channel.path))
+                    connection.sendall(b'{"type": "progress", "step": 1}\n')
+                    connected[0] += 1
+
+    started = time.monotonic()
+    learner = asyncio.create_task(asyncio.to_thread(connect_again_and_again))
+    await asyncio.sleep(1.0)
+    elapsed, read = time.monotonic() - started, len(taken)
+    stop.set()
+    await learner
+    await channel.close(drain_s=0.1)
+
+    assert 0 < read <= (burst + rate * elapsed) / CONNECTION_UNITS + 1
+    assert read < connected[0] <= read + MAX_CONNECTIONS + 2  # the rest waited in the socket's backlog

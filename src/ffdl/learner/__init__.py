@@ -16,7 +16,9 @@ progressing while it writes new lines to its output.
 Each process keeps one connection (a forked child opens its own, so two processes never write into
 one stream), opened on the first report and again after a failure. Sending never holds the training
 program up for long: connecting and sending are bounded by :data:`SEND_TIMEOUT_S`, and a report that
-cannot be sent in that time is dropped with a warning. A report that was sent survives the program
+cannot be sent in that time is dropped with a warning. The agent takes about a thousand small reports
+a second (:class:`~ffdl.learner.channel.LearnerBudget`): a program that reports faster waits in its
+sends. A report that was sent survives the program
 crashing right after it (the agent reads what is in the socket after the learner ended). The
 functions are safe to call from several threads; lines from different threads never interleave.
 """

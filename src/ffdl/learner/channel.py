@@ -22,7 +22,12 @@ is parsed and kept. Whatever arrives is untrusted data, parsed as bounded data o
 * at most :data:`MAX_CONNECTIONS` connections at a time; each is read in its own task, and the
   reader yields to the agent's other tasks after every line, so a flood of reports, an endless line
   or a connection that stalls mid-line never holds up the heartbeat or the exit report; a
-  connection that sent :data:`MAX_DROPS_PER_CONNECTION` bad lines is closed.
+  connection that sent :data:`MAX_DROPS_PER_CONNECTION` bad lines is closed;
+* what the learner's reports cost the agent is bounded by one :class:`LearnerBudget` for all its
+  connections: once it is spent, no connection is read (or set up) until it is earned again, so
+  the socket's buffer fills and the learner's sends block. The agent runs outside the learner's
+  cgroup: a learner limited to a tenth of a core flooded small valid reports and its agent read
+  and took them all, a whole core.
 
 Every drop is logged with the job, rank and reason (the first :data:`LOGGED_DROPS` of a connection;
 then only their count, when it closes), which is what the operator reads. All that the learner makes
@@ -38,6 +43,7 @@ import json
 import os
 import socket
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +61,16 @@ LOGGED_DROPS = 20
 #: hostile, and reading it would only cost the agent the time its heartbeat needs.
 MAX_DROPS_PER_CONNECTION = 1000
 MAX_CHECKSUM_LENGTH = 200
+#: What a learner's reports may cost its agent, in units (:data:`REPORT_UNIT_BYTES`): a line costs
+#: one, and one more per unit of its length, as parsing it does; a connection costs
+#: :data:`CONNECTION_UNITS`, as setting up its reader does. A unit is about 16 µs of the agent's CPU,
+#: so a flood costs the agent a few percent of a core. A program that reports a thousand small lines
+#: a second is never held; past that, its sends wait.
+REPORT_UNITS_PER_S = 1000.0
+REPORT_BURST_UNITS = 1000.0
+REPORT_UNIT_BYTES = 1024
+CONNECTION_UNITS = 16
+BUDGET_SLICE_S = 0.05
 #: Lines a learner may make its agent log per :data:`NOTES_INTERVAL_S`; the rest are counted.
 NOTES_PER_INTERVAL = 100
 NOTES_INTERVAL_S = 60.0
@@ -93,6 +109,31 @@ class LearnerNotes:
                 return
             self._logged += 1
             getattr(self._log, level)(message, **details)
+
+
+class LearnerBudget:
+    """What a learner may make its agent spend on what it sends: ``rate`` units a second, ``burst``
+    at once (a token bucket). Reading stops while it is spent rather than reading on and dropping: a
+    flood is then slowed where it comes from, the learner's writes blocking on a full socket or pipe
+    at the learner's own cost, instead of costing the agent, which no limit of the learner's counts."""
+
+    def __init__(self, rate: float, burst: float, clock: Callable[[], float]) -> None:
+        self._rate = rate
+        self._burst = burst
+        self._clock = clock
+        self._left = burst
+        self._at = clock()
+
+    def spend(self, units: float) -> float:
+        """Take ``units``; the seconds the spender waits before it reads on (0 while the budget
+        lasts). Spent past it, the budget owes, and the spender waits until the debt is paid and
+        :data:`BUDGET_SLICE_S` more earned: every connection waits its turn behind what was taken
+        already (many cost no more than one), and a flood costs a timer every slice, not every
+        line (one wait a line cost five times what the line did)."""
+        now = self._clock()
+        self._left = min(self._burst, self._left + (now - self._at) * self._rate) - units
+        self._at = now
+        return 0.0 if self._left >= 0 else BUDGET_SLICE_S - self._left / self._rate
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,7 +224,8 @@ class ReportChannel:
     """The agent's end of the channel: a server on ``report.sock`` in ``directory``.
 
     ``on_report`` gets each report (in the loop's thread, between reads); ``owner``: whom the socket
-    is handed to (the learner user, where the learner runs as one without a sandbox)."""
+    is handed to (the learner user, where the learner runs as one without a sandbox); ``budget``:
+    what reading the learner's reports may cost (by default :data:`REPORT_UNITS_PER_S`)."""
 
     def __init__(
         self,
@@ -192,14 +234,21 @@ class ReportChannel:
         logger: LearnerNotes,
         *,
         owner: tuple[int, int] | None = None,
+        budget: LearnerBudget | None = None,
     ) -> None:
         self._path = directory / REPORT_SOCKET_NAME
         self._on_report = on_report
         self._log = logger
         self._owner = owner
+        self._budget = (
+            budget
+            if budget is not None
+            else LearnerBudget(REPORT_UNITS_PER_S, REPORT_BURST_UNITS, time.monotonic)
+        )
         self._listening: socket.socket | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self._refused = 0
+        self._paused: asyncio.TimerHandle | None = None  # listening again once the budget is earned
 
     @property
     def path(self) -> Path:
@@ -218,15 +267,17 @@ class ReportChannel:
         listening.listen(MAX_CONNECTIONS)
         listening.setblocking(False)
         self._listening = listening
-        asyncio.get_running_loop().add_reader(listening.fileno(), self._accept_waiting)
+        self._listen()
 
     async def close(self, drain_s: float) -> None:
         """Stop accepting (taking in the connections already made: a learner may report and exit at
         once); give open connections ``drain_s`` to deliver what was sent before the learner ended,
         then cut them."""
         if self._listening is not None:
+            if self._paused is not None:
+                self._paused.cancel()
             asyncio.get_running_loop().remove_reader(self._listening.fileno())
-            self._accept_waiting()
+            self._accept_waiting(paced=False)
             self._listening.close()
             self._listening = None
         if self._connections:
@@ -237,9 +288,16 @@ class ReportChannel:
         with contextlib.suppress(FileNotFoundError):
             self._path.unlink()
 
-    def _accept_waiting(self) -> None:
-        """Accept every connection waiting (called when the socket is readable, and at close): none
-        made is ever lost."""
+    def _listen(self) -> None:
+        assert self._listening is not None
+        self._paused = None
+        asyncio.get_running_loop().add_reader(self._listening.fileno(), self._accept_waiting, True)
+
+    def _accept_waiting(self, paced: bool) -> None:
+        """Accept the connections waiting. When the socket is readable (``paced``) each is paid for
+        from the budget, and once it is spent the socket is not listened to until it is earned again:
+        connections wait in its backlog, then the learner's connects do (setting up a connection's
+        reader costs the agent about what 16 lines do). At close every one: none made is ever lost."""
         assert self._listening is not None
         while True:
             try:
@@ -250,6 +308,11 @@ class ReportChannel:
                 self._log.warning("report connection not accepted", error=str(error))
                 return
             self._take(connection)
+            if paced and (wait := self._budget.spend(CONNECTION_UNITS)) > 0:
+                loop = asyncio.get_running_loop()
+                loop.remove_reader(self._listening.fileno())
+                self._paused = loop.call_later(wait, self._listen)
+                return
 
     def _take(self, connection: socket.socket) -> None:
         if len(self._connections) >= MAX_CONNECTIONS:
@@ -296,10 +359,17 @@ class ReportChannel:
                     if drops >= MAX_DROPS_PER_CONNECTION:
                         self._log.warning("report connection closed: too many bad reports", dropped=drops)
                         return
-                await asyncio.sleep(0)  # a flood of lines must not starve the heartbeat
+                # a flood of lines must not starve the heartbeat (a yield), nor cost past the budget
+                await asyncio.sleep(self._budget.spend(_units(line)))
         except (ConnectionError, OSError) as error:
             self._log.info("report connection broke", error=str(error))
         finally:
             if drops > LOGGED_DROPS:
                 self._log.warning("learner reports dropped on one connection", dropped=drops)
             writer.close()
+
+
+def _units(line: bytes | None) -> int:
+    """What reading and taking ``line`` costs, in units of the budget (None: a line over the limit,
+    skipped as it came)."""
+    return 1 + (MAX_REPORT_BYTES if line is None else len(line)) // REPORT_UNIT_BYTES
