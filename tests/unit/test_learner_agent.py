@@ -29,6 +29,7 @@ from ffdl.adapters.processes import exit_code_of
 from ffdl.events.reports import MAX_METRICS
 from ffdl.handlers.heartbeat_keys import LearnerBeat, parse_exit
 from ffdl.handlers.ports import Snapshot, StoreUnavailable, WatchEvent
+from ffdl.learner import agent as agent_module
 from ffdl.learner import checkpoints
 from ffdl.learner.agent import REPORTED_DEPTH_MAX, AgentConfig, LearnerAgent, main
 from ffdl.learner.channel import NOTES_PER_INTERVAL, CheckpointReport
@@ -573,3 +574,24 @@ async def test_a_checkpoint_report_naming_a_file_that_is_not_utf8_is_dropped_and
     assert agent.beat.step == 2 and agent.beat.checkpoint is None
     [dropped] = [entry for entry in logs if entry["event"] == "learner report dropped"]
     assert dropped["reason"].startswith("checkpoint uri: ")
+
+
+async def test_a_learner_printing_past_its_output_budget_waits_in_its_writes_and_loses_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run_agent: AgentRunner
+) -> None:
+    """Copying output into the log costs the agent, outside the learner's cgroup, several times what
+    writing it cost the learner: a learner limited to a tenth of a core printing as fast as it could
+    made its agent spend more than twice its CPU. Past the budget the pipe is not read."""
+    monkeypatch.setattr(agent_module, "OUTPUT_BYTES_PER_S", 2 << 20)
+    monkeypatch.setattr(agent_module, "OUTPUT_BURST_BYTES", 1 << 20)
+    took = tmp_path / "took"
+    program = (
+        "import os, time; started = time.monotonic()\n"
+        "for _ in range(64): os.write(1, b'x' * 65535 + b'\\n')\n"  # 4 MiB
+        f"open({str(took)!r}, 'w').write(str(time.monotonic() - started))\n"
+    )
+    agent = LearnerAgent(config(tmp_path), FlakyStore(), f'{sys.executable} -c "{program}"')
+
+    assert await run_agent(agent) == 0
+    assert float(took.read_text()) >= 1.0  # (4 MiB - 1 MiB at once - what the pipe holds) at 2 MiB/s
+    assert (tmp_path / "learner.log").stat().st_size == 4 << 20

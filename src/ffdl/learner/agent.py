@@ -27,7 +27,8 @@ Concurrency: one asyncio loop, one child process. Beside the coroutine that wait
 (on a pidfd, so a daemon the command leaves behind holding its output pipe cannot delay the exit
 report), four tasks share the in-memory beat, which only this loop touches:
 
-* the output pump copies the child's stdout and stderr (one pipe) into ``FFDL_LOG_FILE`` as it comes;
+* the output pump copies the child's stdout and stderr (one pipe) into ``FFDL_LOG_FILE`` as it comes,
+  at most :data:`OUTPUT_BYTES_PER_S` (past it the pipe waits, and the learner's writes with it);
   any new output counts as progress (``last_progress``, not ``step``), so a program that uses no
   helper is still watched for hangs;
 * the report channel (:class:`~ffdl.learner.channel.ReportChannel`, a unix socket in the agent's
@@ -91,7 +92,14 @@ from ffdl.events.reports import MAX_METRICS
 from ffdl.handlers.heartbeat_keys import LearnerBeat, encode_exit
 from ffdl.handlers.ports import HeartbeatStore, StoreUnavailable
 from ffdl.learner import checkpoints
-from ffdl.learner.channel import CheckpointReport, LearnerNotes, ProgressReport, Report, ReportChannel
+from ffdl.learner.channel import (
+    CheckpointReport,
+    LearnerBudget,
+    LearnerNotes,
+    ProgressReport,
+    Report,
+    ReportChannel,
+)
 from ffdl.learner.workers import WorkerSteps
 from ffdl.wiring.logging import configure_logging
 
@@ -100,6 +108,13 @@ log = structlog.get_logger(__name__)
 DEFAULT_HEARTBEAT_TTL_S = 5.0
 MIN_PUBLISH_INTERVAL_S = 0.25
 OUTPUT_CHUNK_BYTES = 64 * 1024
+#: What copying a learner's output into its log may cost the agent (outside the learner's cgroup):
+#: bytes a second, and at once. Copying a MB costs the agent about 1.5 ms of CPU, several times what
+#: writing it into the pipe cost the learner, so a learner limited to a tenth of a core that printed
+#: as fast as it could made its agent spend 2.7 CPU-s in 11.5 s (3 GB) for its own 1.0; past this
+#: the pipe is not read, and the learner's writes wait.
+OUTPUT_BYTES_PER_S = 16 * 1024 * 1024
+OUTPUT_BURST_BYTES = 64 * 1024 * 1024
 OUTPUT_DRAIN_TIMEOUT_S = 2.0
 EXIT_REPORT_TIMEOUT_S = 30.0
 RETRY_INTERVAL_S = 0.5
@@ -239,6 +254,7 @@ class LearnerAgent:
             job_id=config.job_id, tenant=config.tenant, rank=config.rank, attempt=config.attempt
         )
         self._notes = LearnerNotes(self._log, time.monotonic)  # what the learner makes it log, bounded
+        self._output_budget = LearnerBudget(OUTPUT_BYTES_PER_S, OUTPUT_BURST_BYTES, time.monotonic)
         self._key = learner_key(config.job_id, config.rank)
         self._ttl_s = config.heartbeat_ttl_s
         self._call_timeout_s = max(config.heartbeat_ttl_s, MIN_CALL_TIMEOUT_S)
@@ -410,6 +426,7 @@ class LearnerAgent:
                     self._log.error("learner log cannot be written: dropping its output", error=str(error))
             self._beat = replace(self._beat, last_progress=self._clock())
             self._changed.set()
+            await asyncio.sleep(self._output_budget.spend(len(chunk)))
 
     async def _keep_lease(self) -> None:
         while True:
