@@ -61,7 +61,11 @@ _FORBIDDEN_ENV_PREFIXES = {
     "PET_": "torchrun's options, which the platform sets for its rendezvous",
 }
 #: Names that make an interpreter or a shell run code other than the command's: Python's module and
-#: startup paths, the shell's startup files and traced prompts, glibc's charset converter modules.
+#: startup paths, the shell's startup files and traced prompts, glibc's charset converter modules;
+#: and those that make glibc read files the job chose (tunables, locales, message catalogs, time
+#: zones, host aliases): the job's env is also the environment of the programs that start its
+#: command as root (the shell, nsenter, bwrap), and glibc trusts what those files hold, ignoring
+#: the variables only in programs that gain privileges, which these do not.
 _FORBIDDEN_ENV_NAMES = {
     **dict.fromkeys(
         (
@@ -81,6 +85,10 @@ _FORBIDDEN_ENV_NAMES = {
         ("BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "PS4"), "a variable that makes the shell run other code"
     ),
     "GCONV_PATH": "a variable that makes glibc load other code",
+    **dict.fromkeys(
+        ("GLIBC_TUNABLES", "LOCPATH", "NLSPATH", "TZDIR", "HOSTALIASES"),
+        "a variable that makes glibc read other files in the platform's own processes",
+    ),
 }
 ENV_NAME_MAX = 128
 ENV_VALUE_MAX = 4096
