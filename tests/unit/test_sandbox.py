@@ -180,6 +180,20 @@ print(found, errno.errorcode.get(ctypes.get_errno()), os.getpid())
 
 
 @needs_bwrap
+@pytest.mark.parametrize("uid", [0, 65534])
+def test_a_sandboxed_learner_holds_no_capability_whatever_its_user(uid: int) -> None:
+    """bwrap keeps every capability for uid 0 inside its user namespace: a learner run as root
+    (FFDL_LEARNER_USER=root) held them all in the sandbox, which the docs said kept none."""
+    sandbox = Sandbox.for_this_interpreter([])
+    base = [*sandbox.base_arguments(uid, uid), "--chdir", "/", "--"]
+    status = subprocess.run(
+        [*base, "/bin/cat", "/proc/self/status"], capture_output=True, text=True, check=True
+    ).stdout
+    held = {line.split(":")[0]: line.split()[1] for line in status.splitlines() if line.startswith("Cap")}
+    assert held["CapEff"] == held["CapPrm"] == held["CapBnd"] == "0" * 16
+
+
+@needs_bwrap
 def test_a_sandboxed_learner_may_not_touch_the_keyrings_and_runs_otherwise(tmp_path: Path) -> None:
     """Keys are charged to the sandbox's owner outside, root: a learner that added keys filled root's
     quota, and root on the host could add none."""

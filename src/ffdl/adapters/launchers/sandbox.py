@@ -27,7 +27,8 @@ built here:
   namespace per learner would cut the rendezvous. With ``network="host"`` (the operator's choice,
   for learners that must reach the outside) they share the host's, and what that leaves open is in
   docs/security.md;
-* **no controlling terminal** (``--new-session``) and no new privileges (bwrap sets
+* **no controlling terminal** (``--new-session``), no capability (``--cap-drop ALL``: bwrap keeps
+  them all for uid 0 inside, a learner run as root) and no new privileges (bwrap sets
   ``PR_SET_NO_NEW_PRIVS``; set-uid programs do not elevate);
 * **a few system calls refused** (``--seccomp``, :data:`DENIED_SYSCALLS`, ``EPERM``): the kernel's
   keyrings, whose keys are charged to the sandbox's owner outside, root (one learner filled root's
@@ -159,6 +160,8 @@ class Sandbox:
             self.bwrap,
             "--unshare-user",
             "--disable-userns",
+            "--cap-drop",  # bwrap keeps every capability for uid 0 inside (FFDL_LEARNER_USER=root)
+            "ALL",
             "--uid",
             str(uid),
             "--gid",
