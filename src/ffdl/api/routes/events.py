@@ -69,6 +69,11 @@ async def follow_events(
     seq = after_seq
     while not await request.is_disconnected():
         version = backend.progress.version()
+        # Whether the job has ended is read before its events, with nothing awaited between: read
+        # after (the events yielded first, which awaits), it could see events projected meanwhile,
+        # and the stream ended without them (a follower missed the job's last two events).
+        document = backend.projection.get(job_id)
+        ended = document is None or (JobState(document["state"]).terminal and document["placement"] is None)
         # read on the loop, like a job by its id (see read()): one job's rows by key, at most a batch
         batch = backend.projection.history(JOBS, job_id, seq, FOLLOW_BATCH)
         for event in await backend.redacted(caller, batch):
@@ -76,8 +81,7 @@ async def follow_events(
             yield f"id: {seq}\nevent: {event['type']}\ndata: {strict_dumps(event)}\n\n".encode()
         if len(batch) == FOLLOW_BATCH:
             continue  # more to read now
-        document = backend.projection.get(job_id)
-        if document is None or (JobState(document["state"]).terminal and document["placement"] is None):
+        if ended:
             return
         if not batch:
             yield b": keep-alive\n\n"
