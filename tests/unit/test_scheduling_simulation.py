@@ -290,6 +290,12 @@ def test_the_cli_generates_a_trace_and_prints_the_report_as_json(tmp_path: Path)
     assert set(report["policies"]["ffdl"]) >= REPORT_KEYS
     assert report["policies"]["ffdl"]["max_gpus_in_use"] <= 64
     assert report["offered_load"] == report["policies"]["ffdl"]["offered_load"] > 0
+    # the file run again gives the same figures: the jobs simulated are those written (to the ms)
+    rerun = runner.invoke(app, ["simulate", str(out), "--nodes", "8", "--json"])
+    figures = {
+        key: value for key, value in json.loads(rerun.output)["policies"]["ffdl"].items() if "wall" not in key
+    }
+    assert figures == {key: value for key, value in report["policies"]["ffdl"].items() if "wall" not in key}
     again = runner.invoke(app, ["simulate", str(out), "--nodes", "8", "--policy", "spread", "--json"])
     assert again.exit_code == 0, again.output
     assert json.loads(again.output)["cluster"]["placement"] == "spread"

@@ -130,6 +130,8 @@ def simulate(
             generate, nodes=nodes, gpus_per_node=gpus_per_node, load=load, tenants=tenants, seed=seed
         )
         write_trace(jobs, out)
+        # what was written (times to the millisecond), so that the file run again gives these figures
+        jobs = load_trace(out, gpus_per_node).jobs
         if not json_output:
             console.print(f"wrote {len(jobs)} jobs to {out}")
     elif trace is None:
