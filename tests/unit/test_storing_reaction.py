@@ -22,6 +22,7 @@ from ffdl.events import job_events as ev
 from ffdl.events.codec import any_command_from_json
 from ffdl.events.envelope import Command, Event, EventData
 from ffdl.events.model import JobSpec, LearnerPlacement, Placement
+from ffdl.handlers import storing as storing_module
 from ffdl.handlers.context import ReactionContext
 from ffdl.handlers.driver import REACTIONS
 from ffdl.handlers.messaging import CommandSender, Topics
@@ -154,3 +155,38 @@ async def test_results_nested_deeper_than_the_interpreter_recurses_are_measured(
     finish = any_command_from_json(records[0].value).data
     assert isinstance(finish, cmd.FinishStoring)
     assert (finish.result.files, finish.result.size_bytes) == (1, 5)
+
+
+def test_measuring_results_reads_no_more_of_a_huge_directory_than_it_counts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A directory of many more entries than the bound: the walk read it whole into a list before
+    it counted, so a learner's millions of files cost the platform's memory."""
+    for index in range(50):
+        (tmp_path / f"f{index}").write_bytes(b"x")
+    monkeypatch.setattr(storing_module, "MAX_FILES", 10)
+    read = 0
+    scandir = os.scandir
+
+    class Counted:
+        def __init__(self, path: str) -> None:
+            self._listing = scandir(path)
+
+        def __enter__(self) -> Counted:
+            return self
+
+        def __exit__(self, *_: object) -> None:
+            self._listing.close()
+
+        def __iter__(self) -> Counted:
+            return self
+
+        def __next__(self) -> os.DirEntry[str]:
+            nonlocal read
+            entry = next(self._listing)
+            read += 1
+            return entry
+
+    monkeypatch.setattr(storing_module.os, "scandir", Counted)
+    assert storing_module._measure(tmp_path) == (10, 10)
+    assert read == 11

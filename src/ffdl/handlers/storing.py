@@ -68,27 +68,29 @@ def _confined(directory: Path, job: Job, ctx: ReactionContext) -> bool:
 def _measure(directory: Path) -> tuple[int, int]:
     """Regular files and their bytes below ``directory``: links not followed, :data:`MAX_FILES`
     entries (directories too) at most. The walk keeps its own stack: ``os.walk`` recurses, and a
-    learner's 1500 nested directories made it raise ``RecursionError`` in the storing reaction."""
+    learner's 1500 nested directories made it raise ``RecursionError`` in the storing reaction. Each
+    directory is read as it is walked, not listed whole first: a listing of millions of entries
+    (one directory a learner filled) cost the platform's memory before the bound was reached."""
     files = size = seen = 0
     pending = [str(directory)]
     while pending:
         try:
-            entries = list(os.scandir(pending.pop()))
+            with os.scandir(pending.pop()) as entries:
+                for entry in entries:
+                    seen += 1
+                    if seen > MAX_FILES:
+                        return files, size
+                    try:
+                        stat = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    if S_ISDIR(stat.st_mode):
+                        pending.append(entry.path)
+                    elif S_ISREG(stat.st_mode):  # a regular file, never what a link points to
+                        files += 1
+                        size += stat.st_size
         except OSError:
             continue  # gone, unreadable, or a path too long to name
-        for entry in entries:
-            seen += 1
-            if seen > MAX_FILES:
-                return files, size
-            try:
-                stat = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            if S_ISDIR(stat.st_mode):
-                pending.append(entry.path)
-            elif S_ISREG(stat.st_mode):  # a regular file, never what a link points to
-                files += 1
-                size += stat.st_size
     return files, size
 
 
