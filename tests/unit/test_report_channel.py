@@ -288,6 +288,29 @@ async def test_a_flood_of_valid_reports_is_read_at_the_budget_s_rate_and_holds_t
     await sender
 
 
+async def test_what_a_learner_sent_before_it_ended_is_all_read_at_close_whatever_the_budget(
+    tmp_path: Path,
+) -> None:
+    """The lines fit the socket's buffer, so the learner was never held, and it exited: the drain
+    still read them at the budget's rate, and the checkpoint report it sent last was lost."""
+    taken: list[Report] = []
+    budget = LearnerBudget(100.0, 100.0, time.monotonic)
+    channel = ReportChannel(tmp_path, taken.append, LearnerNotes(Recorder(), time.monotonic), budget=budget)
+    await channel.start()
+    last = b'{"type": "checkpoint", "step": 9, "uri": "file:///c/step-9"}\n'
+
+    def send() -> None:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+            connection.connect(str(channel.path))
+            connection.sendall(b'{"type": "progress", "step": 1}\n' * 3000 + last)
+
+    await asyncio.to_thread(send)
+    await channel.close(drain_s=2.0)
+
+    assert len(taken) == 3001
+    assert taken[-1] == CheckpointReport(9, "file:///c/step-9", 0, "")
+
+
 async def test_connections_are_taken_at_the_budget_s_rate_and_the_learner_s_connects_wait(
     tmp_path: Path,
 ) -> None:
