@@ -299,25 +299,31 @@ def test_counting_holdings_given_back_says_whether_the_gang_fits_as_placing_it_w
 
 def test_counting_holdings_given_back_reads_memory_cordons_and_what_a_node_has() -> None:
     """The cases a random cluster seldom draws: a gang held back by memory alone, a job holding
-    GPUs on a node cordoned since (giving them back opens nothing), and a holding that names GPUs
-    the node no longer has (given back, they are not free)."""
+    GPUs on a node cordoned since (giving them back opens nothing), a holding that names GPUs the
+    node no longer has (given back, they are not free), and a node whose CPUs its jobs over-commit
+    (it shrank under them: given back, it holds the gang, which the count missed)."""
     small = Node("small", 8, cpus=64.0, memory_mb=4096)
     cordoned = Node("cordoned", 8, schedulable=False)
     shrunk = Node("shrunk", 2)
-    room = ClusterRoom([small, cordoned, shrunk])
+    few_cpus = Node("few-cpus", 8, cpus=4.0)
+    room = ClusterRoom([small, cordoned, shrunk, few_cpus])
     light = Demand(1, 8, mcpus=1000, memory_mb=1024)
     on_small, on_cordoned = Gang((("small", tuple(range(8))),)), Gang((("cordoned", tuple(range(8))),))
     on_shrunk = Gang((("shrunk", (0, 1, 2, 3)),))
+    on_few_cpus = Gang((("few-cpus", tuple(range(8))),))
     for gang in (on_small, on_cordoned, on_shrunk):
         room.take(light, gang)
-    for demand, gang in (
-        (Demand(1, 1, mcpus=1000, memory_mb=16384), on_small),
-        (Demand(1, 8), on_cordoned),
-        (Demand(1, 4), on_shrunk),
+    heavy = Demand(1, 8, mcpus=8000, memory_mb=1024)
+    room.take(heavy, on_few_cpus)
+    for demand, held, gang, fits in (
+        (Demand(1, 1, mcpus=1000, memory_mb=16384), light, on_small, False),
+        (Demand(1, 8), light, on_cordoned, False),
+        (Demand(1, 4), light, on_shrunk, False),
+        (Demand(1, 4), heavy, on_few_cpus, True),
     ):
         freeing = room.freeing(demand)
-        freeing.release(light, gang)
-        room.release(light, gang)
-        assert room.find(demand) is None
-        assert not freeing.fits()
-        room.take(light, gang)
+        freeing.release(held, gang)
+        room.release(held, gang)
+        assert (room.find(demand) is not None) == fits
+        assert freeing.fits() == fits
+        room.take(held, gang)

@@ -100,6 +100,14 @@ class Gang:
         )
 
 
+def slots_of(free_gpus: int, mcpus: int, memory_mb: int, demand: Demand) -> int:
+    """How many learners of ``demand`` fit where this much is free: none, not fewer, where the
+    CPUs or memory are over-committed (a node that shrank under its jobs), so that a node never
+    takes away from what the others hold (a gang placed over nodes adds their slots up)."""
+    by_gpus = free_gpus // demand.gpus if demand.gpus else _UNLIMITED
+    return max(0, min(by_gpus, mcpus // demand.mcpus, memory_mb // demand.memory_mb))
+
+
 class NodeRoom:
     """What is free on one node now."""
 
@@ -115,8 +123,7 @@ class NodeRoom:
 
     def slots(self, demand: Demand) -> int:
         """How many learners of ``demand`` fit here now."""
-        by_gpus = len(self.free) // demand.gpus if demand.gpus else _UNLIMITED
-        return min(by_gpus, self.mcpus // demand.mcpus, self.memory_mb // demand.memory_mb)
+        return slots_of(len(self.free), self.mcpus, self.memory_mb, demand)
 
     def slots_when_empty(self, demand: Demand) -> int:
         """How many learners of ``demand`` fit here once every job on the node has gone."""
@@ -433,16 +440,17 @@ class ClusterRoom:
 
 
 class _Freed:
-    """One node as :class:`Freeing` counts it: what would be free on it, and its slots (-1 where
-    the node does not count: cordoned, of another GPU type or left out)."""
+    """One node as :class:`Freeing` counts it: what would be free on it, whether it counts (not
+    cordoned, of a usable GPU type, not left out), and its slots as counted."""
 
-    __slots__ = ("free", "gpus", "mcpus", "memory_mb", "slots")
+    __slots__ = ("counts", "free", "gpus", "mcpus", "memory_mb", "slots")
 
-    def __init__(self, room: NodeRoom, slots: int) -> None:
+    def __init__(self, room: NodeRoom, counts: bool, slots: int) -> None:
         self.gpus = room.node.gpus
         self.free = set(room.free)
         self.mcpus = room.mcpus
         self.memory_mb = room.memory_mb
+        self.counts = counts
         self.slots = slots
 
 
@@ -496,19 +504,16 @@ class Freeing:
                 return None  # as the room skips a node it does not know
             node = room.node
             counts = node.schedulable and node.gpu_type in self._types and name not in self._excluded
-            freed = self._nodes[name] = _Freed(room, room.slots(self._demand) if counts else -1)
+            freed = self._nodes[name] = _Freed(room, counts, room.slots(self._demand) if counts else 0)
         return freed
 
     def _recount(self, freed: _Freed, mcpus: int, memory_mb: int) -> None:
         freed.mcpus += mcpus
         freed.memory_mb += memory_mb
-        if freed.slots < 0:
-            return
-        demand = self._demand
-        by_gpus = len(freed.free) // demand.gpus if demand.gpus else _UNLIMITED
-        slots = min(by_gpus, freed.mcpus // demand.mcpus, freed.memory_mb // demand.memory_mb)
-        self.slots += slots - freed.slots
-        freed.slots = slots
+        if freed.counts:
+            slots = slots_of(len(freed.free), freed.mcpus, freed.memory_mb, self._demand)
+            self.slots += slots - freed.slots
+            freed.slots = slots
 
 
 class Admission:
