@@ -234,6 +234,8 @@ def test_a_trace_the_simulator_cannot_take_as_it_is_is_refused_naming_where(
         # rows of empty fields before the header are skipped, as everywhere else: the header was
         # not found, the file was "not a trace ffdl reads"
         ",,,,\r\n\r\n , \r\n" + PHILLY_HEADER + "2017-10-09 07:01:55,66.0,1,66.0,vc-a\n",
+        # however many: the format was told from the first 4,096 characters alone
+        ",,,,\n" * 1100 + PHILLY_HEADER + "2017-10-09 07:01:55,66.0,1,66.0,vc-a\n",
         # columns without a name name nothing, however many there are
         PHILLY_HEADER.replace("\n", ",,\n") + "2017-10-09 07:01:55,66.0,1,66.0,vc-a,,\n",
     ],

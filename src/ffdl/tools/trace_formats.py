@@ -28,7 +28,6 @@ The mapping (docs/scheduling.md, "Trace formats", says the same with the reasons
 from __future__ import annotations
 
 import csv
-import io
 import json
 import math
 from collections import Counter
@@ -138,7 +137,11 @@ def _load(path: Path, gpus_per_node: int) -> _Reading:
         return _philly_json(path, gpus_per_node)
     if stripped.startswith("{"):
         return _jsonl(path)
-    first = next(_filled(csv.reader(io.StringIO(start, newline=""))), [])  # the row _rows takes as the header
+    try:  # the row _rows takes as the header, however many blank rows come before it
+        with path.open(encoding="utf-8-sig", newline="") as handle:
+            first = next(_filled(csv.reader(handle)), [])
+    except csv.Error as exc:
+        raise TraceError(f"{path}: not a CSV ffdl can read: {exc}") from exc
     header = {_column(cell) for cell in first}
     if set(PHILLY_CSV) <= header:
         return _philly_csv(path, gpus_per_node)
