@@ -10,7 +10,6 @@ could not be encoded: a 500 again.
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -22,11 +21,11 @@ from ffdl.adapters.tenants import TenantRegistry
 from ffdl.api.app import create_app
 from ffdl.events import job_events as ev
 from ffdl.events.codec import event_to_json
-from ffdl.events.envelope import Event
 from ffdl.events.model import JobSpec
 from ffdl.handlers.ports import OutgoingRecord
 from ffdl.wiring.config import Settings
 from ffdl.wiring.platform import Platform
+from tests.job_history import folded_job
 from tests.services import wait_until_async
 
 pytestmark = pytest.mark.e2e
@@ -96,14 +95,8 @@ async def old_job(settings: Settings) -> str:
     """The id of a job of acme's that an older platform took with lone surrogates in its labels,
     on the log before the platform starts."""
     spec = JobSpec(name="old", command="true", labels=OLD_LABELS)
-    submitted = Event(
-        event_id=uuid.uuid4(),
-        job_id="old-1",
-        tenant="acme",
-        seq=1,
-        occurred_at=datetime(2026, 1, 1, tzinfo=UTC),
-        producer="owner",
-        data=ev.JobSubmitted(spec=spec),
+    _, (submitted,) = folded_job(
+        [ev.JobSubmitted(spec=spec)], datetime(2026, 1, 1, tzinfo=UTC), job_id="old-1", tenant="acme"
     )
     seeding = Platform(settings)
     await seeding.bus.start()

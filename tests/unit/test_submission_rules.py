@@ -20,7 +20,7 @@ from ffdl.api.manifest import ManifestError, parse_manifest
 from ffdl.events import job_commands as cmd
 from ffdl.events import job_events as ev
 from ffdl.events.codec import DecodeError, command_from_json, command_to_json, event_from_json, event_to_json
-from ffdl.events.envelope import Command, Event
+from ffdl.events.envelope import Command
 from ffdl.events.model import (
     ENV_NAME_MAX,
     ENV_TOTAL_MAX_BYTES,
@@ -33,6 +33,7 @@ from ffdl.events.model import (
     env_problems,
     label_problems,
 )
+from tests.job_history import folded_job
 
 AT = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 FORBIDDEN = [
@@ -213,37 +214,23 @@ def test_any_env_or_labels_are_judged_without_raising_and_every_problem_encodes(
     assert any("not Unicode" in message for _, message in problems) == not_unicode
 
 
-def test_a_job_submitted_under_older_rules_stays_readable_on_the_log() -> None:
-    old = spec(env={"LD_PRELOAD": "/tmp/evil.so"}, labels={"a b": "x"})
-    submitted = Event(
-        event_id=uuid.uuid4(),
-        occurred_at=AT,
-        job_id="j",
-        tenant="t",
-        seq=1,
-        producer="owner",
-        data=ev.JobSubmitted(spec=old),
-    )
+def read_back(old: JobSpec) -> JobSpec:
+    """``old`` as the log gives it back: submitted, written and decoded."""
+    _, (submitted,) = folded_job([ev.JobSubmitted(spec=old)], AT, job_id="j", tenant="t")
     decoded = event_from_json(event_to_json(submitted))
     assert isinstance(decoded.data, ev.JobSubmitted)
-    assert fields_of(decoded.data.spec.submission_problems()) == ["env.LD_PRELOAD", "labels.a b"]
+    return decoded.data.spec
+
+
+def test_a_job_submitted_under_older_rules_stays_readable_on_the_log() -> None:
+    old = read_back(spec(env={"LD_PRELOAD": "/tmp/evil.so"}, labels={"a b": "x"}))
+    assert fields_of(old.submission_problems()) == ["env.LD_PRELOAD", "labels.a b"]
 
 
 def test_a_job_whose_labels_an_older_platform_took_with_a_lone_surrogate_stays_readable() -> None:
-    old = spec(labels={"team": "\ud800"})
-    submitted = Event(
-        event_id=uuid.uuid4(),
-        occurred_at=AT,
-        job_id="j",
-        tenant="t",
-        seq=1,
-        producer="owner",
-        data=ev.JobSubmitted(spec=old),
-    )
-    decoded = event_from_json(event_to_json(submitted))
-    assert isinstance(decoded.data, ev.JobSubmitted)
-    assert decoded.data.spec.labels == {"team": "\ud800"}
-    assert fields_of(decoded.data.spec.submission_problems()) == ["labels.team"]
+    old = read_back(spec(labels={"team": "\ud800"}))
+    assert old.labels == {"team": "\ud800"}
+    assert fields_of(old.submission_problems()) == ["labels.team"]
 
 
 def _command(job_id: str, data: cmd.CommandData) -> Command:
