@@ -311,6 +311,35 @@ async def test_what_a_learner_sent_before_it_ended_is_all_read_at_close_whatever
     assert taken[-1] == CheckpointReport(9, "file:///c/step-9", 0, "")
 
 
+async def test_a_sender_that_outlives_the_learner_keeps_the_unpaced_drain_no_longer_than_its_time(
+    tmp_path: Path,
+) -> None:
+    """Read unpaced at close, a daemon the learner left behind that sends on and on would have the
+    agent read at full speed for as long as it lived: the drain ends with its time all the same."""
+    taken: list[Report] = []
+    budget = LearnerBudget(100.0, 100.0, time.monotonic)
+    channel = ReportChannel(tmp_path, taken.append, LearnerNotes(Recorder(), time.monotonic), budget=budget)
+    await channel.start()
+    stop = threading.Event()
+
+    def send_for_ever() -> None:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+            connection.connect(str(channel.path))
+            with contextlib.suppress(OSError):  # cut off when the drain's time is up
+                while not stop.is_set():
+                    connection.sendall(b'{"type": "progress", "step": 1}\n' * 100)
+
+    sender = asyncio.create_task(asyncio.to_thread(send_for_ever))
+    await asyncio.sleep(0.2)
+    try:
+        # a drain that read for as long as the sender sent would never end: the wait says so
+        await asyncio.wait_for(channel.close(drain_s=0.5), timeout=10.0)
+    finally:
+        stop.set()
+        await sender
+    assert not channel.path.exists()
+
+
 async def test_connections_are_taken_at_the_budget_s_rate_and_the_learner_s_connects_wait(
     tmp_path: Path,
 ) -> None:
