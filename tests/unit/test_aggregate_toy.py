@@ -317,13 +317,15 @@ def test_the_registry_dispatches_a_third_kind_beside_jobs_and_nodes() -> None:
     assert book.of(QUOTAS)[TENANT].limit == 8 and book.of(NODES) == {}
 
 
-def records_with_toy_events(events: Sequence[Any], source: str) -> list[OutgoingRecord]:
+def records_with_toy_events(
+    events: Sequence[Any], source: str, *, command_offset: int | None = None
+) -> list[OutgoingRecord]:
     """The owner's encoding of what it decided, for a registry with the toy kind, whose events have no
     form in the wire codec: they are written as their ``repr``."""
     return [
         OutgoingRecord(e.tenant, repr(e).encode())
         if isinstance(e, QuotaEvent)
-        else event_records([e], source)[0]
+        else event_records([e], source, command_offset=command_offset)[0]
         for e in events
     ]
 

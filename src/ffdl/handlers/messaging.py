@@ -46,6 +46,10 @@ PARKED_HEAD_BYTES = 64 * 1024
 PARKED_KEY_CHARS = 1024
 #: The header that names the principal a command on the commands topic is sent for (``tenant:acme``).
 PRINCIPAL_HEADER = "ffdl_principal"
+#: The header of an event record the owner appends that names the offset of the command that caused
+#: the event, on the commands topic's partition of the same number (the owner skips a redelivered
+#: command by it: :class:`~ffdl.handlers.owner.JobOwner`).
+COMMAND_OFFSET_HEADER = "ffdl_command_offset"
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,8 +125,13 @@ class CommandSender:
         return positions
 
 
-def event_records(events: Sequence[AnyEvent], source: str) -> list[OutgoingRecord]:
-    return [OutgoingRecord(e.key, event_to_json(e), tuple(cloudevent_headers(e, source))) for e in events]
+def event_records(
+    events: Sequence[AnyEvent], source: str, *, command_offset: int | None = None
+) -> list[OutgoingRecord]:
+    """The records of ``events``; ``command_offset``: the offset of the command that caused them on
+    its partition of the commands topic, which each record then names (:data:`COMMAND_OFFSET_HEADER`)."""
+    extra = () if command_offset is None else ((COMMAND_OFFSET_HEADER, str(command_offset).encode()),)
+    return [OutgoingRecord(e.key, event_to_json(e), (*cloudevent_headers(e, source), *extra)) for e in events]
 
 
 def misrouted(record: Record, command: AnyCommand, home: int) -> str:

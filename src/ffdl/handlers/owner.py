@@ -20,12 +20,34 @@ submission above its priority ceiling: ``ceilings``, read from the tenants file)
 allocation the cluster cannot give (:mod:`ffdl.handlers.cluster_watch`), is refused, recorded as
 the aggregate's rejection event or, for an aggregate that does not exist, dead-lettered; the owner
 logs each refusal with the principal.
+
+A command is decided once, however often it is delivered. An owner that appended a fetch's events
+and died before it committed the fetch's offsets leaves the whole fetch (up to ``max_records``
+commands, all of them maybe one job's: a tenant flooding its job, a learner's reports) to the next
+owner, which is handed it again after its fold. The aggregates' window of recent command ids
+(:func:`~ffdl.core.aggregate.seen`) does not tell: it holds the last
+:data:`~ffdl.core.aggregate.COMMAND_WINDOW` ids that caused events and none that decided nothing,
+and a command decided again is decided in the state the commands after it left (a halt the tenant
+had resumed halted the job again). So each event record the owner appends names the offset of the
+command that caused it (:data:`~ffdl.handlers.messaging.COMMAND_OFFSET_HEADER`), and since one owner
+decides a partition's commands in their order and appends their events in that order, the last
+event its fold applied says how far the decisions in the log reach on the partition: a command at
+or below that offset was decided, whether or not it caused events, and is skipped undecoded (a
+redelivery; :attr:`JobOwner.redelivered` counts them). Exact, for every aggregate of the partition,
+with nothing kept but one offset per partition, and no change to the events themselves. The offset is
+believed once the commands partition is found to hold, at that offset, the command the event
+names as its cause (read once per partition, on the first redelivery), so a commands topic made
+anew under a kept events topic, whose offsets start again, never has its commands taken for
+redeliveries. A log whose last event names no offset (an older owner's, an imported log's) leaves
+the window alone to recognise redeliveries, as before.
 """
 
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -40,8 +62,24 @@ from ffdl.events import job_events as ev
 from ffdl.events import nodes as nd
 from ffdl.events.codec import AnyCommand, AnyEvent, DecodeError, any_command_from_json
 from ffdl.handlers.cluster_watch import ClusterWatch
-from ffdl.handlers.messaging import Topics, dead_letter, event_records, misrouted, principal_of, utcnow
-from ffdl.handlers.ports import MAX_RECORD_BYTES, Bus, Election, OutgoingRecord, Record, record_size
+from ffdl.handlers.messaging import (
+    COMMAND_OFFSET_HEADER,
+    Topics,
+    dead_letter,
+    event_records,
+    misrouted,
+    principal_of,
+    utcnow,
+)
+from ffdl.handlers.ports import (
+    MAX_RECORD_BYTES,
+    Bus,
+    Election,
+    OutgoingRecord,
+    Record,
+    TopicPartition,
+    record_size,
+)
 from ffdl.handlers.runtime import DECODED, UNREACHABLE, Follower, where
 
 log = structlog.get_logger(__name__)
@@ -51,6 +89,33 @@ SCHEDULER_ROLE = "scheduler"
 
 class DecisionTooLarge(ValueError):
     """A command whose events the log would refuse for their size: it is dead-lettered, not decided."""
+
+
+@dataclass(frozen=True, slots=True)
+class DecidedThrough:
+    """How far the decisions in the log reach on one commands partition: the offset of the command
+    that caused the last event folded there, and that command's id (the event's ``causation_id``);
+    ``held``: whether the commands partition was found to hold that command at that offset."""
+
+    offset: int
+    command_id: uuid.UUID
+    held: bool = False
+
+
+def decided_through(loaded: tuple[Record, AnyEvent] | None) -> DecidedThrough | None:
+    """What the last event a fold applied on a partition (its record, and the event) says of how far
+    the decisions in the log reach on the commands partition; None when it names no command offset."""
+    if loaded is None:
+        return None
+    record, event = loaded
+    offsets = [value for name, value in record.headers if name == COMMAND_OFFSET_HEADER]
+    if len(offsets) != 1 or event.causation_id is None:
+        return None
+    try:
+        offset = int(offsets[0])
+    except ValueError:
+        return None
+    return DecidedThrough(offset, event.causation_id) if offset >= 0 else None
 
 
 class JobOwner(Follower):
@@ -78,7 +143,11 @@ class JobOwner(Follower):
         self._caught_up = False
         #: Decided since the last flush, not appended yet: each event with the record that carries it.
         self._pending: list[tuple[AnyEvent, OutgoingRecord]] = []
+        #: Per partition held, how far the decisions in the log reach on it (None: it does not say).
+        self._decided: dict[int, DecidedThrough | None] = {}
         self.dead_letters = 0
+        #: Commands skipped because the log holds their decision already (delivered again).
+        self.redelivered = 0
 
     async def loaded(self, partitions: list[int]) -> None:
         """Decisions still pending from a fetch that never became durable (the group expelled this
@@ -86,7 +155,15 @@ class JobOwner(Follower):
         partitions were just folded again from the log."""
         if self._pending:
             self._forget_pending()
+        for partition in partitions:
+            self._decided[partition] = decided_through(self.book.last_loaded.get(partition))
         log.info("owning partitions", partitions=partitions, jobs=len(self.book.jobs))
+
+    async def on_revoked(self, partitions: frozenset[TopicPartition]) -> None:
+        await super().on_revoked(partitions)
+        for tp in partitions:
+            if tp.topic == self._topics.commands:
+                self._decided.pop(tp.partition, None)
 
     async def process(self, records: Sequence[Record]) -> None:
         """Decide the records of one partition; their events wait for :meth:`flush`."""
@@ -143,7 +220,45 @@ class JobOwner(Follower):
             log.exception("command dead-lettered: deciding it failed", **where(record))
             await self._dead_letter(record, f"internal error: {exc!r}")
 
+    async def _decided_already(self, record: Record) -> bool:
+        """Whether the log holds the decision of the command in ``record``: it is at or below the
+        offset the last event folded on its partition names (a redelivery), once the commands
+        partition was found to hold there the command that event names."""
+        through = self._decided.get(record.partition)
+        if through is None or record.offset > through.offset:
+            return False
+        if not through.held:
+            if not await self._holds(record.topic, record.partition, through):
+                log.warning(
+                    "the commands partition does not hold the command the last event names at its"
+                    " offset: it is not the one the log's decisions were made on, no command is"
+                    " taken for a redelivery by its offset",
+                    topic=record.topic,
+                    partition=record.partition,
+                    offset=through.offset,
+                    command_id=str(through.command_id),
+                )
+                self._decided[record.partition] = None
+                return False
+            self._decided[record.partition] = DecidedThrough(through.offset, through.command_id, held=True)
+        return True
+
+    async def _holds(self, topic: str, partition: int, through: DecidedThrough) -> bool:
+        """Whether ``topic``'s ``partition`` holds the command ``through`` names at its offset."""
+        at = through.offset
+        held = [record async for record in self._bus.read(topic, partition, at, at + 1)]
+        if len(held) != 1 or held[0].offset != at:
+            return False  # gone (retention), or never there
+        try:
+            return any_command_from_json(held[0].value).command_id == through.command_id
+        except DecodeError:
+            return False
+
     async def _decide(self, record: Record) -> None:
+        if await self._decided_already(record):
+            self.redelivered += 1
+            log.debug("redelivered command skipped: the log holds its decision", **where(record))
+            return
         try:
             command = any_command_from_json(record.value)
         except DecodeError as exc:
@@ -163,7 +278,7 @@ class JobOwner(Follower):
             await self.cluster.catch_up()
             self._caught_up = True
         try:
-            events = self.decide(command, record.partition, principal, leader)
+            events = self.decide(command, record.partition, principal, leader, offset=record.offset)
         except Unauthorized as exc:
             log.warning(
                 "command refused",
@@ -198,14 +313,21 @@ class JobOwner(Follower):
                 )
 
     def decide(
-        self, command: CommandEnvelope, partition: int, principal: Principal, leader_token: int | None
+        self,
+        command: CommandEnvelope,
+        partition: int,
+        principal: Principal,
+        leader_token: int | None,
+        *,
+        offset: int | None = None,
     ) -> list[Any]:
         """Decide ``command`` sent by ``principal`` against its aggregate as folded and the cluster as
         the owner sees it, fold the events decided into the book and the view, and keep them with
         their records for :meth:`flush`; raises :class:`UnknownAggregate` for a command that names no
         aggregate it can decide (or may create), and :class:`DecisionTooLarge`, before folding
         anything, for one whose events the log would refuse for their size (which would otherwise
-        fail every append of the fetch, again and again)."""
+        fail every append of the fetch, again and again). ``offset``: the command's on its
+        partition of the commands topic, which the events' records name."""
         kind = self.book.kinds.of(command)
         state = self.book.of(kind).get(kind.identity(command))
         events = decide_as(
@@ -219,7 +341,7 @@ class JobOwner(Follower):
             outside=self.cluster.view.refusal,
             ceilings=self._ceilings,
         )
-        records = event_records(events, self._producer)
+        records = event_records(events, self._producer, command_offset=offset)
         largest = max((record_size(record) for record in records), default=0)
         if largest > MAX_RECORD_BYTES:
             raise DecisionTooLarge(

@@ -278,6 +278,9 @@ class AggregateBook(Aggregates):
         self.types = event_types(kinds)
         self._partition_of: dict[tuple[str, str], int] = {}  # (kind, id) -> partition
         self._folded_until: dict[int, int] = {}
+        #: Per partition, the last record whose event :meth:`load` applied, with the event (the owner
+        #: reads there how far on the commands partition the decisions in the log reach).
+        self.last_loaded: dict[int, tuple[Record, AnyEvent]] = {}
         self.ignored = 0
 
     @property
@@ -309,8 +312,8 @@ class AggregateBook(Aggregates):
                     continue
                 try:
                     event = decode_event(record)
-                    if event is not None:
-                        self.apply(event, partition)
+                    if event is not None and self.apply(event, partition) is not None:
+                        self.last_loaded[partition] = (record, event)
                 except UNREACHABLE:
                     raise
                 except Exception:  # a poison record: skipped and counted, the fold goes on
@@ -335,6 +338,7 @@ class AggregateBook(Aggregates):
         gone = set(partitions)
         for partition in gone:
             self._folded_until.pop(partition, None)
+            self.last_loaded.pop(partition, None)
         dropped = [where for where, partition in self._partition_of.items() if partition in gone]
         for where in dropped:
             del self._partition_of[where]
