@@ -9,8 +9,15 @@ kind, so it is written here once:
   from the command's, so deciding the same command twice yields the same events and a reader can
   tell a duplicate from a conflict;
 * the recent-command window: an aggregate remembers the last :data:`COMMAND_WINDOW` ids of the
-  commands that caused its events (:func:`remember`), so a redelivered command decides nothing
-  again (:func:`seen`); one that decided nothing is not remembered, and is decided afresh;
+  commands that caused its events (:func:`remember`), so a command sent again, the same id at
+  another place on the log (a relayed copy appended twice, a retried send, a reaction re-driven),
+  decides nothing again (:func:`seen`); one that decided nothing is not remembered, and is decided
+  afresh. The window is bounded, so it is not what keeps the consumer's redeliveries from being
+  decided twice: a command delivered again after more than :data:`COMMAND_WINDOW` others of its
+  aggregate that caused events, or one that decided nothing, would be decided again, in the state
+  the commands after it left. The owner recognises those exactly, by the command's offset on the
+  commands topic, which the records of its events name (:mod:`ffdl.handlers.owner`); the window is
+  left what offsets cannot tell (a copy at another offset, a log whose events name no offset);
 * fencing: a command carrying a token that is not the current leader's comes from a deposed
   leader (:func:`is_deposed`);
 * who may send what: each kind says which principals may send each of its commands
@@ -44,7 +51,8 @@ from ffdl.events.job_events import within_reason
 if TYPE_CHECKING:
     from ffdl.core.authorization import Senders
 
-#: How many recent command ids an aggregate remembers to drop redelivered commands.
+#: How many recent command ids an aggregate remembers to drop commands sent again (the owner drops the
+#: consumer's redeliveries by their offset, however far back: :mod:`ffdl.handlers.owner`).
 COMMAND_WINDOW = 64
 
 
@@ -135,7 +143,7 @@ class CommandHead(TypedDict):
 
 
 def seen(state: AggregateState, command_id: uuid.UUID) -> bool:
-    """Whether ``command_id`` caused one of the aggregate's recent events (a redelivery decides nothing)."""
+    """Whether ``command_id`` caused one of the aggregate's recent events (a repeat decides nothing)."""
     return command_id.int in state.recent_commands
 
 

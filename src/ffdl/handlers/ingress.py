@@ -16,7 +16,10 @@ partition in the one order of the commands topic, which ``ffdl export --commands
 log records), and an owner never depends on every member subscribing to the same topics (a range
 assignment of a topic only some owners read gives its partitions to owners that do not hold the
 jobs of that partition). The relay commits a batch once the commands topic has it: at least once;
-a copy appended twice is the same command, and its repeat decides nothing.
+a copy appended twice is the same command at another offset, which the owner takes for a repeat by
+the aggregate's window of recent command ids (:func:`~ffdl.core.aggregate.seen`), not by its offset:
+a copy that comes back after more than the window's commands of its job, or whose first copy
+decided nothing, is decided again.
 """
 
 from __future__ import annotations
