@@ -109,6 +109,19 @@ def test_a_job_from_an_older_version_with_a_refused_env_is_refused_at_launch_and
         AgentConfig.from_environ({**agent, f"{JOB_ENV_PREFIX}{name}": "/tmp/evil"})
 
 
+@pytest.mark.parametrize("value", [":/etc/shadow", "/etc/shadow", "../../../etc/shadow"])
+def test_a_job_from_an_older_version_whose_tz_names_a_file_is_refused_at_launch_and_by_the_agent(
+    value: str,
+) -> None:
+    """The agent hands the command's environment to the root-side shell, nsenter and bwrap."""
+    with pytest.raises(RefusedEnvironment, match=r"env\.TZ"):
+        learner_environment(request({"TZ": value}), *placed(), SITE)
+    agent = learner_environment(request({"TZ": "Europe/Berlin"}), *placed(), SITE)
+    assert command_environment(agent)["TZ"] == "Europe/Berlin"
+    with pytest.raises(RefusedEnvironment, match=r"env\.TZ"):
+        command_environment({**agent, f"{JOB_ENV_PREFIX}TZ": value})
+
+
 def test_the_agent_reads_whom_to_run_the_command_as() -> None:
     agent = learner_environment(request({}), *placed(), SITE)
     assert AgentConfig.from_environ(agent).run_as is None

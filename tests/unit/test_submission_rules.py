@@ -108,6 +108,81 @@ def test_label_values_are_bounded_and_free_of_control_characters() -> None:
     assert fields_of(label_problems({"team": "line\nbreak"})) == ["labels.team"]
 
 
+#: ``TZ`` values that name a file of the job's choosing: glibc opens a path after ``:`` or at the
+#: start, and a name under ``TZDIR`` with ``..`` climbs out of it, in every program that converts a
+#: time, the root-side shell, ``nsenter`` and ``bwrap`` that start the command among them (they get
+#: the job's env as theirs).
+HOSTILE_TZ = [
+    ":/etc/shadow",
+    "/etc/shadow",
+    ":/proc/self/environ",
+    "/root/.ssh/id_ed25519",
+    "../../../../etc/shadow",
+    ":../../../etc/shadow",
+    "Europe/../../../../etc/shadow",
+    "posix/../../../../tmp/evil",
+    "..",
+    ":/usr/share/zoneinfo/../../../etc/shadow",
+    "//etc/shadow",
+    "UTC\n",
+    "Europe/Berlin ",
+    "Europe/Berlin\x7f",
+    "Zone/" + "x" * 300,
+]
+#: Zone names (relative to the system's zone directory, with or without ``:``), POSIX TZ strings
+#: (their rules may hold ``/``: ``M10.5.0/3``), the system's own default and zone files.
+ORDINARY_TZ = [
+    "",
+    "UTC",
+    "Europe/Berlin",
+    ":Europe/Berlin",
+    "America/Argentina/Buenos_Aires",
+    "Etc/GMT+5",
+    "Etc/GMT-14",
+    "right/UTC",
+    "EST5EDT",
+    "CET-1CEST,M3.5.0,M10.5.0/3",
+    "<+0330>-3:30",
+    "<-03>3",
+    "NZST-12NZDT,M9.5.0,M4.1.0/3",
+    ":/etc/localtime",
+    "/etc/localtime",
+    "/usr/share/zoneinfo/Asia/Tokyo",
+    ":/usr/share/zoneinfo/UTC",
+]
+
+
+@pytest.mark.parametrize("value", HOSTILE_TZ)
+def test_a_job_s_tz_may_not_name_a_file_of_its_choosing(value: str) -> None:
+    """``TZ=:/path`` (or ``/path``, or ``..`` under ``TZDIR``) makes glibc open that file, as root, in
+    the shell, ``nsenter`` and ``bwrap`` that start the command: ``TZDIR`` was refused, ``TZ``
+    carried the same path."""
+    ((field, message),) = env_problems({"TZ": value})
+    assert field == "env.TZ"
+    assert "time zone" in message and "not a path" in message
+    with pytest.raises(ValidationError, match=r"env\.TZ: "):
+        cmd.SubmitJob(spec=spec(env={"TZ": value}))
+
+
+@pytest.mark.parametrize("value", ORDINARY_TZ)
+def test_a_job_may_set_a_zone_name_or_a_posix_tz_string(value: str) -> None:
+    assert env_problems({"TZ": value}) == []
+
+
+@given(st.text(alphabet="/.:ab<>+-,0", max_size=12))
+def test_an_accepted_tz_never_leaves_the_system_s_zone_files(value: str) -> None:
+    if not env_problems({"TZ": value}):
+        name = value.removeprefix(":")
+        assert ".." not in name
+        assert not name.startswith("/") or name == "/etc/localtime" or name.startswith("/usr/share/zoneinfo/")
+
+
+def test_the_manifest_parser_names_a_tz_that_names_a_file() -> None:
+    with pytest.raises(ManifestError) as refused:
+        parse_manifest("name: job\ncommand: 'true'\nenv: {TZ: ':/etc/shadow', OK: 'yes'}\n")
+    assert fields_of(refused.value.problems) == ["env.TZ"]
+
+
 @given(st.dictionaries(st.text(max_size=12), st.text(max_size=12), max_size=4))
 def test_an_accepted_env_never_names_a_forbidden_variable(env: dict[str, str]) -> None:
     if not env_problems(env):

@@ -90,6 +90,15 @@ _FORBIDDEN_ENV_NAMES = {
         "a variable that makes glibc read other files in the platform's own processes",
     ),
 }
+#: ``TZ``: glibc opens the file a value names (after an optional ``:``, an absolute path as it is,
+#: anything else under ``TZDIR``, ``..`` included) in every program that converts a time, and the
+#: job's env is the environment of the root-side shell, ``nsenter`` and ``bwrap`` that start its
+#: command. So a job's ``TZ`` is a zone name or a POSIX TZ string (their rules may hold ``/``:
+#: ``M10.5.0/3``), with no ``..``, and a path only to the system's own zone files.
+TZ_MAX = 255
+_TZ = re.compile(rf":?[A-Za-z0-9_+\-.,:/<>]{{0,{TZ_MAX}}}\Z")
+_SYSTEM_ZONES = ("/usr/share/zoneinfo/",)
+_SYSTEM_DEFAULT_ZONE = "/etc/localtime"
 ENV_NAME_MAX = 128
 ENV_VALUE_MAX = 4096
 ENV_TOTAL_MAX_BYTES = 64 * 1024
@@ -129,12 +138,32 @@ def env_problems(env: Mapping[str, str]) -> list[tuple[str, str]]:
             )
         elif reason := _forbidden_env_reason(name):
             problems.append((field, f"may not be set: {reason}"))
+        elif name == "TZ" and not _is_time_zone(value):
+            problems.append(
+                (
+                    field,
+                    "a time zone is a zone name (Europe/Berlin, :Europe/Berlin) or a POSIX TZ string "
+                    f"(CET-1CEST,M3.5.0,M10.5.0/3) of at most {TZ_MAX} characters, not a path (a leading "
+                    "'/' outside the system's zone files, '..'): glibc reads the file it names in the "
+                    "programs that start the command as root",
+                )
+            )
         if len(value) > ENV_VALUE_MAX or "\0" in value:
             problems.append((field, f"a value is at most {ENV_VALUE_MAX} characters, with no NUL"))
     total = sum(len(name.encode()) + len(value.encode()) + 2 for name, value in env.items())
     if total > ENV_TOTAL_MAX_BYTES:
         problems.append(("env", f"at most {ENV_TOTAL_MAX_BYTES} bytes in all"))
     return problems
+
+
+def _is_time_zone(value: str) -> bool:
+    """Whether ``value`` is a ``TZ`` that names no file but the system's own zone files."""
+    if not _TZ.match(value):
+        return False
+    zone = value.removeprefix(":")
+    if ".." in zone:
+        return False
+    return not zone.startswith("/") or zone == _SYSTEM_DEFAULT_ZONE or zone.startswith(_SYSTEM_ZONES)
 
 
 def _forbidden_env_reason(name: str) -> str | None:
