@@ -216,16 +216,37 @@ def forged_checkpoints(place: Path) -> list[str]:
     ]
 
 
+async def forge_until_refused(api: Api, platform: Platform, job_id: str, checkpoint: dict[str, Any]) -> None:
+    """Forge a beat naming ``checkpoint`` until the owner has refused it. The monitor reports at most
+    one checkpoint a second per learner, the latest named (docs/security.md), so a forged beat the
+    agent's next beat replaces within the second is never reported: it is forged again."""
+    deadline = time.monotonic() + 30.0
+    while True:
+        await forge_beat(platform, job_id, step=1, checkpoint=checkpoint)
+        for _ in range(15):
+            reasons = await refusals(api, job_id, 0)
+            if any(repr(checkpoint["uri"])[:300] in reason for reason in reasons):
+                return
+            await asyncio.sleep(0.1)
+        assert time.monotonic() < deadline, f"{checkpoint['uri']} never refused"
+
+
 async def test_a_forged_checkpoint_is_refused_and_never_resumed_from(
     api: Api, platform: Platform, settings: Settings, tmp_path: Path
 ) -> None:
-    job_id = await api.submit(manifest("victim", learners=1, args=["--steps", "100000", "--delay", "0.05"]))
-    await api.wait_for(job_id, lambda job: job["latest_checkpoint"] is not None, "a checkpoint of its own")
+    # checkpoints at steps 5 and 10, then quiet (alive, its beat unchanged) until it is halted
+    args = ["--steps", "100000", "--delay", "0.05", "--hang-at", "10"]
+    job_id = await api.submit(manifest("victim", learners=1, args=args))
+    await api.wait_for(
+        job_id,
+        lambda job: (job["latest_checkpoint"] or {}).get("step") == 10,
+        "a checkpoint of its own at step 10",
+    )
     place = settings.work_dir.resolve() / job_id / "checkpoints"
     forged = forged_checkpoints(place)
 
     for index, uri in enumerate(forged):
-        await forge_beat(platform, job_id, step=1, checkpoint={"step": 10**6 + index, "uri": uri})
+        await forge_until_refused(api, platform, job_id, {"step": 10**6 + index, "uri": uri})
 
     reasons = await refusals(api, job_id, len(forged))
     assert len(reasons) == len(forged), reasons

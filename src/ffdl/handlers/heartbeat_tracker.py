@@ -12,7 +12,14 @@ and turns what happens into reports for the jobs' owners:
   surviving rank saves (or finds in its final scan) on its way out is the one a program that
   resumes from its newest file will load, so the relaunch must know of it (the relaunch reads
   their exit records itself too, since these reports and its ``BeginLaunch`` come from two
-  producers: ``handlers/launching.py``);
+  producers: ``handlers/launching.py``). At most one a learner every ``checkpoint_interval_s``:
+  each becomes a ``CheckpointRecorded`` on the job's log, and a learner's side may name a new one
+  in every beat (whoever holds the job's etcd login writes its beats as fast as etcd takes them),
+  so one named within the interval waits, and a newer one replaces it (a restart resumes from the
+  latest alone). What waits is reported when the interval is over (on a tick), and at once
+  before any learner of its job is reported exited or lost, and when the job is no longer watched
+  (a restart, a halt): the last checkpoint before an exit, a loss or a halt is always recorded,
+  before the report that moves the job on;
 * an exit record -> ``ReportLearnerExited`` with the code, after the checkpoint the record names
   if it is new (the beat that named it may have gone with the lease unread); also when the record
   was read before the job was observed: a monitor that starts reads the store before its jobs are
@@ -49,6 +56,7 @@ the async shell (``handlers/monitoring.py``) does the rest.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -90,6 +98,26 @@ class Note:
 
 Effect = Report | Note
 
+#: The least time between two checkpoints reported for one learner (see the module docstring).
+CHECKPOINT_INTERVAL_S = 1.0
+
+
+@dataclass(slots=True)
+class _Checkpoints:
+    """What has been reported of one learner's checkpoints, and the latest one waiting its turn."""
+
+    sent: tuple[str, int] | None = None
+    sent_at: float = -math.inf
+    waiting: Checkpoint | None = None
+
+
+@dataclass(slots=True)
+class _Restart:
+    """A restarting job, whose past attempt's learners are being stopped: their checkpoints, by rank."""
+
+    job: Job
+    checkpoints: dict[int, _Checkpoints] = field(default_factory=dict)
+
 
 @dataclass(slots=True)
 class _Learner:
@@ -100,7 +128,7 @@ class _Learner:
     progress_at: float = 0.0
     sent_progress: tuple[int, tuple[tuple[str, float], ...]] | None = None
     sent_progress_at: float = 0.0
-    sent_checkpoint: tuple[str, int] | None = None
+    checkpoints: _Checkpoints = field(default_factory=_Checkpoints)
     exited: bool = False
     lost: bool = False
     gone: bool = False
@@ -120,6 +148,12 @@ class _Watched:
             self.learners[rank] = entry
         return entry
 
+    def all_checkpoints(self) -> list[_Checkpoints]:
+        return [learner.checkpoints for learner in self.learners.values()]
+
+    def checkpoints_of(self, attempt: int) -> dict[int, _Checkpoints]:
+        return {rank: entry.checkpoints for rank, entry in self.learners.items() if entry.attempt == attempt}
+
     def _recorded(self, rank: int) -> tuple[int, tuple[tuple[str, float], ...]] | None:
         """The progress the job records for ``rank``'s learner: reporting it again would tell its
         owner nothing (a new attempt's learners start at step 0 with no metrics)."""
@@ -130,17 +164,24 @@ class _Watched:
 
 
 class HeartbeatTracker:
-    def __init__(self, *, grace_s: float, launch_timeout_s: float, progress_interval_s: float) -> None:
+    def __init__(
+        self,
+        *,
+        grace_s: float,
+        launch_timeout_s: float,
+        progress_interval_s: float,
+        checkpoint_interval_s: float = CHECKPOINT_INTERVAL_S,
+    ) -> None:
         self._grace_s = grace_s
         self._launch_timeout_s = launch_timeout_s
         self._progress_interval_s = progress_interval_s
+        self._checkpoint_interval_s = checkpoint_interval_s
         self._watched: dict[str, _Watched] = {}
         self._beats_by_key: dict[str, LearnerBeat] = {}
         self._exits: dict[str, dict[tuple[int, int], ExitRecord]] = {}
         self._spent_exits: set[str] = set()
         self._past_attempt: dict[str, int] = {}  # job -> the last attempt it has moved past
-        # restarting jobs, whose past attempt's learners are being stopped -> the checkpoints sent
-        self._restarting: dict[str, tuple[Job, set[tuple[int, str, int]]]] = {}
+        self._restarting: dict[str, _Restart] = {}
         self._reap_after = 0.0
         self._effects: list[Effect] = []
         self.store_up = False
@@ -163,21 +204,28 @@ class HeartbeatTracker:
 
     def observe(self, job: Job, *, adopted: bool, now: float) -> None:
         """Track ``job``; ``adopted``: loaded from the log rather than followed live, so it gets a grace."""
+        left = self._watched.get(job.job_id)
+        if left is not None and (not job.state.observes_learners or job.attempt != left.job.attempt):
+            self._flush_checkpoints(left.job, left.all_checkpoints(), now)  # the job moves on: the latest
         if not job.state.observes_learners:
             self._watched.pop(job.job_id, None)
             # A restarting job already carries the number of the attempt it is about to launch.
             restarting = job.state is JobState.RESTARTING
             past = job.attempt - 1 if restarting else job.attempt
             self._past_attempt[job.job_id] = past
-            if restarting:
-                sent = self._restarting.get(job.job_id, (job, set()))[1]
-                self._restarting[job.job_id] = (job, sent)
-                self._saved_before(job, past)
+            restart = self._restarting.get(job.job_id)
+            if restarting and restart is not None:
+                restart.job = job
+            elif restarting:
+                # what the past attempt's learners reported while watched counts: no burst anew
+                known = {} if left is None else left.checkpoints_of(past)
+                self._restarting[job.job_id] = _Restart(job, known)
+                self._saved_before(job, past, now)
             else:
-                self._restarting.pop(job.job_id, None)
+                self._end_restart(job.job_id, now)
             self._forget_exits(job.job_id, up_to_attempt=past)
             return
-        self._restarting.pop(job.job_id, None)
+        self._end_restart(job.job_id, now)
         watched = self._watched.get(job.job_id)
         if watched is None:
             watched = self._watched[job.job_id] = _Watched(job)
@@ -244,9 +292,13 @@ class HeartbeatTracker:
     # -- time -------------------------------------------------------------------------------------
 
     def tick(self, now: float, wall: datetime) -> list[Effect]:
-        """What time alone decides: exits not reported yet, the end of a grace, hangs, late starts."""
+        """What time alone decides: exits not reported yet, the end of a grace, hangs, late starts,
+        checkpoints whose interval is over."""
         for watched in list(self._watched.values()):
+            self._flush_checkpoints(watched.job, watched.all_checkpoints(), now, due_only=True)
             self._check(watched, now, wall)
+        for restart in self._restarting.values():
+            self._flush_checkpoints(restart.job, restart.checkpoints.values(), now, due_only=True)
         return self._take_effects()
 
     def _check(self, watched: _Watched, now: float, wall: datetime) -> None:
@@ -272,18 +324,19 @@ class HeartbeatTracker:
                 continue
             if learner.gone:
                 detail = f"heartbeat lease expired; not re-registered within {self._grace_s:.0f}s"
-                self._lose(watched, state.rank, LossReason.EXPIRED, detail)
+                self._lose(watched, state.rank, LossReason.EXPIRED, detail, now)
             elif learner.beat is None:
                 waited = (wall - job.history[-1].at).total_seconds()
                 limit = self._launch_timeout_s if job.state is JobState.LAUNCHING else self._grace_s
                 if waited > limit:
-                    self._lose(watched, state.rank, LossReason.EXPIRED, f"no heartbeat within {limit:.0f}s")
+                    detail = f"no heartbeat within {limit:.0f}s"
+                    self._lose(watched, state.rank, LossReason.EXPIRED, detail, now)
             elif state.rank == hung:
                 timeout = job.spec.progress_timeout_s
                 detail = (
                     f"the gang made no progress for {timeout:.0f}s (rank {hung} at step {learner.beat.step})"
                 )
-                self._lose(watched, state.rank, LossReason.HUNG, detail)
+                self._lose(watched, state.rank, LossReason.HUNG, detail, now)
                 hung = None
 
     def _hung_learner(self, watched: _Watched, now: float) -> int | None:
@@ -362,7 +415,7 @@ class HeartbeatTracker:
                 reasons=list(beat.dropped),
             )
         if watched is None:
-            self._checkpoint_on_the_way_out(parsed.job_id, parsed.rank, beat.attempt, beat.checkpoint)
+            self._checkpoint_on_the_way_out(parsed.job_id, parsed.rank, beat.attempt, beat.checkpoint, now)
             return
         if beat.attempt != watched.job.attempt:
             return
@@ -390,7 +443,7 @@ class HeartbeatTracker:
             started = cmd.ReportLearnerStarted(rank=rank, attempt=beat.attempt, pid=beat.pid, host=beat.host)
             self._report(job, started)
         self._maybe_progress(job, rank, learner, now, force=False)
-        self._maybe_checkpoint(job, rank, learner, beat.checkpoint)
+        self._maybe_checkpoint(job, rank, learner, beat.checkpoint, now)
 
     def _on_exit_record(self, job_id: str, attempt: int, rank: int, value: bytes, now: float) -> None:
         try:
@@ -403,7 +456,7 @@ class HeartbeatTracker:
         self._exits.setdefault(job_id, {})[(attempt, rank)] = record
         past = self._past_attempt.get(job_id, 0)
         if attempt <= past:  # written after its job moved on (a learner stopped by a halt or cancel)
-            self._checkpoint_on_the_way_out(job_id, rank, attempt, record.checkpoint)
+            self._checkpoint_on_the_way_out(job_id, rank, attempt, record.checkpoint, now)
             self._forget_exits(job_id, up_to_attempt=past)
             return
         watched = self._watched.get(job_id)
@@ -417,9 +470,10 @@ class HeartbeatTracker:
         if learner.exited:
             return
         self._maybe_progress(watched.job, rank, learner, now, force=True)
+        self._flush_checkpoints(watched.job, watched.all_checkpoints(), now)
         if learner.beat is not None:
-            self._maybe_checkpoint(watched.job, rank, learner, learner.beat.checkpoint)
-        self._maybe_checkpoint(watched.job, rank, learner, record.checkpoint)
+            self._maybe_checkpoint(watched.job, rank, learner, learner.beat.checkpoint, now, force=True)
+        self._maybe_checkpoint(watched.job, rank, learner, record.checkpoint, now, force=True)
         learner.exited = True
         code = record.exit_code
         if code == 0:
@@ -443,7 +497,7 @@ class HeartbeatTracker:
         if learner.lost or learner.exited:
             return
         if self._may_reap(watched, now):
-            self._lose(watched, parsed.rank, LossReason.EXPIRED, "heartbeat lease expired")
+            self._lose(watched, parsed.rank, LossReason.EXPIRED, "heartbeat lease expired", now)
             return
         learner.gone = True
         self._note(
@@ -483,47 +537,94 @@ class HeartbeatTracker:
         self._report(job, progress)
 
     def _maybe_checkpoint(
-        self, job: Job, rank: int, learner: _Learner, named: Mapping[str, Any] | None
+        self,
+        job: Job,
+        rank: int,
+        learner: _Learner,
+        named: Mapping[str, Any] | None,
+        now: float,
+        *,
+        force: bool = False,
     ) -> None:
         """Report the checkpoint ``named`` (by a beat or an exit record of the job's current attempt)
-        unless it is the one last reported for this learner."""
+        unless it is the one last reported for this learner; within the interval, or with ``force``
+        at once."""
         checkpoint = self._checkpoint_of(job, rank, job.attempt, named)
-        if checkpoint is None:
-            return
-        marker = (checkpoint.uri, checkpoint.step)
-        if marker == learner.sent_checkpoint:
-            return
-        learner.sent_checkpoint = marker
+        if checkpoint is not None:
+            self._offer_checkpoint(job, learner.checkpoints, checkpoint, now, force=force)
+
+    def _offer_checkpoint(
+        self, job: Job, checkpoints: _Checkpoints, checkpoint: Checkpoint, now: float, *, force: bool
+    ) -> None:
+        """A learner's latest checkpoint: reported now if its last was reported at least an interval
+        ago (or ``force``), else it waits, replacing the one that waited (only the latest matters)."""
+        if (checkpoint.uri, checkpoint.step) == checkpoints.sent:
+            checkpoints.waiting = None
+        elif force or now - checkpoints.sent_at >= self._checkpoint_interval_s:
+            self._send_checkpoint(job, checkpoints, checkpoint, now)
+        else:
+            checkpoints.waiting = checkpoint
+
+    def _flush_checkpoints(
+        self, job: Job, learners: Iterable[_Checkpoints], now: float, *, due_only: bool = False
+    ) -> None:
+        """Report the checkpoints that wait: all, or with ``due_only`` those whose interval is over."""
+        for checkpoints in learners:
+            waiting = checkpoints.waiting
+            if waiting is None:
+                continue
+            if due_only and now - checkpoints.sent_at < self._checkpoint_interval_s:
+                continue
+            self._send_checkpoint(job, checkpoints, waiting, now)
+
+    def _send_checkpoint(
+        self, job: Job, checkpoints: _Checkpoints, checkpoint: Checkpoint, now: float
+    ) -> None:
+        checkpoints.sent = (checkpoint.uri, checkpoint.step)
+        checkpoints.sent_at = now
+        checkpoints.waiting = None
         self._report(job, cmd.ReportCheckpoint(checkpoint=checkpoint))
 
-    def _saved_before(self, job: Job, past: int) -> None:
+    def _saved_before(self, job: Job, past: int, now: float) -> None:
         """The checkpoints that the beats and exit records of the attempt ``job`` is restarting from
-        name, read from the store before the job was known (a monitor that starts reads the store
-        before it folds the jobs): reported now, before those records are spent."""
+        name, read from the store before the restart began (a monitor that starts reads the store
+        before it folds the jobs; a live one has just seen the job leave that attempt): reported now,
+        once, before those records are spent."""
         for (attempt, rank), record in self._exits.get(job.job_id, {}).items():
             if attempt == past:
-                self._checkpoint_on_the_way_out(job.job_id, rank, attempt, record.checkpoint)
+                self._checkpoint_on_the_way_out(job.job_id, rank, attempt, record.checkpoint, now, force=True)
         for rank in range(job.spec.learners):
             beat = self._beats_by_key.get(learner_key(job.job_id, rank))
             if beat is not None and beat.attempt == past:
-                self._checkpoint_on_the_way_out(job.job_id, rank, past, beat.checkpoint)
+                self._checkpoint_on_the_way_out(job.job_id, rank, past, beat.checkpoint, now, force=True)
 
     def _checkpoint_on_the_way_out(
-        self, job_id: str, rank: int, attempt: int, named: Mapping[str, Any] | None
+        self,
+        job_id: str,
+        rank: int,
+        attempt: int,
+        named: Mapping[str, Any] | None,
+        now: float,
+        *,
+        force: bool = False,
     ) -> None:
         """A checkpoint named by a beat or an exit record of the attempt a restarting job has just
-        left, reported once."""
-        restarting = self._restarting.get(job_id)
-        if restarting is None:
+        left: reported as a running learner's are, at most one a rank every interval."""
+        restart = self._restarting.get(job_id)
+        if restart is None or attempt != self._past_attempt.get(job_id):
             return
-        job, sent = restarting
-        if attempt != self._past_attempt.get(job_id):
-            return
+        job = restart.job
         checkpoint = self._checkpoint_of(job, rank, attempt, named)
-        if checkpoint is None or (rank, checkpoint.uri, checkpoint.step) in sent:
+        if checkpoint is None:
             return
-        sent.add((rank, checkpoint.uri, checkpoint.step))
-        self._report(job, cmd.ReportCheckpoint(checkpoint=checkpoint))
+        checkpoints = restart.checkpoints.setdefault(rank, _Checkpoints())
+        self._offer_checkpoint(job, checkpoints, checkpoint, now, force=force)
+
+    def _end_restart(self, job_id: str, now: float) -> None:
+        """The restart is over (the next attempt launches, or the job stopped): what waits is reported."""
+        restart = self._restarting.pop(job_id, None)
+        if restart is not None:
+            self._flush_checkpoints(restart.job, restart.checkpoints.values(), now)
 
     def _checkpoint_of(
         self, job: Job, rank: int, attempt: int, named: Mapping[str, Any] | None
@@ -544,8 +645,9 @@ class HeartbeatTracker:
             )
             return None
 
-    def _lose(self, watched: _Watched, rank: int, reason: LossReason, detail: str) -> None:
+    def _lose(self, watched: _Watched, rank: int, reason: LossReason, detail: str, now: float) -> None:
         job = watched.job
+        self._flush_checkpoints(job, watched.all_checkpoints(), now)
         watched.learner(rank).lost = True
         self._note(
             "warning",

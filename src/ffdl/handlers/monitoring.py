@@ -48,7 +48,7 @@ from ffdl.core.kinds import JOBS
 from ffdl.events.envelope import Command, Event
 from ffdl.handlers.aio import Backoff, sleep_or_stop, until_stopped
 from ffdl.handlers.heartbeat_keys import JOBS_PREFIX
-from ffdl.handlers.heartbeat_tracker import Effect, HeartbeatTracker, Report
+from ffdl.handlers.heartbeat_tracker import CHECKPOINT_INTERVAL_S, Effect, HeartbeatTracker, Report
 from ffdl.handlers.messaging import CommandSender, utcnow
 from ffdl.handlers.ports import HeartbeatStore, RecordTooLarge, StoreUnavailable, WatchEvent, WatchKind
 
@@ -73,6 +73,7 @@ class Monitor:
         grace_s: float = 15.0,
         launch_timeout_s: float = 120.0,
         progress_interval_s: float = 0.5,
+        checkpoint_interval_s: float = CHECKPOINT_INTERVAL_S,
         check_interval_s: float = 0.25,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], datetime] = utcnow,
@@ -80,7 +81,10 @@ class Monitor:
         self._store = store
         self._sender = sender
         self._tracker = HeartbeatTracker(
-            grace_s=grace_s, launch_timeout_s=launch_timeout_s, progress_interval_s=progress_interval_s
+            grace_s=grace_s,
+            launch_timeout_s=launch_timeout_s,
+            progress_interval_s=progress_interval_s,
+            checkpoint_interval_s=checkpoint_interval_s,
         )
         self._probe_interval_s = heartbeat_ttl_s / 4
         self._slow_probe_s = heartbeat_ttl_s / 4
