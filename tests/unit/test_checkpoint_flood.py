@@ -203,3 +203,19 @@ def test_a_peer_stopped_after_a_failure_that_floods_on_its_way_out_is_bounded_an
     launching = owner.events[-1].data
     assert isinstance(launching, ev.JobLaunching)
     assert launching.resume_from is not None and launching.resume_from.step == last
+
+
+def test_beats_and_exit_records_under_ranks_the_job_does_not_have_report_nothing() -> None:
+    """Whoever writes the job's keys may write any rank: each key once made a report the owner
+    refused, a ``CommandRejected`` on the job's log for every key."""
+    owner = Owner(learners=1)
+    for rank in range(1, 501):
+        owner.put(learner_key(JOB_ID, rank), beat(rank), GRACE_S + rank / 1000)
+        owner.put(exit_key(JOB_ID, 1, rank), encode_exit(1, named(rank)), GRACE_S + rank / 1000)
+    owner.tick(GRACE_S + 2)
+
+    assert owner.events == []
+    assert [note.message for note in owner.notes] == [
+        "heartbeat keys of ranks the job does not have are passed over"
+    ]
+    assert owner.job.state.name == "RUNNING"

@@ -177,7 +177,7 @@ def test_a_key_that_fails_to_read_is_skipped_with_its_name_and_the_store_is_read
     monkeypatch.setattr(LearnerBeat, "from_json", staticmethod(failing))
     tracked = HeartbeatTracker(grace_s=0.0, launch_timeout_s=60.0, progress_interval_s=0.0)
     tracked.observe(running(), adopted=False, now=0.0)
-    poisoned = learner_key("job-1", 1)
+    poisoned = learner_key("job-2", 0)
     effects = tracked.resync(
         {poisoned: b'{"attempt": 1, "poison": 1}', learner_key("job-1", 0): b'{"attempt": 1, "step": 2}'},
         1.0,

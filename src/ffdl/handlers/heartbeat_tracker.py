@@ -25,6 +25,8 @@ and turns what happens into reports for the jobs' owners:
   was read before the job was observed: a monitor that starts reads the store before its jobs are
   folded from the log;
 * a learner key deleted without an exit record (its lease expired) -> ``ReportLearnerLost(expired)``;
+* a key of a rank the job does not have (a learner's side may write any) -> nothing, noted once a
+  job: each report of it was refused as a ``CommandRejected`` on the job's log;
 * no progress of the *gang* for the job's ``progress_timeout_s`` -> ``ReportLearnerLost(hung)`` of
   the learner that progressed last the longest ago; process liveness is not progress. Any learner's
   progress is the gang's: a new step or metric, a new checkpoint, any new output line (each moves
@@ -140,6 +142,7 @@ class _Watched:
     job: Job
     reap_after: float = 0.0
     learners: dict[int, _Learner] = field(default_factory=dict)
+    strays_noted: bool = False
 
     def learner(self, rank: int) -> _Learner:
         entry = self.learners.get(rank)
@@ -390,6 +393,8 @@ class HeartbeatTracker:
             self._on_exit_record(parsed.job_id, parsed.attempt or 0, parsed.rank, value, now)
             return
         watched = self._watched.get(parsed.job_id)
+        if watched is not None and self._stray(watched, parsed.rank):
+            return
         tenant = watched.job.tenant if watched is not None else None
         try:
             beat = LearnerBeat.from_json(value)
@@ -453,13 +458,15 @@ class HeartbeatTracker:
                 "warning", "unreadable exit record", job_id=job_id, rank=rank, attempt=attempt, error=str(exc)
             )
             return
+        watched = self._watched.get(job_id)
+        if watched is not None and self._stray(watched, rank):
+            return
         self._exits.setdefault(job_id, {})[(attempt, rank)] = record
         past = self._past_attempt.get(job_id, 0)
         if attempt <= past:  # written after its job moved on (a learner stopped by a halt or cancel)
             self._checkpoint_on_the_way_out(job_id, rank, attempt, record.checkpoint, now)
             self._forget_exits(job_id, up_to_attempt=past)
             return
-        watched = self._watched.get(job_id)
         if watched is not None and watched.job.attempt == attempt:
             self._report_exit(watched, rank, record, now)
 
@@ -585,6 +592,25 @@ class HeartbeatTracker:
         checkpoints.waiting = None
         self._report(job, cmd.ReportCheckpoint(checkpoint=checkpoint))
 
+    def _stray(self, watched: _Watched, rank: int) -> bool:
+        """Whether ``rank`` is none of the job's: its keys are passed over (a report of it was refused
+        as a ``CommandRejected`` on the job's log, one for every key a learner's side wrote), noted
+        once a job."""
+        if rank < watched.job.spec.learners:
+            return False
+        if not watched.strays_noted:
+            watched.strays_noted = True
+            job = watched.job
+            self._note(
+                "warning",
+                "heartbeat keys of ranks the job does not have are passed over",
+                job_id=job.job_id,
+                tenant=job.tenant,
+                rank=rank,
+                learners=job.spec.learners,
+            )
+        return True
+
     def _saved_before(self, job: Job, past: int, now: float) -> None:
         """The checkpoints that the beats and exit records of the attempt ``job`` is restarting from
         name, read from the store before the restart began (a monitor that starts reads the store
@@ -614,6 +640,8 @@ class HeartbeatTracker:
         if restart is None or attempt != self._past_attempt.get(job_id):
             return
         job = restart.job
+        if rank >= job.spec.learners:
+            return
         checkpoint = self._checkpoint_of(job, rank, attempt, named)
         if checkpoint is None:
             return
