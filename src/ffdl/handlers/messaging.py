@@ -41,6 +41,11 @@ C = TypeVar("C", bound=CommandEnvelope)
 P = TypeVar("P")
 #: The header that names why a record was dead-lettered (the tally classifies it for the metrics).
 DEAD_LETTER_REASON_HEADER = "ffdl_dlq_reason"
+#: The header that names the topic a dead-lettered record was read from.
+DEAD_LETTER_TOPIC_HEADER = "ffdl_dlq_topic"
+#: A record's id header (a command's id) that a parked head keeps, when it is no longer than this:
+#: the command's sender (the API) finds its refusal by it.
+PARKED_ID_BYTES = 64
 #: How much of a record too large to park whole is parked: the head of its value, and of its key.
 PARKED_HEAD_BYTES = 64 * 1024
 PARKED_KEY_CHARS = 1024
@@ -190,13 +195,14 @@ async def dead_letter(bus: Bus, topics: Topics, record: Record, reason: str) -> 
 
     A dead letter always fits the log's limit: its reason is cut to a reason's length (it may quote
     what the record holds), and a record too large to park whole is parked as the heads of its key
-    and value, without its own headers. One the log refused raised out of the role's processing,
-    uncommitted, and the role, restarted, met the same record again, for ever."""
+    and value, without its own headers but its id (``ce_id``, when short). One the log refused raised
+    out of the role's processing, uncommitted, and the role, restarted, met the same record again,
+    for ever."""
     reason = within_reason(reason)
     headers = (
         *record.headers,
         (DEAD_LETTER_REASON_HEADER, reason.encode()),
-        ("ffdl_dlq_topic", record.topic.encode()),
+        (DEAD_LETTER_TOPIC_HEADER, record.topic.encode()),
         ("ffdl_dlq_partition", str(record.partition).encode()),
         ("ffdl_dlq_offset", str(record.offset).encode()),
     )
@@ -204,8 +210,10 @@ async def dead_letter(bus: Bus, topics: Topics, record: Record, reason: str) -> 
         await bus.publish(topics.deadletter, [OutgoingRecord(record.key, record.value, headers)])
     except RecordTooLarge:
         # The record with its reason does not fit the log's limit: park the heads of its key and
-        # value with the reason and origin (not its own headers), and how long each was.
+        # value with the reason and origin (not its own headers but a short id), and how long each was.
+        short_id = [(name, v) for name, v in record.headers if name == "ce_id" and len(v) <= PARKED_ID_BYTES]
         ours = (
+            *short_id[:1],
             *headers[len(record.headers) :],
             ("ffdl_dlq_truncated_from", str(len(record.value)).encode()),
             ("ffdl_dlq_key_truncated_from", str(len(record.key)).encode()),
