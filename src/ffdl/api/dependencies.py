@@ -7,7 +7,8 @@
   (bounded) for a log position the reader was given by a write; ``send_and_wait`` sends a command
   and waits (bounded) until the projection has applied what it caused, so the writer reads its own
   write, or until the owner is known to have decided it to nothing, and answers the owner's
-  rejection as 409 with its reason. Both wake on the projection's progress (:mod:`ffdl.api.progress`).
+  rejection as 409 with its reason, and its dead letter as a 4xx with the dead letter's reason.
+  Both wake on the projection's progress (:mod:`ffdl.api.progress`).
 * :data:`Manifest` is a job manifest parsed from the request body (JSON or YAML, ours or FfDL's),
   off the event loop and bounded in time, its data and result places checked against the roots.
 
@@ -46,7 +47,9 @@ from ffdl.events.codec import AnyCommand
 from ffdl.events.model import JobSpec
 from ffdl.events.position import Position
 from ffdl.events.reports import loads_finite, strict_dumps
+from ffdl.handlers.deadletters import reason_class
 from ffdl.handlers.messaging import utcnow
+from ffdl.handlers.ports import MAX_RECORD_BYTES, RecordTooLarge
 from ffdl.projections.store import KeptLog
 from ffdl.projections.timemachine import ClusterAtEnd
 from ffdl.wiring.platform import Platform
@@ -62,6 +65,13 @@ MANIFEST_PARSE_S = 2.0
 MAX_OFFSET = 2**62
 #: The events by which an owner refuses a command (a job's, a node's); both carry the reason.
 REJECTIONS = frozenset({"CommandRejected", "NodeCommandRejected"})
+#: The status and field of the answer to a command its owner dead-lettered, by the reason's class.
+_DEAD_LETTER_ANSWERS = {
+    "refused": (403, "(request)"),
+    "unknown_job": (404, "job_id"),
+    "unknown_node": (404, "name"),
+    "too_large": (413, "(body)"),
+}
 
 T = TypeVar("T")
 
@@ -277,41 +287,79 @@ class PlatformBackend:
 
     async def send_and_wait(self, command: AnyCommand, caller: Principal) -> Written:
         """Send ``command`` for ``caller`` and wait (bounded) until the projection has applied what it
-        caused; a rejection answers 409 with the owner's reason.
+        caused; a rejection answers 409 with the owner's reason, a dead letter the owner's refusal
+        (:meth:`dead_lettered`).
 
         A command its owner decides to nothing (cordoning a node cordoned so already, halting a
         halting job) causes no event to wait for. The owners commit a command's offset only after
         the events it caused are appended, so once their group has committed past the command, the
         command is decided and its events, if any, lie below the events topic's end as it is then
         (on the command's partition: the topics are co-partitioned by key). Once the projection has
-        applied that far and found none, the command changed nothing. Otherwise the wait runs out
-        and the answer is undecided."""
-        [sent] = await self.platform.sender.send(command, principal=caller.on_the_log())
+        applied that far and found none, the command caused no event: it changed nothing, or its
+        owner refused it with a dead letter (a command that would create a job it may not create,
+        one the owner cannot decode or decide), which the owner parks before it commits the command,
+        so the dead-letter topic as it ends then holds it. Otherwise the wait runs out and the answer
+        is undecided."""
         command_id = str(command.command_id)
-        deadline = self._clock() + WRITE_WAIT_S
-        # the end of the command's events partition once the owners had decided the command
-        decided_below: int | None = None
-        while True:
-            version = self.progress.version()
-            if decided_below is None:
-                decided_below = await self._decided_below(sent)
-            # looked at before the projection is asked, so that "applied that far" covers its answer
-            settled = decided_below is not None and (
-                decided_below == 0 or await read(self.projection.reached, sent.partition, decided_below - 1)
-            )
-            position: str | None = await read(self.projection.position_of_cause, command_id)
-            if position is not None:
-                caused = await read(self._caused_by, command)
-                rejected = next((e for e in caused if e["type"] in REJECTIONS), None)
-                if rejected is not None:
-                    raise problem(409, rejected["data"]["reason"], "state")
-                return Written(command_id, position, decided=True)
-            if settled:
-                return Written(command_id, decided=True)
-            if self._clock() >= deadline:
-                return Written(command_id)
-            # the owners' commit is not the projection's: look again soon even if it did not change
-            await self.progress.wait_for_change(version, 0.05)
+        dead_letters = self.platform.dead_letters
+        with dead_letters.awaiting(command_id, command.key, self.platform.topics.commands) as awaited:
+            try:
+                [sent] = await self.platform.sender.send(command, principal=caller.on_the_log())
+            except RecordTooLarge as exc:
+                raise problem(
+                    413,
+                    f"{command.type} is too large for the log as it writes text (every character beyond"
+                    f" ASCII escaped): over the {MAX_RECORD_BYTES} bytes a record may have",
+                    "(body)",
+                ) from exc
+            deadline = self._clock() + WRITE_WAIT_S
+            # the end of the command's events partition once the owners had decided the command
+            decided_below: int | None = None
+            while True:
+                version = self.progress.version()
+                if decided_below is None:
+                    decided_below = await self._decided_below(sent)
+                # looked at before the projection is asked, so that "applied that far" covers its answer
+                settled = decided_below is not None and (
+                    decided_below == 0
+                    or await read(self.projection.reached, sent.partition, decided_below - 1)
+                )
+                position: str | None = await read(self.projection.position_of_cause, command_id)
+                if position is not None:
+                    caused = await read(self._caused_by, command)
+                    rejected = next((e for e in caused if e["type"] in REJECTIONS), None)
+                    if rejected is not None:
+                        raise problem(409, rejected["data"]["reason"], "state")
+                    return Written(command_id, position, decided=True)
+                if settled:
+                    left = max(0.0, deadline - self._clock())
+                    try:
+                        await asyncio.wait_for(
+                            dead_letters.catch_up(self.platform.bus, self.platform.topics.deadletter), left
+                        )
+                    except TimeoutError:
+                        return Written(command_id)  # decided, but to what cannot be told in time
+                    if awaited.reason is not None:
+                        raise await self.dead_lettered(caller, command, awaited.reason)
+                    return Written(command_id, decided=True)
+                if self._clock() >= deadline:
+                    return Written(command_id)
+                # the owners' commit is not the projection's: look again soon even if it did not change
+                await self.progress.wait_for_change(version, 0.05)
+
+    async def dead_lettered(self, caller: Principal, command: AnyCommand, reason: str) -> HTTPException:
+        """The answer to ``command``, which its owner dead-lettered with ``reason``: the refusal, by the
+        reason's class (:func:`~ffdl.handlers.deadletters.reason_class`) 403 (the caller may not send
+        it), 404 (no such job or node), 413 (its events too large for the log), 500 (the owner failed:
+        its reason, an exception's text, is the operator's, in the dead letter) or else 422 (the
+        command itself was refused), with the reason as the caller may see it."""
+        kind = reason_class(reason)
+        if kind == "internal_error":
+            failed = f"the owner failed to decide command {command.command_id}"
+            return problem(500, f"{failed}; the operator has its dead letter")
+        status, field = _DEAD_LETTER_ANSWERS.get(kind, (422, "(request)"))
+        shown = await self.redacted(caller, {"reason": reason})
+        return problem(status, shown["reason"], field)
 
     async def _decided_below(self, sent: Position) -> int | None:
         """Once the owners have committed past the command ``sent``, the end of the events partition

@@ -3,7 +3,9 @@
 A write answers with the log position of the event it caused once the projection has applied it;
 one its owner decided to nothing (halting a halting job, deleting a deleted one) answers 200 with
 the job as it is, ``position: null`` and ``changed: false``; one undecided when the wait ran out
-answers (still 201/202) with the command's id; an illegal one answers 409 with the owner's reason.
+answers (still 201/202) with the command's id; an illegal one answers 409 with the owner's reason,
+and one its owner dead-letters the refusal with the dead letter's reason (403, 404, 413: see
+:meth:`~ffdl.api.dependencies.PlatformBackend.dead_lettered`).
 """
 
 from __future__ import annotations
