@@ -6,20 +6,24 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
+import threading
+import traceback
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
 import pytest
 import yaml
-from fastapi import Request
+from fastapi import HTTPException, Request
 from hypothesis import given
 from hypothesis import strategies as st
 
 from ffdl.adapters.tenants import Principal
+from ffdl.api import dependencies
 from ffdl.api.app import http_problem
-from ffdl.api.dependencies import problem
-from ffdl.api.manifest import MAX_DEPTH, MAX_NODES, ManifestError, parse_manifest
+from ffdl.api.dependencies import parsed_manifest, problem
+from ffdl.api.manifest import MAX_DEPTH, MAX_NODES, ManifestError, OutOfTime, parse_manifest
 from ffdl.api.redaction import ANOTHER_JOB, ANOTHER_TENANT, Redactor, mentioned_jobs
 from ffdl.api.routes.logs import TAIL_MAX_BYTES, tail_of
 from ffdl.api.strict_json import StrictJSONResponse
@@ -78,6 +82,72 @@ def test_nesting_and_size_are_bounded() -> None:
 )
 def test_a_bad_manifest_is_refused_naming_the_field(text: str | bytes, field: str) -> None:
     assert field in [f for f, _ in problems(text)]
+
+
+#: The costliest manifest of the default body limit (256 KiB) for the parser: one-letter words.
+SLOW = b"name: slow\ncommand: " + b"a " * 131_000
+
+
+def test_a_parse_stops_at_the_first_look_at_the_clock_past_its_deadline() -> None:
+    """The reader looks at the clock at each step through the text and the composer at each value,
+    so a parse past its deadline stops at once, however much text is left; one whose deadline has
+    passed before it starts (it waited for a parser) reads nothing."""
+    looks = 0
+
+    def clock() -> float:
+        nonlocal looks
+        looks += 1
+        return float(looks)
+
+    with pytest.raises(OutOfTime):
+        parse_manifest(SLOW, deadline=50.0, clock=clock)
+    assert looks == 51
+    looks = 100
+    with pytest.raises(OutOfTime) as late:
+        parse_manifest(SLOW, deadline=50.0, clock=clock)
+    assert looks == 101
+    assert not late.value.started
+    assert parse_manifest(b"name: x\ncommand: y\n", deadline=math.inf).command == "y"
+
+
+def parsing() -> int:
+    """How many threads run the manifest parser now."""
+    return sum(
+        any(f.f_code.co_filename.endswith("ffdl/api/manifest.py") for f, _ in traceback.walk_stack(frame))
+        for frame in sys._current_frames().values()
+    )
+
+
+async def test_a_parse_past_its_time_is_answered_once_it_has_stopped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before, the request was answered at the deadline while its parse went on in the thread pool."""
+    monkeypatch.setattr(dependencies, "MANIFEST_PARSE_S", 0.02)  # the slow manifest takes ~0.3 s
+    with pytest.raises(HTTPException) as refused:
+        await parsed_manifest(SLOW)
+    assert refused.value.status_code == 422
+    assert "took over 0.02 s" in str(refused.value.detail)
+    assert parsing() == 0
+
+
+async def test_a_manifest_no_parser_takes_up_in_time_is_503_and_never_parsed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The parser busy (a burst of slow manifests): the request is told to come back, and its
+    manifest is not parsed later, when nobody waits for it."""
+    monkeypatch.setattr(dependencies, "MANIFEST_PARSE_S", 0.05)
+    release = threading.Event()
+    busy = [dependencies._PARSERS.submit(release.wait) for _ in range(dependencies.MANIFEST_PARSERS)]
+    parsed: list[bytes] = []
+    monkeypatch.setattr(dependencies, "parse_manifest", lambda body, *_: parsed.append(body))
+    try:
+        with pytest.raises(HTTPException) as refused:
+            await parsed_manifest(b"name: x\ncommand: y\n")
+    finally:
+        release.set()
+    for waiting in busy:
+        waiting.result(timeout=5)
+    dependencies._PARSERS.submit(lambda: None).result(timeout=5)  # the queue has moved past it
+    assert (refused.value.status_code, refused.value.headers) == (503, {"Retry-After": "1"})
+    assert parsed == []
 
 
 def test_a_body_holding_text_utf8_cannot_encode_is_written_with_escapes_and_the_rest_as_utf8() -> None:

@@ -11,6 +11,9 @@
   Both wake on the projection's progress (:mod:`ffdl.api.progress`).
 * :data:`Manifest` is a job manifest parsed from the request body (JSON or YAML, ours or FfDL's),
   off the event loop and bounded in time, its data and result places checked against the roots.
+  At most :data:`MANIFEST_PARSERS` parse at once in each API process, in a thread of their own (not
+  the default pool every read of the projection hops to), and each stops at its deadline: a request
+  is answered only once its parse has stopped (see :func:`parsed_manifest`).
 
 A body is read only by a dependency that depends on the caller (:data:`Manifest`, :func:`json_body`),
 never by a ``Body`` parameter, which FastAPI would read before any dependency runs: no request body
@@ -27,6 +30,7 @@ import threading
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any, TypeVar
@@ -37,7 +41,7 @@ from pydantic import BaseModel, ValidationError
 from ffdl.adapters.tenants import OPEN, Principal, TenantRegistry
 from ffdl.api.followers import Followers
 from ffdl.api.heartbeats import HeartbeatView
-from ffdl.api.manifest import ManifestError, parse_manifest
+from ffdl.api.manifest import ManifestError, OutOfTime, parse_manifest
 from ffdl.api.metrics import PlatformCollector, registry_for
 from ffdl.api.progress import ProjectionProgress
 from ffdl.api.redaction import Redactor, mentioned_jobs
@@ -59,8 +63,14 @@ WRITE_WAIT_S = 10.0
 #: (see ``shown_document``).
 SHOWN_BYTES = 16 * 1024 * 1024
 READ_WAIT_MAX_S = 10.0
-#: Seconds a manifest may take to parse (bounded by its size and shape already: a guard, not a budget).
+#: Seconds a manifest may take to parse, waiting for a parser included (its size and shape bound its
+#: cost already, to about 0.3 s for the default body limit: a guard, not a budget).
 MANIFEST_PARSE_S = 2.0
+#: How many manifests one API process parses at once. Parsing is pure Python, which holds the
+#: interpreter's lock: a second parser would parse no faster, and took the event loop's turns (with
+#: two, a burst of the costliest manifests held another caller's read for 2 to 4 s; with one, 0.16 s).
+MANIFEST_PARSERS = 1
+_PARSERS = ThreadPoolExecutor(max_workers=MANIFEST_PARSERS, thread_name_prefix="ffdl-manifest")
 #: The largest offset or seq a request may name: SQLite's integers stop at 2**63.
 MAX_OFFSET = 2**62
 #: The events by which an owner refuses a command (a job's, a node's); both carry the reason.
@@ -424,13 +434,7 @@ async def job_manifest(caller: Caller, request: Request, backend: Backend) -> Jo
     """The job manifest of the caller's request body (size-limited as it arrives): JSON or YAML, our
     manifest or FfDL's, parsed in a worker thread; its data and result places within the roots.
     (``caller`` is resolved first: an unauthenticated body is never parsed.)"""
-    body = await request.body()
-    try:
-        spec = await asyncio.wait_for(asyncio.to_thread(parse_manifest, body), MANIFEST_PARSE_S)
-    except ManifestError as exc:
-        raise HTTPException(422, detail=[{"field": f, "message": m} for f, m in exc.problems]) from exc
-    except TimeoutError as exc:
-        raise problem(422, f"the manifest took over {MANIFEST_PARSE_S} s to read", "(body)") from exc
+    spec = await parsed_manifest(await request.body())
     settings = backend.settings
     problems = [
         {"field": field, "message": message}
@@ -446,6 +450,36 @@ async def job_manifest(caller: Caller, request: Request, backend: Backend) -> Jo
 
 
 Manifest = Annotated[JobSpec, Depends(job_manifest)]
+
+
+async def parsed_manifest(body: bytes, clock: Callable[[], float] = time.monotonic) -> JobSpec:
+    """The manifest ``body`` parsed by one of the :data:`MANIFEST_PARSERS` (422 naming the field
+    for a bad one), within :data:`MANIFEST_PARSE_S` of now.
+
+    Parsing is CPU work that a thread cannot be made to drop: the parser itself stops at the deadline
+    (:class:`~ffdl.api.manifest.OutOfTime`), and the request waits for it to stop, so no parse
+    outlives its answer. One that has not started by the deadline (the parser busy) never reads a
+    byte: 503 with ``Retry-After``. Before, manifests were parsed in the default pool, and a parse past its
+    time went on after its 422: a burst of the costliest bodies filled the pool that every read of
+    the projection waits for, and held other callers' reads for seconds."""
+    busy = problem(503, "the API is busy reading other manifests", "(body)", headers={"Retry-After": "1"})
+    deadline = clock() + MANIFEST_PARSE_S
+    submitted = _PARSERS.submit(parse_manifest, body, deadline, clock)
+    parsing = asyncio.wrap_future(submitted)
+    try:
+        try:
+            return await asyncio.wait_for(asyncio.shield(parsing), MANIFEST_PARSE_S)
+        except TimeoutError:
+            if submitted.cancel():  # still waiting for the parser: it never runs
+                raise busy from None
+            return await parsing  # it stops itself at the deadline
+    except OutOfTime as exc:
+        if not exc.started:  # the parser took it up too late (the loop saw the time run out late)
+            raise busy from exc
+        raise problem(422, f"the manifest took over {MANIFEST_PARSE_S} s to read", "(body)") from exc
+    except ManifestError as exc:
+        raise HTTPException(422, detail=[{"field": f, "message": m} for f, m in exc.problems]) from exc
+
 
 M = TypeVar("M", bound=BaseModel)
 
