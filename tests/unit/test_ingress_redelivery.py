@@ -1,0 +1,422 @@
+"""An ingress relay killed after it appended its copies of a tenant's records to the commands topic,
+before it committed its offsets on the tenant's topic: the next relay is handed the same records
+again, and must not copy them a second time.
+
+A second copy is no redelivery the owner can tell by its offset (it is a new record, further on the
+commands topic); only the aggregates' window of the last 64 command ids that caused events stood in
+its way, so a copy of a command more than 64 commands of its job back, or of one that decided
+nothing, was decided again, in the state the tenant's later commands had left (a halt the tenant had
+since resumed halted the job again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ffdl.adapters.bus import open_bus
+from ffdl.adapters.election import FileElection
+from ffdl.core.aggregate import COMMAND_WINDOW
+from ffdl.core.authorization import SCHEDULER, Principal
+from ffdl.core.kinds import JOBS
+from ffdl.core.states import JobState
+from ffdl.events import job_commands as cmd
+from ffdl.events import job_events as ev
+from ffdl.events.codec import AnyEvent, command_headers, command_to_json
+from ffdl.events.envelope import Command
+from ffdl.events.model import JobSpec
+from ffdl.events.position import Position
+from ffdl.handlers.ingress import INGRESS_HEADER, IngressRelay
+from ffdl.handlers.messaging import PRINCIPAL_HEADER, CommandSender, Topics
+from ffdl.handlers.owner import SCHEDULER_ROLE, JobOwner
+from ffdl.handlers.ports import Bus, OutgoingRecord, Record, TopicPartition
+from ffdl.handlers.runtime import consume, decode_event
+from tests.services import wait_until_async
+
+TENANT = "acme"
+OWNERS, RELAYS = "owners", "ingress"
+
+
+class Crash(Exception):
+    """The relay's process dies."""
+
+
+class CrashesBeforeCommit:
+    """The log, whose relay dies right after it appended copies to the commands topic, before it
+    commits its offsets on the tenant's topic; ``landed``: which of a publish's copies land before
+    the crash (a publish to several partitions of Kafka is no transaction), by default all."""
+
+    def __init__(self, bus: Bus, commands: str, landed: Any = None) -> None:
+        self._bus = bus
+        self._commands = commands
+        self._landed = landed
+        self.appended = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._bus, name)
+
+    async def publish(self, topic: str, records: Sequence[OutgoingRecord]) -> list[Position]:
+        if topic != self._commands:
+            return await self._bus.publish(topic, records)
+        self.appended = True
+        if self._landed is None:
+            return await self._bus.publish(topic, records)
+        await self._bus.publish(topic, [record for record in records if self._landed(record)])
+        raise Crash("killed while its copies were being appended")
+
+    async def subscribe(self, group: str, topics: Sequence[str], listener: Any = None) -> Any:
+        subscription = await self._bus.subscribe(group, topics, listener)
+        inner_commit = subscription.commit
+
+        async def commit(offsets: Any) -> None:
+            if self.appended:
+                raise Crash("killed between the copies' append and the commit")
+            await inner_commit(offsets)
+
+        subscription.commit = commit
+        return subscription
+
+
+class Story:
+    """Jobs of tenant ``acme``, which writes to its own topic, on an embedded log; relays and owners
+    that come and go."""
+
+    def __init__(self, tmp_path: Path, partitions: int = 1, tenants: Sequence[str] = (TENANT,)) -> None:
+        self.log = open_bus(f"embedded://{tmp_path / 'log'}", partitions)
+        self.partitions = partitions
+        self.topics = Topics()
+        self.tenants = tuple(tenants)
+        self.election = FileElection(tmp_path / "election")
+        self.api = CommandSender(self.log, self.topics, "api", Principal.tenant(TENANT))
+        self.scheduler = CommandSender(self.log, self.topics, "scheduler", SCHEDULER)
+
+    async def __aenter__(self) -> Story:
+        await self.log.start()
+        self.token = await self.election.campaign(SCHEDULER_ROLE)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.election.close()
+        await self.log.close()
+
+    async def queued(self, *jobs: str) -> None:
+        """Submit ``jobs`` through the API and let the scheduler admit them; the owner decides."""
+        for job in jobs:
+            to = JOBS.address(job, TENANT)
+            await self.api.send(self.api.make(to, cmd.SubmitJob(spec=JobSpec(name=job, command="true"))))
+            await self.scheduler.send(self.scheduler.make(to, cmd.AdmitJob(), fencing_token=self.token))
+        await self.owner_decides_everything()
+
+    def command(self, job: str, data: cmd.CommandData) -> Command:
+        return self.api.make(JOBS.address(job, TENANT), data)
+
+    async def tenant_writes(self, *commands: Command, tenant: str = TENANT, extra: Any = ()) -> None:
+        """The tenant's service writes ``commands`` to its own topic (with headers ``extra`` too)."""
+        records = [
+            OutgoingRecord(c.key, command_to_json(c), (*command_headers(c, "acme-service"), *extra))
+            for c in commands
+        ]
+        await self.log.publish(self.topics.ingress(tenant), records)
+
+    async def events(self) -> list[AnyEvent]:
+        decoded = [
+            decode_event(record)
+            for partition in range(self.partitions)
+            async for record in self.log.read(self.topics.events, partition)
+        ]
+        return [event for event in decoded if event is not None]
+
+    async def commands(self) -> list[Record]:
+        return [
+            record
+            for partition in range(self.partitions)
+            async for record in self.log.read(self.topics.commands, partition)
+        ]
+
+    async def _run_until_committed(
+        self, bus: Bus, group: str, topics: list[str], processor: Any, fenced: bool = False
+    ) -> None:
+        stop = asyncio.Event()
+        running = asyncio.create_task(consume(bus, group, topics, processor, stop, fenced=fenced))
+
+        async def all_committed() -> bool:
+            if running.done():
+                running.result()
+            for topic in topics:
+                ends = await self.log.end_offsets(topic)
+                committed = await self.log.committed(group, topic)
+                if any(committed.get(p, 0) != end for p, end in ends.items()):
+                    return False
+            return True
+
+        try:
+            await wait_until_async(all_committed, 15, what=f"every record of {topics} committed by {group}")
+        finally:
+            stop.set()
+            await running
+
+    async def owner_decides_everything(self) -> JobOwner:
+        owner = JobOwner(self.log, self.topics, self.election)
+        await self._run_until_committed(self.log, OWNERS, [self.topics.commands], owner, fenced=True)
+        return owner
+
+    def relay(self, bus: Bus | None = None) -> IngressRelay:
+        return IngressRelay(bus or self.log, self.topics, self.tenants)
+
+    async def relay_copies_everything(self) -> IngressRelay:
+        relay = self.relay()
+        await self._run_until_committed(self.log, RELAYS, relay.topics, relay)
+        return relay
+
+    async def relay_crashes_before_commit(self, landed: Any = None) -> None:
+        bus = CrashesBeforeCommit(self.log, self.topics.commands, landed)
+        relay = self.relay(bus)  # type: ignore[arg-type]
+        stop = asyncio.Event()
+        with pytest.raises(Crash):
+            await asyncio.wait_for(consume(bus, RELAYS, relay.topics, relay, stop), 15)  # type: ignore[arg-type]
+        assert bus.appended
+
+
+def causes(events: Sequence[AnyEvent], data: type) -> list[Any]:
+    return [e.causation_id for e in events if isinstance(e.data, data)]
+
+
+def origins(records: Sequence[Record]) -> Counter[bytes]:
+    """How often each record of a tenant's topic was copied to the commands topic."""
+    return Counter(value for record in records for name, value in record.headers if name == INGRESS_HEADER)
+
+
+def fold(events: Sequence[AnyEvent], job: str) -> JobState:
+    state = None
+    for event in events:
+        if getattr(event, "job_id", None) == job:
+            state = JOBS.evolve(state, event)
+    assert state is not None
+    return state.state
+
+
+async def test_a_relay_killed_before_its_commit_copies_none_of_the_batch_again(tmp_path: Path) -> None:
+    """The tenant halts and resumes its job, then sends more commands than the window holds (each
+    refused: a rejection event, so each pushes an id out of the window). The relay dies between its
+    copies' append and its commit. Copied again, the halt was decided again, on a job the tenant had
+    resumed: halted a second time, and the resume and every refusal recorded twice."""
+    async with Story(tmp_path) as story:
+        await story.queued("job-1")
+        halt = story.command("job-1", cmd.HaltJob(reason="for the weekend"))
+        resume = story.command("job-1", cmd.ResumeJob())
+        flood = [story.command("job-1", cmd.ResumeJob()) for _ in range(COMMAND_WINDOW + 16)]
+        await story.tenant_writes(halt, resume, *flood)
+        await story.relay_crashes_before_commit()
+        await story.owner_decides_everything()
+        decided = await story.events()
+        assert causes(decided, ev.HaltRequested) == [halt.command_id]
+        assert fold(decided, "job-1") is JobState.QUEUED
+
+        cancel = story.command("job-1", cmd.CancelJob(reason="after the crash"))
+        await story.tenant_writes(cancel)  # behind the batch the relay copied: copied once, decided
+        relay = await story.relay_copies_everything()
+        await story.owner_decides_everything()
+        after = await story.events()
+        copies = await story.commands()
+
+    assert causes(after, ev.HaltRequested) == [halt.command_id], "the halt was copied and decided again"
+    assert causes(after, ev.ResumeRequested) == [resume.command_id], "the resume was decided again"
+    assert after[: len(decided)] == decided
+    assert [e.type for e in after[len(decided) :]] == ["CancelRequested", "JobCancelled"]
+    assert set(origins(copies).values()) == {1}, "a record of the tenant's topic was copied twice"
+    assert len(origins(copies)) == 2 + len(flood) + 1
+    assert relay.already_relayed == 2 + len(flood)
+
+
+async def test_a_copy_whose_first_copy_decided_nothing_is_not_copied_again(tmp_path: Path) -> None:
+    """A second halt of a halted job decides nothing, so no window remembers it; the tenant then
+    resumes the job. Copied again after the relay died, the second halt found the job queued and
+    halted it: the job the tenant resumed last stayed halted."""
+    async with Story(tmp_path) as story:
+        await story.queued("job-1")
+        first = story.command("job-1", cmd.HaltJob(reason="for the weekend"))
+        again = story.command("job-1", cmd.HaltJob(reason="for the weekend, pressed twice"))
+        resume = story.command("job-1", cmd.ResumeJob())
+        await story.tenant_writes(first, again, resume)
+        await story.relay_crashes_before_commit()
+        await story.owner_decides_everything()
+        decided = await story.events()
+
+        relay = await story.relay_copies_everything()
+        await story.owner_decides_everything()
+        after = await story.events()
+
+    assert causes(after, ev.HaltRequested) == [first.command_id], "the second halt was decided on its copy"
+    assert after == decided and fold(after, "job-1") is JobState.QUEUED
+    assert relay.already_relayed == 3
+
+
+async def test_copies_that_reached_one_commands_partition_and_not_another_are_made_where_they_did_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A publish to several partitions of Kafka is no transaction: a relay that dies in it may leave
+    the copies bound for one commands partition appended and those for another not. The tenant's
+    client partitions otherwise than Kafka's default (librdkafka's default partitioner is not
+    murmur2), so one partition of its topic feeds both commands partitions. The next relay copies
+    what did not land, and nothing that did: the furthest copy of a tenant partition is known per
+    commands partition (taken for the whole tenant partition, it would skip the copies never made)."""
+    async with Story(tmp_path, partitions=2) as story:
+        jobs = {story.log.partition_for(f"job-{n}"): f"job-{n}" for n in range(20)}
+        home, elsewhere = jobs[0], jobs[1]
+        await story.queued(home, elsewhere)
+        sent = [
+            story.command(home, cmd.HaltJob(reason="h")),
+            story.command(elsewhere, cmd.HaltJob(reason="e")),
+            story.command(home, cmd.ResumeJob()),
+            story.command(elsewhere, cmd.ResumeJob()),
+        ]
+        with monkeypatch.context() as patched:  # the tenant's client writes all of them to partition 0
+            patched.setattr("ffdl.adapters.bus.embedded.partition_for", lambda key, partitions: 0)
+            await story.tenant_writes(*sent)
+        assert (await story.log.end_offsets(story.topics.ingress(TENANT))) == {0: 4, 1: 0}
+
+        await story.relay_crashes_before_commit(landed=lambda copy: story.log.partition_for(copy.key) == 1)
+        assert (
+            set(origins(await story.commands()).values()) == {1} and len(origins(await story.commands())) == 2
+        )
+        relay = await story.relay_copies_everything()
+        await story.owner_decides_everything()
+        after = await story.events()
+        copies = await story.commands()
+
+    assert relay.already_relayed == 2
+    assert sorted(origins(copies)) == [f"ffdl.tenant.{TENANT}.commands:0:{n}".encode() for n in range(4)]
+    assert set(origins(copies).values()) == {1}
+    for job in (home, elsewhere):
+        mine = [e for e in after if getattr(e, "job_id", None) == job]
+        assert [e.type for e in mine].count("HaltRequested") == 1
+        assert fold(after, job) is JobState.QUEUED
+
+
+async def test_a_tenant_cannot_make_the_relay_skip_records_by_the_headers_it_writes(tmp_path: Path) -> None:
+    """Tenant ``acme`` writes records whose headers claim to be copies, of ``globex``'s records and of
+    its own far ahead, sent for ``globex``. Their copies carry the relay's own headers instead, so a
+    relay that takes both topics over with records waiting copies every one of them. A record on the
+    commands topic that names a tenant partition but is sent for another principal (no copy the relay
+    made) does not count either."""
+    async with Story(tmp_path, tenants=(TENANT, "globex")) as story:
+        await story.queued("job-1")
+        forged = (
+            (INGRESS_HEADER, b"ffdl.tenant.globex.commands:0:1000000"),
+            (INGRESS_HEADER, b"ffdl.tenant.acme.commands:0:1000000"),
+            (PRINCIPAL_HEADER, b"tenant:globex"),
+        )
+        await story.tenant_writes(story.command("job-1", cmd.ResumeJob()), extra=forged)
+        await story.relay_copies_everything()
+        smuggled = OutgoingRecord(
+            "job-1",
+            b"{}",
+            ((PRINCIPAL_HEADER, b"tenant:acme"), (INGRESS_HEADER, b"ffdl.tenant.globex.commands:0:1000000")),
+        )
+        await story.log.publish(story.topics.commands, [smuggled])
+        waiting = [story.command("job-1", cmd.ResumeJob()) for _ in range(3)]
+        await story.tenant_writes(*waiting)
+        await story.tenant_writes(*waiting, tenant="globex")
+
+        relay = await story.relay_copies_everything()
+        copies = await story.commands()
+
+    assert relay.already_relayed == 0
+    relayed = origins(copies)
+    assert relayed[b"ffdl.tenant.globex.commands:0:1000000"] == 1  # the smuggled record, not a copy
+    del relayed[b"ffdl.tenant.globex.commands:0:1000000"]
+    expected = [b"ffdl.tenant.acme.commands:0:%d" % n for n in range(4)]
+    expected += [b"ffdl.tenant.globex.commands:0:%d" % n for n in range(3)]
+    assert sorted(relayed) == sorted(expected) and set(relayed.values()) == {1}
+    first = next(record for record in copies if origins([record]))
+    assert [name for name, _ in first.headers].count(INGRESS_HEADER) == 1
+
+
+async def test_copies_of_another_topic_than_the_tenants_topic_now_are_not_taken_for_its_records(
+    tmp_path: Path,
+) -> None:
+    """Copies name positions of the tenant's topic; one made anew (or a commands log imported from
+    another platform) starts its offsets again, and the copies there name offsets whose records
+    are others now. The relay believes a copy once the tenant's partition holds, where the copy says,
+    the key and value it carries: here it does not, and every record is copied."""
+    async with Story(tmp_path) as story:
+        await story.queued("job-1")
+        old = [story.command("job-1", cmd.ResumeJob()) for _ in range(3)]
+        earlier = [
+            OutgoingRecord(
+                c.key,
+                command_to_json(c),
+                (
+                    (PRINCIPAL_HEADER, b"tenant:acme"),
+                    (INGRESS_HEADER, b"ffdl.tenant.acme.commands:0:%d" % (n + 5)),
+                ),
+            )
+            for n, c in enumerate(old)
+        ]
+        await story.log.publish(story.topics.commands, earlier)
+        now = [story.command("job-1", cmd.ResumeJob()) for _ in range(10)]
+        await story.tenant_writes(*now)
+
+        relay = await story.relay_copies_everything()
+        copies = await story.commands()
+
+    assert relay.already_relayed == 0
+    relayed = [copy for copy in copies if copy.value in {command_to_json(c) for c in now}]
+    assert len(relayed) == len(now)
+
+
+class CountsReads:
+    """The log, counting the reads of the commands topic."""
+
+    def __init__(self, bus: Bus, commands: str) -> None:
+        self._bus = bus
+        self._commands = commands
+        self.reads = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._bus, name)
+
+    def read(self, topic: str, partition: int, start: int = 0, end: int | None = None) -> Any:
+        self.reads += topic == self._commands
+        return self._bus.read(topic, partition, start, end)
+
+
+class Begins(IngressRelay):
+    """A relay that says when it was given partitions."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.begun = asyncio.Event()
+
+    async def on_assigned(self, partitions: frozenset[TopicPartition]) -> None:
+        await super().on_assigned(partitions)
+        self.begun.set()
+
+
+async def test_records_written_after_the_relay_began_are_copied_without_reading_back(tmp_path: Path) -> None:
+    """Only records that were on the tenant's topic when the relay took it over can have been copied
+    by another relay: those written since are copied without reading the commands topic."""
+    async with Story(tmp_path) as story:
+        await story.queued("job-1")
+        bus = CountsReads(story.log, story.topics.commands)
+        relay = Begins(bus, story.topics, story.tenants)  # type: ignore[arg-type]
+        stop = asyncio.Event()
+        running = asyncio.create_task(consume(bus, RELAYS, relay.topics, relay, stop))  # type: ignore[arg-type]
+        try:
+            await asyncio.wait_for(relay.begun.wait(), 15)  # given the tenant's partition, nothing waiting
+            sent = [story.command("job-1", cmd.ResumeJob()) for _ in range(5)]
+            await story.tenant_writes(*sent)
+
+            async def copied() -> bool:
+                return len(origins(await story.commands())) == len(sent)
+
+            await wait_until_async(copied, 15, what="the records copied")
+        finally:
+            stop.set()
+            await running
+    assert bus.reads == 0 and relay.already_relayed == 0
