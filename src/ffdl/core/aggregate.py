@@ -10,14 +10,16 @@ kind, so it is written here once:
   tell a duplicate from a conflict;
 * the recent-command window: an aggregate remembers the last :data:`COMMAND_WINDOW` ids of the
   commands that caused its events (:func:`remember`), so a command sent again, the same id at
-  another place on the log (a relayed copy appended twice, a retried send, a reaction re-driven),
-  decides nothing again (:func:`seen`); one that decided nothing is not remembered, and is decided
-  afresh. The window is bounded, so it is not what keeps the consumer's redeliveries from being
-  decided twice: a command delivered again after more than :data:`COMMAND_WINDOW` others of its
-  aggregate that caused events, or one that decided nothing, would be decided again, in the state
-  the commands after it left. The owner recognises those exactly, by the command's offset on the
-  commands topic, which the records of its events name (:mod:`ffdl.handlers.owner`); the window is
-  left what offsets cannot tell (a copy at another offset, a log whose events name no offset);
+  another place on the log (a retried send, a reaction re-driven, a copy a relay the group had
+  expelled still appended), decides nothing again (:func:`seen`); one that decided nothing is not
+  remembered, and is decided afresh. The window is bounded, so it is not what keeps the consumer's
+  redeliveries from being decided twice: a command delivered again after more than
+  :data:`COMMAND_WINDOW` others of its aggregate that caused events, or one that decided nothing,
+  would be decided again, in the state the commands after it left. The owner recognises those
+  exactly, by the command's offset on the commands topic, which the records of its events name
+  (:mod:`ffdl.handlers.owner`), and the ingress relay copies a tenant's record once
+  (:mod:`ffdl.handlers.ingress`); the window is left what neither can tell (a command sent again at
+  another offset, a log whose events name no offset);
 * fencing: a command carrying a token that is not the current leader's comes from a deposed
   leader (:func:`is_deposed`);
 * who may send what: each kind says which principals may send each of its commands
