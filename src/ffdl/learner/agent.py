@@ -14,9 +14,14 @@ environment (the agent's own, less what is the agent's alone, with the job's ``e
 agent's own interpreter). Where the launcher gives a sandbox (``FFDL_SANDBOX``: bwrap's arguments,
 :mod:`ffdl.adapters.launchers.sandbox`) the shell runs inside it, in a cgroup with the learner's
 limits where ``FFDL_CGROUP`` names them and the host has cgroups
-(:mod:`ffdl.adapters.launchers.cgroups`); else in the agent's process group and, when
-``FFDL_RUN_AS=UID:GID`` says so, as that unprivileged user with no supplementary groups while the
-agent keeps the platform's user. For as long as the command runs
+(:mod:`ffdl.adapters.launchers.cgroups`), and only bwrap gives the command its environment: the
+programs that make the sandbox as the platform's user (the shell that joins the cgroup, ``nsenter``,
+bwrap) start with the platform's ``PATH`` alone, and bwrap reads the command's variables from a
+descriptor (``--clearenv``, ``--setenv``: none of the job's is in their environment or on their
+command lines). Unsandboxed, the command runs in the agent's process group, with its environment
+from the start, and, when ``FFDL_RUN_AS=UID:GID`` says so, as that unprivileged user with no
+supplementary groups (from the shell that joins the cgroup on) while the agent keeps the
+platform's user. For as long as the command runs
 the agent keeps the learner's key
 ``/ffdl/jobs/<job>/learners/<rank>`` in the heartbeat store, bound to a lease, holding a
 :class:`~ffdl.handlers.heartbeat_keys.LearnerBeat`. When the command ends it writes the exit record
@@ -85,7 +90,14 @@ from ffdl.adapters.launchers.environment import (
     checkpoint_path,
     command_environment,
 )
-from ffdl.adapters.launchers.sandbox import filter_pipe, filtered, signal_sandbox
+from ffdl.adapters.launchers.sandbox import (
+    environment_file,
+    filter_pipe,
+    filtered,
+    setup_environment,
+    signal_sandbox,
+    with_environment,
+)
 from ffdl.adapters.processes import exit_code_of, wait_for_exit
 from ffdl.events.model import Checkpoint
 from ffdl.events.reports import MAX_METRICS
@@ -161,6 +173,8 @@ class AgentConfig:
     run_as: tuple[int, int] | None = None
     #: The heartbeat store's login (a per-job etcd user on Kubernetes); never the command's.
     heartbeats_credentials: EtcdCredentials | None = None
+    #: What the programs that make the sandbox run with (the platform's ``PATH``, nothing of the job's).
+    sandbox_setup_environment: Mapping[str, str] = field(default_factory=lambda: setup_environment({}))
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> AgentConfig:
@@ -190,6 +204,7 @@ class AgentConfig:
             limits=Limits.from_json(environ[CGROUP_VARIABLE]) if environ.get(CGROUP_VARIABLE) else None,
             run_as=_user_and_group(environ.get(RUN_AS_VARIABLE, "")),
             heartbeats_credentials=_credentials(environ),
+            sandbox_setup_environment=setup_environment(environ),
         )
 
 
@@ -385,31 +400,35 @@ class LearnerAgent:
 
     def _start_command(self, group: LearnerGroup | None) -> subprocess.Popen[bytes]:
         """The learner's command under ``/bin/sh``, output on one pipe, with its own environment: in
-        its sandbox and cgroup, in a process group of its own (see the module docstring on signals);
-        or, with no sandbox, in the agent's process group and, when the launcher says so, as the
-        unprivileged learner user."""
-        shell = [SHELL, "-c", SHELL_PRELUDE + self._command]
-        sandboxed = bool(self._config.sandbox)
-        uid, gid = (None, None) if sandboxed else self._config.run_as or (None, None)
-        seccomp = filter_pipe() if sandboxed else None
-        command = [*filtered(self._config.sandbox, seccomp), *shell] if seccomp is not None else shell
-        try:
+        its sandbox and cgroup, in a process group of its own (see the module docstring on signals),
+        the programs that make the sandbox with the platform's ``PATH`` alone and the command with
+        the environment bwrap reads from a descriptor; or, with no sandbox, in the agent's process
+        group with its environment and, when the launcher says so, as the unprivileged learner user."""
+        command = [SHELL, "-c", SHELL_PRELUDE + self._command]
+        environment, run_as = self._config.command_environment, self._config.run_as
+        passed: list[int] = []
+        with contextlib.ExitStack() as descriptors:
+            if self._config.sandbox:
+                seccomp = filter_pipe()
+                descriptors.callback(os.close, seccomp)
+                given = environment_file(self._config.command_environment)
+                descriptors.callback(os.close, given)
+                command = [*with_environment(filtered(self._config.sandbox, seccomp), given), *command]
+                environment, passed, run_as = self._config.sandbox_setup_environment, [seccomp, given], None
+            uid, gid = run_as or (None, None)
             return subprocess.Popen(
                 joining_command(group, command) if group is not None else command,
                 cwd=self._config.command_dir,
-                env=self._config.command_environment,
+                env=environment,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 user=uid,
                 group=gid,
                 extra_groups=None if uid is None else [],
-                process_group=0 if sandboxed else None,
-                pass_fds=() if seccomp is None else (seccomp,),
+                process_group=0 if self._config.sandbox else None,
+                pass_fds=passed,
             )
-        finally:
-            if seccomp is not None:
-                os.close(seccomp)
 
     # -- the tasks ------------------------------------------------------------------------------
 

@@ -30,6 +30,14 @@ built here:
 * **no controlling terminal** (``--new-session``), no capability (``--cap-drop ALL``: bwrap keeps
   them all for uid 0 inside, a learner run as root) and no new privileges (bwrap sets
   ``PR_SET_NO_NEW_PRIVS``; set-uid programs do not elevate);
+* **an environment bwrap gives** (``--clearenv``, then ``--setenv NAME VALUE`` for each variable
+  of the learner's, read from a descriptor: ``--args FD``, :func:`environment_file`): the programs
+  that make the sandbox (the shell that joins the learner's cgroup, ``nsenter``, bwrap itself, all
+  the platform's user) start with the platform's ``PATH`` alone (:func:`setup_environment`), so no
+  variable of the job's (an allocator's tuning, a locale, a shell's startup file) is in their
+  environment when the loader and the C library start them, and the env's values (a tenant's
+  secrets) are on no command line: bwrap sets them as it parses its arguments, in its own memory,
+  after its own start, and starts the learner's command with them;
 * **a few system calls refused** (``--seccomp``, :data:`DENIED_SYSCALLS`, ``EPERM``): the kernel's
   keyrings, whose keys are charged to the sandbox's owner outside, root (one learner filled root's
   key quota, so that root on the host could add no key), and ``bpf`` and ``userfaultfd``, kernel
@@ -47,12 +55,13 @@ directories belong to the platform's user for that reason (inside they show as t
 from __future__ import annotations
 
 import errno
+import fcntl
 import functools
 import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -99,6 +108,9 @@ ETC_FILES = (
 PROC_READ_ONLY = ("sys", "sysrq-trigger", "irq", "bus", "acpi", "scsi", "driver", "fs", "pressure", "mtrr")
 NVIDIA_CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset", "nvidia-caps")
 PROBE_TIMEOUT_S = 60.0
+#: What the programs that make a learner's sandbox get of the platform's environment (they find
+#: nothing by it: each is named by its path; bwrap gives the learner its own).
+SETUP_VARIABLES = ("PATH",)
 #: What a sandboxed learner may not call (see the module docstring).
 DENIED_SYSCALLS = ("add_key", "keyctl", "request_key", "bpf", "userfaultfd")
 
@@ -338,29 +350,87 @@ def filter_pipe() -> int:
 def filtered(arguments: Sequence[str], descriptor: int) -> list[str]:
     """bwrap's command line (:meth:`Sandbox.arguments`, ending in ``--``) with the filter on
     ``descriptor`` loaded before the command."""
+    return _before_command(arguments, "--seccomp", str(descriptor))
+
+
+def setup_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment of the programs that make a learner's sandbox, run as the platform's user:
+    :data:`SETUP_VARIABLES` of ``environ`` (the platform's, never the job's), ``PATH`` at least."""
+    kept = {name: environ[name] for name in SETUP_VARIABLES if environ.get(name)}
+    return {"PATH": os.defpath, **kept}
+
+
+def environment_arguments(environment: Mapping[str, str]) -> bytes:
+    """bwrap's arguments that make ``environment`` the whole environment of the command it starts:
+    ``--clearenv``, then ``--setenv NAME VALUE`` for each variable, each word ended by a NUL, as
+    ``--args FD`` reads them (a value may hold anything but a NUL: spaces, newlines, ``=``)."""
+    words = [b"--clearenv"]
+    for name, value in environment.items():
+        words += [b"--setenv", os.fsencode(name), os.fsencode(value)]
+    if any(b"\0" in word for word in words) or any(not name or "=" in name for name in environment):
+        raise ValueError("a variable's name is not empty and holds no '=' or NUL, its value no NUL")
+    return b"".join(word + b"\0" for word in words)
+
+
+def environment_file(environment: Mapping[str, str]) -> int:
+    """A descriptor to read :func:`environment_arguments` from, from its start, for ``bwrap --args
+    FD``: the caller passes it to bwrap (``pass_fds``), which closes it once read, and closes its
+    own copy once bwrap is started. A sealed memory file, not a pipe: a job's env (64 KiB) and the
+    platform's variables may be more than a pipe holds before bwrap reads it."""
+    data = environment_arguments(environment)
+    descriptor = os.memfd_create("ffdl-learner-environment", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(descriptor, view) :]
+        seals = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+        fcntl.fcntl(descriptor, fcntl.F_ADD_SEALS, seals)
+        os.lseek(descriptor, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(descriptor)
+        raise
+    return descriptor
+
+
+def with_environment(arguments: Sequence[str], descriptor: int) -> list[str]:
+    """bwrap's command line (ending in ``--``) with the command's environment read from
+    ``descriptor`` (:func:`environment_file`): bwrap clears its own and sets the learner's before it
+    starts the command. Its own (what it was started with) is :func:`setup_environment`'s."""
+    return _before_command(arguments, "--args", str(descriptor))
+
+
+def _before_command(arguments: Sequence[str], *words: str) -> list[str]:
     if not arguments or arguments[-1] != "--":
         raise ValueError("the sandbox's arguments end with '--', after which the command follows")
-    return [*arguments[:-1], "--seccomp", str(descriptor), "--"]
+    return [*arguments[:-1], *words, "--"]
 
 
 def _probe(base: tuple[str, ...], python: str, environment: tuple[tuple[str, str], ...]) -> str | None:
-    """What keeps a learner from running here, or None."""
-    descriptor = filter_pipe()
-    command = [*filtered([*base, "--chdir", "/", "--"], descriptor), python, "-c", "import ffdl.learner"]
+    """What keeps a learner from running here, or None. The interpreter gets ``environment`` as a
+    learner gets its own (bwrap sets it), and bwrap the setup's."""
+    variables = dict(environment)
+    seccomp = filter_pipe()
+    try:
+        given = environment_file(variables)
+    except BaseException:
+        os.close(seccomp)
+        raise
+    arguments = with_environment(filtered([*base, "--chdir", "/", "--"], seccomp), given)
     try:
         result = subprocess.run(
-            command,
-            env=dict(environment),
+            [*arguments, python, "-c", "import ffdl.learner"],
+            env=setup_environment(variables),
             stdin=subprocess.DEVNULL,
             capture_output=True,
             timeout=PROBE_TIMEOUT_S,
             check=False,
-            pass_fds=(descriptor,),
+            pass_fds=(seccomp, given),
         )
     except (OSError, subprocess.TimeoutExpired) as error:
         return str(error)
     finally:
-        os.close(descriptor)
+        os.close(seccomp)
+        os.close(given)
     if result.returncode != 0:
         return (result.stderr.decode(errors="replace").strip() or f"exit status {result.returncode}")[-400:]
     return None
@@ -410,10 +480,15 @@ def _pid_namespace(pid: int) -> int | None:
 
 __all__ = [
     "REPORT_SOCKET_INSIDE",
+    "SETUP_VARIABLES",
     "LearnerPlaces",
     "Sandbox",
     "SandboxUnavailable",
+    "environment_arguments",
+    "environment_file",
     "interpreter_paths",
     "sandbox_processes",
+    "setup_environment",
     "signal_sandbox",
+    "with_environment",
 ]
