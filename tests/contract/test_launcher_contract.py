@@ -5,9 +5,13 @@ An adapter joins the contract with one entry in :data:`LAUNCHER_RIGS`.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import os
+import re
+import shutil
 import signal
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
@@ -17,12 +21,14 @@ import pytest
 from launcher_contract import (
     SHORT_GRACE_S,
     STOP_SLACK_S,
+    WAIT_FOR_GO,
     CheckpointConfinementContract,
     LauncherContract,
     LauncherRig,
     beat,
     environment_of,
     exit_code,
+    go_file_in,
     launch_request,
     new_job_id,
     wait_for_output,
@@ -30,6 +36,7 @@ from launcher_contract import (
 )
 
 from ffdl.adapters.heartbeats import open_store
+from ffdl.adapters.launchers.environment import COMMAND_DIR_VARIABLE, command_environment
 from ffdl.adapters.launchers.local import LocalLauncher
 from ffdl.adapters.launchers.sandbox import Sandbox
 from ffdl.handlers.ports import HeartbeatStore, Launcher
@@ -74,6 +81,11 @@ class LocalRig:
         await self.launcher.close()
         self._launchers.append(self.new_launcher())
         return self.launcher
+
+    async def use_python(self, python: str) -> None:
+        """Launch learners' agents with ``python`` from now on."""
+        await self.launcher.close()
+        self._launchers.append(self.new_launcher(python))
 
     def visible_devices(self, gpus: tuple[int, ...]) -> str:
         """A local learner sees every GPU of the machine and is told which of them are its own."""
@@ -283,3 +295,132 @@ async def test_a_restarted_launcher_stops_agents_that_are_no_longer_its_children
 
     assert not any(process_exists(pid) for pid in pids)
     assert [processes_in_group(pid) for pid in pids] == [[], []]
+
+
+# ---------------------------------------------------------- the job's env and the sandbox's makers
+
+#: A job's env as glibc, getopt and the shells read it: the allocator's tuning, getopt's order, a
+#: shell's directories and the messages' language; a job's own PATH; and values no command line may
+#: show (a tenant's secret), that must reach the learner as they are (spaces, newlines, ``=``,
+#: non-ASCII, what looks like one of bwrap's options, nothing).
+HOSTILE_ENV = {
+    "MALLOC_PERTURB_": "85",
+    "MALLOC_ARENA_MAX": "1",
+    "MALLOC_CHECK_": "3",
+    "MALLOC_TOP_PAD_": "1",
+    "POSIXLY_CORRECT": "1",
+    "CDPATH": "/",
+    "LANGUAGE": "xx",
+    "TMPDIR": "/nonexistent",
+    "PATH": "/opt/job/bin:/usr/bin:/bin",
+    "TENANT_SECRET": "tenant-secret-7f3a with  spaces\nand a second line = \u00e9 \u65e5\u672c",
+    "LOOKS_LIKE_AN_OPTION": "--bind / /",
+    "EMPTY": "",
+}
+SECRET = "tenant-secret-7f3a"
+#: What the programs that make a sandbox (as the platform's user, root) may have in their
+#: environment: the platform's PATH, and the PWD the shell that joins the cgroup sets.
+SETUP_NAMES = {"PATH", "PWD"}
+as_root_with_bwrap = pytest.mark.skipif(
+    shutil.which("bwrap") is None or os.geteuid() != 0,
+    reason="a sandbox in its job's network needs bubblewrap and root",
+)
+
+
+def descendants(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(FileNotFoundError):
+            for child in map(int, (task / "children").read_text().split()):
+                found += [child, *descendants(child)]
+    return found
+
+
+def environ_of(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(os.fsdecode(entry).split("=", 1) for entry in raw.split(b"\0") if b"=" in entry)
+
+
+def command_line_of(pid: int) -> bytes:
+    return Path(f"/proc/{pid}/cmdline").read_bytes()
+
+
+def learner_file(path: Path) -> bytes:
+    return path.read_bytes()
+
+
+def traced_python(tmp_path: Path, strace: str, trace: Path) -> str:
+    """This Python, under strace: every program started below it, with its arguments and environment."""
+    wrapper = tmp_path / "traced-python"
+    wrapper.write_text(
+        f'#!/bin/sh\nexec {strace} -f -qq -e trace=execve -v -s 1000000 -o {trace} {sys.executable} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+def executions(trace: Path) -> list[tuple[list[bytes], list[bytes]]]:
+    """The arguments and environment of each program strace saw started."""
+    found = []
+    for line in trace.read_text().splitlines():
+        if " execve(" not in line:
+            continue
+        lists: list[list[bytes]] = []
+        for token in re.findall(r'"(?:[^"\\]|\\.)*"|\[|\]', line.split(" execve(", 1)[1]):
+            if token == "[":
+                lists.append([])
+            elif token != "]" and lists:
+                lists[-1].append(codecs.escape_decode(token[1:-1].encode())[0])
+        if len(lists) >= 2:
+            found.append((lists[0], lists[1]))
+    return found
+
+
+@as_root_with_bwrap
+async def test_the_programs_that_make_a_sandbox_get_nothing_of_the_jobs_env_and_the_learner_all_of_it(
+    tmp_path: Path,
+) -> None:
+    """The job's env was the environment of the shell that joins the cgroup, nsenter and bwrap, all
+    root (a denylist kept the loader's and glibc's file-reading variables out; the allocator's, the
+    locale's, getopt's and the shells' got in). Now they start with the platform's PATH alone, bwrap
+    gives the learner its environment from a descriptor, and no value is on a command line."""
+    strace = shutil.which("strace")
+    trace = tmp_path / "execve.trace"
+    async with sandboxed_local_rig(tmp_path) as rig:
+        if strace is not None:
+            await rig.use_python(traced_python(tmp_path, strace, trace))
+        job_id, go = new_job_id(), go_file_in(tmp_path)
+        command = f'env -0 > "$RESULT_DIR/environment"; {WAIT_FOR_GO}'
+        request = launch_request(job_id, command, nodes=("node-a",), go_file=go, spec_env=HOSTILE_ENV)
+        await rig.launcher.launch(request)
+        await wait_for_output(rig, job_id, 1, 0, "ready")
+
+        agent = agent_pid(rig, job_id, 1, 0)
+        sandbox = [pid for pid in descendants(agent) if command_of(pid) == "bwrap"]
+        assert len(sandbox) == 2  # bwrap, and its init inside the sandbox: both root outside
+        for pid in sandbox:
+            assert set(environ_of(pid)) <= SETUP_NAMES, pid
+        for pid in [agent, *descendants(agent)]:
+            assert SECRET.encode() not in command_line_of(pid)
+        agent_environment = environ_of(agent)
+        given = learner_file(rig.launcher.job_dir(job_id) / "results" / "environment")
+        learner = dict(os.fsdecode(entry).split("=", 1) for entry in given.split(b"\0") if entry)
+        assert learner == {
+            **command_environment(agent_environment),
+            "PWD": agent_environment[COMMAND_DIR_VARIABLE],  # bwrap's, where the command runs
+        }
+        assert {name: learner[name] for name in HOSTILE_ENV} == HOSTILE_ENV
+        go.touch()
+        assert await exit_code(rig.store, job_id, 1, 0) == 0
+
+    if strace is None:
+        return
+    makers = {"sh": 0, "nsenter": 0, "bwrap": 0}
+    for arguments, environment in executions(trace):
+        program = os.path.basename(arguments[0]).decode()
+        if program not in makers or (program == "sh" and b"ffdl-cgroup" not in arguments):
+            continue  # the agent, and the learner's own shell and programs
+        makers[program] += 1
+        assert {entry.split(b"=", 1)[0].decode() for entry in environment} <= SETUP_NAMES, program
+        assert not any(SECRET.encode() in argument for argument in arguments), program
+    assert makers["nsenter"] == makers["bwrap"] == 1

@@ -25,6 +25,7 @@ import pytest
 import structlog
 
 from ffdl.adapters.heartbeats import exit_key, learner_key, open_store
+from ffdl.adapters.launchers.environment import JOB_ENV_PREFIX, SANDBOX_VARIABLE
 from ffdl.adapters.processes import exit_code_of
 from ffdl.events.reports import MAX_METRICS
 from ffdl.handlers.heartbeat_keys import LearnerBeat, parse_exit
@@ -320,6 +321,72 @@ def test_the_agent_refuses_to_start_without_its_environment(monkeypatch: pytest.
     monkeypatch.delenv("FFDL_JOB_ID", raising=False)
     assert main(["--", "true"]) == os.EX_CONFIG
     assert main(["--"]) == os.EX_USAGE
+
+
+#: Stands in for bwrap: writes down its arguments, its environment and what it read from ``--args``.
+RECORDING_BWRAP = """
+import json, os, sys
+arguments = sys.argv[1:]
+given = b""
+if "--args" in arguments:
+    descriptor = int(arguments[arguments.index("--args") + 1])
+    while chunk := os.read(descriptor, 65536):
+        given += chunk
+started_with = open("/proc/self/environ", "rb").read().split(b"\\0")  # before Python's locale coercion
+environment = dict(os.fsdecode(entry).split("=", 1) for entry in started_with if entry)
+record = {"arguments": arguments, "environment": environment, "given": os.fsdecode(given)}
+with open(sys.argv[0] + ".json", "w") as out:
+    json.dump(record, out)
+"""
+
+
+def recorded(bwrap: Path) -> str:
+    return Path(f"{bwrap}.json").read_text()
+
+
+async def test_a_sandboxed_command_gets_its_environment_from_bwrap_and_bwrap_only_the_platforms_path(
+    tmp_path: Path, run_agent: AgentRunner
+) -> None:
+    """The job's env was the environment of the programs that make the sandbox (root): now they get
+    the platform's PATH, and bwrap reads the command's whole environment from a descriptor, never
+    from its command line (a tenant's secret would be in /proc/*/cmdline for every host user)."""
+    bwrap = tmp_path / "bwrap"
+    bwrap.write_text(f"#!{sys.executable} -I\n{RECORDING_BWRAP}")
+    bwrap.chmod(0o755)
+    job_env = {
+        "MALLOC_PERTURB_": "85",
+        "MALLOC_ARENA_MAX": "1",
+        "POSIXLY_CORRECT": "1",
+        "LANGUAGE": "xx",
+        "SECRET": "tenant-secret-7f3a with spaces\nand = \u00e9",
+    }
+    agent_environment = {
+        "FFDL_JOB_ID": JOB,
+        "FFDL_ATTEMPT": "1",
+        "RANK": "0",
+        "FFDL_HEARTBEATS": "memory://",
+        "PATH": "/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        SANDBOX_VARIABLE: json.dumps([str(bwrap), "--unshare-pid", "--"]),
+        **{JOB_ENV_PREFIX + name: value for name, value in job_env.items()},
+    }
+    agent_config = replace(AgentConfig.from_environ(agent_environment), log_file=tmp_path / "learner.log")
+
+    assert await run_agent(LearnerAgent(agent_config, FlakyStore(), "true")) == 0
+
+    record = json.loads(recorded(bwrap))
+    assert record["environment"] == {"PATH": "/usr/bin:/bin"}
+    assert not any("tenant-secret" in argument for argument in record["arguments"])
+    options = record["arguments"][: record["arguments"].index("--")]  # bwrap's, before the command
+    assert "--args" in options and "--seccomp" in options
+    words = record["given"].split("\0")
+    assert words[0] == "--clearenv" and words[-1] == ""
+    triples = [words[index : index + 3] for index in range(1, len(words) - 1, 3)]
+    assert {triple[0] for triple in triples} == {"--setenv"}
+    command = {name: value for _, name, value in triples}
+    assert command == agent_config.command_environment
+    assert {name: command[name] for name in job_env} == job_env
+    assert command["PATH"] == "/usr/bin:/bin" and SANDBOX_VARIABLE not in command
 
 
 # --------------------------------------------------------------------------- a real agent process

@@ -25,10 +25,14 @@ from ffdl.adapters.launchers.sandbox import (
     LearnerPlaces,
     Sandbox,
     SandboxUnavailable,
+    environment_arguments,
+    environment_file,
     filter_pipe,
     filtered,
     interpreter_paths,
     sandbox_processes,
+    setup_environment,
+    with_environment,
 )
 from ffdl.events.model import LEARNER_AGENT_MEMORY_MB
 from tests.services import wait_until
@@ -214,3 +218,58 @@ def test_a_sandboxed_learner_may_not_touch_the_keyrings_and_runs_otherwise(tmp_p
     assert shown[:2] == ["-1", "EPERM"] and shown[2] == "2"  # refused; and PID 2, under bwrap's init
     with pytest.raises(ValueError, match="end with '--'"):
         filtered(base[:-1], 3)
+
+
+#: Values a job's env may hold, which must reach its command as they are: one word to bwrap each.
+AWKWARD_VALUES = {
+    "SPACES": " a value  with spaces ",
+    "NEWLINES": "line one\nline two\n",
+    "EQUALS": "a=b==c=",
+    "NON_ASCII": "\u00e9t\u00e9 \u65e5\u672c \U0001f389",
+    "OPTION": "--setenv",
+    "CLEARS": "--clearenv",
+    "EMPTY": "",
+    "QUOTES": "'\"$(id)`id`\\",
+    "dotted.and-dashed": "x",
+}
+
+
+@needs_bwrap
+def test_bwrap_gives_the_command_exactly_the_environment_it_read_from_a_descriptor() -> None:
+    """bwrap starts with the setup's environment alone and sets the command's from a memory file: values
+    with spaces, newlines, ``=``, non-ASCII, option-like words; and more than a pipe holds (64 KiB)."""
+    large = {f"LARGE_{index}": f"{index}:" + "x" * 400 for index in range(256)}
+    given = {"PATH": "/usr/bin:/bin", **AWKWARD_VALUES, **large}
+    assert len(environment_arguments(given)) > 64 * 1024
+    sandbox = Sandbox.for_this_interpreter([])
+    base = [*sandbox.base_arguments(os.geteuid(), os.getegid()), "--chdir", "/", "--"]
+    descriptor = environment_file(given)
+    try:
+        shown = subprocess.run(
+            [*with_environment(base, descriptor), "/usr/bin/env", "-0"],
+            env=setup_environment({"PATH": "/usr/bin:/bin", "MALLOC_PERTURB_": "85", "HOME": "/root"}),
+            capture_output=True,
+            check=True,
+            pass_fds=(descriptor,),
+        ).stdout
+    finally:
+        os.close(descriptor)
+
+    seen = dict(os.fsdecode(entry).split("=", 1) for entry in shown.split(b"\0") if entry)
+    assert seen == {**given, "PWD": "/"}  # bwrap's own PWD, where the command runs
+
+
+def test_the_setup_keeps_only_the_platforms_path_and_the_command_line_holds_no_value() -> None:
+    assert setup_environment({"PATH": "/opt/bin:/usr/bin", "LANG": "C.UTF-8", "FFDL_TOKEN": "x"}) == {
+        "PATH": "/opt/bin:/usr/bin"
+    }
+    assert setup_environment({}) == {"PATH": os.defpath}
+    arguments = with_environment(["/usr/bin/bwrap", "--unshare-pid", "--"], 7)
+    assert arguments == ["/usr/bin/bwrap", "--unshare-pid", "--args", "7", "--"]
+    words = environment_arguments({"A": "1", "B": "x\ny"}).split(b"\0")
+    assert words == [b"--clearenv", b"--setenv", b"A", b"1", b"--setenv", b"B", b"x\ny", b""]
+    for refused in ({"A": "x\0y"}, {"A=B": "x"}, {"": "x"}):
+        with pytest.raises(ValueError, match="NUL"):
+            environment_arguments(refused)
+    with pytest.raises(ValueError, match="end with '--'"):
+        with_environment(["/usr/bin/bwrap"], 7)
