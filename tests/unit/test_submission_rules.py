@@ -110,8 +110,8 @@ def test_label_values_are_bounded_and_free_of_control_characters() -> None:
 
 #: ``TZ`` values that name a file of the job's choosing: glibc opens a path after ``:`` or at the
 #: start, and a name under ``TZDIR`` with ``..`` climbs out of it, in every program that converts a
-#: time, the root-side shell, ``nsenter`` and ``bwrap`` that start the command among them (they get
-#: the job's env as theirs).
+#: time (the root-side shell, ``nsenter`` and ``bwrap`` that start the command got the job's env as
+#: theirs; they no longer do, and the rule stays as defence in depth).
 HOSTILE_TZ = [
     ":/etc/shadow",
     "/etc/shadow",
@@ -154,9 +154,9 @@ ORDINARY_TZ = [
 
 @pytest.mark.parametrize("value", HOSTILE_TZ)
 def test_a_job_s_tz_may_not_name_a_file_of_its_choosing(value: str) -> None:
-    """``TZ=:/path`` (or ``/path``, or ``..`` under ``TZDIR``) makes glibc open that file, as root, in
-    the shell, ``nsenter`` and ``bwrap`` that start the command: ``TZDIR`` was refused, ``TZ``
-    carried the same path."""
+    """``TZ=:/path`` (or ``/path``, or ``..`` under ``TZDIR``) made glibc open that file, as root, in
+    the shell, ``nsenter`` and ``bwrap`` that started the command, had they converted a time:
+    ``TZDIR`` was refused, ``TZ`` carried the same path."""
     ((field, message),) = env_problems({"TZ": value})
     assert field == "env.TZ"
     assert "time zone" in message and "not a path" in message

@@ -63,9 +63,11 @@ _FORBIDDEN_ENV_PREFIXES = {
 #: Names that make an interpreter or a shell run code other than the command's: Python's module and
 #: startup paths, the shell's startup files and traced prompts, glibc's charset converter modules;
 #: and those that make glibc read files the job chose (tunables, locales, message catalogs, time
-#: zones, host aliases): the job's env is also the environment of the programs that start its
-#: command as root (the shell, nsenter, bwrap), and glibc trusts what those files hold, ignoring
-#: the variables only in programs that gain privileges, which these do not.
+#: zones, host aliases), whose contents glibc trusts, ignoring the variables only in programs that
+#: gain privileges. They were refused when the job's env was the environment of the programs that
+#: start its command as root (the shell, nsenter, bwrap); those now start with the platform's PATH
+#: alone and bwrap sets the command's environment (``adapters/launchers/sandbox.py``), so this is
+#: defence in depth, not what keeps the job's env from root (docs/security.md).
 _FORBIDDEN_ENV_NAMES = {
     **dict.fromkeys(
         (
@@ -87,14 +89,15 @@ _FORBIDDEN_ENV_NAMES = {
     "GCONV_PATH": "a variable that makes glibc load other code",
     **dict.fromkeys(
         ("GLIBC_TUNABLES", "LOCPATH", "NLSPATH", "TZDIR", "HOSTALIASES"),
-        "a variable that makes glibc read other files in the platform's own processes",
+        "a variable that makes glibc read other files",
     ),
 }
 #: ``TZ``: glibc opens the file a value names (after an optional ``:``, an absolute path as it is,
 #: anything else under ``TZDIR``, ``..`` included) in every program that converts a time, and the
-#: job's env is the environment of the root-side shell, ``nsenter`` and ``bwrap`` that start its
-#: command. So a job's ``TZ`` is a zone name or a POSIX TZ string (their rules may hold ``/``:
-#: ``M10.5.0/3``), with no ``..``, and a path only to the system's own zone files.
+#: job's env was the environment of the root-side shell, ``nsenter`` and ``bwrap`` that start its
+#: command (no longer: defence in depth, as above). So a job's ``TZ`` is a zone name or a POSIX TZ
+#: string (their rules may hold ``/``: ``M10.5.0/3``), with no ``..``, and a path only to the
+#: system's own zone files.
 TZ_MAX = 255
 _TZ = re.compile(rf":?[A-Za-z0-9_+\-.,:/<>]{{0,{TZ_MAX}}}\Z")
 _SYSTEM_ZONES = ("/usr/share/zoneinfo/",)
@@ -144,8 +147,7 @@ def env_problems(env: Mapping[str, str]) -> list[tuple[str, str]]:
                     field,
                     "a time zone is a zone name (Europe/Berlin, :Europe/Berlin) or a POSIX TZ string "
                     f"(CET-1CEST,M3.5.0,M10.5.0/3) of at most {TZ_MAX} characters, not a path (a leading "
-                    "'/' outside the system's zone files, '..'): glibc reads the file it names in the "
-                    "programs that start the command as root",
+                    "'/' outside the system's zone files, '..'): glibc reads the file it names",
                 )
             )
         if len(value) > ENV_VALUE_MAX or "\0" in value:
