@@ -20,6 +20,7 @@ async def test_a_record_whose_copy_is_over_the_limit_is_dead_lettered_and_the_ba
     small = Record(ingress, 0, 1, "job-b", b'{"type": "CancelJob"}', (forged,))
 
     await relay.process([huge, small])
+    await relay.flush()
 
     relayed = [record async for record in bus.read(topics.commands, 0)]
     assert [(r.key, r.value) for r in relayed] == [("job-b", small.value)]
@@ -43,6 +44,7 @@ async def test_a_record_whose_key_is_near_the_limit_is_parked_as_its_heads_and_t
     small = Record(ingress, 0, 1, "job-b", b'{"type": "CancelJob"}')
 
     await relay.process([huge, small])
+    await relay.flush()
 
     relayed = [record async for record in bus.read(topics.commands, 0)]
     assert [r.key for r in relayed] == ["job-b"]
@@ -73,6 +75,7 @@ async def test_a_record_whose_copy_kafkas_producer_would_refuse_is_dead_lettered
     assert weighed_by_kafka(len(record.key)) == MAX_RECORD_BYTES + 1
 
     await relay.process([record])
+    await relay.flush()
 
     assert [r async for r in bus.read(topics.commands, 0)] == []
     [parked] = [r async for r in bus.read(topics.deadletter, 0)]

@@ -44,11 +44,31 @@ records), at most the whole partition for a tenant partition that has not sent t
 much as an owner folds when it takes a partition over), and only for partitions that had records
 waiting when the relay took them over.
 
-What it does not cover: a relay the group expelled (paused or cut off past its session) that still
-appends copies of what it fetched before, after the relay that took its partitions over copied them
-too. Such a copy is left to the window of recent command ids, as every second copy was before. (The
-owners' fence, a commit of where the fetch began before its append, would narrow it to the round
-trip between the two.)
+A relay the group expelled (paused, or cut off past its session) still holds what it fetched and
+learns that it lost its partitions only at its next call to the group, while the relay that took them
+over copies the same records; its copies, appended then, would be second copies the read-back above
+never sees (it reads before they land). So the relay is fenced as the owners are: it is a
+:class:`~ffdl.handlers.runtime.FetchProcessor` run with ``consume(..., fenced=True)``.
+:meth:`IngressRelay.process` only works a fetch's copies out, :meth:`IngressRelay.flush` appends them,
+every partition's in one publish, and before it the member commits the offsets the fetch began at,
+which changes nothing for a member of the group and is refused to one it expelled (the embedded log
+checks that the member still holds the partitions, Kafka's coordinator that it is of the group's
+current generation). A refused relay raises :class:`~ffdl.handlers.runtime.StaleMember` with nothing
+appended; its copies are dropped (on an error, a revoke or an assignment), and run again by its
+supervisor it works out anew, from the log, what is still to copy. A record dead-lettered for its size
+is parked at once, as the owners park theirs: an expelled relay may park one twice.
+
+What the fence leaves, on both buses (neither refuses the append itself to an expelled member): the
+time between that commit and the append reaching the log. A relay frozen exactly there until the group
+has expelled it (its session) and its successor has read back the commands partition (on Kafka also an
+append that reaches the broker that late: held up in the network, or retried by the producer up to the
+request timeout) appends copies its successor makes too. Such a second copy is left to the window of
+recent command ids, as every second copy was before, and a later relay that reads back may take it for
+the last copy there (then it copies again, never skips, what its predecessor copied after it). Closing
+it needs the append refused to an expelled member: on the embedded log an append that checks the
+member's claims in its own transaction; on Kafka a transactional producer fenced for the group (by a
+transactional id per tenant partition, or by the group's generation, KIP-447), which tansu does not
+have and aiokafka does not send the generation for.
 """
 
 from __future__ import annotations
@@ -125,6 +145,8 @@ class IngressRelay:
         self._read_back: dict[TopicPartition, _ReadBack] = {}
         #: The tenant partitions past their ``until`` (or begun where nothing was waiting).
         self._past: set[TopicPartition] = set()
+        #: The copies the fetch's batches made, appended by :meth:`flush`.
+        self._pending: list[OutgoingRecord] = []
         #: Records skipped because the commands topic had their copy already (delivered again).
         self.already_relayed = 0
 
@@ -137,6 +159,7 @@ class IngressRelay:
         """Note where each partition ends now: another relay may have copied records before that,
         none after. (Unreachable, the log is asked at the partition's first batch instead, which
         only reads back more than needed.)"""
+        self._forget_pending()
         self._forget(partitions)
         for topic in {where.topic for where in partitions}:
             try:
@@ -151,6 +174,7 @@ class IngressRelay:
                     self._read_back[where] = _ReadBack(ends.get(where.partition, 0))
 
     async def on_revoked(self, partitions: frozenset[TopicPartition]) -> None:
+        self._forget_pending()
         self._forget(partitions)
 
     def _forget(self, partitions: Iterable[TopicPartition]) -> None:
@@ -159,11 +183,19 @@ class IngressRelay:
             self._past.discard(where)
 
     async def process(self, records: Sequence[Record]) -> None:
-        """Relay a batch of one partition, but for the records whose copies the commands topic has
-        already; a record whose copy the log would refuse for its size (the tenant's topic took it,
-        and the copy adds headers) is dead-lettered instead, with the reason: refused in the batch,
-        it stopped the relay, and every tenant's commands behind it."""
-        copies: list[OutgoingRecord] = []
+        """Work out the copies of a batch of one partition, but for the records whose copies the
+        commands topic has already; they wait for :meth:`flush`. A record whose copy the log would
+        refuse for its size (the tenant's topic took it, and the copy adds headers) is dead-lettered
+        instead, with the reason: refused in the batch, it stopped the relay, and every tenant's
+        commands behind it."""
+        try:
+            await self._copy(records)
+        except BaseException:
+            self._forget_pending()
+            raise
+
+    async def _copy(self, records: Sequence[Record]) -> None:
+        copies = 0
         skipped = 0
         for record in records:
             if await self._relayed_already(record):
@@ -172,12 +204,11 @@ class IngressRelay:
             copy = relayed(record, self._tenant_of[record.topic])
             size = record_size(copy)
             if size <= MAX_RECORD_BYTES:
-                copies.append(copy)
+                self._pending.append(copy)
+                copies += 1
                 continue
             reason = f"relayed copy of {size} bytes is over the limit of {MAX_RECORD_BYTES} a record may have"
             await dead_letter(self._bus, self._topics, record, reason)
-        if copies:
-            await self._bus.publish(self._commands, copies)
         if skipped:
             self.already_relayed += skipped
             log.info(
@@ -187,9 +218,21 @@ class IngressRelay:
                 count=skipped,
                 first=records[0].offset,
             )
-        log.debug(
-            "commands relayed", topic=records[0].topic, partition=records[0].partition, count=len(copies)
-        )
+        log.debug("commands to relay", topic=records[0].topic, partition=records[0].partition, count=copies)
+
+    async def flush(self) -> None:
+        """Append the copies of every partition of the fetch, in one publish."""
+        copies, self._pending = self._pending, []
+        if copies:
+            await self._bus.publish(self._commands, copies)
+            log.debug("commands relayed", count=len(copies))
+
+    def _forget_pending(self) -> None:
+        """The fetch failed, or the partitions moved: none of its copies may reach the log (the fetch
+        is delivered again, to this relay or the next, which works them out anew)."""
+        if self._pending:
+            log.info("copies not appended: their fetch is delivered again", count=len(self._pending))
+        self._pending = []
 
     async def _relayed_already(self, record: Record) -> bool:
         """Whether the commands topic holds a copy of ``record`` made before this relay took its

@@ -98,15 +98,18 @@ async def consume(
 ) -> None:
     """Run ``processor`` as a member of ``group`` until ``stop`` is set.
 
-    ``fenced`` (the owners, the one writer of each partition's events): before a fetch's flush,
-    the member commits the offsets the fetch began at, which changes nothing for a member of the
-    group (every record before them is durable already) and is refused to one the group expelled. A
-    member cut off from the broker for longer than its session still holds what it fetched and
-    learns that it lost its partitions only at its next call to the group: without the fence, its
-    first fetch after the cut heals decides against a fold another member has moved past and appends
-    events whose seq is taken (readers ignore them, ``ffdl verify`` reports them). A refused member
-    raises :class:`StaleMember` with nothing flushed; its supervisor starts the role again, which
-    joins the group again and folds what it is given.
+    ``fenced`` (the owners, the one writer of each partition's events, and the ingress relay, whose
+    copies must be appended once): before a fetch's flush, the member commits the offsets the fetch
+    began at, which changes nothing for a member of the group (every record before them is durable
+    already) and is refused to one the group expelled. A member cut off from the broker for longer
+    than its session still holds what it fetched and learns that it lost its partitions only at its
+    next call to the group: without the fence, its first fetch after the cut heals decides against a
+    fold another member has moved past and appends events whose seq is taken (readers ignore them,
+    ``ffdl verify`` reports them), or copies tenant records another relay copied too. A refused
+    member raises :class:`StaleMember` with nothing flushed; its supervisor starts the role again,
+    which joins the group again and folds (or reads back) what it is given. The fence leaves the
+    time between its commit and the append reaching the log: neither bus refuses the append itself
+    to an expelled member (docs/kafka.md).
     """
     subscription = await bus.subscribe(group, topics, processor)
     flush = processor.flush if isinstance(processor, FetchProcessor) else None

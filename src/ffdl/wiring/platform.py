@@ -206,7 +206,9 @@ class Platform:
             if s.direct_tenants:
                 relay = IngressRelay(self.bus, self.topics, s.direct_tenants)
                 relays = self._group("ingress")
-                self._supervise("ingress", lambda: consume(self.bus, relays, relay.topics, relay, self._stop))
+                self._supervise(
+                    "ingress", lambda: consume(self.bus, relays, relay.topics, relay, self._stop, fenced=True)
+                )
             self._supervise("monitor", lambda: monitor.run(self._stop))
             if self.kubernetes is not None:
                 kubernetes = self.kubernetes
