@@ -7,6 +7,11 @@ commands topic); only the aggregates' window of the last 64 command ids that cau
 its way, so a copy of a command more than 64 commands of its job back, or of one that decided
 nothing, was decided again, in the state the tenant's later commands had left (a halt the tenant had
 since resumed halted the job again).
+
+And a relay the group expelled (frozen past its session while another relay took its partition over
+and copied the same records) must not append the copies it had worked out once it thaws: it is
+fenced as the owners are, and the one window the fence leaves (frozen between its fence and its
+append) is pinned as docs/kafka.md states it.
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ from typing import Any
 
 import pytest
 
-from ffdl.adapters.bus import open_bus
+from ffdl.adapters.bus import embedded, open_bus
+from ffdl.adapters.bus.embedded import EmbeddedBus
 from ffdl.adapters.election import FileElection
 from ffdl.core.aggregate import COMMAND_WINDOW
 from ffdl.core.authorization import SCHEDULER, Principal
@@ -35,7 +41,7 @@ from ffdl.handlers.ingress import INGRESS_HEADER, IngressRelay
 from ffdl.handlers.messaging import PRINCIPAL_HEADER, CommandSender, Topics
 from ffdl.handlers.owner import SCHEDULER_ROLE, JobOwner
 from ffdl.handlers.ports import Bus, OutgoingRecord, Record, TopicPartition
-from ffdl.handlers.runtime import consume, decode_event
+from ffdl.handlers.runtime import StaleMember, consume, decode_event
 from tests.services import wait_until_async
 
 TENANT = "acme"
@@ -168,9 +174,11 @@ class Story:
     def relay(self, bus: Bus | None = None) -> IngressRelay:
         return IngressRelay(bus or self.log, self.topics, self.tenants)
 
-    async def relay_copies_everything(self) -> IngressRelay:
-        relay = self.relay()
-        await self._run_until_committed(self.log, RELAYS, relay.topics, relay)
+    async def relay_copies_everything(
+        self, relay: IngressRelay | None = None, bus: Bus | None = None
+    ) -> IngressRelay:
+        relay = relay or self.relay()
+        await self._run_until_committed(bus or self.log, RELAYS, relay.topics, relay, fenced=True)
         return relay
 
     async def relay_crashes_before_commit(self, landed: Any = None) -> None:
@@ -178,7 +186,7 @@ class Story:
         relay = self.relay(bus)  # type: ignore[arg-type]
         stop = asyncio.Event()
         with pytest.raises(Crash):
-            await asyncio.wait_for(consume(bus, RELAYS, relay.topics, relay, stop), 15)  # type: ignore[arg-type]
+            await asyncio.wait_for(consume(bus, RELAYS, relay.topics, relay, stop, fenced=True), 15)  # type: ignore[arg-type]
         assert bus.appended
 
 
@@ -420,3 +428,173 @@ async def test_records_written_after_the_relay_began_are_copied_without_reading_
             stop.set()
             await running
     assert bus.reads == 0 and relay.already_relayed == 0
+
+
+#: The session of the relay that is frozen: the group expels it this long after its last heartbeat.
+FROZEN_SESSION_S = 1.0
+
+
+class Frozen:
+    """One relay's process (its own connection to the log, a session of :data:`FROZEN_SESSION_S`),
+    frozen once, as SIGSTOP or a long pause would, at the point ``at``: right after it read back the
+    commands topic (its copies are worked out, none appended), or as it appends them. Its task waits
+    there and its heartbeats stop reaching the log, so the group expels it once its session is out;
+    :meth:`thaw` lets it go on from where it stopped. ``resumed`` is set at its first call to the
+    group after the thaw (the fence's commit, or the commit after its append)."""
+
+    def __init__(self, path: Path, partitions: int, commands: str, at: str) -> None:
+        self._bus = EmbeddedBus(path, partitions, session_timeout_s=FROZEN_SESSION_S)
+        self._commands = commands
+        self._at = at
+        self.members: set[str] = set()
+        self.frozen = asyncio.Event()
+        self.thawed = asyncio.Event()
+        self.resumed = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._bus, name)
+
+    def beats(self, member_id: str) -> bool:
+        """Whether a heartbeat of ``member_id`` reaches the log (none of this process's while frozen)."""
+        return member_id not in self.members or not self.frozen.is_set() or self.thawed.is_set()
+
+    def thaw(self) -> None:
+        self.thawed.set()
+
+    async def _freeze(self) -> None:
+        if not self.frozen.is_set():
+            self.frozen.set()
+            await self.thawed.wait()
+
+    async def read(self, topic: str, partition: int, start: int = 0, end: int | None = None) -> Any:
+        async for record in self._bus.read(topic, partition, start, end):
+            yield record
+        if topic == self._commands and self._at == "read back":
+            await self._freeze()
+
+    async def publish(self, topic: str, records: Sequence[OutgoingRecord]) -> list[Position]:
+        if topic == self._commands and self._at == "append":
+            await self._freeze()
+        return await self._bus.publish(topic, records)
+
+    async def subscribe(self, group: str, topics: Sequence[str], listener: Any = None) -> Any:
+        subscription = await self._bus.subscribe(group, topics, listener)
+        self.members.add(subscription.member_id)
+        inner_commit = subscription.commit
+
+        async def commit(offsets: Any) -> None:
+            if self.thawed.is_set():
+                self.resumed.set()
+            await inner_commit(offsets)
+
+        subscription.commit = commit  # type: ignore[method-assign]
+        return subscription
+
+
+@pytest.fixture
+def freezing(monkeypatch: pytest.MonkeyPatch) -> list[Frozen]:
+    """Processes a test freezes: the heartbeats of their members stop reaching the log while they are."""
+    processes: list[Frozen] = []
+    heartbeat = embedded._heartbeat
+
+    def beat(connection: Any, member: Any, now_ms: int) -> bool:
+        if all(process.beats(member.member_id) for process in processes):
+            return heartbeat(connection, member, now_ms)
+        return True  # a frozen process sends nothing (and so does not learn it was expelled)
+
+    monkeypatch.setattr(embedded, "_heartbeat", beat)
+    return processes
+
+
+async def relay_frozen_while_another_copies(
+    story: Story, frozen: Frozen, relay: IngressRelay
+) -> BaseException | None:
+    """``relay``, in the process ``frozen``, takes the tenant's partition with records waiting, and
+    freezes; another relay joins the group, which expels the frozen one once its session is out, and
+    copies every record; then the frozen relay thaws and goes on with what it had fetched. Returns
+    what its run ended with."""
+    stop = asyncio.Event()
+    running = asyncio.create_task(consume(frozen, RELAYS, relay.topics, relay, stop, fenced=True))
+    try:
+        await asyncio.wait_for(frozen.frozen.wait(), 15)
+        await story.relay_copies_everything()  # once the frozen relay's session is out
+        assert len(origins(await story.commands())) == 3, "the other relay copied every record"
+        frozen.thaw()
+        await asyncio.wait_for(asyncio.wait([running, asyncio.ensure_future(frozen.resumed.wait())],
+                                            return_when=asyncio.FIRST_COMPLETED), 15)  # fmt: skip
+    finally:
+        stop.set()
+        outcome = (await asyncio.gather(running, return_exceptions=True))[0]
+    return outcome if isinstance(outcome, BaseException) else None
+
+
+async def test_a_relay_the_group_expelled_appends_none_of_the_copies_it_had_made(
+    tmp_path: Path, freezing: list[Frozen]
+) -> None:
+    """A relay takes the tenant's partition over, reads back what was copied before, and is frozen
+    (SIGSTOP, a long GC) before it appends its copies; its session runs out, the group gives the
+    partition to another relay, which copies every record. Thawed, the relay appended its copies:
+    a second copy of each, further on, which the owner decides unless its job's window of recent
+    command ids holds the first: the second halt, which decided nothing, halted the job the tenant
+    had resumed. Fenced, the relay is refused before it appends, and taken back into the group (its
+    supervisor runs it again) it copies only what came since."""
+    async with Story(tmp_path) as story:
+        await story.queued("job-1")
+        first = story.command("job-1", cmd.HaltJob(reason="for the weekend"))
+        again = story.command("job-1", cmd.HaltJob(reason="for the weekend, pressed twice"))
+        resume = story.command("job-1", cmd.ResumeJob())
+        await story.tenant_writes(first, again, resume)
+        frozen = Frozen(tmp_path / "log" / "log.sqlite", story.partitions, story.topics.commands, "read back")
+        freezing.append(frozen)
+        await frozen.start()
+        relay = story.relay(frozen)
+        outcome = await relay_frozen_while_another_copies(story, frozen, relay)
+        copied = origins(await story.commands())
+        await story.owner_decides_everything()
+        decided = await story.events()
+        cancel = story.command("job-1", cmd.CancelJob(reason="after the thaw"))
+        await story.tenant_writes(cancel)
+        await story.relay_copies_everything(relay, frozen)  # run again by its supervisor, back in the group
+        copies = origins(await story.commands())
+        await frozen.close()
+
+    assert set(copied.values()) == {1}, "the expelled relay appended its copies after the other relay's"
+    assert causes(decided, ev.HaltRequested) == [first.command_id], "the second halt was decided on its copy"
+    assert fold(decided, "job-1") is JobState.QUEUED
+    assert isinstance(outcome, StaleMember)
+    assert len(copies) == 4 and set(copies.values()) == {1}
+
+
+async def test_a_relay_frozen_between_its_fence_and_its_append_still_appends_its_copies(
+    tmp_path: Path, freezing: list[Frozen]
+) -> None:
+    """The window the fence leaves (docs/kafka.md): a relay whose fence the group accepted, frozen
+    before its append lands (on Kafka also an append in flight, retried up to the request timeout),
+    appends its copies after the relay that took its partition over copied the same records. Its
+    commit after the append is refused, so nothing further is copied twice; the owner decides each
+    second copy unless its job's window of recent command ids holds the first (here it does: each
+    first copy caused events, fewer than 64 ago). Closing it needs the append refused to an
+    expelled member itself: then this test's copies are made once."""
+    async with Story(tmp_path) as story:
+        await story.queued("job-1")
+        halt = story.command("job-1", cmd.HaltJob(reason="for the weekend"))
+        resume = story.command("job-1", cmd.ResumeJob())
+        cancel = story.command("job-1", cmd.CancelJob(reason="for good"))
+        await story.tenant_writes(halt, resume, cancel)
+        frozen = Frozen(tmp_path / "log" / "log.sqlite", story.partitions, story.topics.commands, "append")
+        freezing.append(frozen)
+        await frozen.start()
+        relay = story.relay(frozen)
+        outcome = await relay_frozen_while_another_copies(story, frozen, relay)
+        await frozen.close()
+        copies = await story.commands()
+        await story.owner_decides_everything()
+        decided = await story.events()
+
+    assert outcome is None, "the fence was passed before the freeze"
+    assert set(origins(copies).values()) == {2}, "each record copied by both relays"
+    relayed = [copy for copy in copies if origins([copy])]
+    assert [copy.value for copy in relayed[:3]] == [copy.value for copy in relayed[3:]]
+    assert causes(decided, ev.HaltRequested) == [halt.command_id]
+    assert causes(decided, ev.ResumeRequested) == [resume.command_id]
+    assert fold(decided, "job-1") is JobState.CANCELLED
