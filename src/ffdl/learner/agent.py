@@ -18,11 +18,14 @@ limits where ``FFDL_CGROUP`` names them and the host has cgroups
 programs that make the sandbox as the platform's user (the shell that joins the cgroup, ``nsenter``,
 bwrap) start with the platform's ``PATH`` alone, and bwrap reads the command's variables from a
 descriptor (``--clearenv``, ``--setenv``: none of the job's is in their environment or on their
-command lines). Unsandboxed, the command runs in the agent's process group, with its environment
-from the start, and, when ``FFDL_RUN_AS=UID:GID`` says so, as that unprivileged user with no
-supplementary groups (from the shell that joins the cgroup on) while the agent keeps the
-platform's user. For as long as the command runs
-the agent keeps the learner's key
+command lines). Unsandboxed, the command runs in the agent's process group, in its cgroup likewise.
+When ``FFDL_RUN_AS=UID:GID`` says so (a root platform's learner user), the shell that joins the
+cgroup and then the user switch (:mod:`ffdl.adapters.launchers.user_switch`) run as root with the
+platform's ``PATH`` alone; the switch reads the command's environment from the same kind of
+descriptor, gives up root for good (that user's ids, no supplementary group, no capability,
+``no_new_privs``) and starts the command, while the agent keeps the platform's user. Otherwise
+nothing changes users, and the command's environment is its first program's. For as long as the
+command runs the agent keeps the learner's key
 ``/ffdl/jobs/<job>/learners/<rank>`` in the heartbeat store, bound to a lease, holding a
 :class:`~ffdl.handlers.heartbeat_keys.LearnerBeat`. When the command ends it writes the exit record
 ``/ffdl/jobs/<job>/exits/<attempt>/<rank>`` (no lease, so it outlives the agent), then revokes the
@@ -98,6 +101,7 @@ from ffdl.adapters.launchers.sandbox import (
     signal_sandbox,
     with_environment,
 )
+from ffdl.adapters.launchers.user_switch import switching_command
 from ffdl.adapters.processes import exit_code_of, wait_for_exit
 from ffdl.events.model import Checkpoint
 from ffdl.events.reports import MAX_METRICS
@@ -173,8 +177,9 @@ class AgentConfig:
     run_as: tuple[int, int] | None = None
     #: The heartbeat store's login (a per-job etcd user on Kubernetes); never the command's.
     heartbeats_credentials: EtcdCredentials | None = None
-    #: What the programs that make the sandbox run with (the platform's ``PATH``, nothing of the job's).
-    sandbox_setup_environment: Mapping[str, str] = field(default_factory=lambda: setup_environment({}))
+    #: What the programs the agent starts as root before the command run with (the shell that joins
+    #: the cgroup, and bwrap or the user switch): the platform's ``PATH``, nothing of the job's.
+    root_side_environment: Mapping[str, str] = field(default_factory=lambda: setup_environment({}))
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> AgentConfig:
@@ -204,7 +209,7 @@ class AgentConfig:
             limits=Limits.from_json(environ[CGROUP_VARIABLE]) if environ.get(CGROUP_VARIABLE) else None,
             run_as=_user_and_group(environ.get(RUN_AS_VARIABLE, "")),
             heartbeats_credentials=_credentials(environ),
-            sandbox_setup_environment=setup_environment(environ),
+            root_side_environment=setup_environment(environ),
         )
 
 
@@ -400,22 +405,29 @@ class LearnerAgent:
 
     def _start_command(self, group: LearnerGroup | None) -> subprocess.Popen[bytes]:
         """The learner's command under ``/bin/sh``, output on one pipe, with its own environment: in
-        its sandbox and cgroup, in a process group of its own (see the module docstring on signals),
-        the programs that make the sandbox with the platform's ``PATH`` alone and the command with
-        the environment bwrap reads from a descriptor; or, with no sandbox, in the agent's process
-        group with its environment and, when the launcher says so, as the unprivileged learner user."""
+        its sandbox and cgroup, in a process group of its own (see the module docstring on signals);
+        or, with no sandbox, in its cgroup in the agent's process group, as the learner user when the
+        launcher names one, else as the agent's. The programs the agent starts before the command,
+        as the platform's user, root (the shell that joins the cgroup, bwrap or the user switch),
+        get the platform's ``PATH`` alone, and the command its environment from a descriptor they
+        read (bwrap, the user switch); with neither, nothing changes users, and the command's
+        environment is its first program's."""
         command = [SHELL, "-c", SHELL_PRELUDE + self._command]
-        environment, run_as = self._config.command_environment, self._config.run_as
+        environment = self._config.command_environment
         passed: list[int] = []
         with contextlib.ExitStack() as descriptors:
-            if self._config.sandbox:
-                seccomp = filter_pipe()
-                descriptors.callback(os.close, seccomp)
+            if self._config.sandbox or self._config.run_as is not None:
                 given = environment_file(self._config.command_environment)
                 descriptors.callback(os.close, given)
-                command = [*with_environment(filtered(self._config.sandbox, seccomp), given), *command]
-                environment, passed, run_as = self._config.sandbox_setup_environment, [seccomp, given], None
-            uid, gid = run_as or (None, None)
+                if self._config.sandbox:
+                    seccomp = filter_pipe()
+                    descriptors.callback(os.close, seccomp)
+                    command = [*with_environment(filtered(self._config.sandbox, seccomp), given), *command]
+                    passed = [seccomp, given]
+                elif self._config.run_as is not None:
+                    command = switching_command(sys.executable, given, *self._config.run_as, command)
+                    passed = [given]
+                environment = self._config.root_side_environment
             return subprocess.Popen(
                 joining_command(group, command) if group is not None else command,
                 cwd=self._config.command_dir,
@@ -423,9 +435,6 @@ class LearnerAgent:
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
-                user=uid,
-                group=gid,
-                extra_groups=None if uid is None else [],
                 process_group=0 if self._config.sandbox else None,
                 pass_fds=passed,
             )

@@ -3,9 +3,11 @@
 The launcher says what a learner may use (:class:`Limits`, from the job's ``cpus`` and
 ``memory_mb``) and names its group; the learner agent makes the group before it starts the sandbox,
 starts the sandbox inside it (a shell that moves itself into the group, then ``exec``s bwrap, so
-every process of the learner is born inside) and removes the group once the learner ended. The
-agent itself stays outside: an out-of-memory kill in the group can only pick the learner's
-processes.
+every process of the learner is born inside) and removes the group once the learner ended.
+Unsandboxed, the shell ``exec``s the command, or, where a root platform runs it as the learner
+user, the user switch (:mod:`ffdl.adapters.launchers.user_switch`): the shell joins as root, and
+the command, that user's, can write no ``cgroup.procs``. The agent itself stays outside: an
+out-of-memory kill in the group can only pick the learner's processes.
 
 Hosts differ. Where the cgroup v1 controllers ``memory``, ``cpu`` and ``pids`` are mounted under
 ``/sys/fs/cgroup`` and writable (the platform runs as root), each limit is enforced:

@@ -19,11 +19,14 @@ from __future__ import annotations
 import os
 import pwd
 import stat
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
+
+from ffdl.adapters.launchers.user_switch import switching_command
 
 log = structlog.get_logger(__name__)
 
@@ -35,6 +38,7 @@ TRAVERSE_ONLY_MODE = 0o711
 LEARNER_DIR_MODE = 0o700
 #: Directories only the platform enters: a job's logs, pidfiles and report channels.
 PLATFORM_DIR_MODE = 0o700
+PROBE_TIMEOUT_S = 60.0
 
 
 class LearnersCannotRun(RuntimeError):
@@ -183,3 +187,40 @@ def check_interpreter_reachable(user: LearnerUser, python: str) -> None:
             "closed to it), so no learner could run; run learners sandboxed (the default, FFDL_SANDBOX), "
             "install Python where others can reach it, or set FFDL_LEARNER_USER"
         )
+
+
+def check_user_switch(user: LearnerUser, python: str) -> None:
+    """Refuse to start when unsandboxed learners could not be started as ``user``: run an empty
+    command through the user switch (:mod:`ffdl.adapters.launchers.user_switch`) with ``python``, as
+    a learner's starts, or every job would fail with exit status 125, restart after restart."""
+    problem = _switch_problem(user, python)
+    if problem:
+        raise LearnersCannotRun(
+            f"learners cannot be started as the learner user {user.name} here: {problem}. The platform "
+            "(root) switches to it with this Python, which needs CAP_SETUID and CAP_SETGID; fix that, "
+            "or run learners sandboxed (the default, FFDL_SANDBOX)"
+        )
+
+
+def _switch_problem(user: LearnerUser, python: str) -> str | None:
+    given = os.memfd_create("ffdl-probe-environment", os.MFD_CLOEXEC)
+    try:
+        os.write(given, b"--clearenv\0")  # an empty environment, as bwrap's --args words
+        os.lseek(given, 0, os.SEEK_SET)
+        result = subprocess.run(
+            switching_command(python, given, user.uid, user.gid, ["/bin/sh", "-c", ":"]),
+            cwd="/",
+            env={"PATH": os.defpath},
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=PROBE_TIMEOUT_S,
+            check=False,
+            pass_fds=(given,),
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return str(error)
+    finally:
+        os.close(given)
+    if result.returncode != 0:
+        return (result.stderr.decode(errors="replace").strip() or f"exit status {result.returncode}")[-400:]
+    return None

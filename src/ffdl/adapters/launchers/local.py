@@ -26,8 +26,9 @@ the manifest's ``cpus`` and ``memory_mb`` where the host has cgroups
 learner can write, and gets an environment the platform builds (never the platform's own: its
 credentials stay out); the job's env reaches only the command. Without a sandbox (the operator
 opted out: ``sandbox=None``) and where the platform runs as root, the command runs as the learner
-user (:mod:`ffdl.adapters.launchers.isolation`) and owns the learner's directories: learners are
-then kept from the platform, not from each other.
+user (:mod:`ffdl.adapters.launchers.isolation`), in its cgroup, switched to it by
+:mod:`ffdl.adapters.launchers.user_switch` (checked once at start), and owns the learner's
+directories: learners are then kept from the platform, not from each other.
 
 The files are the launcher's whole memory, so a restarted platform adopts the learners that kept
 running: ``running`` and ``stop`` work from the pidfiles, whoever started the agents. A pidfile
@@ -88,6 +89,7 @@ from ffdl.adapters.launchers.isolation import (
     PLATFORM_DIR_MODE,
     TRAVERSE_ONLY_MODE,
     check_interpreter_reachable,
+    check_user_switch,
     learner_user,
     make_directory,
     prepare_learners_root,
@@ -189,6 +191,7 @@ class LocalLauncher:
             prepare_learners_root(self._work_dir, self._user)
             if self._user is not None:
                 check_interpreter_reachable(self._user, python)
+                check_user_switch(self._user, python)
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._reapers: set[asyncio.Task[None]] = set()
         # keeps a sweep of leftover job networks apart from a launch making its job's (see ensure)
