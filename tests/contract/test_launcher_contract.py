@@ -8,10 +8,12 @@ from __future__ import annotations
 import codecs
 import contextlib
 import os
+import pwd
 import re
 import shutil
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
@@ -36,6 +38,7 @@ from launcher_contract import (
 )
 
 from ffdl.adapters.heartbeats import open_store
+from ffdl.adapters.launchers import local as local_module
 from ffdl.adapters.launchers.environment import COMMAND_DIR_VARIABLE, command_environment
 from ffdl.adapters.launchers.local import LocalLauncher
 from ffdl.adapters.launchers.sandbox import Sandbox
@@ -50,10 +53,13 @@ CLEANUP_GRACE_S = 1.0
 class LocalRig:
     """Local launchers over one work directory, their learners reporting to an embedded store."""
 
-    def __init__(self, work_dir: Path, heartbeats_url: str, sandbox: Sandbox | None = None) -> None:
+    def __init__(
+        self, work_dir: Path, heartbeats_url: str, sandbox: Sandbox | None = None, user: str | None = None
+    ) -> None:
         self.work_dir = work_dir
         self.heartbeats_url = heartbeats_url
         self.sandbox = sandbox
+        self.user = user
         self._store = open_store(heartbeats_url)
         self._launchers = [self.new_launcher()]
 
@@ -64,6 +70,7 @@ class LocalRig:
             self.work_dir,
             self.heartbeats_url,
             heartbeat_ttl_s=HEARTBEAT_TTL_S,
+            user=self.user,
             sandbox=self.sandbox,
             data_roots=signals,
             **extra,
@@ -424,3 +431,78 @@ async def test_the_programs_that_make_a_sandbox_get_nothing_of_the_jobs_env_and_
         assert {entry.split(b"=", 1)[0].decode() for entry in environment} <= SETUP_NAMES, program
         assert not any(SECRET.encode() in argument for argument in arguments), program
     assert makers["nsenter"] == makers["bwrap"] == 1
+
+
+@contextlib.asynccontextmanager
+async def learner_user_local_rig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[LocalRig]:
+    """The local launcher of a root platform with the sandbox off (the operator's choice): learners
+    run as ``nobody``, from a learners' root it can reach (``tmp_path`` is closed to it). This Python
+    may lie where ``nobody`` cannot reach it (under ``/root``), which the launcher refuses at start:
+    the learners here run none."""
+    monkeypatch.setattr(local_module, "check_interpreter_reachable", lambda *_: None)
+    work_dir = Path(tempfile.mkdtemp(prefix="ffdl-contract-"))
+    os.chmod(work_dir, 0o711)
+    rig = LocalRig(work_dir, f"embedded://{tmp_path / 'heartbeats.sqlite'}", user="nobody")
+    try:
+        yield rig
+    finally:
+        await rig.shutdown()
+        shutil.rmtree(work_dir, ignore_errors=True)
+
+
+as_root_with_cgroups = pytest.mark.skipif(
+    os.geteuid() != 0
+    or not (os.access("/sys/fs/cgroup/memory", os.W_OK) or os.access("/sys/fs/cgroup", os.W_OK)),
+    reason="a learner user's cgroup needs root and a writable cgroup hierarchy",
+)
+
+
+@as_root_with_cgroups
+async def test_unsandboxed_the_programs_that_switch_to_the_learner_user_get_nothing_of_the_jobs_env(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unsandboxed, a root platform's learner runs as the learner user in its cgroup: the shell that
+    joins the cgroup and the user switch run as root, with the platform's PATH alone, and the switch
+    gives the command its environment from a descriptor. Before, the joining shell already ran as
+    the learner user, with the job's env: it could not join, and every learner exited with 125."""
+    strace = shutil.which("strace")
+    trace = tmp_path / "execve.trace"
+    nobody = pwd.getpwnam("nobody")
+    async with learner_user_local_rig(tmp_path, monkeypatch) as rig:
+        if strace is not None:
+            await rig.use_python(traced_python(tmp_path, strace, trace))
+        job_id, go = new_job_id(), rig.work_dir / "go"  # the learner user reaches it (the root is 0711)
+        learner_says = 'cat /proc/$$/environ > "$RESULT_DIR/environment"; cat /proc/$$/status /proc/$$/cgroup'
+        command = f"{learner_says}; {WAIT_FOR_GO}"
+        request = launch_request(job_id, command, nodes=("node-a",), go_file=go, spec_env=HOSTILE_ENV)
+        await rig.launcher.launch(request)
+        await wait_for_output(rig, job_id, 1, 0, "ready")
+        agent_environment = environ_of(agent_pid(rig, job_id, 1, 0))
+        go.touch()
+
+        assert await exit_code(rig.store, job_id, 1, 0) == 0, await rig.learner_output(job_id, 1, 0)
+        output = await rig.learner_output(job_id, 1, 0)
+        status = dict(line.split(":", 1) for line in output.splitlines() if ":" in line)
+        assert status["Uid"].split() == [str(nobody.pw_uid)] * 4
+        assert status["CapEff"].strip() == status["CapPrm"].strip() == "0" * 16
+        assert status["NoNewPrivs"].strip() == "1"
+        assert re.search(rf"^\d+:[^:\n]*:/ffdl/{job_id}-a1-r0$", output, re.MULTILINE), output
+        given = learner_file(rig.launcher.job_dir(job_id) / "results" / "environment")
+        learner = dict(os.fsdecode(entry).split("=", 1) for entry in given.split(b"\0") if entry)
+        assert learner == command_environment(agent_environment)
+        assert {name: learner[name] for name in HOSTILE_ENV} == HOSTILE_ENV
+
+    if strace is None:
+        return
+    makers = {"sh": 0, "user_switch.py": 0}
+    for arguments, environment in executions(trace):
+        assert not any(SECRET.encode() in argument for argument in arguments), arguments[0]
+        if os.path.basename(arguments[0]) == b"sh" and b"ffdl-cgroup" in arguments:
+            program = "sh"
+        elif arguments[1:3] == [b"-I", b"-S"] and arguments[3].endswith(b"/user_switch.py"):
+            program = "user_switch.py"
+        else:
+            continue  # the agent, and the learner's own shell and programs
+        makers[program] += 1
+        assert {entry.split(b"=", 1)[0].decode() for entry in environment} <= SETUP_NAMES, program
+    assert makers == {"sh": 1, "user_switch.py": 1}

@@ -25,7 +25,7 @@ import pytest
 import structlog
 
 from ffdl.adapters.heartbeats import exit_key, learner_key, open_store
-from ffdl.adapters.launchers.environment import JOB_ENV_PREFIX, SANDBOX_VARIABLE
+from ffdl.adapters.launchers.environment import JOB_ENV_PREFIX, RUN_AS_VARIABLE, SANDBOX_VARIABLE
 from ffdl.adapters.processes import exit_code_of
 from ffdl.events.reports import MAX_METRICS
 from ffdl.handlers.heartbeat_keys import LearnerBeat, parse_exit
@@ -387,6 +387,54 @@ async def test_a_sandboxed_command_gets_its_environment_from_bwrap_and_bwrap_onl
     assert command == agent_config.command_environment
     assert {name: command[name] for name in job_env} == job_env
     assert command["PATH"] == "/usr/bin:/bin" and SANDBOX_VARIABLE not in command
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root switches users")
+async def test_an_unsandboxed_command_runs_as_the_learner_user_through_the_switch_given_the_platforms_path(
+    tmp_path: Path, run_agent: AgentRunner
+) -> None:
+    """Unsandboxed, the command ran as the learner user from its first program on (Python switched
+    users before it started), which could then not join the learner's cgroup: now the user switch
+    (root, the platform's PATH alone) reads the command's environment from a descriptor and gives
+    up root for good before it starts the command."""
+    job_env = {"MALLOC_PERTURB_": "85", "SECRET": "tenant-secret-7f3a with spaces\nand = \u00e9"}
+    agent_environment = {
+        "FFDL_JOB_ID": JOB,
+        "FFDL_ATTEMPT": "1",
+        "RANK": "0",
+        "FFDL_HEARTBEATS": "memory://",
+        "PATH": "/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        RUN_AS_VARIABLE: "65534:65534",
+        **{JOB_ENV_PREFIX + name: value for name, value in job_env.items()},
+    }
+    agent_config = replace(
+        AgentConfig.from_environ(agent_environment), log_file=tmp_path / "learner.log", command_dir=Path("/")
+    )
+    started: list[list[str]] = []
+    real_popen = subprocess.Popen
+
+    def recording_popen(arguments: list[str], **options: Any) -> subprocess.Popen[bytes]:
+        started.append([*arguments, repr(options["env"])])
+        return real_popen(arguments, **options)
+
+    command = "grep -E '^(Uid|CapEff|NoNewPrivs):' /proc/$$/status; tr '\\0' '\\n' < /proc/$$/environ"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(agent_module.subprocess, "Popen", recording_popen)
+        assert await run_agent(LearnerAgent(agent_config, FlakyStore(), command)) == 0
+
+    (arguments,) = started
+    assert arguments[-1] == repr({"PATH": "/usr/bin:/bin"})  # root's programs': nothing of the job's
+    assert arguments[1:3] == ["-I", "-S"] and arguments[3].endswith("/ffdl/adapters/launchers/user_switch.py")
+    assert not any("tenant-secret" in argument for argument in arguments)
+    log = (tmp_path / "learner.log").read_text()
+    status = dict(line.split(":", 1) for line in log.splitlines()[:3])
+    assert status["Uid"].split() == ["65534"] * 4
+    assert status["CapEff"].strip() == "0" * 16 and status["NoNewPrivs"].strip() == "1"
+    given = log.split("\n", 3)[3]
+    expected = agent_config.command_environment
+    assert given == "".join(f"{name}={value}\n" for name, value in expected.items())
+    assert "tenant-secret-7f3a with spaces" in given
 
 
 # --------------------------------------------------------------------------- a real agent process
