@@ -3,6 +3,7 @@ parsing, data and result places, log tails and the redaction of other tenants' j
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import re
@@ -23,6 +24,7 @@ from ffdl.adapters.tenants import Principal
 from ffdl.api import dependencies
 from ffdl.api.app import http_problem
 from ffdl.api.dependencies import parsed_manifest, problem
+from ffdl.api.fairness import FairWorker, TenantQueues
 from ffdl.api.manifest import MAX_DEPTH, MAX_NODES, ManifestError, OutOfTime, parse_manifest
 from ffdl.api.redaction import ANOTHER_JOB, ANOTHER_TENANT, Redactor, mentioned_jobs
 from ffdl.api.routes.logs import TAIL_MAX_BYTES, tail_of
@@ -122,7 +124,7 @@ async def test_a_parse_past_its_time_is_answered_once_it_has_stopped(monkeypatch
     """Before, the request was answered at the deadline while its parse went on in the thread pool."""
     monkeypatch.setattr(dependencies, "MANIFEST_PARSE_S", 0.02)  # the slow manifest takes ~0.3 s
     with pytest.raises(HTTPException) as refused:
-        await parsed_manifest(SLOW)
+        await parsed_manifest(SLOW, "acme")
     assert refused.value.status_code == 422
     assert "took over 0.02 s" in str(refused.value.detail)
     assert parsing() == 0
@@ -134,20 +136,155 @@ async def test_a_manifest_no_parser_takes_up_in_time_is_503_and_never_parsed(
     """The parser busy (a burst of slow manifests): the request is told to come back, and its
     manifest is not parsed later, when nobody waits for it."""
     monkeypatch.setattr(dependencies, "MANIFEST_PARSE_S", 0.05)
+    parser = FairWorker(dependencies.MANIFESTS_WAITING_PER_TENANT, name="test-manifest")
+    monkeypatch.setattr(dependencies, "_PARSER", parser)
     release = threading.Event()
-    busy = [dependencies._PARSERS.submit(release.wait) for _ in range(dependencies.MANIFEST_PARSERS)]
+    busy = parser.submit("globex", release.wait)
+    assert busy is not None
     parsed: list[bytes] = []
     monkeypatch.setattr(dependencies, "parse_manifest", lambda body, *_: parsed.append(body))
     try:
         with pytest.raises(HTTPException) as refused:
-            await parsed_manifest(b"name: x\ncommand: y\n")
+            await parsed_manifest(b"name: x\ncommand: y\n", "acme")
     finally:
         release.set()
-    for waiting in busy:
-        waiting.result(timeout=5)
-    dependencies._PARSERS.submit(lambda: None).result(timeout=5)  # the queue has moved past it
+    busy.result(timeout=5)
+    moved_on = parser.submit("acme", lambda: None)
+    assert moved_on is not None
+    moved_on.result(timeout=5)  # the queue has moved past it
     assert (refused.value.status_code, refused.value.headers) == (503, {"Retry-After": "1"})
     assert parsed == []
+    assert parser.waiting("acme") == 0
+
+
+def test_tenants_take_turns_and_each_has_at_most_its_bound_waiting() -> None:
+    """The next item is the first of the tenant served least recently: a tenant with many waiting
+    gets one turn in each round, and one more than its bound is refused for it alone."""
+    queues: TenantQueues[str] = TenantQueues(bound=3)
+    assert all(queues.offer("acme", f"acme-{n}") for n in range(3))
+    assert not queues.offer("acme", "acme-3")
+    assert queues.offer("globex", "globex-0") and queues.offer("initech", "initech-0")
+    assert queues.offer("globex", "globex-1")
+    taken = [queues.take() for _ in range(6)]
+    assert taken == ["acme-0", "globex-0", "initech-0", "acme-1", "globex-1", "acme-2"]
+    assert queues.take() is None
+    # a tenant just served, whose queue is full again, comes after one that has waited since
+    assert queues.offer("acme", "acme-4") and queues.offer("acme", "acme-5")
+    assert queues.take() == "acme-4"
+    assert queues.offer("acme", "acme-6") and queues.offer("globex", "globex-2")
+    assert [queues.take(), queues.take()] == ["globex-2", "acme-5"]
+    # an item taken out frees its place in its tenant's queue
+    assert queues.waiting("acme") == 1 and queues.offer("acme", "acme-7") and queues.offer("acme", "acme-8")
+    assert not queues.offer("acme", "acme-9")
+    assert queues.withdraw("acme", "acme-7") and not queues.withdraw("acme", "acme-7")
+    assert queues.offer("acme", "acme-9")
+    assert [queues.take() for _ in range(4)] == ["acme-6", "acme-8", "acme-9", None]
+
+
+@given(
+    st.lists(
+        st.one_of(st.sampled_from(["acme", "globex", "initech", "umbrella"]), st.none()),
+        max_size=200,
+    )
+)
+def test_an_item_at_the_head_of_its_queue_waits_for_at_most_one_of_each_other_tenant(
+    steps: list[str | None],
+) -> None:
+    """Whatever the tenants send and however long their queues: once a tenant's item is the next of
+    its queue, the worker takes at most one item of each other tenant before it (None: a take)."""
+    queues: TenantQueues[tuple[str, int]] = TenantQueues(bound=3)
+    sent: dict[str, int] = {}
+    ahead: dict[str, list[str]] = {}  # the tenants served since each tenant's next item became so
+    for step in steps:
+        if step is not None:
+            if queues.offer(step, (step, sent.get(step, 0))):
+                sent[step] = sent.get(step, 0) + 1
+                ahead.setdefault(step, [])
+            continue
+        item = queues.take()
+        if item is None:
+            assert not ahead
+            continue
+        tenant, _ = item
+        assert len(ahead[tenant]) == len(set(ahead[tenant])), ahead[tenant]
+        del ahead[tenant]
+        for served in ahead.values():
+            served.append(tenant)
+        if queues.waiting(tenant):
+            ahead[tenant] = []
+
+
+async def test_a_tenant_s_manifest_is_parsed_before_the_rest_of_another_s_flood(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A fake parser stepped by hand: acme's flood fills its queue and is refused past it (429, for
+    acme alone), and globex's manifest is parsed next, before acme's queued ones."""
+    parser = FairWorker(2, name="test-manifest")
+    monkeypatch.setattr(dependencies, "_PARSER", parser)
+    started: dict[bytes, threading.Event] = {}
+    release: dict[bytes, threading.Event] = {}
+    order: list[bytes] = []
+
+    def parse(body: bytes, *_: object) -> JobSpec:
+        order.append(body)
+        started[body].set()
+        assert release[body].wait(10)
+        return parse_manifest(body)
+
+    monkeypatch.setattr(dependencies, "parse_manifest", parse)
+
+    def manifest_of(name: str) -> bytes:
+        body = f"name: {name}\ncommand: run\n".encode()
+        started[body], release[body] = threading.Event(), threading.Event()
+        return body
+
+    flood = [manifest_of(f"acme-{n}") for n in range(3)]
+    parsing_flood = [asyncio.create_task(parsed_manifest(flood[0], "acme"))]
+    assert await asyncio.to_thread(started[flood[0]].wait, 10)  # the parser has taken acme-0
+    parsing_flood += [asyncio.create_task(parsed_manifest(body, "acme")) for body in flood[1:]]
+    await asyncio.sleep(0)  # each task queues its manifest in its first step, before it awaits
+    assert parser.waiting("acme") == 2
+    with pytest.raises(HTTPException) as refused:
+        await parsed_manifest(manifest_of("acme-3"), "acme")
+    assert (refused.value.status_code, refused.value.headers) == (429, {"Retry-After": "1"})
+    assert "2 manifests waiting" in str(refused.value.detail)
+    ours = manifest_of("globex-0")
+    parsing_ours = asyncio.create_task(parsed_manifest(ours, "globex"))
+    await asyncio.sleep(0)
+    assert parser.waiting("globex") == 1
+    release[flood[0]].set()
+    assert await asyncio.to_thread(started[ours].wait, 10)
+    assert order == [flood[0], ours], "globex's manifest waited behind acme's queue"
+    release[ours].set()
+    assert (await parsing_ours).name == "globex-0"
+    for body in flood[1:]:
+        release[body].set()
+    assert [spec.name for spec in await asyncio.gather(*parsing_flood)] == ["acme-0", "acme-1", "acme-2"]
+    assert order == [flood[0], ours, *flood[1:]]
+
+
+def test_a_piece_withdrawn_while_it_waits_is_never_done_and_one_taken_cannot_be() -> None:
+    worker = FairWorker(1, name="test-turns")
+    started, release = threading.Event(), threading.Event()
+    done: list[str] = []
+
+    def work(name: str) -> str:
+        started.set()
+        assert release.wait(10)
+        done.append(name)
+        return name
+
+    first = worker.submit("acme", work, "first")
+    assert first is not None and started.wait(10)
+    second = worker.submit("acme", work, "second")
+    assert second is not None and worker.submit("acme", work, "third") is None
+    assert worker.withdraw(second) and second.cancelled() and worker.waiting("acme") == 0
+    assert not worker.withdraw(first), "one the worker has taken runs to its end"
+    fourth = worker.submit("acme", work, "fourth")
+    assert fourth is not None
+    release.set()
+    assert (first.result(10), fourth.result(10)) == ("first", "fourth")
+    assert done == ["first", "fourth"]
 
 
 def test_a_body_holding_text_utf8_cannot_encode_is_written_with_escapes_and_the_rest_as_utf8() -> None:

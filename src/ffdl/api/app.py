@@ -13,8 +13,8 @@
 * ``/events?follow=true`` is Server-Sent Events with ``id:`` = seq, resumable with ``Last-Event-ID``.
 * Bounded input: a request body is counted as it arrives, chunked or not, and refused (413) past
   ``max_request_bytes`` before any route has read it all; routes read bodies only once the caller
-  is authenticated; manifests parse off the event loop, one at a time and stopped at their deadline,
-  with no YAML aliases; waits, open streams
+  is authenticated; manifests parse off the event loop, one at a time, taking turns among tenants
+  and stopped at their deadline, with no YAML aliases; waits, open streams
   and log reads are capped (see :mod:`ffdl.api.dependencies`, :mod:`ffdl.api.followers`).
 * What a tenant is shown of reasons names other tenants' jobs as "another tenant's job"
   (:mod:`ffdl.api.redaction`); ``/metrics`` and the details of ``/readyz`` are for admins.

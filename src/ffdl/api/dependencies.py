@@ -11,9 +11,9 @@
   Both wake on the projection's progress (:mod:`ffdl.api.progress`).
 * :data:`Manifest` is a job manifest parsed from the request body (JSON or YAML, ours or FfDL's),
   off the event loop and bounded in time, its data and result places checked against the roots.
-  At most :data:`MANIFEST_PARSERS` parse at once in each API process, in a thread of their own (not
-  the default pool every read of the projection hops to), and each stops at its deadline: a request
-  is answered only once its parse has stopped (see :func:`parsed_manifest`).
+  Each API process parses one at a time, in a thread of its own (not the default pool every read of
+  the projection hops to), taking turns among tenants, and each parse stops at its deadline: a
+  request is answered only once its parse has stopped (see :func:`parsed_manifest`).
 
 A body is read only by a dependency that depends on the caller (:data:`Manifest`, :func:`json_body`),
 never by a ``Body`` parameter, which FastAPI would read before any dependency runs: no request body
@@ -30,7 +30,6 @@ import threading
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any, TypeVar
@@ -39,6 +38,7 @@ from fastapi import Depends, HTTPException, Request
 from pydantic import BaseModel, ValidationError
 
 from ffdl.adapters.tenants import OPEN, Principal, TenantRegistry
+from ffdl.api.fairness import FairWorker
 from ffdl.api.followers import Followers
 from ffdl.api.heartbeats import HeartbeatView
 from ffdl.api.manifest import ManifestError, OutOfTime, parse_manifest
@@ -66,11 +66,14 @@ READ_WAIT_MAX_S = 10.0
 #: Seconds a manifest may take to parse, waiting for a parser included (its size and shape bound its
 #: cost already, to about 0.3 s for the default body limit: a guard, not a budget).
 MANIFEST_PARSE_S = 2.0
-#: How many manifests one API process parses at once. Parsing is pure Python, which holds the
-#: interpreter's lock: a second parser would parse no faster, and took the event loop's turns (with
-#: two, a burst of the costliest manifests held another caller's read for 2 to 4 s; with one, 0.16 s).
-MANIFEST_PARSERS = 1
-_PARSERS = ThreadPoolExecutor(max_workers=MANIFEST_PARSERS, thread_name_prefix="ffdl-manifest")
+#: How many of a tenant's manifests may wait for an API process's parser (besides the one it
+#: parses): one more is 429. Each waits its tenant's turn, so a tenant's own queue holds only itself.
+MANIFESTS_WAITING_PER_TENANT = 4
+#: The API process's one manifest parser, taking turns among tenants (see :func:`parsed_manifest`).
+#: One, not more: parsing is pure Python, which holds the interpreter's lock, so a second parser
+#: parses no faster and took the event loop's turns (with two, a burst of the costliest manifests
+#: held another caller's read for 2 to 4 s; with one, 0.16 s).
+_PARSER = FairWorker(MANIFESTS_WAITING_PER_TENANT, name="ffdl-manifest")
 #: The largest offset or seq a request may name: SQLite's integers stop at 2**63.
 MAX_OFFSET = 2**62
 #: The events by which an owner refuses a command (a job's, a node's); both carry the reason.
@@ -434,7 +437,9 @@ async def job_manifest(caller: Caller, request: Request, backend: Backend) -> Jo
     """The job manifest of the caller's request body (size-limited as it arrives): JSON or YAML, our
     manifest or FfDL's, parsed in a worker thread; its data and result places within the roots.
     (``caller`` is resolved first: an unauthenticated body is never parsed.)"""
-    spec = await parsed_manifest(await request.body())
+    if _PARSER.waiting(caller.tenant) >= _PARSER.bound:
+        raise _queue_full()  # before its body is read: a flood past its queue costs no read
+    spec = await parsed_manifest(await request.body(), caller.tenant)
     settings = backend.settings
     problems = [
         {"field": field, "message": message}
@@ -452,33 +457,54 @@ async def job_manifest(caller: Caller, request: Request, backend: Backend) -> Jo
 Manifest = Annotated[JobSpec, Depends(job_manifest)]
 
 
-async def parsed_manifest(body: bytes, clock: Callable[[], float] = time.monotonic) -> JobSpec:
-    """The manifest ``body`` parsed by one of the :data:`MANIFEST_PARSERS` (422 naming the field
-    for a bad one), within :data:`MANIFEST_PARSE_S` of now.
+async def parsed_manifest(body: bytes, tenant: str, clock: Callable[[], float] = time.monotonic) -> JobSpec:
+    """The manifest ``body`` of ``tenant`` parsed in its turn (422 naming the field for a bad one),
+    within :data:`MANIFEST_PARSE_S` of now.
 
     Parsing is CPU work that a thread cannot be made to drop: the parser itself stops at the deadline
     (:class:`~ffdl.api.manifest.OutOfTime`), and the request waits for it to stop, so no parse
     outlives its answer. One that has not started by the deadline (the parser busy) never reads a
     byte: 503 with ``Retry-After``. Before, manifests were parsed in the default pool, and a parse past its
     time went on after its 422: a burst of the costliest bodies filled the pool that every read of
-    the projection waits for, and held other callers' reads for seconds."""
-    busy = problem(503, "the API is busy reading other manifests", "(body)", headers={"Retry-After": "1"})
+    the projection waits for, and held other callers' reads for seconds.
+
+    The parser takes turns among tenants (:class:`~ffdl.api.fairness.FairWorker`): a tenant's
+    manifest waits for the parse under way and at most one of each other tenant with manifests
+    waiting, and a tenant with :data:`MANIFESTS_WAITING_PER_TENANT` waiting is refused one more at
+    once, 429 with ``Retry-After``. Before, they waited in the order they came: a tenant sending the
+    costliest manifests as fast as it could made every other tenant's submission a 503."""
     deadline = clock() + MANIFEST_PARSE_S
-    submitted = _PARSERS.submit(parse_manifest, body, deadline, clock)
+    submitted = _PARSER.submit(tenant, parse_manifest, body, deadline, clock)
+    if submitted is None:
+        raise _queue_full()
+    busy = problem(503, "the API is busy reading other manifests", "(body)", headers={"Retry-After": "1"})
     parsing = asyncio.wrap_future(submitted)
     try:
         try:
             return await asyncio.wait_for(asyncio.shield(parsing), MANIFEST_PARSE_S)
         except TimeoutError:
-            if submitted.cancel():  # still waiting for the parser: it never runs
+            if _PARSER.withdraw(submitted):  # still waiting for its turn: it never runs
                 raise busy from None
             return await parsing  # it stops itself at the deadline
+        except asyncio.CancelledError:  # nobody waits for it now: it never runs, or stops at its deadline
+            if not _PARSER.withdraw(submitted):
+                parsing.add_done_callback(lambda done: done.cancelled() or done.exception())
+            raise
     except OutOfTime as exc:
         if not exc.started:  # the parser took it up too late (the loop saw the time run out late)
             raise busy from exc
         raise problem(422, f"the manifest took over {MANIFEST_PARSE_S} s to read", "(body)") from exc
     except ManifestError as exc:
         raise HTTPException(422, detail=[{"field": f, "message": m} for f, m in exc.problems]) from exc
+
+
+def _queue_full() -> HTTPException:
+    return problem(
+        429,
+        f"this tenant has {_PARSER.bound} manifests waiting to be read already",
+        "(body)",
+        headers={"Retry-After": "1"},
+    )
 
 
 M = TypeVar("M", bound=BaseModel)
