@@ -14,15 +14,21 @@ import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable
+from concurrent.futures import Future
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import httpx
 import pytest
 
 from ffdl.adapters.tenants import TenantRegistry
+from ffdl.api import dependencies
+from ffdl.api.dependencies import MANIFEST_PARSE_S
+from ffdl.api.manifest import parse_manifest
 from ffdl.api.redaction import ANOTHER_JOB
+from ffdl.events.model import JobSpec
 from ffdl.wiring.config import SchedulerConfig, Settings
 from tests.harness import Api, fast_settings, manifest
 from tests.services import wait_until_async
@@ -159,6 +165,120 @@ async def test_a_burst_of_the_costliest_manifests_neither_outlives_its_answers_n
         else:
             refused(answer, 422, "command" if "8192" in answer.text else "(body)")
     assert max(waits) < FAST_S, f"another caller's read waited {max(waits):.1f} s"
+
+
+#: A tenant flooding the API from a process of its own (its client's work is not the server's):
+#: ``sys.argv[4]`` connections, each sending the manifest of the file ``sys.argv[3]`` again as soon
+#: as its answer comes, until its stdin is closed. It writes ``full`` when first refused for a full
+#: queue (429), and at the end each answer: its status, ``Retry-After``, fields, and whether it
+#: names the 8192 characters a command may have.
+FLOOD = """
+import asyncio, json, sys
+import httpx
+
+async def main(url, token, manifest, connections):
+    with open(manifest, "rb") as text:
+        body = text.read()
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_reader(sys.stdin.fileno(), stop.set)
+    answers = []
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/yaml"}
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        async def send():
+            while not stop.is_set():
+                answer = await http.post("/v1/jobs", content=body, headers=headers)
+                fields = [problem["field"] for problem in answer.json()["detail"]]
+                retry = answer.headers.get("Retry-After")
+                answers.append([answer.status_code, retry, fields, "8192" in answer.text])
+                if answer.status_code == 429 and not full:
+                    full.append(True)
+                    print("full", flush=True)
+        full = []
+        await asyncio.gather(*(send() for _ in range(connections)))
+    print(json.dumps(answers), flush=True)
+
+asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])))
+"""
+
+
+async def test_a_tenant_flooding_the_costliest_manifests_leaves_another_tenants_submissions_accepted(
+    api: Api, settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Acme keeps 24 of the costliest manifests in flight, from a process of its own, sending the
+    next as each is answered, while globex submits three jobs one after another. Before, the one
+    parser took manifests in the order they came: globex's waited behind all of acme's queued
+    before it, until about its deadline, and was refused (503) or taken just in time (201s after
+    1.7 to 2.3 s). Now the parser takes turns among tenants: globex's waits for the acme parse under
+    way, and acme past its queue is refused at once (429), its body unread.
+
+    Counted, not timed: once globex's manifest is queued, the parser starts it next (or after one
+    of acme's it had just taken, not yet started). The 201 needs no margin either: globex's parse
+    starts at the latest when the one under way stops, at that parse's deadline, which came before
+    globex's. The time to answer is bounded loosely, against a hang: the parse under way (0.3 s
+    alone; 0.4 to 1.2 s seen with the flood on two CPUs, and at most its deadline), then globex's
+    own parse and the write (0.05 to 0.5 s seen)."""
+    registry = TenantRegistry(settings.tenants_path)
+    acme, globex, sre = registry.add("acme"), registry.add("globex"), registry.add("sre", admin=True)
+    costliest = tmp_path / "costliest.yaml"
+    costliest.write_bytes(costliest_manifest(settings.max_request_bytes))
+    # whose manifest the parser started, in order, and when globex's was queued
+    parses: list[str] = []
+    submit = dependencies._PARSER.submit
+
+    def parsed(body: bytes, *args: Any) -> JobSpec:
+        parses.append("acme" if body.startswith(b"name: slow") else "globex")
+        return parse_manifest(body, *args)
+
+    def queued(tenant: str, *args: Any) -> Future[JobSpec] | None:
+        if tenant == "globex":
+            parses.append("globex queued")
+        return submit(tenant, *args)
+
+    monkeypatch.setattr(dependencies, "parse_manifest", parsed)
+    monkeypatch.setattr(dependencies._PARSER, "submit", queued)
+    flood = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        FLOOD,
+        str(api.http.base_url),
+        acme,
+        str(costliest),
+        "24",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert flood.stdin is not None and flood.stdout is not None
+    ours = []
+    try:
+        assert await asyncio.wait_for(flood.stdout.readline(), 30) == b"full\n"
+        for n in range(3):
+            text = manifest(f"fair-{n}", learners=1, gpus=0, args=["--steps", "2"])
+            started = time.monotonic()
+            response = await api.http.post("/v1/jobs", content=text, headers=bearer(globex))
+            took = time.monotonic() - started
+            assert response.status_code == 201, response.text
+            assert took < MANIFEST_PARSE_S + FAST_S, f"globex's submission took {took:.1f} s"
+            ours.append(response.json()["job_id"])
+            waited = parses[parses.index("globex queued") + 1 : parses.index("globex")]
+            assert len(waited) <= 1, f"globex's manifest waited for {len(waited)} of acme's to start"
+            parses.clear()
+        flood.stdin.close()
+        answers = json.loads(await asyncio.wait_for(flood.stdout.readline(), 30))
+        assert await asyncio.wait_for(flood.wait(), 30) == 0
+    finally:
+        if flood.returncode is None:
+            flood.kill()
+            await flood.wait()
+    assert parsing() == [], "a parse outlived its answer"
+    statuses = {status for status, *_ in answers}
+    assert 429 in statuses and statuses <= {422, 429, 503}, statuses
+    for status, retry_after, fields, names_the_limit in answers:
+        if status == 422:
+            assert ("command" if names_the_limit else "(body)") in fields, fields
+        else:
+            assert int(retry_after) > 0 and fields == ["(body)"], (status, retry_after, fields)
+    for job_id in ours:
+        await api.http.delete(f"/v1/jobs/{job_id}", headers=bearer(sre))
 
 
 def chunks(count: int, size: int = 1 << 16) -> AsyncIterator[bytes]:
