@@ -30,6 +30,7 @@ from bisect import bisect_left, insort
 from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
 from heapq import heapify, heappop, heappush
+from operator import add
 from typing import NamedTuple
 
 from ffdl.core.allocator import Node, PlacementPolicy
@@ -160,12 +161,26 @@ class ClusterRoom:
         self._types = tuple(sorted(self._buckets))
         #: bumped whenever a node's free GPU count changes: what a memo of a bound on slots checks
         self.changes = 0
-        # (GPU types, GPUs per learner) -> (``changes`` when counted, :meth:`_slot_bound`)
-        self._slot_bounds: dict[tuple[tuple[str, ...], int], tuple[int, int]] = {}
         self._when_empty: dict[Demand, list[tuple[NodeRoom, int]]] = {}  # see _holding_when_empty
         #: the schedulable rooms by node name (what a bound on slots reads, node by node)
         self._usable = {name: room for name, room in self._rooms.items() if room.node.schedulable}
         self._max_gpus = max((len(b) - 1 for b in self._buckets.values()), default=0)
+        # GPU type -> GPUs per learner -> the learners of that many GPUs its schedulable nodes' free
+        # GPUs would take (:meth:`_slot_bound`), kept as free counts change: a planning step asks
+        # it of every gang it tries to place, and every placement changed it
+        self._slots = {
+            gpu_type: [
+                sum(len(bucket) * (free // per) for free, bucket in enumerate(buckets)) if per else 0
+                for per in range(self._max_gpus + 1)
+            ]
+            for gpu_type, buckets in self._buckets.items()
+        }
+        # free GPUs before -> after -> what that changes in a node's slots per GPUs per learner
+        levels = range(self._max_gpus + 1)
+        self._slot_changes = [
+            [[after // per - before // per if per else 0 for per in levels] for after in levels]
+            for before in levels
+        ]
 
     # -- the view ---------------------------------------------------------------------------------
 
@@ -237,6 +252,9 @@ class ClusterRoom:
         del leaving[bisect_left(leaving, room.index)]
         insort(buckets[after], room.index)
         self._free[node.gpu_type] += after - before
+        self._slots[node.gpu_type] = list(
+            map(add, self._slots[node.gpu_type], self._slot_changes[before][after])
+        )
 
     # -- placing ----------------------------------------------------------------------------------
 
@@ -255,20 +273,15 @@ class ClusterRoom:
         return self._types
 
     def _slot_bound(self, demand: Demand, types: Sequence[str]) -> int:
-        """Slots by free GPUs alone, ignoring CPUs, memory and exclusions: an upper bound, in O(buckets),
-        memoised until a free count changes (a planning step asks it for every gang it places)."""
-        key = (tuple(types), demand.gpus)
-        known = self._slot_bounds.get(key)
-        if known is not None and known[0] == self.changes:
-            return known[1]
-        bound = sum(
-            len(bucket) * (free // demand.gpus)
-            for gpu_type in types
-            for free, bucket in enumerate(self._buckets[gpu_type])
-            if free >= demand.gpus
-        )
-        self._slot_bounds[key] = (self.changes, bound)
-        return bound
+        """Slots by free GPUs alone, ignoring CPUs, memory and exclusions: an upper bound, read off
+        the counts kept per GPU type (``_slots``)."""
+        per = demand.gpus
+        if per > self._max_gpus:
+            return 0
+        slots = self._slots
+        if len(types) == 1:
+            return slots[types[0]][per]
+        return sum(slots[gpu_type][per] for gpu_type in types)
 
     def slots_with(self, demand: Demand, freed: Mapping[str, int], excluded: Set[str]) -> int:
         """How many learners of ``demand`` (which needs GPUs) could fit outside ``excluded`` with
@@ -664,6 +677,21 @@ class ClusterState:
         self.on_node: dict[str, set[str]] = {}
         #: bumped whenever ``gpus_on_nodes`` changes: what a memo of what they add up to checks
         self.running_changes = 0
+        # priority -> (``running_changes`` when counted, :meth:`gpus_below`)
+        self._below: dict[int, tuple[int, int | None]] = {}
+
+    def gpus_below(self, priority: int) -> int | None:
+        """The GPUs the running jobs of the classes below ``priority`` hold, None where no such job
+        runs (one may hold no GPUs and still be a victim: its node's CPUs or memory); memoised
+        until the running jobs change, for the planner asks it of every class and demand it
+        settles, step after step."""
+        known = self._below.get(priority)
+        if known is not None and known[0] == self.running_changes:
+            return known[1]
+        outranked = [below for below, jobs in self.running.items() if below < priority and jobs]
+        gpus = sum(self.gpus_by_priority[below] for below in outranked) if outranked else None
+        self._below[priority] = (self.running_changes, gpus)
+        return gpus
 
     def hold(self, job: HeldJob) -> None:
         if not math.isfinite(job.started_at):  # it would not sort among the class's running jobs
