@@ -4,7 +4,6 @@ projection builds from the recorded reason (queue position, what the job waits f
 from __future__ import annotations
 
 import uuid
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -113,7 +112,7 @@ def test_priority_a_wait_keeps_naming_a_job_while_it_still_waits_ahead() -> None
 
     state.release("busy-b")  # hi-b fits now; hi-a still does not
     recorded_now = {**first.waits, **second.waits}  # a job not named keeps its reason
-    queue = [replace(j, wait=recorded_now[j.job_id]) for j in (later, low, walked_first)]
+    queue = [j.with_wait(recorded_now[j.job_id]) for j in (later, low, walked_first)]
     third = plan(state, queue, NOW + 2, policy)
     assert [a.job_id for a in third.allocations] == ["hi-b"]
     assert third.waits["low"].code is W.PRIORITY and third.waits["low"].waiting_for == ("hi-a",)
@@ -136,9 +135,9 @@ def test_priority_a_recorded_wait_that_names_no_job_waiting_ahead_is_given_afres
     recorded = {job.job_id: first.waits[job.job_id] for job in queue}
     for named in ("ghost", "peer-of-its-class", "other-type"):
         stale = WaitRecord(W.PRIORITY, f"needs 1 learner(s) x 8 GPU(s); job {named} waits ahead", (named,))
-        waiting = [replace(j, wait=stale if j is peer else recorded[j.job_id]) for j in queue]
+        waiting = [j.with_wait(stale if j is peer else recorded[j.job_id]) for j in queue]
         if named == "peer-of-its-class":  # walked before peer (tenant a), and blocked too
-            waiting.append(replace(job(named, Demand(1, 8, gpu_type="a100"), order=0.9), wait=told))
+            waiting.append(job(named, Demand(1, 8, gpu_type="a100"), order=0.9).with_wait(told))
         decided = plan(state, waiting, NOW + 1, SchedulerPolicy())
         assert decided.waits["peer"].waiting_for == ("ahead",), named
 

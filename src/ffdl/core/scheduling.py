@@ -73,9 +73,10 @@ _COMPETING = frozenset({W.CAPACITY, W.FRAGMENTATION, W.GPU_TYPE, W.PRIORITY})
 SHORT_RUN = 16
 
 
-@dataclass(frozen=True, slots=True)
-class WaitingJob:
-    """A queued job that holds no GPUs, with the wait reason last recorded for it."""
+class WaitingJob(NamedTuple):
+    """A queued job that holds no GPUs, with the wait reason last recorded for it. (A named tuple:
+    a simulation makes one for each of about a million reasons it records, and tuples are made
+    fastest.)"""
 
     job_id: str
     tenant: str
@@ -85,8 +86,7 @@ class WaitingJob:
     wait: WaitRecord | None = None
 
     def with_wait(self, wait: WaitRecord | None) -> WaitingJob:
-        """The job with ``wait`` recorded (what ``dataclasses.replace`` does, at a fraction of its cost:
-        a simulation records millions of reasons)."""
+        """The job with ``wait`` recorded (what ``_replace`` does, at a fraction of its cost)."""
         return WaitingJob(self.job_id, self.tenant, self.demand, self.priority, self.queued_order, wait)
 
 
@@ -145,6 +145,23 @@ class WaitingQueue:
             reasons = self._reasons_of(job)
             _discard(reasons, was, _key(job))
             insort(reasons.setdefault(now, []), _key(job))
+        self._mark(job)
+
+    def record(self, job_id: str, wait: WaitRecord) -> None:
+        """Record ``wait`` as the reason of the waiting job ``job_id``: :meth:`put` of the job with
+        that reason, without looking for other changes (a simulation records about a million)."""
+        old = self._jobs[job_id]
+        job = self._jobs[job_id] = old.with_wait(wait)
+        was, now = said(old.wait), said(wait)
+        if was != now:
+            reasons = self._by_reason[job.priority][job.tenant][job.demand]
+            key = _key(job)
+            _discard(reasons, was, key)
+            insort(reasons.setdefault(now, []), key)
+        self._mark(job)
+
+    def _mark(self, job: WaitingJob) -> None:
+        """Count ``job`` among its class's claimants or heads as its recorded reason says."""
         claimants = self._claimants.setdefault(job.priority, set())
         headed = self._headed.setdefault(job.priority, set())
         wait = job.wait
@@ -576,22 +593,36 @@ class Planner:
         class is settled), yielding those whose recorded reason differs from their verdict, as
         :meth:`_settled_run` does for one tenant: a step over thousands of one-job tenants weighed
         each tenant's job on its own, one verdict settling them all."""
-        verdicts: dict[Demand, WaitRecord] = {}
+        verdicts: dict[Demand, tuple[WaitRecord, Said]] = {}
+        # (what a recorded reason says, demand) -> whether it is kept though the verdict differs:
+        # it reads only the jobs of the classes walked before, so it stays so for the whole pass
+        kept: dict[tuple[Said, Demand], bool] = {}
+        firsts: dict[str, list[QueueKey]] = {}  # tenant -> the class's jobs decided first (_firsts_between)
+        for job_id in first:
+            job = self._queue.get(job_id)
+            if job is not None and job.priority == priority:
+                firsts.setdefault(job.tenant, []).append(_key(job))
         fifos = self._queue.fifos(priority)
         for tenant in sorted(tenants):
             fifo = fifos[tenant]
             at = cursors[tenant]
             start = fifo[at]
-            self._considered += len(fifo) - at - self._firsts_between(priority, tenant, start, None, first)
+            ahead = firsts.get(tenant)
+            self._considered += len(fifo) - at - (sum(key >= start for key in ahead) if ahead else 0)
             for demand, by_said in self._queue.by_reason(priority, tenant).items():
-                record = verdicts.get(demand)
-                if record is None:
+                verdict = verdicts.get(demand)
+                if verdict is None:
                     record = self._verdict(priority, tenant, demand, (priority, demand, None, False))
                     assert record is not None  # what _settles_all found
-                    verdicts[demand] = record
-                says = said(record)
+                    verdict = verdicts[demand] = (record, said(record))
+                record, says = verdict
                 for what, keys in by_said.items():
-                    if what == says or self._still_said(what, says, priority, demand):
+                    if what == says:
+                        continue
+                    still = kept.get((what, demand))
+                    if still is None:
+                        still = kept[(what, demand)] = self._still_said(what, says, priority, demand)
+                    if still:
                         continue
                     for _, job_id in keys[bisect_left(keys, start) :]:
                         job = self._queue.get(job_id)
@@ -1093,15 +1124,15 @@ class Planner:
         victim may hold no GPUs: a job without them can hold the CPUs or memory a gang needs on a
         node, and must not keep it out.)"""
         state = self._state
-        outranked = [below for below, jobs in state.running.items() if below < priority and jobs]
-        bound = sum(state.gpus_by_priority[below] for below in outranked)
+        below = state.gpus_below(priority)
         if not reclaims:
-            return bound if outranked else None
+            return below
         ledger = self._ledger
         borrowers = [t for t in ledger.tenants() if t != tenant and ledger.borrowed(t)]
+        if below is None and not borrowers:
+            return None
         # all the GPUs a borrower holds: the last job taken from it may hold more than it borrows
-        bound += sum(state.gpus_held.get(tenant, 0) for tenant in borrowers)
-        return bound if outranked or borrowers else None
+        return (below or 0) + sum(state.gpus_held.get(tenant, 0) for tenant in borrowers)
 
     def _eviction_reason(self, job: WaitingJob, victim: HeldJob) -> str:
         if victim.priority < job.priority:

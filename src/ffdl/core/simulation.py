@@ -130,6 +130,8 @@ class _Simulator:
     #: after a step that decided nothing, and while nothing came, went or moved since: which running
     #: jobs might be halted then (:func:`~ffdl.core.preemption.halts_allowed`); else None
     quiet: tuple[tuple[int, int], ...] | None = None
+    #: demand -> whether it fits the cluster when empty (a trace asks the same few demands again and again)
+    fits_empty: dict[Demand, bool] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.state = ClusterState(self.nodes)
@@ -159,7 +161,10 @@ class _Simulator:
         outcome = self.outcomes[job.job_id] = JobOutcome(job)
         demand = self.demand(job)
         limit = self.policy.tenancy.quota(job.tenant).limit
-        if empty.find(demand) is None:
+        fits = self.fits_empty.get(demand)
+        if fits is None:
+            fits = self.fits_empty[demand] = empty.find(demand) is not None
+        if not fits:
             outcome.never_runs = f"{demand.describe()} fits no node set of this cluster, even empty"
         elif limit is not None and (charge := self.state.charge(demand)) > limit * MILLI_GPUS:
             need = counted(charge, demand.total_gpus)
@@ -179,7 +184,7 @@ class _Simulator:
             if waiting is not None and self.aging.get(job_id) == generation:
                 del self.aging[job_id]
                 job = self.outcomes[job_id].job
-                self.waiting.put(replace(waiting, priority=self.band_class(job, self.services[job_id], now)))
+                self.waiting.put(waiting._replace(priority=self.band_class(job, self.services[job_id], now)))
                 self.quiet = None
             return
         if kind == _DEMOTED:
@@ -265,7 +270,7 @@ class _Simulator:
             waiting = self.waiting.get(job_id)
             assert waiting is not None
             if wait is not waiting.wait and not wait.same_as(waiting.wait):
-                self.waiting.put(waiting.with_wait(wait))
+                self.waiting.record(job_id, wait)
                 changed = True
             self.outcomes[job_id].last_wait = wait
         self.quiet = None if changed else halts_allowed(self.state, now, self.policy.min_runtime_s)

@@ -103,9 +103,8 @@ class TenantLedger:
         )
         #: whether no tenant has a guarantee or a limit: then where a tenant stands never bounds
         #: what its next job may take, nor whose jobs it may preempt
-        self.flat = not self.any_guarantee and all(
-            quota.limit is None for quota in (policy.default, *policy.quotas.values())
-        )
+        self._unlimited = all(quota.limit is None for quota in (policy.default, *policy.quotas.values()))
+        self.flat = not self.any_guarantee and self._unlimited
 
     def quota(self, tenant: str) -> TenantQuota:
         return self._policy.quota(tenant)
@@ -125,6 +124,8 @@ class TenantLedger:
     def within_limit(self, tenant: str, charge: int) -> bool:
         """Whether the tenant may take ``charge`` more: never beyond guaranteed + borrowing limit, at
         any instant (GPUs being freed still count until they are)."""
+        if self._unlimited:
+            return True
         limit = self._terms_of(tenant)[1]
         return limit is None or self._usage.get(tenant, 0) + self._claimed.get(tenant, 0) + charge <= limit
 
