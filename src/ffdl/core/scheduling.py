@@ -153,12 +153,14 @@ class WaitingQueue:
         old = self._jobs[job_id]
         job = self._jobs[job_id] = old.with_wait(wait)
         was, now = said(old.wait), said(wait)
-        if was != now:
-            reasons = self._by_reason[job.priority][job.tenant][job.demand]
-            key = _key(job)
-            _discard(reasons, was, key)
-            insort(reasons.setdefault(now, []), key)
-        self._mark(job)
+        if was == now:
+            return
+        reasons = self._by_reason[job.priority][job.tenant][job.demand]
+        key = _key(job)
+        _discard(reasons, was, key)
+        insort(reasons.setdefault(now, []), key)
+        if _marked(was) or _marked(now):
+            self._mark(job)
 
     def _mark(self, job: WaitingJob) -> None:
         """Count ``job`` among its class's claimants or heads as its recorded reason says."""
@@ -251,6 +253,13 @@ Said = tuple[WaitReason, tuple[str, ...], tuple[str, ...]] | None
 def said(wait: WaitRecord | None) -> Said:
     """What a reason says, its wording aside (see :meth:`WaitRecord.same_as`); None for no reason."""
     return None if wait is None else (wait.code, wait.waiting_for, wait.reserved_nodes)
+
+
+def _marked(says: Said) -> bool:
+    """Whether a reason that says ``says`` counts its job among the claimants or heads
+    (:meth:`WaitingQueue._mark`): a job whose reason says neither before nor after a change
+    stays out of both."""
+    return says is not None and (says[0] is W.PREEMPTION or bool(says[2]))
 
 
 def _key(job: WaitingJob) -> QueueKey:

@@ -130,6 +130,7 @@ class _Simulator:
     #: after a step that decided nothing, and while nothing came, went or moved since: which running
     #: jobs might be halted then (:func:`~ffdl.core.preemption.halts_allowed`); else None
     quiet: tuple[tuple[int, int], ...] | None = None
+    quiet_at: float = 0.0  # when the step that decided nothing was (while ``quiet`` is not None)
     #: demand -> whether it fits the cluster when empty (a trace asks the same few demands again and again)
     fits_empty: dict[Demand, bool] = field(default_factory=dict)
 
@@ -207,13 +208,20 @@ class _Simulator:
         held = self.state.held[job_id]
         if held.stopping:
             return
-        self.quiet = None
         job = self.outcomes[job_id].job
         service = self.services[job_id]
         running.band = service_bands.band(self.policy, service, now)
+        lower = self.policy.band_class(job.priority, running.band)
         self.state.release(job_id)
-        self.state.hold(replace(held, priority=self.policy.band_class(job.priority, running.band)))
+        self.state.hold(replace(held, priority=lower))
         self.next_threshold(job_id, running, now)
+        if self.quiet is not None and not any(lower < p <= held.priority for p in self.waiting.priorities()):
+            # No waiting job is of a class that outranks the job now and did not before: every
+            # waiting job may halt it exactly as before, or not, so a step then would have decided
+            # nothing too; what it may halt moves on with the time from there as before.
+            self.quiet = halts_allowed(self.state, self.quiet_at, self.policy.min_runtime_s)
+        else:
+            self.quiet = None
 
     def next_threshold(self, job_id: str, running: _Running, now: float) -> None:
         """Wake up when the running job crosses its band's next threshold, if before it ends."""
@@ -274,6 +282,7 @@ class _Simulator:
                 changed = True
             self.outcomes[job_id].last_wait = wait
         self.quiet = None if changed else halts_allowed(self.state, now, self.policy.min_runtime_s)
+        self.quiet_at = now
 
 
 def simulate(
