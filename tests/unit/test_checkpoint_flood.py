@@ -17,6 +17,8 @@ import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
+import pytest
+
 from ffdl.core.decider import decide
 from ffdl.core.job import evolve
 from ffdl.events import job_commands as cmd
@@ -219,3 +221,62 @@ def test_beats_and_exit_records_under_ranks_the_job_does_not_have_report_nothing
         "heartbeat keys of ranks the job does not have are passed over"
     ]
     assert owner.job.state.name == "RUNNING"
+
+
+@pytest.mark.parametrize("requeue", [False, True], ids=["halt", "preemption"])
+def test_a_restarting_job_halted_right_after_a_stopped_peers_exit_names_the_checkpoint_of_its_exit_record(
+    requeue: bool,
+) -> None:
+    """A halt (or a preemption) of a RESTARTING job is decided at once, naming the checkpoint
+    recorded by then: a stopped peer's exit record is reported at once, not a second later (the
+    job halted then holds no learners, and the owner refused it: the halt named step 0)."""
+    owner = Owner(learners=2)
+    owner.put(learner_key(JOB_ID, 1), beat(0), GRACE_S)
+    owner.put(exit_key(JOB_ID, 1, 0), encode_exit(1), GRACE_S)  # rank 0 fails
+    assert owner.job.state.name == "RESTARTING"
+    owner.put(learner_key(JOB_ID, 1), beat(10), GRACE_S + 0.1)  # the stopped peer saves 10
+    owner.put(learner_key(JOB_ID, 1), beat(11), GRACE_S + 0.5)  # and 11 on its way out
+    owner.put(exit_key(JOB_ID, 1, 1), encode_exit(-15, named(11)), GRACE_S + 0.6)
+
+    owner.send(cmd.HaltJob(reason="halted", requeue=requeue), GRACE_S + 0.7)
+
+    halted = next(event.data for event in owner.events if isinstance(event.data, ev.JobHalted))
+    assert halted.checkpoint == Checkpoint(uri=uri(11), step=11, rank=1, attempt=1)
+    assert owner.job.state.name == ("QUEUED" if requeue else "HALTED")
+
+
+def test_a_stopped_peers_exit_record_without_its_checkpoint_reports_the_one_its_beat_named_at_once() -> None:
+    """The agent leaves a checkpoint too large for the record out of it: the final beat named it,
+    and it waits no longer than the exit record."""
+    owner = Owner(learners=2)
+    owner.put(learner_key(JOB_ID, 1), beat(0), GRACE_S)
+    owner.put(exit_key(JOB_ID, 1, 0), encode_exit(1), GRACE_S)
+    owner.put(learner_key(JOB_ID, 1), beat(10), GRACE_S + 0.1)
+    owner.put(learner_key(JOB_ID, 1), beat(11), GRACE_S + 0.5)
+    owner.put(exit_key(JOB_ID, 1, 1), encode_exit(-15), GRACE_S + 0.6)  # no checkpoint in it
+
+    owner.send(cmd.HaltJob(reason="halted"), GRACE_S + 0.7)
+
+    halted = next(event.data for event in owner.events if isinstance(event.data, ev.JobHalted))
+    assert halted.checkpoint is not None and halted.checkpoint.step == 11
+
+
+def test_a_stopped_peers_exit_record_rewritten_with_a_new_checkpoint_each_time_is_bounded() -> None:
+    """Only the first exit record of a rank is reported at once: whoever holds the job's login may
+    rewrite it as fast as etcd takes writes."""
+    owner = Owner(learners=2)
+    owner.put(learner_key(JOB_ID, 1), beat(0), GRACE_S)
+    owner.put(exit_key(JOB_ID, 1, 0), encode_exit(1), GRACE_S)
+    assert owner.job.state.name == "RESTARTING"
+    before = len(owner.recorded())
+
+    for index in range(FLOOD):
+        now = GRACE_S + index * FLOOD_S / FLOOD
+        if index and index % round(TICK_S * FLOOD / FLOOD_S) == 0:
+            owner.tick(now)
+        owner.put(exit_key(JOB_ID, 1, 1), encode_exit(-15, named(index + 1)), now)
+    owner.tick(GRACE_S + FLOOD_S + INTERVAL_S)
+
+    assert len(owner.recorded()) - before <= MOST + 1
+    assert owner.recorded()[-1].step == FLOOD
+

@@ -18,8 +18,12 @@ and turns what happens into reports for the jobs' owners:
   so one named within the interval waits, and a newer one replaces it (a restart resumes from the
   latest alone). What waits is reported when the interval is over (on a tick), and at once
   before any learner of its job is reported exited or lost, and when the job is no longer watched
-  (a restart, a halt): the last checkpoint before an exit, a loss or a halt is always recorded,
-  before the report that moves the job on;
+  (a restart, a halt): the last checkpoint of a running learner is recorded before the report that
+  moves the job on (its exit or loss, which a halt waits for). A learner stopped for a restart has
+  its first exit record reported at once, with what waits for it; a restarting job's halt (or
+  preemption) is decided at once, though, naming what is recorded by then, and a checkpoint its
+  stopped learner named only in a beat, within the interval of its previous one, may still wait
+  then: it is not recorded (a halted job holds no learners);
 * an exit record -> ``ReportLearnerExited`` with the code, after the checkpoint the record names
   if it is new (the beat that named it may have gone with the lease unread); also when the record
   was read before the job was observed: a monitor that starts reads the store before its jobs are
@@ -119,6 +123,8 @@ class _Restart:
 
     job: Job
     checkpoints: dict[int, _Checkpoints] = field(default_factory=dict)
+    #: The ranks whose exit record has been read: their first is reported at once, a rewrite is not.
+    exited: set[int] = field(default_factory=set)
 
 
 @dataclass(slots=True)
@@ -464,11 +470,31 @@ class HeartbeatTracker:
         self._exits.setdefault(job_id, {})[(attempt, rank)] = record
         past = self._past_attempt.get(job_id, 0)
         if attempt <= past:  # written after its job moved on (a learner stopped by a halt or cancel)
-            self._checkpoint_on_the_way_out(job_id, rank, attempt, record.checkpoint, now)
+            self._stopped_exit(job_id, rank, attempt, record, now)
             self._forget_exits(job_id, up_to_attempt=past)
             return
         if watched is not None and watched.job.attempt == attempt:
             self._report_exit(watched, rank, record, now)
+
+    def _stopped_exit(self, job_id: str, rank: int, attempt: int, record: ExitRecord, now: float) -> None:
+        """The exit record of a learner of the attempt a restarting job has just left. Its first is
+        reported at once, after the checkpoint its beats named that waits: a halt (or a preemption)
+        of a restarting job is decided at once, naming the checkpoint recorded by then, and a
+        report a second later is refused (a halted job holds no learners). A rewrite of the record
+        waits its turn as a beat does: a learner's side may rewrite it as fast as etcd takes writes."""
+        restart = self._restarting.get(job_id)
+        first = (
+            restart is not None
+            and attempt == self._past_attempt.get(job_id)
+            and rank < restart.job.spec.learners
+            and rank not in restart.exited
+        )
+        if restart is not None and first:
+            restart.exited.add(rank)
+            waiting = restart.checkpoints.get(rank)
+            if waiting is not None:
+                self._flush_checkpoints(restart.job, [waiting], now)
+        self._checkpoint_on_the_way_out(job_id, rank, attempt, record.checkpoint, now, force=first)
 
     def _report_exit(self, watched: _Watched, rank: int, record: ExitRecord, now: float) -> None:
         """The learner's exit, after its last progress and checkpoint: its final beat's, and the exit
@@ -616,8 +642,10 @@ class HeartbeatTracker:
         name, read from the store before the restart began (a monitor that starts reads the store
         before it folds the jobs; a live one has just seen the job leave that attempt): reported now,
         once, before those records are spent."""
+        restart = self._restarting[job.job_id]
         for (attempt, rank), record in self._exits.get(job.job_id, {}).items():
-            if attempt == past:
+            if attempt == past and rank < job.spec.learners:
+                restart.exited.add(rank)  # reported now: a rewrite waits its turn
                 self._checkpoint_on_the_way_out(job.job_id, rank, attempt, record.checkpoint, now, force=True)
         for rank in range(job.spec.learners):
             beat = self._beats_by_key.get(learner_key(job.job_id, rank))
