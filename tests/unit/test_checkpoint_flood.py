@@ -280,3 +280,25 @@ def test_a_stopped_peers_exit_record_rewritten_with_a_new_checkpoint_each_time_i
     assert len(owner.recorded()) - before <= MOST + 1
     assert owner.recorded()[-1].step == FLOOD
 
+
+def test_a_key_of_a_rank_the_job_does_not_have_read_before_the_job_and_deleted_after_is_passed_over() -> None:
+    """A monitor that starts reads the store before it folds the jobs: beats of ranks the job does
+    not have were kept, and their deletion (the lease expired) once the job was watched was
+    reported lost, each refused by the owner (50 keys, 50 ``CommandRejected``)."""
+    owner = Owner(learners=1)
+    strays = {learner_key(JOB_ID, rank): beat(1) for rank in range(1, 51)}
+    tracker = HeartbeatTracker(grace_s=GRACE_S, launch_timeout_s=60.0, progress_interval_s=0.5)
+    owner.take(tracker.resync({learner_key(JOB_ID, 0): beat(1), **strays}, 0.0, revision=1), 0.0)
+    tracker.observe(owner.job, adopted=True, now=0.0)
+    owner.tracker = tracker
+    owner.tick(GRACE_S + 1)  # the grace is over: a deletion is a loss at once
+    before = len(owner.events)
+
+    for key in strays:
+        owner.delete(key, GRACE_S + 2)
+
+    assert owner.events[before:] == []
+    assert owner.job.state.name == "RUNNING"
+    assert [note.message for note in owner.notes].count(
+        "heartbeat keys of ranks the job does not have are passed over"
+    ) == 1

@@ -524,6 +524,8 @@ class HeartbeatTracker:
         watched = self._watched.get(parsed.job_id)
         if watched is None or watched.job.attempt != beat.attempt:
             return
+        if self._stray(watched, parsed.rank):
+            return  # kept while the job was not watched (the monitor's start, a restart): no learner's
         if (beat.attempt, parsed.rank) in self._exits.get(parsed.job_id, {}):
             return  # a clean exit: the agent wrote its exit record before it revoked the lease
         learner = watched.learner(parsed.rank)
