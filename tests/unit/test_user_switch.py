@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ffdl.adapters.launchers.isolation import LearnersCannotRun, LearnerUser, check_user_switch
+from ffdl.adapters.launchers.isolation import LearnersCannotRun, LearnerUser, check_user_switch, learner_user
 from ffdl.adapters.launchers.sandbox import environment_arguments, environment_file
 from ffdl.adapters.launchers.user_switch import (
     CANNOT_SWITCH,
@@ -131,9 +131,10 @@ def test_the_command_runs_as_the_learner_user_holding_nothing_of_root_with_exact
 def test_nothing_runs_when_the_switch_cannot_be_made() -> None:
     marker = ["/bin/sh", "-c", "echo ran"]
 
-    for uid, gid in ((0, 0), (NOBODY.pw_uid, -1)):
+    for uid, gid in ((0, 0), (NOBODY.pw_uid, -1), (NOBODY.pw_uid, 0)):  # gid 0 is root's group
         refused = switch(uid, gid, marker, {})
         assert (refused.returncode, refused.stdout) == (CANNOT_SWITCH, ""), refused.stderr
+        assert "usage" in refused.stderr
 
     given = os.memfd_create("not-an-environment")
     os.write(given, b"SECRET=x\0")
@@ -168,3 +169,12 @@ def test_the_launcher_refuses_to_start_when_it_cannot_switch_to_the_learner_user
         check_user_switch(LearnerUser("root", 0, 0), sys.executable)
     with pytest.raises(LearnersCannotRun, match="no-such-python"):
         check_user_switch(learner, str(tmp_path / "no-such-python"))
+
+
+@as_root
+def test_a_learner_user_in_roots_group_is_refused() -> None:
+    """``FFDL_LEARNER_USER=1000:0`` ran learners as gid 0, root's group: they held an id of root's."""
+    for spec in ("4242:0", "nobody:0"):
+        with pytest.raises(ValueError, match="root's group"):
+            learner_user(spec)
+    assert learner_user("4242:4243") == LearnerUser("4242", 4242, 4243)

@@ -78,7 +78,8 @@ def learner_user(spec: str) -> LearnerUser | None:
     """The user learners' commands run as, for ``spec`` (a name, ``UID`` or ``UID:GID``).
 
     None when there is no one to switch to: the platform does not run as root (it cannot switch),
-    or ``spec`` names root itself (the operator opted out, which is logged).
+    or ``spec`` names root itself (the operator opted out, which is logged). Raises ValueError for
+    a user that does not exist, or a group of root's (gid 0): a learner holds no id of root's.
     """
     if os.geteuid() != 0:
         return None
@@ -86,6 +87,11 @@ def learner_user(spec: str) -> LearnerUser | None:
     if user.uid == 0:
         log.warning("learners run as root: they can reach the platform's data directory", learner_user=spec)
         return None
+    if user.gid <= 0:
+        raise ValueError(
+            f"learner_user {spec!r}: gid {user.gid} is root's group; a learner must hold no id of root's "
+            "(name a group of its own: UID:GID)"
+        )
     return user
 
 

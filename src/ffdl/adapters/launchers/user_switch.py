@@ -169,8 +169,8 @@ def main(argv: Sequence[str]) -> int:
         separator = words.index("--")
         descriptor, uid, gid = (int(word) for word in words[:separator])
         command = words[separator + 1 :]
-        if uid <= 0 or gid < 0 or not command:
-            raise ValueError("a uid other than root's, a gid and a command")
+        if uid <= 0 or gid <= 0 or not command:
+            raise ValueError("a uid and a gid other than root's, and a command")
     except ValueError as error:
         print(f"{PROGRAM}: usage: FD UID GID -- COMMAND...: {error}", file=sys.stderr)
         return CANNOT_SWITCH
