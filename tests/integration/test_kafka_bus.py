@@ -14,10 +14,12 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import NotLeaderForPartitionError
 
 from ffdl.adapters.bus.embedded import EmbeddedBus
 from ffdl.adapters.bus.kafka import KafkaBus
@@ -178,3 +180,49 @@ async def test_a_frozen_broker_delays_appends_and_fetches_but_loses_and_reorders
     await asyncio.wait_for(consuming, 30)
     assert [p.offset for p in positions] == list(range(20, 40))
     assert received == [f"{i}".encode() for i in range(40)]
+
+
+async def test_a_publish_whose_first_batch_of_a_partition_fails_leaves_no_later_record_of_it_there(
+    broker: TansuBroker,
+) -> None:
+    """The owner and the ingress relay take the last record of a partition for how far a publish
+    reached there, so what a failed publish leaves on a partition must be a prefix of its records.
+
+    The producer here refuses every produce request that carries the publish's first record (a
+    leader election that outlasts that batch's retries, as aiokafka sees it) and sends the others.
+    aiokafka alone fails that batch once its retries run past the request timeout and then sends the
+    batch queued behind it, which lands; the bus sends a partition's next batch only once the one
+    before it is acknowledged, so nothing after the failed batch is sent."""
+    bus = KafkaBus(broker.bootstrap, PARTITIONS, settings=FAST.model_copy(update={"request_timeout_s": 1.5}))
+    await bus.start()
+    try:
+        topic = unique("events")
+        await bus.publish(topic, [OutgoingRecord("job-1", b"warm-up")])
+        # Six records of one job, three to a batch at most: two batches, whichever limit applies.
+        filler = b"x" * 300_000
+        records = [OutgoingRecord("job-1", b"record-%d " % i + filler) for i in range(6)]
+        first = b"record-0 "
+        producer = bus._producer
+        assert producer is not None
+        client, real_send = producer.client, producer.client.send
+        refused = 0
+
+        async def send(node_id: int, request: Any, *args: Any, **kwargs: Any) -> Any:
+            nonlocal refused
+            if type(request).__name__.startswith("ProduceRequest") and any(
+                first in bytes(data) for _, partitions in request._topics for _, data in partitions
+            ):
+                refused += 1
+                raise NotLeaderForPartitionError()
+            return await real_send(node_id, request, *args, **kwargs)
+
+        client.send = send  # kept to the end: record 0 never lands
+        with pytest.raises(BusUnavailable):
+            await bus.publish(topic, records)
+        assert refused >= 1
+        await asyncio.sleep(3.0)  # time for a batch sent after the failure to land
+        partition = bus.partition_for("job-1")
+        held = [record.value[:9] async for record in bus.read(topic, partition)]
+        assert held == [b"warm-up"], f"a failed publish left later records on the partition: {held}"
+    finally:
+        await bus.close()
