@@ -89,6 +89,7 @@ from ffdl.handlers.ports import (
     Record,
     RecordTooLarge,
     TopicPartition,
+    record_size,
 )
 
 log = structlog.get_logger(__name__)
@@ -418,6 +419,9 @@ class KafkaBus:
             enable_idempotence=s.enable_idempotence,
             linger_ms=s.linger_ms,
             max_request_size=MAX_RECORD_BYTES,  # record_size weighs a record as this producer does
+            # publish sends a partition's batches one at a time: as few as the record limit allows
+            # (a batch of this size is within a broker's default message.max.bytes, 1 MiB + 12)
+            max_batch_size=MAX_RECORD_BYTES,
         )
         reader = _OffsetReader(self._consumer(None), s.request_timeout_s)
         try:
@@ -520,28 +524,46 @@ class KafkaBus:
         return partition_for(key, self.partitions)
 
     async def publish(self, topic: str, records: Sequence[OutgoingRecord]) -> list[Position]:
+        """Append ``records``; each partition keeps a prefix of its records should the append fail.
+
+        A partition's records go as batches of up to :data:`MAX_RECORD_BYTES`, the next one built and
+        sent only once the broker acknowledged the one before (the partitions of a publish go in
+        parallel). aiokafka alone does not keep the prefix: a batch whose retries run past the
+        request timeout fails, and the batch queued behind it is sent all the same, and lands."""
         if not records:
             return []
-        if self._producer is None:
+        producer = self._producer
+        if producer is None:
             raise RuntimeError(f"the Kafka bus at {self.bootstrap} is not started")
+        too_large = max(map(record_size, records))
+        if too_large > MAX_RECORD_BYTES:  # refused before anything is sent
+            raise RecordTooLarge(
+                f"appending to {topic!r} refused: a record of {too_large} bytes, more than {MAX_RECORD_BYTES}"
+            )
         await self._ensure_topics((topic,))
-        try:
-            sent = [
-                await self._producer.send(
-                    topic,
-                    record.value,
-                    key=record.key.encode(),
-                    partition=self.partition_for(record.key),
-                    headers=list(record.headers),
-                )
-                for record in records
-            ]
-            acknowledged = await asyncio.gather(*sent)
-        except UNREACHABLE as exc:
-            raise BusUnavailable(f"appending to {topic!r} failed: {exc}") from exc
-        except MessageSizeTooLargeError as exc:
-            raise RecordTooLarge(f"appending to {topic!r} refused: {exc}") from exc
-        return [Position(topic, metadata.partition, metadata.offset) for metadata in acknowledged]
+        partitions = [self.partition_for(record.key) for record in records]
+        by_partition: dict[int, list[int]] = {}
+        for index, partition in enumerate(partitions):
+            by_partition.setdefault(partition, []).append(index)
+        offsets: list[int] = [-1] * len(records)
+        outcomes = await asyncio.gather(
+            *(
+                _append_in_order(producer, topic, partition, records, indices, offsets)
+                for partition, indices in by_partition.items()
+            ),
+            return_exceptions=True,
+        )
+        for outcome in outcomes:
+            # a batch whose retries ran out fails with the last error the broker answered
+            if isinstance(outcome, UNREACHABLE) or (isinstance(outcome, KafkaError) and outcome.retriable):
+                raise BusUnavailable(f"appending to {topic!r} failed: {outcome}") from outcome
+            if isinstance(outcome, MessageSizeTooLargeError):
+                raise RecordTooLarge(f"appending to {topic!r} refused: {outcome}") from outcome
+            if isinstance(outcome, BaseException):
+                raise outcome
+        return [
+            Position(topic, partition, offset) for partition, offset in zip(partitions, offsets, strict=True)
+        ]
 
     async def subscribe(
         self, group: str, topics: Sequence[str], listener: RebalanceListener | None = None
@@ -597,6 +619,35 @@ class KafkaBus:
         if self._reader is None:
             raise RuntimeError(f"the Kafka bus at {self.bootstrap} is not started")
         return self._reader
+
+
+async def _append_in_order(
+    producer: AIOKafkaProducer,
+    topic: str,
+    partition: int,
+    records: Sequence[OutgoingRecord],
+    indices: list[int],
+    offsets: list[int],
+) -> None:
+    """Append ``records[i]`` for each ``i`` of ``indices`` (in that order) to ``partition``, batch by
+    batch, each sent once the one before it is acknowledged; the offsets go to ``offsets[i]``. A batch
+    that fails raises, and nothing after it is sent."""
+    at = 0
+    while at < len(indices):
+        batch = producer.create_batch()  # as big as the producer's max_batch_size
+        first = at
+        while at < len(indices):
+            record = records[indices[at]]
+            appended = batch.append(
+                key=record.key.encode(), value=record.value, timestamp=None, headers=list(record.headers)
+            )
+            if appended is None:  # full (the first record always goes in)
+                break
+            at += 1
+        acknowledged = await (await producer.send_batch(batch, topic, partition=partition))
+        base: int = acknowledged.offset
+        for n, index in enumerate(indices[first:at]):
+            offsets[index] = base + n
 
 
 async def _quietly(*closing: Any) -> None:
