@@ -250,3 +250,48 @@ async def test_an_older_owners_log_whose_events_name_no_command_offset_leaves_re
 
     assert owner.redelivered == 0
     assert after == decided and fold(after) is JobState.QUEUED
+
+
+class CommandsUnreadable:
+    """The embedded log, but reading the commands topic fails (a broker error that is no
+    ``ConnectionError`` nor ``TimeoutError``): the owner cannot check that the commands partition
+    holds the command its last event names."""
+
+    def __init__(self, bus: Bus, commands: str) -> None:
+        self._bus = bus
+        self._commands = commands
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._bus, name)
+
+    def read(self, topic: str, partition: int, start: int = 0, end: int | None = None) -> Any:
+        if topic == self._commands:
+            raise RuntimeError("the broker refused the read")
+        return self._bus.read(topic, partition, start, end)
+
+
+async def test_a_redelivery_the_owner_cannot_check_is_retried_not_dead_lettered(tmp_path: Path) -> None:
+    """The check of a redelivered command reads the commands partition; a read that fails says
+    nothing about the command. Taken for a poison command, each redelivered command was dead-lettered
+    as an internal error (and its offset committed); the fetch is handled again instead."""
+    async with Story(tmp_path) as story:
+        halt, resume = story.from_tenant(cmd.HaltJob(reason="x")), story.from_tenant(cmd.ResumeJob())
+        await story.tenant.send(halt, resume)
+        await story.owner_crashes_before_commit()
+        decided = await story.events()
+
+        bus = CommandsUnreadable(story.log, story.topics.commands)
+        owner = JobOwner(bus, story.topics, story.election)  # type: ignore[arg-type]
+        with pytest.raises(ConnectionError):
+            await asyncio.wait_for(
+                consume(bus, GROUP, [story.topics.commands], owner, asyncio.Event(), fenced=True),  # type: ignore[arg-type]
+                15,
+            )
+        assert owner.dead_letters == 0
+        assert not [r async for r in story.log.read(story.topics.deadletter, 0)]
+
+        owner = await story.owner_decides_everything()
+        after = await story.events()
+
+    assert owner.redelivered == 2 and owner.dead_letters == 0
+    assert after == decided

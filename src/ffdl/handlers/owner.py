@@ -74,6 +74,7 @@ from ffdl.handlers.messaging import (
 from ffdl.handlers.ports import (
     MAX_RECORD_BYTES,
     Bus,
+    BusUnavailable,
     Election,
     OutgoingRecord,
     Record,
@@ -244,9 +245,15 @@ class JobOwner(Follower):
         return True
 
     async def _holds(self, topic: str, partition: int, through: DecidedThrough) -> bool:
-        """Whether ``topic``'s ``partition`` holds the command ``through`` names at its offset."""
+        """Whether ``topic``'s ``partition`` holds the command ``through`` names at its offset. A read
+        that fails, however, is :class:`BusUnavailable`: it says nothing of the command, which is
+        no poison (dead-lettered, each redelivered command was parked as an internal error); the
+        fetch is handled again."""
         at = through.offset
-        held = [record async for record in self._bus.read(topic, partition, at, at + 1)]
+        try:
+            held = [record async for record in self._bus.read(topic, partition, at, at + 1)]
+        except Exception as exc:
+            raise BusUnavailable(f"cannot check the command at {topic}:{partition}:{at}: {exc!r}") from exc
         if len(held) != 1 or held[0].offset != at:
             return False  # gone (retention), or never there
         try:
