@@ -598,3 +598,49 @@ async def test_a_relay_frozen_between_its_fence_and_its_append_still_appends_its
     assert causes(decided, ev.HaltRequested) == [halt.command_id]
     assert causes(decided, ev.ResumeRequested) == [resume.command_id]
     assert fold(decided, "job-1") is JobState.CANCELLED
+
+
+class CommandsUnreadable:
+    """The embedded log, but reading the commands topic fails with a broker error that is no
+    ``ConnectionError`` nor ``TimeoutError``."""
+
+    def __init__(self, bus: Bus, commands: str) -> None:
+        self._bus = bus
+        self._commands = commands
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._bus, name)
+
+    def read(self, topic: str, partition: int, start: int = 0, end: int | None = None) -> Any:
+        if topic == self._commands:
+            raise RuntimeError("the broker refused the read")
+        return self._bus.read(topic, partition, start, end)
+
+
+async def test_a_read_back_that_fails_stops_the_relay_and_dead_letters_or_copies_nothing(
+    tmp_path: Path,
+) -> None:
+    """The relay has no poison guard: a read-back that fails propagates (its supervisor runs it
+    again), its records are neither dead-lettered nor copied, and a relay after it copies none twice."""
+    async with Story(tmp_path) as story:
+        await story.queued("job-1")
+        halt = story.command("job-1", cmd.HaltJob(reason="x"))
+        await story.tenant_writes(halt)
+        await story.relay_crashes_before_commit()
+        copied = await story.commands()
+
+        bus = CommandsUnreadable(story.log, story.topics.commands)
+        relay = story.relay(bus)  # type: ignore[arg-type]
+        with pytest.raises(RuntimeError, match="refused the read"):
+            await asyncio.wait_for(
+                consume(bus, RELAYS, relay.topics, relay, asyncio.Event(), fenced=True),  # type: ignore[arg-type]
+                15,
+            )
+        assert await story.commands() == copied
+        assert not [r async for r in story.log.read(story.topics.deadletter, 0)]
+
+        relay = await story.relay_copies_everything()
+        copies = await story.commands()
+
+    assert relay.already_relayed == 1
+    assert set(origins(copies).values()) == {1}
