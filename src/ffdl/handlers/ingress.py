@@ -30,9 +30,13 @@ began relaying it (:attr:`_ReadBack.until`) can have been copied by another rela
 it finds, on the commands partition its key goes to, the last copy the ``ffdl_ingress`` header says
 came from the same tenant partition, and skips every record at or below that copy's source offset
 (:attr:`IngressRelay.already_relayed` counts them). That copy names the furthest the earlier copies
-reached there because one relay at a time copies a partition, in its order, and the commands
-partition keeps the order of each publish (a publish to several partitions of Kafka is no
-transaction: each partition has a prefix of its copies, so the read-back is per commands partition).
+reached there because one relay at a time copies a partition, in its order, and a publish that
+fails leaves a prefix of its copies on each commands partition, never a later copy without the
+earlier ones (the embedded log appends a publish in one transaction; the Kafka bus sends a
+partition's next batch only once the one before it was acknowledged, where aiokafka alone would
+send the batch behind one that failed for good: docs/kafka.md). A publish to several partitions of
+Kafka is no transaction, so the read-back is per commands partition. A read-back that fails is no
+poison record: the relay has no poison guard, the error stops it, and it is run again.
 Only the relay writes ``ffdl_ingress`` on the commands topic (the copy replaces any header of that
 name the tenant's record brought, and the platform's other writers set none), and the copy also
 carries the tenant's principal, so a tenant cannot name positions it did not write, nor another

@@ -33,8 +33,13 @@ command that caused it (:data:`~ffdl.handlers.messaging.COMMAND_OFFSET_HEADER`),
 decides a partition's commands in their order and appends their events in that order, the last
 event its fold applied says how far the decisions in the log reach on the partition: a command at
 or below that offset was decided, whether or not it caused events, and is skipped undecoded (a
-redelivery; :attr:`JobOwner.redelivered` counts them). Exact, for every aggregate of the partition,
-with nothing kept but one offset per partition, and no change to the events themselves. The offset is
+redelivery; :attr:`JobOwner.redelivered` counts them). That holds for every aggregate of the
+partition, with nothing kept but one offset per partition and no change to the events themselves,
+because a publish that fails leaves a prefix of its records on each partition, never a later event
+without the earlier ones: the embedded log appends a publish in one transaction, the Kafka bus sends
+a partition's next batch only once the one before it was acknowledged (aiokafka alone would send
+the batch behind one that failed for good; docs/kafka.md). A read of the commands partition for the
+check below that fails is :class:`~ffdl.handlers.ports.BusUnavailable`, never a poison command. The offset is
 believed once the commands partition is found to hold, at that offset, the command the event
 names as its cause (read once per partition, on the first redelivery), so a commands topic made
 anew under a kept events topic, whose offsets start again, never has its commands taken for

@@ -13,10 +13,12 @@ Topics
 
 Appends
     A record's partition is Kafka's default partitioner of its key (murmur2, :mod:`.partitioning`), so
-    Java clients, aiokafka and the embedded log agree on it. ``publish`` hands a batch to the producer
-    and returns once the broker acknowledged every record (``acks=all`` unless configured otherwise),
-    with the partition and offset the broker gave each. The producer keeps one batch in flight per
-    partition, so a retried batch cannot overtake a later one; without idempotence (tansu has none) a
+    Java clients, aiokafka and the embedded log agree on it. ``publish`` sends each partition's records
+    as batches of up to 1 MiB, the next only once the broker acknowledged the one before (``acks=all``
+    unless configured otherwise), so a publish that fails leaves a prefix of its records on each
+    partition (aiokafka alone sends the batch queued behind one whose retries ran out); it returns
+    with the partition and offset the broker gave each record. The producer keeps one batch in flight
+    per partition, so a retried batch cannot overtake a later one; without idempotence (tansu has none) a
     retry after a lost acknowledgement may append a record twice, which readers ignore by ``seq``.
 
 Consumer groups
