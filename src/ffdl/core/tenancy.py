@@ -76,6 +76,22 @@ class TenancyPolicy:
         return self.quotas.get(tenant, self.default)
 
 
+class _Terms(dict[str, tuple[int, int | None, float]]):
+    """Tenant -> (guarantee, limit, weight), the first two in thousandths of a GPU, worked out on
+    first asking: a planning step asks millions of times, and the policy never changes under a
+    ledger (a dict that fills itself: a lookup of a known tenant calls no Python function)."""
+
+    def __init__(self, policy: TenancyPolicy) -> None:
+        super().__init__()
+        self._policy = policy
+
+    def __missing__(self, tenant: str) -> tuple[int, int | None, float]:
+        quota = self._policy.quota(tenant)
+        limit = None if quota.limit is None else quota.limit * MILLI_GPUS
+        terms = self[tenant] = (quota.guaranteed_gpus * MILLI_GPUS, limit, quota.weight)
+        return terms
+
+
 class TenantLedger:
     """Quotas applied to live counts, which it reads and never changes: what each tenant holds
     (``usage``), how much of that is being freed by preemption (``releasing``), and how much its
@@ -94,9 +110,7 @@ class TenantLedger:
         self._usage = usage
         self._releasing = releasing
         self._claimed = claimed
-        # tenant -> (guarantee, limit, weight), the first two in thousandths of a GPU, memoised: a
-        # planning step asks millions of times, and the policy never changes under a ledger
-        self._terms: dict[str, tuple[int, int | None, float]] = {}
+        self._terms = _Terms(policy)
         #: whether any tenant has a guarantee: until one has, no job is protected by one
         self.any_guarantee = policy.default.guaranteed_gpus > 0 or any(
             quota.guaranteed_gpus > 0 for quota in policy.quotas.values()
@@ -109,14 +123,6 @@ class TenantLedger:
     def quota(self, tenant: str) -> TenantQuota:
         return self._policy.quota(tenant)
 
-    def _terms_of(self, tenant: str) -> tuple[int, int | None, float]:
-        terms = self._terms.get(tenant)
-        if terms is None:
-            quota = self._policy.quota(tenant)
-            limit = None if quota.limit is None else quota.limit * MILLI_GPUS
-            terms = self._terms[tenant] = (quota.guaranteed_gpus * MILLI_GPUS, limit, quota.weight)
-        return terms
-
     def _kept(self, tenant: str) -> int:
         """What the tenant will hold once the preemptions under way are done."""
         return self._usage.get(tenant, 0) - self._releasing.get(tenant, 0) + self._claimed.get(tenant, 0)
@@ -126,20 +132,20 @@ class TenantLedger:
         any instant (GPUs being freed still count until they are)."""
         if self._unlimited:
             return True
-        limit = self._terms_of(tenant)[1]
+        limit = self._terms[tenant][1]
         return limit is None or self._usage.get(tenant, 0) + self._claimed.get(tenant, 0) + charge <= limit
 
     def within_guarantee(self, tenant: str, charge: int) -> bool:
         """Whether ``charge`` more keeps the tenant inside its guarantee."""
-        return self._kept(tenant) + charge <= self._terms_of(tenant)[0]
+        return self._kept(tenant) + charge <= self._terms[tenant][0]
 
     def guaranteed(self, tenant: str) -> bool:
         """Whether the tenant has a guarantee (its jobs inside it are safe from other tenants)."""
-        return self._terms_of(tenant)[0] > 0
+        return self._terms[tenant][0] > 0
 
     def borrowed(self, tenant: str) -> int:
         """What the tenant holds (or will) beyond its guarantee."""
-        return max(0, self._kept(tenant) - self._terms_of(tenant)[0])
+        return max(0, self._kept(tenant) - self._terms[tenant][0])
 
     def tenants(self) -> list[str]:
         """Every tenant that holds anything now."""
@@ -147,6 +153,6 @@ class TenantLedger:
 
     def order_key(self, tenant: str) -> tuple[bool, float, str]:
         """Who goes next among tenants of one priority: inside the guarantee first, then least per weight."""
-        guaranteed, _, weight = self._terms_of(tenant)
+        guaranteed, _, weight = self._terms[tenant]
         kept = self._kept(tenant)
         return (kept >= guaranteed, kept / weight, tenant)
