@@ -66,6 +66,13 @@ def young(state: ClusterState, priority: int, now: float, min_runtime_s: float) 
     return bisect_left(state.by_start.get(priority, ()), True, key=victim)
 
 
+def candidates(state: ClusterState, priority: int, now: float, min_runtime_s: float) -> list[HeldJob]:
+    """The class's jobs that may be victims at ``now`` (past their minimum runtime), youngest
+    first: those without GPUs too, as their CPUs and memory can keep a gang off a node as GPUs can."""
+    entries = state.by_start.get(priority, [])
+    return [entry[2] for entry in entries[young(state, priority, now, min_runtime_s) :]]
+
+
 def halts_allowed(state: ClusterState, now: float, min_runtime_s: float) -> tuple[tuple[int, int], ...]:
     """Which running jobs may be halted at ``now``, as (class, how many of its jobs may not): all
     that time changes in a planning step's inputs while no job comes, goes or moves (see
@@ -109,12 +116,6 @@ class VictimPool:
 
     def _young(self, priority: int) -> int:
         return young(self.state, priority, self.now, self.min_runtime_s)
-
-    def candidates(self, priority: int) -> list[HeldJob]:
-        """The class's jobs that may be victims (past their minimum runtime), youngest first: those
-        without GPUs too, as their CPUs and memory can keep a gang off a node as GPUs can."""
-        entries = self.state.by_start.get(priority, [])
-        return [entry[2] for entry in entries[self._young(priority) :]]
 
     def may_preempt(self, preemptor: Preemptor, victim: HeldJob, taking: Mapping[str, int]) -> bool:
         """Whether ``victim`` may be halted for ``preemptor``, with ``taking`` (GPU-equivalents per
@@ -269,7 +270,12 @@ class VictimPool:
                 for node, held in job.gang.learners:
                     if held:  # a job without GPUs is not counted on its nodes
                         per_node[node] -= len(held)
-        return Eligible(gpus, per_node, lambda: [job for p in classes for job in self.candidates(p)])
+        # (the listing names what it reads, not the pool: a pool whose memo held a listing that held
+        # the pool was a cycle, and a run left every step's pool to the cyclic collector)
+        now, min_runtime_s = self.now, self.min_runtime_s
+        return Eligible(
+            gpus, per_node, lambda: [job for p in classes for job in candidates(state, p, now, min_runtime_s)]
+        )
 
     def _eligible(self, preemptor: Preemptor) -> list[HeldJob]:
         """The candidates that may be halted for ``preemptor`` and hold GPUs of a type it can use,
@@ -282,7 +288,7 @@ class VictimPool:
         for priority in self.priorities:
             if priority >= preemptor.priority and not preemptor.reclaims:
                 break
-            for victim in self.candidates(priority):
+            for victim in candidates(self.state, priority, self.now, self.min_runtime_s):
                 if not self.may_preempt(preemptor, victim, taking):
                     continue
                 if gpu_type is not None and all(
