@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 from collections import Counter
 from itertools import pairwise
@@ -402,3 +403,23 @@ def test_a_preempted_jobs_first_end_wakes_no_step_that_would_decide_nothing() ->
     everywhere = planning_at_every_instant(trace, policy)
     assert passing_over.preemptions > 0 and passing_over.cycles < everywhere.cycles
     assert decided(passing_over) == decided(everywhere)
+
+
+def test_a_run_leaves_no_reference_cycle_for_the_paused_collector_and_turns_it_back_on() -> None:
+    """A run pauses the cyclic collector, which is safe only while it makes no reference cycle:
+    preemption searches, service bands and aging all taken (a victim pool whose memo held a
+    listing that held the pool was one, and a whole replay left every step's pool behind)."""
+    trace = generate_trace(300, nodes=2, gpus_per_node=8, load=1.3, seed=3)
+    policy = SchedulerPolicy(service_queues=(3600.0, 57_600.0), starve_after_s=3600.0)
+    gc.collect()
+    gc.disable()
+    try:
+        result = simulate(trace, nodes(2), policy, halt_s=20.0)
+        assert not gc.isenabled()  # left as it was found
+        unreachable = gc.collect()
+    finally:
+        gc.enable()
+    assert result.preemptions > 0
+    assert unreachable == 0
+    simulate(trace[:20], nodes(2), policy)
+    assert gc.isenabled()
