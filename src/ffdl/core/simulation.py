@@ -20,12 +20,10 @@ scheduler role does from its fold. Each halt costs ``halt_s`` on the victim's GP
 
 from __future__ import annotations
 
-import gc
 import itertools
 import math
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from heapq import heappop, heappush
 from typing import Any
@@ -33,6 +31,7 @@ from typing import Any
 from ffdl.core import service as service_bands
 from ffdl.core.allocator import Node, PlacementPolicy
 from ffdl.core.cluster import MILLI_GPUS, ClusterRoom, ClusterState, Demand, HeldJob, counted
+from ffdl.core.collector import cyclic_gc_paused
 from ffdl.core.job import WaitRecord
 from ffdl.core.preemption import halts_allowed
 from ffdl.core.scheduling import Planner, SchedulerPolicy, WaitingJob, WaitingQueue
@@ -306,22 +305,10 @@ def simulate(
         raise ValueError(
             f"job id {twice[0]!r} is in the trace more than once: each job needs an id of its own"
         )
-    with _cyclic_gc_paused():
+    # a run makes millions of short-lived records and no reference cycle (a test holds that): the
+    # collector's passes found nothing and cost 2% of Philly's replay
+    with cyclic_gc_paused():
         return _replay(trace, nodes, policy or SchedulerPolicy(), placement, halt_s, record, weigh_all)
-
-
-@contextmanager
-def _cyclic_gc_paused() -> Iterator[None]:
-    """The cyclic garbage collector off for a run, and back as it was after: a run makes millions
-    of short-lived tuples and records and no reference cycle (``tests/unit/test_scheduling_simulation.py``
-    holds that), so the collector's passes over them found nothing and cost 2% of Philly's replay."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _replay(

@@ -16,7 +16,6 @@ partition of the log, from the start, and resumes where that same file left off.
 
 from __future__ import annotations
 
-import gc
 import json
 import sqlite3
 import threading
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
 from ffdl.core.aggregate import AggregateKind, Aggregates, AggregateState, Skipped, fold_step
+from ffdl.core.collector import cyclic_gc_paused
 from ffdl.core.job import Job
 from ffdl.core.kinds import JOBS, KINDS, NODES
 from ffdl.core.nodes import NodeRecord
@@ -802,23 +802,6 @@ def history_row(identity: str, logged: LoggedEvent) -> tuple[Any, ...]:
     )
 
 
-@contextmanager
-def cyclic_gc_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off for a fold over a whole log, then as it was.
-
-    Folding creates no reference cycles (events, jobs and rows are freed by reference counting),
-    but what it keeps grows (every job folded so far), and each full collection scans all of it
-    again: 40% of the CPU time of rebuilding a 400,000-event log went to collections finding nothing.
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 #: the rows a kept log decodes at a time: a fold of the whole log never holds it all decoded, and a
 #: query names at most this many (SQLite's oldest limit on a statement's parameters is 999)
 DECODE_BATCH = 500
@@ -928,6 +911,8 @@ def rebuild(projection: Projection, events: Iterable[LoggedEvent], batch_size: i
     """Fold a whole log into an empty projection; returns the number of events applied."""
     total = 0
     stream = iter(events)
+    # folding makes no reference cycle, but what it keeps grows (every job folded so far), and
+    # each full collection scanned it all again: 40% of rebuilding a 400,000-event log
     with projection.bulk_load(), cyclic_gc_paused():
         while batch := list(islice(stream, batch_size)):
             total += projection.apply(batch)

@@ -39,9 +39,10 @@ from typing import Any
 import msgspec
 
 from ffdl.core.aggregate import Aggregates, Skipped
+from ffdl.core.collector import cyclic_gc_paused
 from ffdl.core.kinds import KINDS, NODES
 from ffdl.events.position import Position
-from ffdl.projections.store import Positions, Projection, Rows, cyclic_gc_paused, history_row
+from ffdl.projections.store import Positions, Projection, Rows, history_row
 from ffdl.tools.log_files import LogFileError, line_history_row, numbered_lines, open_for_reading, read_line
 
 #: A folder's verdict on a line it was to apply: None, not applied; else the kind's name and its row.

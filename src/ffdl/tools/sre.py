@@ -40,6 +40,7 @@ import structlog
 
 from ffdl.adapters.bus import open_bus
 from ffdl.core.aggregate import AggregateKind, AggregateState, AnyKind, Skip, Skipped, fold_step
+from ffdl.core.collector import cyclic_gc_paused
 from ffdl.core.invariants import InvariantChecker, Violation, ViolationKind
 from ffdl.core.job import Job
 from ffdl.core.kinds import JOBS, NODES
@@ -50,7 +51,7 @@ from ffdl.events.envelope import NODE_KEY_PREFIX, NodeEvent
 from ffdl.handlers.messaging import Topics
 from ffdl.handlers.ports import Bus, OutgoingRecord
 from ffdl.projections.documents import JsonObject, job_document, node_document
-from ffdl.projections.store import LoggedEvent, Projection, cyclic_gc_paused, rebuild
+from ffdl.projections.store import LoggedEvent, Projection, rebuild
 from ffdl.tools.file_rebuild import rebuild_file_in_processes
 from ffdl.tools.log_files import STDIO, EventFilter, LogLine, parse_time, read_lines, write_log
 from ffdl.tools.log_reading import TopicLog, UndecodableRecord, read_topic
