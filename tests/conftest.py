@@ -20,7 +20,7 @@ from ffdl.handlers.ports import Bus
 from ffdl.wiring.config import Settings
 from ffdl.wiring.platform import Platform
 from tests.harness import Api, fast_settings
-from tests.services import EtcdServer
+from tests.services import EtcdServer, TansuBroker
 
 # No example is failed for its time (Hypothesis' default: 200 ms): a loaded CI machine's pause of a
 # test process is no defect of the code under test. Time is measured by the benchmarks.
@@ -84,6 +84,15 @@ async def api(platform: Platform) -> AsyncIterator[Api]:
 def etcd_server() -> Iterator[EtcdServer]:
     """A real etcd per test module (chaos tests freeze or kill it: no module sees another's)."""
     server = EtcdServer()
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def broker() -> Iterator[TansuBroker]:
+    """A real Kafka-protocol broker (tansu) per test module; each test names topics of its own."""
+    server = TansuBroker()
     server.start()
     yield server
     server.stop()

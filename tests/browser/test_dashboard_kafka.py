@@ -4,7 +4,6 @@ embedded log."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,14 +19,6 @@ from tests.integration.test_kafka_platform import kafka_settings
 from tests.services import TansuBroker
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
-
-
-@pytest.fixture(scope="module")
-def broker() -> Iterator[TansuBroker]:
-    server = TansuBroker()
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

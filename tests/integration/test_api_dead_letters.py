@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -44,14 +44,6 @@ from tests.services import TansuBroker, wait_until_async
 pytestmark = pytest.mark.integration
 
 FAST = KafkaConfig(session_timeout_s=2.0, heartbeat_interval_s=0.2, request_timeout_s=30.0)
-
-
-@pytest.fixture(scope="module")
-def broker() -> Iterator[TansuBroker]:
-    server = TansuBroker()
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(params=["embedded", "kafka"])

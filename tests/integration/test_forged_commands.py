@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import io
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,14 +55,6 @@ FAST = KafkaConfig(session_timeout_s=2.0, heartbeat_interval_s=0.2, request_time
 #: A job that holds all of node-a's GPUs until it is cancelled, and one that waits for them.
 HOLDER = manifest("holder", learners=1, gpus=4, args=["--steps", "100000", "--delay", "0.05"])
 WAITER = manifest("waiter", learners=1, gpus=2, args=["--steps", "5"])
-
-
-@pytest.fixture(scope="module")
-def broker() -> Iterator[TansuBroker]:
-    server = TansuBroker()
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(params=["embedded", "kafka"])

@@ -17,7 +17,7 @@ import signal
 import sys
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -82,14 +82,6 @@ async def main():
 
 asyncio.run(main())
 """
-
-
-@pytest.fixture(scope="module")
-def broker() -> Iterator[TansuBroker]:
-    server = TansuBroker()
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(params=["embedded", "kafka"])

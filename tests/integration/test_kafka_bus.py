@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -36,14 +36,6 @@ FAST = KafkaConfig(session_timeout_s=2.0, heartbeat_interval_s=0.2, request_time
 
 def unique(name: str) -> str:
     return f"{name}-{uuid.uuid4().hex[:10]}"
-
-
-@pytest.fixture(scope="module")
-def broker() -> Iterator[TansuBroker]:
-    server = TansuBroker()
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

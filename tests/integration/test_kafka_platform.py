@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import Iterator, MutableMapping
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -48,14 +48,6 @@ FAST = KafkaConfig(session_timeout_s=2.0, heartbeat_interval_s=0.2, request_time
 INSTANT_JOB = "name: instant\ncommand: 'true'\nlearners: 2\ngpus: 1\n"
 #: The headers of a command the API sends for the open platform's tenant.
 AS_TENANT = ((PRINCIPAL_HEADER, b"tenant:default"),)
-
-
-@pytest.fixture(scope="module")
-def broker() -> Iterator[TansuBroker]:
-    server = TansuBroker()
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

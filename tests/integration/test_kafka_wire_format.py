@@ -664,14 +664,6 @@ async def run_doc_program(heading: str, env: Mapping[str, str]) -> str:
     return run.stdout.strip().splitlines()[-1]
 
 
-@pytest.fixture(scope="module")
-def broker() -> Iterator[TansuBroker]:
-    server = TansuBroker()
-    server.start()
-    yield server
-    server.stop()
-
-
 @pytest.fixture
 async def settings(tmp_path: Path, broker: TansuBroker) -> Settings:
     return fast_settings(

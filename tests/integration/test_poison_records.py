@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -96,14 +95,6 @@ def test_an_event_for_a_rank_the_job_does_not_have_is_skipped_by_the_fold_not_ra
     skipped = fold_step(JOBS, job, poison)
     assert isinstance(skipped, Skipped)
     assert "no learner of rank 99" in skipped.detail
-
-
-@pytest.fixture(scope="module")
-def broker() -> Iterator[TansuBroker]:
-    server = TansuBroker()
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(params=["embedded", "kafka"])

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import io
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,14 +49,6 @@ from tests.services import TansuBroker
 pytestmark = pytest.mark.integration
 
 PARTITIONS = 8
-
-
-@pytest.fixture(scope="module")
-def broker() -> Iterator[TansuBroker]:
-    server = TansuBroker()
-    server.start()
-    yield server
-    server.stop()
 
 
 @dataclass(frozen=True)
