@@ -42,29 +42,24 @@ from ffdl.handlers.messaging import PRINCIPAL_HEADER, CommandSender, Topics
 from ffdl.handlers.owner import SCHEDULER_ROLE, JobOwner
 from ffdl.handlers.ports import Bus, OutgoingRecord, Record, TopicPartition
 from ffdl.handlers.runtime import StaleMember, consume, decode_event
+from tests.crashing_bus import Crash, CrashesBeforeCommit
 from tests.services import wait_until_async
 
 TENANT = "acme"
 OWNERS, RELAYS = "owners", "ingress"
 
 
-class Crash(Exception):
-    """The relay's process dies."""
-
-
-class CrashesBeforeCommit:
+class RelayCrashesBeforeCommit(CrashesBeforeCommit):
     """The log, whose relay dies right after it appended copies to the commands topic, before it
     commits its offsets on the tenant's topic; ``landed``: which of a publish's copies land before
     the crash (a publish to several partitions of Kafka is no transaction), by default all."""
 
+    crash = "killed between the copies' append and the commit"
+
     def __init__(self, bus: Bus, commands: str, landed: Any = None) -> None:
-        self._bus = bus
+        super().__init__(bus)
         self._commands = commands
         self._landed = landed
-        self.appended = False
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._bus, name)
 
     async def publish(self, topic: str, records: Sequence[OutgoingRecord]) -> list[Position]:
         if topic != self._commands:
@@ -74,18 +69,6 @@ class CrashesBeforeCommit:
             return await self._bus.publish(topic, records)
         await self._bus.publish(topic, [record for record in records if self._landed(record)])
         raise Crash("killed while its copies were being appended")
-
-    async def subscribe(self, group: str, topics: Sequence[str], listener: Any = None) -> Any:
-        subscription = await self._bus.subscribe(group, topics, listener)
-        inner_commit = subscription.commit
-
-        async def commit(offsets: Any) -> None:
-            if self.appended:
-                raise Crash("killed between the copies' append and the commit")
-            await inner_commit(offsets)
-
-        subscription.commit = commit
-        return subscription
 
 
 class Story:
@@ -182,7 +165,7 @@ class Story:
         return relay
 
     async def relay_crashes_before_commit(self, landed: Any = None) -> None:
-        bus = CrashesBeforeCommit(self.log, self.topics.commands, landed)
+        bus = RelayCrashesBeforeCommit(self.log, self.topics.commands, landed)
         relay = self.relay(bus)  # type: ignore[arg-type]
         stop = asyncio.Event()
         with pytest.raises(Crash):

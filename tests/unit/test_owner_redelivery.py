@@ -34,6 +34,7 @@ from ffdl.handlers.messaging import CommandSender, Topics, event_records
 from ffdl.handlers.owner import SCHEDULER_ROLE, JobOwner
 from ffdl.handlers.ports import Bus, OutgoingRecord
 from ffdl.handlers.runtime import consume, decode_event
+from tests.crashing_bus import Crash, CrashesBeforeCommit
 from tests.services import wait_until_async
 
 GROUP = "owners"
@@ -41,38 +42,18 @@ JOB = "job-1"
 TENANT = "default"
 
 
-class Crash(Exception):
-    """The owner's process dies."""
-
-
-class CrashesBeforeCommit:
+class OwnerCrashesBeforeCommit(CrashesBeforeCommit):
     """The embedded log, whose member dies right after the first append of events, before it commits
     the offsets of the commands that caused them (the fence's commit before the append goes through)."""
 
     def __init__(self, bus: Bus, events: str) -> None:
-        self._bus = bus
+        super().__init__(bus)
         self._events = events
-        self.appended = False
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._bus, name)
 
     async def publish(self, topic: str, records: Sequence[OutgoingRecord]) -> list[Position]:
         positions = await self._bus.publish(topic, records)
         self.appended = self.appended or topic == self._events
         return positions
-
-    async def subscribe(self, group: str, topics: Sequence[str], listener: Any = None) -> Any:
-        subscription = await self._bus.subscribe(group, topics, listener)
-        inner_commit = subscription.commit
-
-        async def commit(offsets: Any) -> None:
-            if self.appended:
-                raise Crash("killed between the append and the commit")
-            await inner_commit(offsets)
-
-        subscription.commit = commit
-        return subscription
 
 
 class Story:
@@ -131,7 +112,7 @@ class Story:
 
     async def owner_crashes_before_commit(self) -> None:
         """An owner that decides a fetch, appends its events and dies before it commits the fetch."""
-        bus = CrashesBeforeCommit(self.log, self.topics.events)
+        bus = OwnerCrashesBeforeCommit(self.log, self.topics.events)
         owner = JobOwner(bus, self.topics, self.election)  # type: ignore[arg-type]
         stop = asyncio.Event()
         with pytest.raises(Crash):
