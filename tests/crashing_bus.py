@@ -1,5 +1,6 @@
-"""A bus whose member dies between an append and the commit of what caused it: what an owner or a
-relay killed there leaves, for the tests of redelivery."""
+"""Buses that fail as an owner or a relay meets them after a crash: a member that dies between an
+append and the commit of what caused it, and a commands topic that cannot be read back (for the
+tests of redelivery)."""
 
 from __future__ import annotations
 
@@ -36,3 +37,21 @@ class CrashesBeforeCommit:
 
         subscription.commit = commit
         return subscription
+
+
+class CommandsUnreadable:
+    """``bus``, but reading the commands topic fails with a broker error that is no
+    ``ConnectionError`` nor ``TimeoutError``: a check of what the commands topic holds cannot be
+    made."""
+
+    def __init__(self, bus: Bus, commands: str) -> None:
+        self._bus = bus
+        self._commands = commands
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._bus, name)
+
+    def read(self, topic: str, partition: int, start: int = 0, end: int | None = None) -> Any:
+        if topic == self._commands:
+            raise RuntimeError("the broker refused the read")
+        return self._bus.read(topic, partition, start, end)

@@ -42,7 +42,7 @@ from ffdl.handlers.messaging import PRINCIPAL_HEADER, CommandSender, Topics
 from ffdl.handlers.owner import SCHEDULER_ROLE, JobOwner
 from ffdl.handlers.ports import Bus, OutgoingRecord, Record, TopicPartition
 from ffdl.handlers.runtime import StaleMember, consume, decode_event
-from tests.crashing_bus import Crash, CrashesBeforeCommit
+from tests.crashing_bus import CommandsUnreadable, Crash, CrashesBeforeCommit
 from tests.services import wait_until_async
 
 TENANT = "acme"
@@ -581,23 +581,6 @@ async def test_a_relay_frozen_between_its_fence_and_its_append_still_appends_its
     assert causes(decided, ev.HaltRequested) == [halt.command_id]
     assert causes(decided, ev.ResumeRequested) == [resume.command_id]
     assert fold(decided, "job-1") is JobState.CANCELLED
-
-
-class CommandsUnreadable:
-    """The embedded log, but reading the commands topic fails with a broker error that is no
-    ``ConnectionError`` nor ``TimeoutError``."""
-
-    def __init__(self, bus: Bus, commands: str) -> None:
-        self._bus = bus
-        self._commands = commands
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._bus, name)
-
-    def read(self, topic: str, partition: int, start: int = 0, end: int | None = None) -> Any:
-        if topic == self._commands:
-            raise RuntimeError("the broker refused the read")
-        return self._bus.read(topic, partition, start, end)
 
 
 async def test_a_read_back_that_fails_stops_the_relay_and_dead_letters_or_copies_nothing(

@@ -34,7 +34,7 @@ from ffdl.handlers.messaging import CommandSender, Topics, event_records
 from ffdl.handlers.owner import SCHEDULER_ROLE, JobOwner
 from ffdl.handlers.ports import Bus, OutgoingRecord
 from ffdl.handlers.runtime import consume, decode_event
-from tests.crashing_bus import Crash, CrashesBeforeCommit
+from tests.crashing_bus import CommandsUnreadable, Crash, CrashesBeforeCommit
 from tests.services import wait_until_async
 
 GROUP = "owners"
@@ -231,24 +231,6 @@ async def test_an_older_owners_log_whose_events_name_no_command_offset_leaves_re
 
     assert owner.redelivered == 0
     assert after == decided and fold(after) is JobState.QUEUED
-
-
-class CommandsUnreadable:
-    """The embedded log, but reading the commands topic fails (a broker error that is no
-    ``ConnectionError`` nor ``TimeoutError``): the owner cannot check that the commands partition
-    holds the command its last event names."""
-
-    def __init__(self, bus: Bus, commands: str) -> None:
-        self._bus = bus
-        self._commands = commands
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._bus, name)
-
-    def read(self, topic: str, partition: int, start: int = 0, end: int | None = None) -> Any:
-        if topic == self._commands:
-            raise RuntimeError("the broker refused the read")
-        return self._bus.read(topic, partition, start, end)
 
 
 async def test_a_redelivery_the_owner_cannot_check_is_retried_not_dead_lettered(tmp_path: Path) -> None:
