@@ -153,7 +153,7 @@ async def test_a_manifest_no_parser_takes_up_in_time_is_503_and_never_parsed(
     """The parser busy (a burst of slow manifests): the request is told to come back, and its
     manifest is not parsed later, when nobody waits for it."""
     monkeypatch.setattr(dependencies, "MANIFEST_PARSE_S", 0.05)
-    parser = FairWorker(dependencies.MANIFESTS_WAITING_PER_TENANT, name="test-manifest")
+    parser = FairWorker(dependencies.MANIFEST_BYTES_WAITING_PER_TENANT, name="test-manifest")
     monkeypatch.setattr(dependencies, "_PARSER", parser)
     release = threading.Event()
     busy = parser.submit("globex", release.wait)
@@ -198,6 +198,20 @@ def test_tenants_take_turns_and_each_has_at_most_its_bound_waiting() -> None:
     assert [queues.take() for _ in range(4)] == ["acme-6", "acme-8", "acme-9", None]
 
 
+def test_a_tenant_s_queue_is_bounded_by_what_its_items_cost_not_by_how_many() -> None:
+    """A script's burst of small manifests all wait their turn where four of the costliest fill the
+    queue; one costlier than the whole bound is let in while its tenant has nothing waiting."""
+    queues: TenantQueues[str] = TenantQueues(bound=100)
+    assert all(queues.offer("script", f"small-{n}", 5) for n in range(20))
+    assert not queues.admits("script", 1) and not queues.offer("script", "small-20", 1)
+    assert queues.offer("acme", "costly-0", 60) and not queues.offer("acme", "costly-1", 60)
+    assert queues.offer("acme", "costly-2", 40) and not queues.admits("acme", 1)
+    assert queues.take() == "small-0" and queues.admits("script", 5) and queues.offer("script", "small-20", 5)
+    assert queues.take() == "costly-0" and queues.offer("acme", "costly-1", 60)
+    assert queues.offer("globex", "huge", 500) and not queues.offer("globex", "tiny", 1)
+    assert queues.withdraw("globex", "huge") and queues.offer("globex", "tiny", 1)
+
+
 @given(
     st.lists(
         st.one_of(st.sampled_from(["acme", "globex", "initech", "umbrella"]), st.none()),
@@ -236,7 +250,7 @@ async def test_a_tenant_s_manifest_is_parsed_before_the_rest_of_another_s_flood(
 ) -> None:
     """A fake parser stepped by hand: acme's flood fills its queue and is refused past it (429, for
     acme alone), and globex's manifest is parsed next, before acme's queued ones."""
-    parser = FairWorker(2, name="test-manifest")
+    parser = FairWorker(2 * len(b"name: acme-0\ncommand: run\n"), name="test-manifest")  # two of acme's
     monkeypatch.setattr(dependencies, "_PARSER", parser)
     started: dict[bytes, threading.Event] = {}
     release: dict[bytes, threading.Event] = {}
@@ -264,7 +278,7 @@ async def test_a_tenant_s_manifest_is_parsed_before_the_rest_of_another_s_flood(
     with pytest.raises(HTTPException) as refused:
         await parsed_manifest(manifest_of("acme-3"), "acme")
     assert (refused.value.status_code, refused.value.headers) == (429, {"Retry-After": "1"})
-    assert "2 manifests waiting" in str(refused.value.detail)
+    assert "come to 52 bytes" in str(refused.value.detail)
     ours = manifest_of("globex-0")
     parsing_ours = asyncio.create_task(parsed_manifest(ours, "globex"))
     await asyncio.sleep(0)

@@ -66,14 +66,17 @@ READ_WAIT_MAX_S = 10.0
 #: Seconds a manifest may take to parse, waiting for a parser included (its size and shape bound its
 #: cost already, to about 0.3 s for the default body limit: a guard, not a budget).
 MANIFEST_PARSE_S = 2.0
-#: How many of a tenant's manifests may wait for an API process's parser (besides the one it
-#: parses): one more is 429. Each waits its tenant's turn, so a tenant's own queue holds only itself.
-MANIFESTS_WAITING_PER_TENANT = 4
+#: The bytes of a tenant's manifests that may wait for an API process's parser (besides the one it
+#: parses): one more is 429 (one is let in whatever its size while none waits). Bytes, not a count:
+#: what a parse costs goes with its length, so four of the costliest bodies the default limit allows
+#: fill it, and a burst of a script's small manifests does not (a count of 4 refused 20 jobs sent at
+#: once). Each waits its tenant's turn, so a tenant's own queue holds only itself.
+MANIFEST_BYTES_WAITING_PER_TENANT = 1024 * 1024
 #: The API process's one manifest parser, taking turns among tenants (see :func:`parsed_manifest`).
 #: One, not more: parsing is pure Python, which holds the interpreter's lock, so a second parser
 #: parses no faster and took the event loop's turns (with two, a burst of the costliest manifests
 #: held another caller's read for 2 to 4 s; with one, 0.16 s).
-_PARSER = FairWorker(MANIFESTS_WAITING_PER_TENANT, name="ffdl-manifest")
+_PARSER = FairWorker(MANIFEST_BYTES_WAITING_PER_TENANT, name="ffdl-manifest")
 #: The largest offset or seq a request may name: SQLite's integers stop at 2**63.
 MAX_OFFSET = 2**62
 #: The events by which an owner refuses a command (a job's, a node's); both carry the reason.
@@ -437,7 +440,7 @@ async def job_manifest(caller: Caller, request: Request, backend: Backend) -> Jo
     """The job manifest of the caller's request body (size-limited as it arrives): JSON or YAML, our
     manifest or FfDL's, parsed in a worker thread; its data and result places within the roots.
     (``caller`` is resolved first: an unauthenticated body is never parsed.)"""
-    if _PARSER.waiting(caller.tenant) >= _PARSER.bound:
+    if not _PARSER.admits(caller.tenant, _declared_length(request)):
         raise _queue_full()  # before its body is read: a flood past its queue costs no read
     spec = await parsed_manifest(await request.body(), caller.tenant)
     settings = backend.settings
@@ -470,11 +473,12 @@ async def parsed_manifest(body: bytes, tenant: str, clock: Callable[[], float] =
 
     The parser takes turns among tenants (:class:`~ffdl.api.fairness.FairWorker`): a tenant's
     manifest waits for the parse under way and at most one of each other tenant with manifests
-    waiting, and a tenant with :data:`MANIFESTS_WAITING_PER_TENANT` waiting is refused one more at
-    once, 429 with ``Retry-After``. Before, they waited in the order they came: a tenant sending the
-    costliest manifests as fast as it could made every other tenant's submission a 503."""
+    waiting, and a tenant whose manifests waiting come to :data:`MANIFEST_BYTES_WAITING_PER_TENANT`
+    is refused one more at once, 429 with ``Retry-After``. Before, they waited in the order they
+    came: a tenant sending the costliest manifests as fast as it could made every other tenant's
+    submission a 503."""
     deadline = clock() + MANIFEST_PARSE_S
-    submitted = _PARSER.submit(tenant, parse_manifest, body, deadline, clock)
+    submitted = _PARSER.submit(tenant, parse_manifest, body, deadline, clock, cost=len(body))
     if submitted is None:
         raise _queue_full()
     busy = problem(503, "the API is busy reading other manifests", "(body)", headers={"Retry-After": "1"})
@@ -498,10 +502,20 @@ async def parsed_manifest(body: bytes, tenant: str, clock: Callable[[], float] =
         raise HTTPException(422, detail=[{"field": f, "message": m} for f, m in exc.problems]) from exc
 
 
+def _declared_length(request: Request) -> int:
+    """The body's length as its sender declares it (1 where it does not, or not as a number): what
+    its manifest would cost the parser's queue, known before a byte of it is read. A sender that
+    understates it is held to the body's real length once it is read."""
+    try:
+        return max(1, int(request.headers.get("content-length", "1")))
+    except ValueError:
+        return 1
+
+
 def _queue_full() -> HTTPException:
     return problem(
         429,
-        f"this tenant has {_PARSER.bound} manifests waiting to be read already",
+        f"this tenant's manifests waiting to be read come to {_PARSER.bound} bytes already",
         "(body)",
         headers={"Retry-After": "1"},
     )

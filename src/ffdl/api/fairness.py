@@ -5,13 +5,14 @@ Python, and a second thread would parse no faster. Served in the order they come
 sends the costliest manifests as fast as it can fills that thread's queue, and every other tenant's
 submission waits behind the flood until about its deadline, refused (503) once it comes too late.
 
-So each tenant has a queue of its own, of at most ``bound`` pieces waiting (one past it is refused
-at once, for that tenant alone), and the worker takes the next piece from the tenant it served least
-recently (:class:`TenantQueues`): a tenant's piece waits for the one being done and at most one of
-each other tenant with work waiting, however many that tenant has queued or keeps sending. The order
-is equal turns, not the tenants' GPU shares: a share of 10 would let one tenant's flood hold another's
-submission for ten parses, past its deadline.
-"""
+So each tenant has a queue of its own, whose pieces waiting cost at most ``bound`` in all (a
+manifest costs its bytes: what parsing it costs goes with its length; one past the bound is refused
+at once, for that tenant alone, and a tenant with nothing waiting always gets one in), and the
+worker takes the next piece from the tenant it served least recently (:class:`TenantQueues`): a
+tenant's piece waits for the one being done and at most one of each other tenant with work waiting,
+however many that tenant has queued or keeps sending. The order is equal turns, not the tenants' GPU
+shares: a share of 10 would let one tenant's flood hold another's submission for ten parses, past
+its deadline."""
 
 from __future__ import annotations
 
@@ -28,8 +29,9 @@ R = TypeVar("R")
 
 
 class TenantQueues(Generic[T]):
-    """Tenants' items waiting for one worker, each tenant's in the order they came, at most ``bound``
-    waiting per tenant; :meth:`take` serves the tenant with items that was served least recently
+    """Tenants' items waiting for one worker, each tenant's in the order they came, those waiting of
+    a tenant costing at most ``bound`` in all (one is let in whatever its cost while the tenant has
+    none waiting); :meth:`take` serves the tenant with items that was served least recently
     (never served first, then in the order their items came), so tenants with items take turns.
 
     Not thread-safe: its owner holds a lock (see :class:`FairWorker`)."""
@@ -38,19 +40,35 @@ class TenantQueues(Generic[T]):
         if bound < 1:
             raise ValueError("a tenant must be allowed at least one item waiting")
         self.bound = bound
-        self._waiting: dict[str, deque[T]] = {}  # tenants with items, in the order they became so
+        self._waiting: dict[str, deque[tuple[T, int]]] = {}  # tenants with items (and their costs),
+        # in the order they became so
+        self._costs: dict[str, int] = {}  # tenant -> what its items waiting cost in all
         # the turn at which each tenant was last served (kept for every tenant seen, the tenants of
         # the tenants file: dropped, a tenant served just now would come first again with its next)
         self._served: dict[str, int] = {}
         self._turn = 0
 
-    def offer(self, tenant: str, item: T) -> bool:
-        """Queue ``item`` for ``tenant``; False (not queued) if ``tenant`` has :attr:`bound` waiting."""
-        queue = self._waiting.setdefault(tenant, deque())
-        if len(queue) >= self.bound:
+    def offer(self, tenant: str, item: T, cost: int = 1) -> bool:
+        """Queue ``item``, which costs ``cost``, for ``tenant``; False (not queued) if what the
+        tenant has waiting would then cost more than :attr:`bound`."""
+        if not self.admits(tenant, cost):
             return False
-        queue.append(item)
+        self._waiting.setdefault(tenant, deque()).append((item, cost))
+        self._costs[tenant] = self._costs.get(tenant, 0) + cost
         return True
+
+    def admits(self, tenant: str, cost: int) -> bool:
+        """Whether an item costing ``cost`` would be let into ``tenant``'s queue now."""
+        waiting = self._costs.get(tenant, 0)
+        return not waiting or waiting + cost <= self.bound
+
+    def _gone(self, tenant: str, cost: int) -> None:
+        left = self._costs[tenant] - cost
+        if self._waiting.get(tenant):
+            self._costs[tenant] = left
+        else:
+            self._waiting.pop(tenant, None)
+            del self._costs[tenant]
 
     def take(self) -> T | None:
         """The next item: the first of the tenant served least recently; None if none waits."""
@@ -59,10 +77,8 @@ class TenantQueues(Generic[T]):
         # dicts keep their order: among tenants never served (or served at the same turn, none) the
         # first with items waiting comes first
         tenant = min(self._waiting, key=lambda name: self._served.get(name, -1))
-        queue = self._waiting[tenant]
-        item = queue.popleft()
-        if not queue:
-            del self._waiting[tenant]
+        item, cost = self._waiting[tenant].popleft()
+        self._gone(tenant, cost)
         self._turn += 1
         self._served[tenant] = self._turn
         return item
@@ -72,11 +88,10 @@ class TenantQueues(Generic[T]):
         queue = self._waiting.get(tenant)
         if queue is None:
             return False
-        for index, waiting in enumerate(queue):
+        for index, (waiting, cost) in enumerate(queue):
             if waiting is item:
                 del queue[index]
-                if not queue:
-                    del self._waiting[tenant]
+                self._gone(tenant, cost)
                 return True
         return False
 
@@ -95,7 +110,7 @@ class _Work:
 
 class FairWorker:
     """One thread of its own (``name``) doing tenants' work one piece at a time, the pieces taken in
-    turns among tenants (:class:`TenantQueues`), at most ``bound`` of a tenant's waiting.
+    turns among tenants (:class:`TenantQueues`), a tenant's waiting costing at most ``bound``.
 
     The thread starts with the first piece (in the process that submits it: a process forked after
     it has none, and starts its own)."""
@@ -112,12 +127,12 @@ class FairWorker:
     def bound(self) -> int:
         return self._queues.bound
 
-    def submit(self, tenant: str, fn: Callable[..., R], *args: Any) -> Future[R] | None:
-        """``fn(*args)`` done in ``tenant``'s turn, as a future; None (nothing queued) if ``tenant``
-        has :attr:`bound` pieces waiting already."""
+    def submit(self, tenant: str, fn: Callable[..., R], *args: Any, cost: int = 1) -> Future[R] | None:
+        """``fn(*args)`` done in ``tenant``'s turn, as a future; None (nothing queued) if what
+        ``tenant`` has waiting would then cost more than :attr:`bound`."""
         work = _Work(tenant, fn, args)
         with self._lock:
-            if not self._queues.offer(tenant, work):
+            if not self._queues.offer(tenant, work, cost):
                 return None
             self._queued[work.future] = work
             if self._thread is None or self._pid != os.getpid():
@@ -141,6 +156,10 @@ class FairWorker:
     def waiting(self, tenant: str) -> int:
         with self._lock:
             return self._queues.waiting(tenant)
+
+    def admits(self, tenant: str, cost: int) -> bool:
+        with self._lock:
+            return self._queues.admits(tenant, cost)
 
     def _run(self) -> None:
         while True:
