@@ -154,40 +154,17 @@ async def test_a_flood_of_the_costliest_manifests_neither_outlives_its_answers_n
     acme, globex = registry.add("acme"), registry.add("globex")
     costliest = tmp_path / "costliest.yaml"
     costliest.write_bytes(costliest_manifest(settings.max_request_bytes))
-    flood = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        FLOOD,
-        str(api.http.base_url),
-        acme,
-        str(costliest),
-        "24",
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-    )
-    assert flood.stdin is not None and flood.stdout is not None
     waits: list[float] = []
-    try:
-        assert await asyncio.wait_for(flood.stdout.readline(), 30) == b"full\n"
+    async with flooding(api, acme, costliest) as flood:
         until = time.monotonic() + 2 * MANIFEST_PARSE_S
         while time.monotonic() < until:
             started = time.monotonic()
             assert (await api.http.get("/v1/jobs", headers=bearer(globex))).status_code == 200
             waits.append(time.monotonic() - started)
             await asyncio.sleep(0.02)
-        flood.stdin.close()
-        answers = json.loads(await asyncio.wait_for(flood.stdout.readline(), 30))
-        assert await asyncio.wait_for(flood.wait(), 30) == 0
-    finally:
-        if flood.returncode is None:
-            flood.kill()
-            await flood.wait()
+        answers = await stopped(flood)
     assert parsing() == [], "a parse outlived its answer"
-    for status, retry_after, fields, names_the_limit in answers:
-        if status in (429, 503):
-            assert int(retry_after) > 0 and fields == ["(body)"], (status, retry_after, fields)
-        else:
-            assert status == 422 and ("command" if names_the_limit else "(body)") in fields, (status, fields)
+    refused_as_a_flood_is(answers)
     assert max(waits) < FAST_S, f"another caller's read waited {max(waits):.1f} s"
 
 
@@ -223,6 +200,51 @@ async def main(url, token, manifest, connections):
 
 asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])))
 """
+
+
+@asynccontextmanager
+async def flooding(api: Api, token: str, manifest_file: Path) -> AsyncIterator[asyncio.subprocess.Process]:
+    """:data:`FLOOD` of 24 connections running, once the tenant of ``token`` was first refused for a
+    full queue; killed on the way out if :func:`stopped` did not end it."""
+    flood = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        FLOOD,
+        str(api.http.base_url),
+        token,
+        str(manifest_file),
+        "24",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert flood.stdin is not None and flood.stdout is not None
+    try:
+        assert await asyncio.wait_for(flood.stdout.readline(), 30) == b"full\n"
+        yield flood
+    finally:
+        if flood.returncode is None:
+            flood.kill()
+            await flood.wait()
+
+
+async def stopped(flood: asyncio.subprocess.Process) -> list[list[Any]]:
+    """The flood stopped, and each of its answers (see :data:`FLOOD`)."""
+    assert flood.stdin is not None and flood.stdout is not None
+    flood.stdin.close()
+    answers: list[list[Any]] = json.loads(await asyncio.wait_for(flood.stdout.readline(), 30))
+    assert await asyncio.wait_for(flood.wait(), 30) == 0
+    return answers
+
+
+def refused_as_a_flood_is(answers: list[list[Any]]) -> None:
+    """Every answer of a flood of the costliest manifests is a refusal that says why: the command
+    too long (422), or come back later (429 or 503, with ``Retry-After``)."""
+    for status, retry_after, fields, names_the_limit in answers:
+        assert status in (422, 429, 503), status
+        if status == 422:
+            assert ("command" if names_the_limit else "(body)") in fields, fields
+        else:
+            assert int(retry_after) > 0 and fields == ["(body)"], (status, retry_after, fields)
 
 
 async def test_a_tenant_flooding_the_costliest_manifests_leaves_another_tenants_submissions_accepted(
@@ -262,21 +284,8 @@ async def test_a_tenant_flooding_the_costliest_manifests_leaves_another_tenants_
 
     monkeypatch.setattr(dependencies, "parse_manifest", parsed)
     monkeypatch.setattr(dependencies._PARSER, "submit", queued)
-    flood = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        FLOOD,
-        str(api.http.base_url),
-        acme,
-        str(costliest),
-        "24",
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-    )
-    assert flood.stdin is not None and flood.stdout is not None
     ours = []
-    try:
-        assert await asyncio.wait_for(flood.stdout.readline(), 30) == b"full\n"
+    async with flooding(api, acme, costliest) as flood:
         for n in range(3):
             text = manifest(f"fair-{n}", learners=1, gpus=0, args=["--steps", "2"])
             started = time.monotonic()
@@ -288,21 +297,10 @@ async def test_a_tenant_flooding_the_costliest_manifests_leaves_another_tenants_
             waited = parses[parses.index("globex queued") + 1 : parses.index("globex")]
             assert len(waited) <= 1, f"globex's manifest waited for {len(waited)} of acme's to start"
             parses.clear()
-        flood.stdin.close()
-        answers = json.loads(await asyncio.wait_for(flood.stdout.readline(), 30))
-        assert await asyncio.wait_for(flood.wait(), 30) == 0
-    finally:
-        if flood.returncode is None:
-            flood.kill()
-            await flood.wait()
+        answers = await stopped(flood)
     assert parsing() == [], "a parse outlived its answer"
-    statuses = {status for status, *_ in answers}
-    assert 429 in statuses and statuses <= {422, 429, 503}, statuses
-    for status, retry_after, fields, names_the_limit in answers:
-        if status == 422:
-            assert ("command" if names_the_limit else "(body)") in fields, fields
-        else:
-            assert int(retry_after) > 0 and fields == ["(body)"], (status, retry_after, fields)
+    assert 429 in {status for status, *_ in answers}
+    refused_as_a_flood_is(answers)
     for job_id in ours:
         await api.http.delete(f"/v1/jobs/{job_id}", headers=bearer(sre))
 

@@ -488,3 +488,23 @@ def test_the_owner_of_a_deleted_job_is_still_known_so_its_id_stays_hidden_from_o
     document = {"reason": "preempted by job secret"}
     shown = Redactor(Principal("acme", admin=False), mentioned_jobs(document), owners, ["acme", "globex"])
     assert shown.value(document) == {"reason": f"preempted by {ANOTHER_JOB}"}
+
+
+def test_a_declared_body_length_a_tenant_chooses_weighs_only_on_its_own_queue() -> None:
+    """What a sender declares is read before its body, as the cost its manifest would add to its own
+    queue: a length missing, not a number or below one counts as one byte (the real length is
+    charged once the body is read), and a huge one only keeps that tenant's next manifest out while
+    one of its own waits."""
+
+    def declared(value: bytes | None) -> int:
+        headers = [] if value is None else [(b"content-length", value)]
+        return dependencies._declared_length(Request({"type": "http", "headers": headers}))
+
+    assert [declared(None), declared(b"abc"), declared(b"-5"), declared(b"0")] == [1, 1, 1, 1]
+    huge = declared(b"9" * 30)
+    assert huge == int("9" * 30)
+    queues: TenantQueues[str] = TenantQueues(bound=100)
+    assert queues.admits("acme", huge), "an empty queue lets one in: the body limit refuses the rest"
+    assert queues.offer("acme", "waiting", 10)
+    assert not queues.admits("acme", huge) and queues.admits("globex", huge)
+    assert queues.admits("acme", 1) and not queues.offer("acme", "understated, charged its real length", 91)
