@@ -7,18 +7,20 @@ import json
 import os
 import pwd
 import sys
+import uuid
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import yaml
 from fastapi import FastAPI
 from typer.testing import CliRunner, Result
 
 from ffdl.cli.main import app
-from ffdl.wiring.config import NodeConfig, Settings
-from tests.services import free_port
+from ffdl.wiring.config import KafkaConfig, NodeConfig, Settings
+from tests.services import TansuBroker, free_port
 
 LEARNER = Path(__file__).with_name("learners") / "counting.py"
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED"}
@@ -26,6 +28,21 @@ TERMINAL = {"COMPLETED", "FAILED", "CANCELLED"}
 #: and hostile tests (tests/e2e/test_learner_isolation.py, test_hostile_learner.py) run them as the
 #: default learner user, with the default learners' root.
 PLATFORM_USER = pwd.getpwuid(os.geteuid()).pw_name
+
+
+#: Kafka client settings for tests: a member expelled within seconds, requests that may wait on a
+#: busy two-CPU machine.
+FAST_KAFKA = KafkaConfig(session_timeout_s=2.0, heartbeat_interval_s=0.2, request_timeout_s=30.0)
+
+
+def bus_under_test(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The settings that put a test parametrised ``embedded``/``kafka`` on its bus: none for the
+    embedded log; the module's tansu broker (the ``broker`` fixture), :data:`FAST_KAFKA` and a topic
+    prefix of its own for Kafka."""
+    if request.param == "embedded":
+        return {}
+    broker: TansuBroker = request.getfixturevalue("broker")
+    return {"bus": broker.url, "kafka": FAST_KAFKA, "topic_prefix": f"test-{uuid.uuid4().hex[:10]}"}
 
 
 def fast_settings(data_dir: Path, **overrides: Any) -> Settings:

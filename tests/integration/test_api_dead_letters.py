@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -36,23 +34,17 @@ from ffdl.events.codec import command_headers, command_to_json
 from ffdl.events.model import JobSpec
 from ffdl.handlers.messaging import PRINCIPAL_HEADER
 from ffdl.handlers.ports import MAX_RECORD_BYTES, OutgoingRecord, record_size
-from ffdl.wiring.config import KafkaConfig, Settings
+from ffdl.wiring.config import Settings
 from ffdl.wiring.platform import Platform
-from tests.harness import fast_settings, manifest
-from tests.services import TansuBroker, wait_until_async
+from tests.harness import bus_under_test, fast_settings, manifest
+from tests.services import wait_until_async
 
 pytestmark = pytest.mark.integration
-
-FAST = KafkaConfig(session_timeout_s=2.0, heartbeat_interval_s=0.2, request_timeout_s=30.0)
 
 
 @pytest.fixture(params=["embedded", "kafka"])
 def settings(request: pytest.FixtureRequest, tmp_path: Path) -> Settings:
-    overrides: dict[str, Any] = {}
-    if request.param == "kafka":
-        broker: TansuBroker = request.getfixturevalue("broker")
-        overrides = {"bus": broker.url, "kafka": FAST, "topic_prefix": f"test-{uuid.uuid4().hex[:10]}"}
-    return fast_settings(tmp_path / "ffdl", max_request_bytes=512 * 1024, **overrides)
+    return fast_settings(tmp_path / "ffdl", max_request_bytes=512 * 1024, **bus_under_test(request))
 
 
 @asynccontextmanager

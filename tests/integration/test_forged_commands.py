@@ -44,14 +44,13 @@ from ffdl.handlers.ports import OutgoingRecord
 from ffdl.tools.log_files import EventFilter
 from ffdl.tools.redecide import export_commands_beside, redecide_files
 from ffdl.tools.sre import events_topic, export_log, verify_log
-from ffdl.wiring.config import KafkaConfig, Settings
+from ffdl.wiring.config import Settings
 from ffdl.wiring.platform import Platform
-from tests.harness import fast_settings, manifest
-from tests.services import TansuBroker, wait_until_async
+from tests.harness import bus_under_test, fast_settings, manifest
+from tests.services import wait_until_async
 
 pytestmark = pytest.mark.integration
 
-FAST = KafkaConfig(session_timeout_s=2.0, heartbeat_interval_s=0.2, request_timeout_s=30.0)
 #: A job that holds all of node-a's GPUs until it is cancelled, and one that waits for them.
 HOLDER = manifest("holder", learners=1, gpus=4, args=["--steps", "100000", "--delay", "0.05"])
 WAITER = manifest("waiter", learners=1, gpus=2, args=["--steps", "5"])
@@ -59,15 +58,11 @@ WAITER = manifest("waiter", learners=1, gpus=2, args=["--steps", "5"])
 
 @pytest.fixture(params=["embedded", "kafka"])
 def settings(request: pytest.FixtureRequest, tmp_path: Path) -> Settings:
-    overrides: dict[str, Any] = {}
-    if request.param == "kafka":
-        broker: TansuBroker = request.getfixturevalue("broker")
-        overrides = {"bus": broker.url, "kafka": FAST, "topic_prefix": f"test-{uuid.uuid4().hex[:10]}"}
     return fast_settings(
         tmp_path / "ffdl",
         nodes=[{"name": "node-a", "gpus": 4, "gpu_type": "a100"}],
         direct_tenants=["acme", "globex"],
-        **overrides,
+        **bus_under_test(request),
     )
 
 

@@ -39,16 +39,15 @@ from ffdl.events.model import JobSpec, LearnerPlacement, Placement
 from ffdl.events.position import Position
 from ffdl.handlers.messaging import PARKED_HEAD_BYTES, PRINCIPAL_HEADER, Topics, dead_letter
 from ffdl.handlers.ports import OutgoingRecord, Record, RecordTooLarge
-from ffdl.wiring.config import KafkaConfig, Settings
+from ffdl.wiring.config import Settings
 from ffdl.wiring.platform import Platform
-from tests.harness import Api, fast_settings
+from tests.harness import FAST_KAFKA, Api, bus_under_test, fast_settings
 from tests.job_history import submission
 from tests.services import TansuBroker, wait_until_async
 
 pytestmark = pytest.mark.integration
 
 AS_TENANT = ((PRINCIPAL_HEADER, b"tenant:default"),)
-FAST = KafkaConfig(session_timeout_s=2.0, heartbeat_interval_s=0.2, request_timeout_s=30.0)
 AT = datetime(2026, 1, 1, tzinfo=UTC)
 
 
@@ -99,16 +98,7 @@ def test_an_event_for_a_rank_the_job_does_not_have_is_skipped_by_the_fold_not_ra
 
 @pytest.fixture(params=["embedded", "kafka"])
 async def settings(request: pytest.FixtureRequest, tmp_path: Path) -> Settings:
-    if request.param == "embedded":
-        return fast_settings(tmp_path / "ffdl", launcher="instant")
-    broker: TansuBroker = request.getfixturevalue("broker")
-    return fast_settings(
-        tmp_path / "ffdl",
-        bus=broker.url,
-        kafka=FAST,
-        launcher="instant",
-        topic_prefix=f"test-{uuid.uuid4().hex[:10]}",
-    )
+    return fast_settings(tmp_path / "ffdl", launcher="instant", **bus_under_test(request))
 
 
 async def parked(platform: Platform) -> list[Record]:
@@ -210,7 +200,7 @@ async def test_a_record_too_large_to_park_whole_is_parked_as_its_head_with_its_r
 async def test_the_kafka_bus_refuses_an_over_size_record_as_too_large_not_as_a_kafka_error(
     broker: TansuBroker,
 ) -> None:
-    bus = open_bus(broker.url, 1, kafka=FAST, topics=("oversize",))
+    bus = open_bus(broker.url, 1, kafka=FAST_KAFKA, topics=("oversize",))
     await bus.start()
     try:
         with pytest.raises(RecordTooLarge):
