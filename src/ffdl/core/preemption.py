@@ -1,7 +1,7 @@
 """Choosing victims: which running jobs to halt so that a waiting gang fits, and which are off limits.
 
 A waiting job may preempt a running job of strictly lower priority: any of its own tenant's, and
-another tenant's while that tenant holds more than its guarantee (or has none). A waiting job
+another tenant's if that tenant still holds its guarantee without it (or has none). A waiting job
 whose tenant stays inside its guarantee with it may also *reclaim*: preempt jobs of other tenants
 that borrow (hold more than their own guarantee), whatever their priority — a guarantee that a
 borrower could keep from its owner would be none, and one that another tenant's priority could
@@ -119,19 +119,24 @@ class VictimPool:
 
     def may_preempt(self, preemptor: Preemptor, victim: HeldJob, taking: Mapping[str, int]) -> bool:
         """Whether ``victim`` may be halted for ``preemptor``, with ``taking`` (GPU-equivalents per
-        tenant) already picked in this search. Another tenant's job is taken only while that
-        tenant still holds more than its guarantee: by priority (a lower class), or by reclaiming
-        (any class). A guarantee is a floor against other tenants whatever their priority: were it
-        not, a tenant reclaiming its guarantee from a borrower's job of a higher class would have
-        that job preempt it back by priority once requeued, and so on for ever."""
+        tenant) already picked in this search. Another tenant's job is taken by priority (a lower
+        class) only if its tenant keeps its guarantee without it, and by reclaiming (any class)
+        while its tenant still borrows. A guarantee is a floor against other tenants whatever
+        their priority: were it not, a tenant reclaiming its guarantee from a borrower's job of a
+        higher class would have that job preempt it back by priority once requeued, and so on for
+        ever. By priority the floor holds after the halt, not only before it: a gang of 16 GPUs
+        took both jobs (1 and 8 GPUs) of a tenant guaranteed 4 that held 9, leaving it none, and
+        the 1-GPU job reclaimed the gang's GPUs, which then took them back, every other step for
+        ever. A reclaim may leave a borrower under its own guarantee (a gang is halted whole, and
+        a guarantee that a gang larger than what its holder borrows could keep would be none)."""
         if victim.job_id in self.chosen:
             return False
         if victim.tenant == preemptor.tenant:
             return victim.priority < preemptor.priority
-        borrows = self.ledger.borrowed(victim.tenant) > taking.get(victim.tenant, 0)
+        beyond = self.ledger.borrowed(victim.tenant) - taking.get(victim.tenant, 0)
         if victim.priority < preemptor.priority:
-            return borrows or not self.ledger.guaranteed(victim.tenant)
-        return preemptor.reclaims and borrows
+            return not self.ledger.guaranteed(victim.tenant) or beyond >= self.state.held_charge(victim)
+        return preemptor.reclaims and beyond > 0
 
     def search(
         self, preemptor: Preemptor, excluded: Set[str], excluded_as: Hashable
