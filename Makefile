@@ -18,8 +18,11 @@ EXTRAS ?= dev,test,examples
 # Every package of the project and all its extras, pinned: what the venv and the image install
 # (as constraints: each installs only what it needs, at the locked version). `make lock` writes it.
 LOCK := requirements.lock
+# The planner's modules compiled with mypyc (src/ffdl/native.py): built again whenever a source they
+# rest on changes; until then, and where no build is, the sources run.
+NATIVE := src/ffdl/compiled/manifest.json
 
-.PHONY: demo test lint typecheck services schemas lock clean
+.PHONY: demo test lint typecheck services schemas lock clean native
 
 $(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +34,11 @@ $(STAMP): pyproject.toml $(LOCK)
 lock:
 	[ -x $(BIN)/uv ] || { $(PYTHON) -m venv $(VENV) && $(BIN)/pip install --quiet uv; }
 	$(BIN)/uv pip compile pyproject.toml --all-extras --universal --python-version 3.11 --no-header --quiet -o $(LOCK)
+
+$(NATIVE): $(STAMP) src/ffdl/native.py $(shell find src/ffdl/core src/ffdl/events -name '*.py')
+	$(BIN)/python -c 'from ffdl import native; print("compiled the planner into", native.build())'
+
+native: $(NATIVE)
 
 services:
 	@missing=""; \
@@ -62,6 +70,7 @@ typecheck: $(STAMP)
 
 test: $(STAMP) services
 	$(BIN)/pip install --quiet -c $(LOCK) -e '.[$(EXTRAS)]'
+	$(MAKE) native
 	$(BIN)/ruff check .
 	$(BIN)/mypy -p ffdl
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
@@ -70,4 +79,4 @@ schemas: $(STAMP)
 	$(BIN)/python -m ffdl.events.schema_export
 
 clean:
-	rm -rf $(VENV) build .ffdl .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) build .ffdl .pytest_cache .mypy_cache .ruff_cache .hypothesis src/ffdl/compiled

@@ -60,6 +60,8 @@ import json
 import os
 import platform
 import random
+import subprocess
+import sys
 import time
 import tracemalloc
 from collections.abc import Callable, Iterator, Sequence
@@ -68,11 +70,12 @@ from pathlib import Path
 from typing import Any, ClassVar
 from unittest.mock import patch
 
+from ffdl import native
 from ffdl.core import scheduling, simulation
 from ffdl.core.allocator import Node
 from ffdl.core.cluster import ClusterState, Demand, HeldJob
 from ffdl.core.scheduling import Plan, Planner, SchedulerPolicy, WaitingJob, WaitingQueue
-from ffdl.core.simulation import TraceJob, percentile, simulate
+from ffdl.core.simulation import SimulationResult, TraceJob, percentile, simulate
 from ffdl.tools.simulate import homogeneous_cluster
 from ffdl.tools.trace_formats import load_trace
 from ffdl.tools.traces import generate_trace
@@ -231,15 +234,11 @@ def simulator_speed(nodes: list[Node], jobs: int, load: float, weigh_all: bool =
     result = simulate(trace, nodes, policy, weigh_all=weigh_all)
     seconds = time.perf_counter() - started
     cpu_seconds = time.process_time() - cpu_started
-    digest = hashlib.sha256()
-    for outcome in result.outcomes:
-        wait = outcome.last_wait
-        said = None if wait is None else (wait.code, wait.detail, wait.waiting_for, wait.reserved_nodes)
-        digest.update(repr((outcome.job.job_id, outcome.first_start, outcome.end, said)).encode())
     return {
         "jobs": jobs,
         "load": load,
         "planner": "weighs every job" if weigh_all else "passes over settled jobs",
+        "compiled": native.active(),
         "seconds": round(seconds, 2),
         "cpu_seconds": round(cpu_seconds, 2),
         "jobs_per_s": round(jobs / seconds),
@@ -247,8 +246,18 @@ def simulator_speed(nodes: list[Node], jobs: int, load: float, weigh_all: bool =
         "scheduling_cycles": result.cycles,
         "preemptions": result.preemptions,
         "max_gpus_in_use": result.max_gpus_in_use,
-        "outcomes_digest": digest.hexdigest()[:16],
+        "outcomes_digest": outcomes_digest(result),
     }
+
+
+def outcomes_digest(result: SimulationResult) -> str:
+    """Every job's start, end and last reason, hashed: two runs that decided alike have the same."""
+    digest = hashlib.sha256()
+    for outcome in result.outcomes:
+        wait = outcome.last_wait
+        said = None if wait is None else (wait.code, wait.detail, wait.waiting_for, wait.reserved_nodes)
+        digest.update(repr((outcome.job.job_id, outcome.first_start, outcome.end, said)).encode())
+    return digest.hexdigest()[:16]
 
 
 class _NotingPlanner(Planner):
@@ -309,12 +318,57 @@ def philly_replay(path: Path, nodes: int) -> dict[str, Any]:
         "trace": str(path),
         "jobs": len(trace),
         "nodes": nodes,
+        "compiled": native.active(),
         "seconds": round(seconds, 2),
         "cpu_seconds": round(time.process_time() - cpu_started, 2),
         "jobs_per_s": round(len(trace) / seconds),
         "scheduling_cycles": result.cycles,
         "preemptions": result.preemptions,
+        "outcomes_digest": outcomes_digest(result),
     }
+
+
+def compiled_runs(args: argparse.Namespace, rounds: int) -> dict[str, Any]:
+    """The Philly replay and the generated load-1.3 trace, each run ``rounds`` times compiled and on
+    the sources (``FFDL_COMPILED=0``), alternately, each run in a process of its own (the baseline
+    in the same run): the seconds of each, the median ratio, and whether the two decided alike."""
+    parts = {
+        "philly": [
+            "--only",
+            "philly",
+            "--philly",
+            str(args.philly),
+            "--philly-nodes",
+            str(args.philly_nodes),
+        ],
+        "simulator": ["--only", "simulator", "--simulated-jobs", str(args.simulated_jobs)],
+    }
+    figures: dict[str, Any] = {}
+    for part, part_args in parts.items():
+        runs: dict[str, list[dict[str, Any]]] = {"compiled": [], "sources": []}
+        for _ in range(rounds):
+            for build, switch in (("compiled", "1"), ("sources", "0")):
+                ran = subprocess.run(
+                    [sys.executable, __file__, *part_args, "--baseline-jobs", "0", "--json"],
+                    env={**os.environ, native.SWITCH: switch},
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                )
+                run = json.loads(ran.stdout)
+                run = run["simulator"][1] if part == "simulator" else run  # the load-1.3 run
+                if run["compiled"] != (build == "compiled"):
+                    raise SystemExit(f"{part}: asked for the {build} build, another one ran")
+                runs[build].append(run)
+        seconds = {build: sorted(run["seconds"] for run in done) for build, done in runs.items()}
+        compiled, sources = seconds["compiled"], seconds["sources"]
+        figures[part] = {
+            "compiled_s": compiled,
+            "sources_s": sources,
+            "sources_over_compiled": round(sources[rounds // 2] / compiled[rounds // 2], 2),
+            "decided_alike": len({run["outcomes_digest"] for done in runs.values() for run in done}) == 1,
+        }
+    return figures
 
 
 def demand_runs(jobs: int = 3000) -> dict[str, Any]:
@@ -397,8 +451,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(
-        "--only", choices=["simulator", "philly", "demands", "tenants", "backlog"], help="run only that part"
+        "--only",
+        choices=["simulator", "philly", "demands", "tenants", "backlog", "compiled"],
+        help="run only that part",
     )
+    parser.add_argument("--rounds", type=int, default=3, help="runs of each build with --only compiled")
     parser.add_argument("--tenants", type=int, default=2000, help="jobs (and tenants) of --only tenants")
     parser.add_argument("--philly", type=Path, default=PHILLY, help="the Philly job table (philly.csv)")
     parser.add_argument("--philly-nodes", type=int, default=64, help="8-GPU nodes of the Philly replay")
@@ -418,17 +475,14 @@ def main() -> None:
         figures = tenant_runs(args.tenants)
         print(json.dumps(figures, indent=2) if args.json else figures)
         return
+    if args.only == "compiled":
+        figures = compiled_runs(args, args.rounds)
+        print(json.dumps(figures, indent=2) if args.json else figures)
+        return
     if args.only == "backlog":
-        figures = backlog_run(nodes, args.simulated_jobs)
-        if args.json:
-            print(json.dumps(figures, indent=2))
-            return
-        print(f"{figures['jobs']} jobs at load 1.3 in {figures['seconds']} s; per tenth of the steps:")
-        for tenth, row in enumerate(figures["tenths"], 1):
-            print(
-                f"{tenth:>3}: {row['steps']} steps, {row['waiting_mean']} waiting, "
-                f"{row['us_per_step']} µs a step, {row['reasons_changed_per_step']} reasons changed a step"
-            )
+        if native.active():  # it notes each step through a planner patched in: on the sources
+            os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, native.SWITCH: "0"})
+        print_backlog(backlog_run(nodes, args.simulated_jobs), args.json)
         return
     if args.only == "demands":
         figures = demand_runs()
@@ -475,6 +529,18 @@ def main() -> None:
     print(f"planner peak memory (tracemalloc, cold cycle): {report['planner_peak_memory_mib']} MiB")
     print_simulator(report["simulator"])
     print(report["machine"])
+
+
+def print_backlog(figures: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(figures, indent=2))
+        return
+    print(f"{figures['jobs']} jobs at load 1.3 in {figures['seconds']} s; per tenth of the steps:")
+    for tenth, row in enumerate(figures["tenths"], 1):
+        print(
+            f"{tenth:>3}: {row['steps']} steps, {row['waiting_mean']} waiting, "
+            f"{row['us_per_step']} µs a step, {row['reasons_changed_per_step']} reasons changed a step"
+        )
 
 
 def print_simulator(runs: list[dict[str, Any]]) -> None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -14,6 +16,7 @@ import httpx
 import pytest
 from hypothesis import settings
 
+from ffdl import native
 from ffdl.adapters.bus import open_bus
 from ffdl.cli.serve import api_server
 from ffdl.handlers.ports import Bus
@@ -35,6 +38,28 @@ def pytest_configure() -> None:
     the platform was started from: ``/root`` would show root's keys to every learner)."""
     root = str(Path(__file__).parents[1])
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    """A test marked ``interpreted`` patches or subclasses what the planner's compiled modules call
+    directly (``ffdl.native``): where they are compiled in this process, it runs in a pytest of its
+    own on the sources, and passes or fails as that does. In place, its patch would not take, and it
+    would pass whatever the planner did."""
+    if pyfuncitem.get_closest_marker("interpreted") is None or not native.active():
+        return None
+    ran = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", pyfuncitem.nodeid],
+        cwd=pyfuncitem.config.rootpath,
+        env={**os.environ, native.SWITCH: "0"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if ran.returncode != 0:
+        said = ran.stdout[-6000:] + ran.stderr[-2000:]
+        pytest.fail(f"on the sources ({native.SWITCH}=0):\n{said}", pytrace=False)
+    return True
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

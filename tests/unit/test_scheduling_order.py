@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ffdl import native
 from ffdl.core import simulation
 from ffdl.core.allocator import Node
 from ffdl.core.cluster import Demand
@@ -73,6 +74,7 @@ jobs = st.lists(
 
 
 def outcomes(trace: list[TraceJob], nodes: int, planner: type[Planner]) -> list[object]:
+    assert not native.active(), "compiled, the simulator builds its planner directly"
     with patch.object(simulation, "Planner", planner):
         result = simulate(trace, [Node(f"n{index}", 8) for index in range(nodes)], POLICY)
     return [
@@ -81,6 +83,7 @@ def outcomes(trace: list[TraceJob], nodes: int, planner: type[Planner]) -> list[
     ]
 
 
+@pytest.mark.interpreted  # the simulator runs a planner patched in
 @settings(max_examples=150, deadline=None)
 @given(nodes=st.integers(1, 3), drawn=jobs)
 def test_keys_worked_out_only_when_something_moved_them_decide_as_keys_worked_out_each_time(
@@ -93,6 +96,7 @@ def test_keys_worked_out_only_when_something_moved_them_decide_as_keys_worked_ou
     assert outcomes(trace, nodes, Planner) == outcomes(trace, nodes, Rekeying)
 
 
+@pytest.mark.interpreted  # the simulator runs a planner patched in
 @pytest.mark.parametrize("seed", [1, 2])
 def test_the_walks_agree_on_a_longer_busy_workload(seed: int) -> None:
     """Hundreds of jobs of three tenants, arriving faster than they run: many preemptions."""

@@ -103,6 +103,7 @@ def test_passing_over_every_tenant_a_verdict_settles_decides_as_weighing_each(
     _pass_and_weigh(nodes, rounds, SchedulerPolicy(min_runtime_s=10.0))
 
 
+@pytest.mark.interpreted  # counts the planner's own calls
 def test_a_class_settled_for_every_tenant_is_passed_over_without_weighing_each_tenant() -> None:
     """2,000 one-job tenants of one demand on a full cluster: no job is weighed. The demand fits
     nowhere and no running job could make room, so its verdict is given without weighing a job."""
@@ -128,6 +129,7 @@ def test_a_class_settled_for_every_tenant_is_passed_over_without_weighing_each_t
     assert weighed == 0, "one verdict settles every job, and none has to be weighed for it"
 
 
+@pytest.mark.interpreted  # counts the planner's own calls
 def test_a_step_reads_each_job_of_a_tenant_with_a_demand_per_job_a_bounded_number_of_times() -> None:
     """Looking the end of each run up by demand cost a pass per job over every demand of the
     tenant: 3,000 jobs of a demand each took 4 s a step. Read job by job, a step reads each job
@@ -249,6 +251,7 @@ def test_a_job_that_reclaims_its_guarantee_is_not_given_the_verdict_of_one_that_
     assert (passed.evictions, passed.waits) == (weighed.evictions, weighed.waits)
 
 
+@pytest.mark.interpreted  # counts the planner's own calls
 def test_the_heads_walk_ends_once_every_demand_of_the_class_fits() -> None:
     """A GPU free and 2,000 waiting jobs of one demand that fits: no job can head, and the walk read
     the whole class to find none, every step a GPU was free."""
@@ -275,6 +278,7 @@ def test_the_heads_walk_ends_once_every_demand_of_the_class_fits() -> None:
     assert read == 1
 
 
+@pytest.mark.interpreted  # counts the planner's own calls
 def test_asking_whether_a_class_is_settled_reads_each_demand_once_a_version() -> None:
     """2,000 one-job tenants of a demand each: whether the class was settled was asked after every
     verdict, and each time read every demand again (2 s a step, 8 s at 4,000)."""

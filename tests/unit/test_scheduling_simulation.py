@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from ffdl import native
 from ffdl.cli.main import app
 from ffdl.core.allocator import Node
 from ffdl.core.scheduling import SchedulerPolicy
@@ -347,6 +348,7 @@ def test_the_cli_applies_the_configured_service_bands_unless_told_off(tmp_path: 
 def planning_at_every_instant(trace: list[TraceJob], policy: SchedulerPolicy) -> SimulationResult:
     """The run with a step at every instant something was due, those that repeat a step which
     decided nothing included (``halts_allowed`` never the same twice: no step is passed over)."""
+    assert not native.active(), "compiled, the simulator calls it directly"
     with patch("ffdl.core.simulation.halts_allowed", side_effect=lambda *_: object()):
         return simulate(trace, nodes(2), policy, halt_s=20.0)
 
@@ -376,6 +378,7 @@ def decided(result: SimulationResult) -> list[object]:
     min_runtime_s=st.sampled_from([0.0, 10.0, 60.0]),
     bands=st.booleans(),
 )
+@pytest.mark.interpreted  # patches what the simulator calls (planning_at_every_instant)
 def test_a_step_passed_over_would_have_decided_nothing(
     jobs: list[tuple[float, str, int, int, float, int]], min_runtime_s: float, bands: bool
 ) -> None:
@@ -396,6 +399,7 @@ def test_a_step_passed_over_would_have_decided_nothing(
     assert passing_over.cycles <= everywhere.cycles
 
 
+@pytest.mark.interpreted  # patches what the simulator calls (planning_at_every_instant)
 def test_a_preempted_jobs_first_end_wakes_no_step_that_would_decide_nothing() -> None:
     trace = generate_trace(300, nodes=2, gpus_per_node=8, load=1.3, seed=3)
     policy = SchedulerPolicy(service_queues=(3600.0, 57_600.0))

@@ -104,6 +104,7 @@ def test_the_victims_below_a_class_counted_from_totals_are_those_listed_one_by_o
     }
 
 
+@pytest.mark.interpreted  # records the searches the planner makes
 def test_what_the_planner_gives_for_the_nodes_a_preemptor_keeps_off_stands_for_the_same_nodes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

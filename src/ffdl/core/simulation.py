@@ -377,7 +377,7 @@ def jain_index(values: Sequence[float]) -> float:
     """Jain's fairness index: 1.0 when all values are equal, 1/n when one value has everything."""
     if not values or not any(values):
         return 1.0
-    return sum(values) ** 2 / (len(values) * sum(v * v for v in values))
+    return sum(values, 0.0) ** 2 / (len(values) * sum((v * v for v in values), 0.0))
 
 
 def _slowdown(outcome: JobOutcome) -> float:
@@ -396,7 +396,7 @@ def offered_load(trace: Sequence[TraceJob], capacity_gpus: int) -> float | None:
     span = max(job.submit_time for job in trace) - min(job.submit_time for job in trace)
     if span <= 0:
         return None
-    work = sum(job.gpus * job.runtime for job in trace if job.gpus <= capacity_gpus)
+    work = sum((job.gpus * job.runtime for job in trace if job.gpus <= capacity_gpus), 0.0)
     return work / (capacity_gpus * span)
 
 
@@ -423,7 +423,7 @@ def _times(outcomes: Sequence[JobOutcome]) -> dict[str, float]:
     delays = [o.first_start - o.job.submit_time for o in outcomes if o.first_start is not None]
     completions = [o.end - o.job.submit_time for o in outcomes if o.end is not None]
     return {
-        "jct_mean_s": sum(completions) / len(completions) if completions else 0.0,
+        "jct_mean_s": sum(completions, 0.0) / len(completions) if completions else 0.0,
         "jct_p50_s": percentile(completions, 0.5),
         "jct_p99_s": percentile(completions, 0.99),
         "queue_delay_p50_s": percentile(delays, 0.5),
@@ -450,14 +450,14 @@ def summarize(result: SimulationResult, load: float | None = None) -> dict[str, 
     for tenant in sorted(by_tenant):
         mine = by_tenant[tenant]
         slowdowns = [_slowdown(o) for o in mine if o.end is not None]
-        mean_slowdown = sum(slowdowns) / len(slowdowns) if slowdowns else 0.0
+        mean_slowdown = sum(slowdowns, 0.0) / len(slowdowns) if slowdowns else 0.0
         if slowdowns:
             means.append(mean_slowdown)
             medians.append(percentile(slowdowns, 0.5))
         tenants[tenant] = {
             "jobs": len(mine),
             "completed": len(slowdowns),
-            "gpu_hours": sum(o.job.gpus * o.job.runtime for o in mine if o.end is not None) / 3600,
+            "gpu_hours": sum((o.job.gpus * o.job.runtime for o in mine if o.end is not None), 0.0) / 3600,
             "slowdown_mean": mean_slowdown,
             "slowdown_p50": percentile(slowdowns, 0.5),
             **_times(mine),
