@@ -149,6 +149,8 @@ class KafkaSubscription:
         self._holds_turn = False
         #: Set whenever the listener was told of an assignment; cleared, under the turn, to wait for one.
         self._told = asyncio.Event()
+        #: The group generation of the last assignment the listener was told of (see :meth:`commit`).
+        self._generation: int | None = None
         self._closed = False
         self._log = log.bind(group=group)
 
@@ -205,6 +207,7 @@ class KafkaSubscription:
             raise ValueError(f"offsets are never negative: {dict(offsets)}")
         if not offsets:
             return
+        self._check_generation(offsets)
         try:
             await self._consumer.commit(
                 {KafkaTopicPartition(tp.topic, tp.partition): offset for tp, offset in offsets.items()}
@@ -213,6 +216,24 @@ class KafkaSubscription:
             raise CommitFailed(
                 f"group {self.group!r} refused the commit of {partition_names(offsets)}: {exc}"
             ) from exc
+        self._check_generation(offsets)
+
+    def _check_generation(self, offsets: Mapping[TopicPartition, int]) -> None:
+        """Raise :class:`CommitFailed` unless the member is still of the generation its partitions
+        were assigned in. A member the coordinator forgot (expelled past its session: frozen, or cut
+        off) learns it from its next heartbeat, and aiokafka then forgets its generation: a commit
+        sent after that goes without one, as a consumer outside any group commits, and a broker
+        takes it for a group with no member left. So a relay thawed after its successor had copied
+        and left had its fence commit taken, and appended its copies a second time (a flaky
+        ``test_ingress_fence`` on tansu). Within the caller's turn the generation moves only so
+        (a rebalance waits for the turn to revoke first), so a move, seen before the commit or after
+        it (the heartbeat may come while it is sent), refuses it, as does no generation at all."""
+        generation = self._consumer._coordinator.generation
+        if generation != self._generation or generation == OffsetCommitRequest.DEFAULT_GENERATION_ID:
+            raise CommitFailed(
+                f"group {self.group!r} refused the commit of {partition_names(offsets)}: this member's "
+                f"generation is {generation}, its partitions were assigned in {self._generation}"
+            )
 
     async def close(self) -> None:
         """Revoke what this member owns (its listener may still commit), then leave the group."""
@@ -259,6 +280,7 @@ class KafkaSubscription:
     async def assigned(self, partitions: set[KafkaTopicPartition]) -> None:
         """The coordinator assigned ``partitions``: tell the listener when the caller is between batches."""
         async with self._turn:
+            self._generation = self._consumer._coordinator.generation
             gained = frozenset(TopicPartition(tp.topic, tp.partition) for tp in partitions) - self._owned
             if self._closed or not gained:
                 return
