@@ -43,6 +43,12 @@ Last, with ``--only philly``: the whole Philly trace (``../shared/traces/philly.
 read where it lies, never copied) replayed through ffdl's configured policy (bands included, as
 above) on ``--philly-nodes`` x 8 GPUs.
 
+With ``--only compiled``: the Philly replay and the load-1.3 trace, each ``--rounds`` times
+compiled (``make native``, ``ffdl.native``) and on the sources (``FFDL_COMPILED=0``), alternately,
+each run in a process of its own: the seconds of each, the ratio of the medians, and whether the two
+builds decided every job alike. Every other part runs the build the interpreter finds (its JSON
+says which: ``compiled``).
+
 Run from the repository root (takes a few minutes):
 
     .venv/bin/python bench/scheduler_bench.py [--json]
@@ -50,6 +56,7 @@ Run from the repository root (takes a few minutes):
     .venv/bin/python bench/scheduler_bench.py --only philly [--philly PATH --philly-nodes 64]
     .venv/bin/python bench/scheduler_bench.py --only tenants [--tenants 2000]
     .venv/bin/python bench/scheduler_bench.py --only backlog [--simulated-jobs 100000]
+    .venv/bin/python bench/scheduler_bench.py --only compiled [--rounds 3]
 """
 
 from __future__ import annotations
