@@ -92,6 +92,8 @@ class _CompiledFinder(importlib.abc.MetaPathFinder):
                 isinstance(manifest, dict)
                 and manifest.get("abi") == _abi()
                 and manifest.get("modules") == list(COMPILED)
+                # all or none: a module's extension without the shared library fails to import
+                and all(_extension(name, self._built).is_file() for name in self._names)
                 and manifest.get("sources") == sources_digest(self._package)
             )
         return self._fresh
@@ -101,10 +103,7 @@ class _CompiledFinder(importlib.abc.MetaPathFinder):
     ) -> ModuleSpec | None:
         if fullname not in self._names or not self.fresh():
             return None
-        extension = _extension(fullname, self._built)
-        if not extension.is_file():
-            return None
-        return importlib.util.spec_from_file_location(fullname, extension)
+        return importlib.util.spec_from_file_location(fullname, _extension(fullname, self._built))
 
 
 def install() -> None:

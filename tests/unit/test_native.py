@@ -83,6 +83,16 @@ def test_a_build_of_other_sources_is_not_run(tmp_path: Path) -> None:
     assert python("import ffdl.core.cluster as c; print(c.__file__)", tmp_path) == str(edited)
 
 
+def test_a_build_missing_a_part_is_not_run(tmp_path: Path) -> None:
+    """Every module's extension forwards to one shared library: a build without it, or without one
+    module, runs the sources (in part, the compiled modules failed to import)."""
+    copy = tmp_path / "ffdl"
+    shutil.copytree(native.PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    shared = next((copy / "compiled" / "ffdl" / "core").glob("planner__mypyc.*"))
+    shared.unlink()
+    assert python(PROBE, tmp_path) == "False"
+
+
 def test_the_switch_runs_the_sources_whatever_is_built() -> None:
     assert native.active()
     assert python(PROBE, switch="0") == "False"
