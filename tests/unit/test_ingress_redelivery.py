@@ -224,16 +224,23 @@ async def test_a_relay_killed_before_its_commit_copies_none_of_the_batch_again(t
     assert relay.already_relayed == 2 + len(flood)
 
 
+async def halted_twice_then_resumed(story: Story) -> Command:
+    """The tenant halts a queued job, halts it again (which decides nothing), then resumes it: the
+    first halt, whose copy is the one the owner may decide."""
+    await story.queued("job-1")
+    first = story.command("job-1", cmd.HaltJob(reason="for the weekend"))
+    again = story.command("job-1", cmd.HaltJob(reason="for the weekend, pressed twice"))
+    resume = story.command("job-1", cmd.ResumeJob())
+    await story.tenant_writes(first, again, resume)
+    return first
+
+
 async def test_a_copy_whose_first_copy_decided_nothing_is_not_copied_again(tmp_path: Path) -> None:
     """A second halt of a halted job decides nothing, so no window remembers it; the tenant then
     resumes the job. Copied again after the relay died, the second halt found the job queued and
     halted it: the job the tenant resumed last stayed halted."""
     async with Story(tmp_path) as story:
-        await story.queued("job-1")
-        first = story.command("job-1", cmd.HaltJob(reason="for the weekend"))
-        again = story.command("job-1", cmd.HaltJob(reason="for the weekend, pressed twice"))
-        resume = story.command("job-1", cmd.ResumeJob())
-        await story.tenant_writes(first, again, resume)
+        first = await halted_twice_then_resumed(story)
         await story.relay_crashes_before_commit()
         await story.owner_decides_everything()
         decided = await story.events()
@@ -522,11 +529,7 @@ async def test_a_relay_the_group_expelled_appends_none_of_the_copies_it_had_made
     had resumed. Fenced, the relay is refused before it appends, and taken back into the group (its
     supervisor runs it again) it copies only what came since."""
     async with Story(tmp_path) as story:
-        await story.queued("job-1")
-        first = story.command("job-1", cmd.HaltJob(reason="for the weekend"))
-        again = story.command("job-1", cmd.HaltJob(reason="for the weekend, pressed twice"))
-        resume = story.command("job-1", cmd.ResumeJob())
-        await story.tenant_writes(first, again, resume)
+        first = await halted_twice_then_resumed(story)
         frozen = Frozen(tmp_path / "log" / "log.sqlite", story.partitions, story.topics.commands, "read back")
         freezing.append(frozen)
         await frozen.start()

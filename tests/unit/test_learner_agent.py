@@ -360,16 +360,9 @@ async def test_a_sandboxed_command_gets_its_environment_from_bwrap_and_bwrap_onl
         "LANGUAGE": "xx",
         "SECRET": "tenant-secret-7f3a with spaces\nand = \u00e9",
     }
-    agent_environment = {
-        "FFDL_JOB_ID": JOB,
-        "FFDL_ATTEMPT": "1",
-        "RANK": "0",
-        "FFDL_HEARTBEATS": "memory://",
-        "PATH": "/usr/bin:/bin",
-        "LANG": "C.UTF-8",
-        SANDBOX_VARIABLE: json.dumps([str(bwrap), "--unshare-pid", "--"]),
-        **{JOB_ENV_PREFIX + name: value for name, value in job_env.items()},
-    }
+    agent_environment = rank_zero_environment(
+        job_env, {SANDBOX_VARIABLE: json.dumps([str(bwrap), "--unshare-pid", "--"])}
+    )
     agent_config = replace(AgentConfig.from_environ(agent_environment), log_file=tmp_path / "learner.log")
 
     assert await run_agent(LearnerAgent(agent_config, FlakyStore(), "true")) == 0
@@ -389,6 +382,21 @@ async def test_a_sandboxed_command_gets_its_environment_from_bwrap_and_bwrap_onl
     assert command["PATH"] == "/usr/bin:/bin" and SANDBOX_VARIABLE not in command
 
 
+def rank_zero_environment(job_env: dict[str, str], platform: dict[str, str]) -> dict[str, str]:
+    """The environment the launcher gives rank 0's agent: the platform's ``PATH`` and ``LANG``, the
+    ``platform`` variables that say how to start the command, and the job's env under its prefix."""
+    return {
+        "FFDL_JOB_ID": JOB,
+        "FFDL_ATTEMPT": "1",
+        "RANK": "0",
+        "FFDL_HEARTBEATS": "memory://",
+        "PATH": "/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        **platform,
+        **{JOB_ENV_PREFIX + name: value for name, value in job_env.items()},
+    }
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root switches users")
 async def test_an_unsandboxed_command_runs_as_the_learner_user_through_the_switch_given_the_platforms_path(
     tmp_path: Path, run_agent: AgentRunner
@@ -398,16 +406,7 @@ async def test_an_unsandboxed_command_runs_as_the_learner_user_through_the_switc
     (root, the platform's PATH alone) reads the command's environment from a descriptor and gives
     up root for good before it starts the command."""
     job_env = {"MALLOC_PERTURB_": "85", "SECRET": "tenant-secret-7f3a with spaces\nand = \u00e9"}
-    agent_environment = {
-        "FFDL_JOB_ID": JOB,
-        "FFDL_ATTEMPT": "1",
-        "RANK": "0",
-        "FFDL_HEARTBEATS": "memory://",
-        "PATH": "/usr/bin:/bin",
-        "LANG": "C.UTF-8",
-        RUN_AS_VARIABLE: "65534:65534",
-        **{JOB_ENV_PREFIX + name: value for name, value in job_env.items()},
-    }
+    agent_environment = rank_zero_environment(job_env, {RUN_AS_VARIABLE: "65534:65534"})
     agent_config = replace(
         AgentConfig.from_environ(agent_environment), log_file=tmp_path / "learner.log", command_dir=Path("/")
     )
