@@ -253,6 +253,46 @@ def test_reservations_for_more_distinct_demands_than_a_room_keeps_stay_right_and
 @settings(max_examples=300, deadline=None)
 @given(
     nodes=clusters(),
+    earlier=st.lists(demands, max_size=6),
+    demand=demands,
+    excluded=st.sets(st.sampled_from([f"n{i}" for i in range(8)])),
+)
+def test_a_reservation_is_the_fewest_nodes_closest_to_empty_that_could_hold_the_gang(
+    nodes: list[Node], earlier: list[Demand], demand: Demand, excluded: set[str]
+) -> None:
+    """The reservation read off the free-count buckets is the definition's: the schedulable nodes of
+    a usable type outside ``excluded`` that could hold a learner once empty, the most free GPUs
+    first, then by name, up to the first prefix that holds the gang (sorted), or None."""
+    room = ClusterRoom(nodes)
+    fill(room, earlier)
+    usable = [
+        node
+        for node in nodes
+        if node.schedulable
+        and node.name not in excluded
+        and (not demand.gpus or demand.gpu_type in (None, node.gpu_type))
+    ]
+    holding = []
+    for node in usable:
+        node_room = room.room(node.name)
+        assert node_room is not None
+        if slots := node_room.slots_when_empty(demand):
+            holding.append((-len(node_room.free), node.name, slots))
+    expected = None
+    total = 0
+    chosen: list[str] = []
+    for _, name, slots in sorted(holding):
+        chosen.append(name)
+        total += slots
+        if total >= demand.learners:
+            expected = tuple(sorted(chosen))
+            break
+    assert room.reservation(demand, frozenset(excluded)) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    nodes=clusters(),
     earlier=st.lists(demands, max_size=10),
     demand=demands,
     excluded=st.sets(st.sampled_from([f"n{i}" for i in range(8)])),

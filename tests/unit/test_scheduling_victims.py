@@ -1,11 +1,9 @@
 """The victim search's bookkeeping: each class's running jobs kept youngest first through holds,
 stops and releases, the shortcut that counts the victims below a class from the state's totals
-(no guarantee, no GPU type) finding what listing them one by one finds, and the key its memo of
-the nodes a preemptor keeps off rests on."""
+(no guarantee, no GPU type) finding what listing them one by one finds, and the bound it is ruled
+out by first, kept by the state as jobs come, stop and go."""
 
 from __future__ import annotations
-
-from collections.abc import Hashable, Set
 
 import pytest
 from hypothesis import given, settings
@@ -16,10 +14,8 @@ from ffdl.core.cluster import ClusterState, Demand, Gang, HeldJob
 from ffdl.core.job import WaitRecord
 from ffdl.core.preemption import Preemptor, VictimPool
 from ffdl.core.scheduling import Planner, SchedulerPolicy, WaitingJob
-from ffdl.core.simulation import simulate
 from ffdl.core.tenancy import TenancyPolicy, TenantLedger, TenantQuota
 from ffdl.events.model import WaitReason
-from ffdl.tools.traces import generate_trace
 
 NODES = [Node(f"n{index}", 8, cpus=16.0, memory_mb=65536) for index in range(4)]
 
@@ -104,35 +100,62 @@ def test_the_victims_below_a_class_counted_from_totals_are_those_listed_one_by_o
     }
 
 
-@pytest.mark.interpreted  # records the searches the planner makes
-def test_what_the_planner_gives_for_the_nodes_a_preemptor_keeps_off_stands_for_the_same_nodes(
-    monkeypatch: pytest.MonkeyPatch,
+MIXED = [
+    Node("a0", 8, gpu_type="a100"),
+    Node("a1", 4, gpu_type="a100"),
+    Node("h0", 8, gpu_type="h100"),
+    Node("h1", 6, gpu_type="h100"),
+    Node("c0", 8, gpu_type="a100", schedulable=False),
+]
+
+#: (what: hold a gang, stop or release a held job, or ask; learners, GPUs per learner, GPU type,
+#: priority, which held job, the nodes left out)
+Step = tuple[str, int, int, str | None, int, int, frozenset[str]]
+steps = st.lists(
+    st.tuples(
+        st.sampled_from(["hold", "hold", "stop", "release", "ask", "ask"]),
+        st.integers(1, 4),
+        st.sampled_from([1, 2, 3, 4, 8]),
+        st.sampled_from([None, "a100", "h100", "v100"]),
+        st.integers(0, 5),
+        st.integers(0, 30),
+        st.frozensets(st.sampled_from(["a0", "a1", "h0", "h1", "c0", "gone"])),
+    ),
+    max_size=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(steps=steps)
+def test_the_slots_halting_every_lower_class_would_give_are_kept_as_jobs_come_stop_and_go(
+    steps: list[Step],
 ) -> None:
-    """The victim search memoises what the nodes a preemptor keeps off take away by the key the
-    planner gives for them: within a step, one key must always mean one set of nodes."""
-    seen: dict[tuple[int, Hashable], frozenset[str]] = {}
-    pools: list[VictimPool] = []  # kept alive, so no two steps' pools share an id
-    repeated = 0
-    search = VictimPool.search
-
-    def recording(
-        pool: VictimPool, preemptor: Preemptor, excluded: Set[str], excluded_as: Hashable
-    ) -> tuple[list[HeldJob], Gang] | None:
-        nonlocal repeated
-        pools.append(pool)
-        nodes = frozenset(excluded)
-        known = seen.setdefault((id(pool), excluded_as), nodes)
-        assert known == nodes, f"{excluded_as} stood for {sorted(known)}, now for {sorted(nodes)}"
-        repeated += known is not nodes
-        return search(pool, preemptor, excluded, excluded_as)
-
-    monkeypatch.setattr(VictimPool, "search", recording)
-    trace = generate_trace(600, nodes=8, gpus_per_node=8, load=1.4, seed=3)
-    policy = SchedulerPolicy(service_queues=(3600.0, 16 * 3600.0))
-    result = simulate(trace, [Node(f"n{index}", 8) for index in range(8)], policy)
-    assert result.preemptions > 0
-    assert repeated > 0  # keys were given again, so the check above was reached
-    assert any(nodes for nodes in seen.values())  # and some stood for reserved nodes
+    """What the state keeps per priority asked (the bound a victim search is ruled out by) is, after
+    every hold, stop and release, what the room counts from the running jobs of the lower classes
+    added up node by node: cordoned nodes, GPU types and the nodes left out as the room does. A
+    job on the cordoned node is held from the start, as one placed before the cordon."""
+    state = ClusterState(MIXED)
+    state.hold(HeldJob("cordoned", "t", Demand(1, 4), 1, Gang((("c0", (0, 1, 2, 3)),)), 0.0))
+    held = ["cordoned"]
+    for index, (what, learners, gpus, gpu_type, priority, which, left_out) in enumerate(steps):
+        demand = Demand(learners, gpus, gpu_type)
+        if what == "hold":
+            gang = state.room.find(demand)
+            if gang is not None:
+                state.hold(HeldJob(f"j{index}", "t", demand, priority, gang, 0.0))
+                held.append(f"j{index}")
+        elif what == "stop" and held:
+            state.stop(held[which % len(held)])
+        elif what == "release" and held:
+            state.release(held.pop(which % len(held)))
+        elif what == "ask":
+            below: dict[str, int] = {}
+            for job in state.held.values():
+                if not job.stopping and job.priority < priority:
+                    for node, on_node in job.gang.learners:
+                        below[node] = below.get(node, 0) + len(on_node)
+            expected = state.room.slots_with(demand, below, left_out)
+            assert state.slots_freeing_below(demand, priority, left_out) == expected
 
 
 def test_a_job_placed_in_a_step_is_never_its_victim_even_with_no_minimum_runtime() -> None:

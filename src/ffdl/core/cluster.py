@@ -161,9 +161,9 @@ class ClusterRoom:
         self._types = tuple(sorted(self._buckets))
         #: bumped whenever a node's free GPU count changes: what a memo of a bound on slots checks
         self.changes = 0
-        self._when_empty: dict[Demand, list[tuple[NodeRoom, int]]] = {}  # see _holding_when_empty
-        #: the schedulable rooms by node name (what a bound on slots reads, node by node)
-        self._usable = {name: room for name, room in self._rooms.items() if room.node.schedulable}
+        self._when_empty: dict[Demand, tuple[dict[int, int], int]] = {}  # see _holding_when_empty
+        #: the schedulable rooms by node name (what a bound on slots reads, node by node); read only
+        self.usable = {name: room for name, room in self._rooms.items() if room.node.schedulable}
         self._max_gpus = max((len(b) - 1 for b in self._buckets.values()), default=0)
         # GPU type -> GPUs per learner -> the learners of that many GPUs its schedulable nodes' free
         # GPUs would take (:meth:`_slot_bound`), kept as free counts change: a planning step asks
@@ -186,6 +186,10 @@ class ClusterRoom:
 
     def __contains__(self, node: str) -> bool:
         return node in self._rooms
+
+    def __len__(self) -> int:
+        """How many nodes it has, cordoned ones too (a node's ``index`` is below it)."""
+        return len(self._by_index)
 
     def room(self, node: str) -> NodeRoom | None:
         return self._rooms.get(node)
@@ -260,14 +264,15 @@ class ClusterRoom:
 
     def find(self, demand: Demand, excluded: Set[str] = frozenset()) -> Gang | None:
         """A placement of the whole gang on nodes not in ``excluded``, or ``None``; changes nothing."""
-        types = self._types_for(demand)
+        types = self.types_for(demand)
         if demand.gpus and self._slot_bound(demand, types) < demand.learners:
             return None
         if demand.policy == "spread":
             return self._spread(demand, types, excluded)
         return self._pack(demand, types, excluded)
 
-    def _types_for(self, demand: Demand) -> tuple[str, ...]:
+    def types_for(self, demand: Demand) -> tuple[str, ...]:
+        """The GPU types whose nodes may hold learners of ``demand``."""
         if demand.gpus and demand.gpu_type is not None:
             return (demand.gpu_type,) if demand.gpu_type in self._buckets else ()
         return self._types
@@ -291,10 +296,10 @@ class ClusterRoom:
 
     def slots_freeing(self, demand: Demand, freed: Mapping[str, int]) -> int:
         """:meth:`slots_with` on every node: the sum over them of (free + freed) // GPUs per learner."""
-        types = self._types_for(demand)
+        types = self.types_for(demand)
         per = demand.gpus
         total = self._slot_bound(demand, types)
-        usable = self._usable if len(types) == len(self._types) else self._usable_of(types)
+        usable = self.usable if len(types) == len(self._types) else self._usable_of(types)
         if per == 1:  # each freed GPU is one more slot: no node's free count to read
             return total + sum(more for name, more in freed.items() if name in usable)
         for name, more in freed.items():
@@ -307,7 +312,7 @@ class ClusterRoom:
     def slots_on(self, demand: Demand, freed: Mapping[str, int], nodes: Iterable[str]) -> int:
         """The part of :meth:`slots_freeing` that lies on ``nodes``: what leaving them out takes
         away, in the time it takes to read them."""
-        types = self._types_for(demand)
+        types = self.types_for(demand)
         per = demand.gpus
         rooms = self._rooms
         total = 0
@@ -319,7 +324,7 @@ class ClusterRoom:
 
     def _usable_of(self, types: Sequence[str]) -> dict[str, NodeRoom]:
         """The schedulable rooms of ``types``, by node name."""
-        return {name: room for name, room in self._usable.items() if room.node.gpu_type in types}
+        return {name: room for name, room in self.usable.items() if room.node.gpu_type in types}
 
     def _rooms_by_free(self, types: Sequence[str], lowest: int, ascending: bool) -> Iterator[NodeRoom]:
         """Schedulable rooms with at least ``lowest`` free GPUs, by free GPUs, then type, then name."""
@@ -398,7 +403,7 @@ class ClusterRoom:
     def freeing(self, demand: Demand, excluded: Set[str] = frozenset()) -> Freeing:
         """The slots of ``demand`` outside ``excluded`` now, to count holdings given back and taken
         again without touching the room (:class:`Freeing`)."""
-        types = self._types_for(demand)
+        types = self.types_for(demand)
         rooms = self._rooms_by_free(types, demand.gpus, ascending=False)
         slots = sum(room.slots(demand) for room in rooms if room.node.name not in excluded)
         return Freeing(self, demand, frozenset(types), excluded, slots)
@@ -407,34 +412,49 @@ class ClusterRoom:
 
     def reservation(self, demand: Demand, excluded: Set[str]) -> tuple[str, ...] | None:
         """The nodes to keep for ``demand`` until it fits: the fewest that could hold it once empty,
-        those with the most free GPUs first (the quickest to drain); ``None`` if no such set exists."""
-        rooms = [
-            (room, slots)
-            for room, slots in self._holding_when_empty(demand)
-            if room.node.name not in excluded
-        ]
-        rooms.sort(key=lambda pair: (-len(pair[0].free), pair[0].node.name))
+        those with the most free GPUs first (the quickest to drain), then by name; ``None`` if no
+        such set exists. Read off the buckets most free first, so it stops at the last node it
+        needs: sorting every node that could hold a learner cost a millisecond a head on a
+        thousand nodes, every step a head's nodes were taken."""
+        holding, when_empty = self._holding_when_empty(demand)
+        if when_empty < demand.learners:
+            return None
+        types = self.types_for(demand)
+        rooms = self._by_index
         chosen: list[str] = []
         total = 0
-        for room, slots in rooms:
-            chosen.append(room.node.name)
-            total += slots
-            if total >= demand.learners:
-                return tuple(sorted(chosen))
+        for free in range(self._max_gpus, -1, -1):
+            if len(types) == 1:
+                buckets = self._buckets[types[0]]
+                level = buckets[free] if free < len(buckets) else []
+            else:  # by name across the types, as within one
+                level = sorted(i for t in types if free < len(b := self._buckets[t]) for i in b[free])
+            for index in level:
+                slots = holding.get(index, 0)
+                name = rooms[index].node.name
+                if slots and name not in excluded:
+                    chosen.append(name)
+                    total += slots
+                    if total >= demand.learners:
+                        return tuple(sorted(chosen))
         return None
 
-    def _holding_when_empty(self, demand: Demand) -> list[tuple[NodeRoom, int]]:
+    def _holding_when_empty(self, demand: Demand) -> tuple[dict[int, int], int]:
         """The schedulable rooms of a usable type that could hold learners of ``demand`` once empty,
-        with how many: fixed for a room's life, so worked out once per demand."""
+        by index, with how many, and their sum: fixed for a room's life, so worked out once per
+        demand."""
         holding = self._when_empty.get(demand)
         if holding is None:
             rooms = (
                 self._by_index[index]
-                for gpu_type in self._types_for(demand)
+                for gpu_type in self.types_for(demand)
                 for bucket in self._buckets[gpu_type]
                 for index in bucket
             )
-            holding = [(room, slots) for room in rooms if (slots := room.slots_when_empty(demand)) > 0]
+            slots_of_room = {
+                room.index: slots for room in rooms if (slots := room.slots_when_empty(demand)) > 0
+            }
+            holding = (slots_of_room, sum(slots_of_room.values()))
             if len(self._when_empty) >= WHEN_EMPTY_KEPT:
                 self._when_empty.clear()
             self._when_empty[demand] = holding
@@ -442,7 +462,7 @@ class ClusterRoom:
 
     def can_hold_when_empty(self, demand: Demand, nodes: Sequence[str]) -> bool:
         """Whether ``nodes`` (all schedulable and of a usable type) could hold the gang once empty."""
-        types = set(self._types_for(demand))
+        types = set(self.types_for(demand))
         total = 0
         for name in nodes:
             room = self._rooms.get(name)
@@ -679,6 +699,9 @@ class ClusterState:
         self.running_changes = 0
         # priority -> (``running_changes`` when counted, :meth:`gpus_below`)
         self._below: dict[int, tuple[int, int | None]] = {}
+        # priority -> what each schedulable node would have free were the running jobs of the
+        # classes below it halted (:meth:`slots_freeing_below`), kept as jobs come, stop and go
+        self._freeable: dict[int, _Freeable] = {}
 
     def gpus_below(self, priority: int) -> int | None:
         """The GPUs the running jobs of the classes below ``priority`` hold, None where no such job
@@ -713,6 +736,7 @@ class ClusterState:
             self.running.setdefault(job.priority, {})[job.job_id] = job
             insort(self.by_start.setdefault(job.priority, []), (-job.started_at, job.job_id, job))
             self._count_on_nodes(job, 1)
+        self._refresh_freeable(job.gang.nodes)
         if (why := self._evacuation(job.gang)) is not None:
             self.evacuees[job.job_id] = why
 
@@ -746,6 +770,7 @@ class ClusterState:
         else:
             self.gpus_by_priority[job.priority] -= gpus
             self._stop_running(job)
+        self._refresh_freeable(job.gang.nodes)
         self.evacuees.pop(job_id, None)
         return job
 
@@ -769,6 +794,7 @@ class ClusterState:
             self.releasing[job.tenant] = self.releasing.get(job.tenant, 0) + self.held_charge(job)
             self.gpus_by_priority[job.priority] -= job.gang.gpus
             self._stop_running(job)
+            self._refresh_freeable(job.gang.nodes)
         return self.held[job_id]
 
     def _stop_running(self, job: HeldJob) -> None:
@@ -777,3 +803,81 @@ class ClusterState:
         by_start = self.by_start[job.priority]
         del by_start[bisect_left(by_start, (-job.started_at, job.job_id))]
         self._count_on_nodes(job, -1)
+
+    def slots_freeing_below(self, demand: Demand, priority: int, excluded: Iterable[str]) -> int:
+        """How many learners of ``demand`` (which asks for GPUs) would fit outside ``excluded`` were
+        every running job of a class below ``priority`` halted, by GPUs alone (CPUs and memory not
+        counted): :meth:`ClusterRoom.slots_with` of what those jobs hold on each node, without
+        reading every node. A victim search is ruled out by it many times a step (a gang of whole
+        nodes mostly is), and every placement changed what that read."""
+        freeable = self._freeable.get(priority)
+        if freeable is None:
+            if len(self._freeable) >= _FREEABLE_KEPT:
+                self._freeable.clear()
+            freeable = self._freeable[priority] = _Freeable(len(self.room))
+            for room in self.room.usable.values():
+                freeable.move(room, self._freeable_on(room, priority))
+        cluster = self.room
+        per = demand.gpus
+        types = cluster.types_for(demand)
+        total = 0
+        for gpu_type in types:
+            for value, nodes in enumerate(freeable.counts.get(gpu_type, ())):
+                total += nodes * (value // per)
+        for name in excluded:
+            left_out = cluster.usable.get(name)
+            if left_out is not None and left_out.node.gpu_type in types:
+                total -= freeable.values[left_out.index] // per
+        return total
+
+    def _freeable_on(self, room: NodeRoom, priority: int) -> int:
+        """The GPUs free on ``room`` with those of the running jobs below ``priority`` added."""
+        name = room.node.name
+        value = len(room.free)
+        for below, on_nodes in self.gpus_on_nodes.items():
+            if below < priority:
+                value += on_nodes.get(name, 0)
+        return value
+
+    def _refresh_freeable(self, nodes: Iterable[str]) -> None:
+        """What the nodes of a gang that came, stopped or went would free, for every priority kept."""
+        if not self._freeable:
+            return
+        usable = self.room.usable
+        for name in nodes:
+            room = usable.get(name)
+            if room is not None:
+                for priority, freeable in self._freeable.items():
+                    freeable.move(room, self._freeable_on(room, priority))
+
+
+#: priorities whose freeable GPUs a state keeps (:meth:`ClusterState.slots_freeing_below`): a
+#: class is a priority and a service band, so a state sees a few; the bound keeps a tenant's many
+#: distinct priorities from costing every hold that many updates
+_FREEABLE_KEPT = 32
+
+
+class _Freeable:
+    """For one priority, what each schedulable node would have free were the running jobs of the
+    classes below it halted (by the room's node index), and per GPU type how many nodes would
+    have each such count."""
+
+    __slots__ = ("counts", "values")
+
+    def __init__(self, nodes: int) -> None:
+        self.values: list[int] = [-1] * nodes  # -1: not counted yet
+        self.counts: dict[str, list[int]] = {}
+
+    def move(self, room: NodeRoom, value: int) -> None:
+        """The node of ``room`` would now free ``value`` GPUs."""
+        index = room.index
+        before = self.values[index]
+        if before == value:
+            return
+        counts = self.counts.setdefault(room.node.gpu_type, [])
+        if before >= 0:
+            counts[before] -= 1
+        if value >= len(counts):
+            counts.extend([0] * (value + 1 - len(counts)))
+        counts[value] += 1
+        self.values[index] = value

@@ -29,7 +29,7 @@ What keeps preemption from looping:
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Hashable, Iterable, Mapping, Set
+from collections.abc import Callable, Iterable, Mapping, Set
 from dataclasses import dataclass, field
 
 from ffdl.core.cluster import ClusterState, Demand, Gang, HeldJob
@@ -95,16 +95,8 @@ class VictimPool:
     min_runtime_s: float
     priorities: list[int]  # ascending
     chosen: set[str] = field(default_factory=set)
-    # (priority, GPUs per learner, GPU type) -> (the state it was counted in, the slots that halting
-    # every running job below that priority would give): every preemptor of that class and learner
-    # shape gets the same count, and most searches end on it
-    slots_below: dict[tuple[int, int, str | None], tuple[tuple[int, int], int]] = field(default_factory=dict)
     # (priority, GPU type, tenant or None) -> (what it rests on when found, what _eligible_of found)
     eligible: dict[tuple[int, str | None, str | None], tuple[tuple[int, int], Eligible]] = field(
-        default_factory=dict
-    )
-    # the same for the slots on the nodes a preemptor keeps off, by what stands for those nodes
-    slots_left_out: dict[tuple[tuple[int, int, str | None], Hashable], tuple[tuple[int, int], int]] = field(
         default_factory=dict
     )
     # priority -> (ClusterState.running_changes when added up, the GPUs running jobs below it hold per node)
@@ -138,13 +130,9 @@ class VictimPool:
             return not self.ledger.guaranteed(victim.tenant) or beyond >= self.state.held_charge(victim)
         return preemptor.reclaims and beyond > 0
 
-    def search(
-        self, preemptor: Preemptor, excluded: Set[str], excluded_as: Hashable
-    ) -> tuple[list[HeldJob], Gang] | None:
+    def search(self, preemptor: Preemptor, excluded: Set[str]) -> tuple[list[HeldJob], Gang] | None:
         """The fewest victims found whose GPUs let the preemptor's gang fit (outside ``excluded``),
         with the placement it would then get; ``None`` if halting every candidate would not do.
-        ``excluded_as`` stands for ``excluded`` while the pool lives (the same key, the same nodes):
-        what the nodes left out take away is memoised on it, as they may be hundreds.
 
         It counts the eligible candidates freed in order (:class:`~ffdl.core.cluster.Freeing`, the
         room untouched) up to the shortest prefix of them that makes the gang fit, then drops every
@@ -155,7 +143,8 @@ class VictimPool:
         # Ruled out cheaply first, by what the state keeps: not even halting every running job of
         # the classes it outranks (young ones too: more than may be halted) makes room.
         outranked = demand.gpus and not preemptor.reclaims
-        if outranked and self._slots_below(preemptor, excluded, excluded_as) < demand.learners:
+        below = self.state.slots_freeing_below
+        if outranked and below(demand, preemptor.priority, excluded) < demand.learners:
             return None
         found = self._eligible_of(preemptor)
         if found.gpus < demand.total_gpus - room.free_for(demand):
@@ -190,25 +179,6 @@ class VictimPool:
             room.take(victim.demand, victim.gang)
         self.chosen.update(victim.job_id for victim in victims)
         return victims, gang
-
-    def _slots_below(self, preemptor: Preemptor, excluded: Set[str], excluded_as: Hashable) -> int:
-        """The preemptor's slots outside ``excluded`` were every running job of a class below its
-        own halted (:meth:`ClusterRoom.slots_with`): those on every node, less those on
-        ``excluded``, each memoised while the room and the running jobs stay as they were (every
-        preemptor of a class and learner shape gets the same count, and most searches end on it)."""
-        demand = preemptor.demand
-        state = self.state
-        room = state.room
-        held = self._held_below(preemptor.priority)
-        stamp = (room.changes, state.running_changes)
-        key = (preemptor.priority, demand.gpus, demand.gpu_type)
-        known = self.slots_below.get(key)
-        if known is None or known[0] != stamp:
-            known = self.slots_below[key] = (stamp, room.slots_freeing(demand, held))
-        left_out = self.slots_left_out.get((key, excluded_as))
-        if left_out is None or left_out[0] != stamp:
-            left_out = self.slots_left_out[key, excluded_as] = (stamp, room.slots_on(demand, held, excluded))
-        return known[1] - left_out[1]
 
     def _held_below(self, priority: int) -> Mapping[str, int]:
         """The GPUs running jobs of classes below ``priority`` hold on each node (memoised while

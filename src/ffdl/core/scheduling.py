@@ -1018,9 +1018,7 @@ class Planner:
         if self._pool is None:
             self._pool = VictimPool.of(self._state, self._ledger, self._now, self._policy.min_runtime_s)
         preemptor = Preemptor(job.job_id, job.tenant, demand, job.priority, reclaims)
-        # the nodes it keeps off are the same while the planner does nothing, and its own are open to it
-        own = job.job_id if job.job_id in self._head_nodes or job.job_id in self._claims else None
-        found = self._pool.search(preemptor, self._excluded_for(job), (self._version, own))
+        found = self._pool.search(preemptor, self._excluded_for(job))
         if found is None:
             self._no_victims.add(key)
             return None
