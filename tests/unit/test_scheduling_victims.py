@@ -95,9 +95,9 @@ def test_the_victims_below_a_class_counted_from_totals_are_those_listed_one_by_o
     for job in listed:
         for node, gpus in job.gang.learners:
             per_node[node] = per_node.get(node, 0) + len(gpus)
-    assert {node: gpus for node, gpus in counted.per_node.items() if gpus} == {
-        node: gpus for node, gpus in per_node.items() if gpus
-    }
+    for demand in (Demand(1, 1), Demand(2, 2), Demand(1, 3), Demand(2, 8)):
+        for excluded in (frozenset(), frozenset({"n0"}), frozenset({"n1", "n3", "gone"})):
+            assert counted.slots(demand, excluded) == state.room.slots_with(demand, per_node, excluded)
 
 
 MIXED = [
@@ -109,7 +109,7 @@ MIXED = [
 ]
 
 #: (what: hold a gang, stop or release a held job, or ask; learners, GPUs per learner, GPU type,
-#: priority, which held job, the nodes left out)
+#: priority, which held job (asking: which of those below it keep their GPUs), the nodes left out)
 Step = tuple[str, int, int, str | None, int, int, frozenset[str]]
 steps = st.lists(
     st.tuples(
@@ -132,8 +132,9 @@ def test_the_slots_halting_every_lower_class_would_give_are_kept_as_jobs_come_st
 ) -> None:
     """What the state keeps per priority asked (the bound a victim search is ruled out by) is, after
     every hold, stop and release, what the room counts from the running jobs of the lower classes
-    added up node by node: cordoned nodes, GPU types and the nodes left out as the room does. A
-    job on the cordoned node is held from the start, as one placed before the cordon."""
+    added up node by node, less those that keep their GPUs: cordoned nodes, GPU types and the
+    nodes left out as the room does. A job on the cordoned node is held from the start, as one
+    placed before the cordon."""
     state = ClusterState(MIXED)
     state.hold(HeldJob("cordoned", "t", Demand(1, 4), 1, Gang((("c0", (0, 1, 2, 3)),)), 0.0))
     held = ["cordoned"]
@@ -150,12 +151,16 @@ def test_the_slots_halting_every_lower_class_would_give_are_kept_as_jobs_come_st
             state.release(held.pop(which % len(held)))
         elif what == "ask":
             below: dict[str, int] = {}
-            for job in state.held.values():
-                if not job.stopping and job.priority < priority:
-                    for node, on_node in job.gang.learners:
+            kept: dict[str, int] = {}  # as a search's young jobs: every ``which``-th job below stays
+            running = [job for job in state.held.values() if not job.stopping and job.priority < priority]
+            for at, job in enumerate(running):
+                for node, on_node in job.gang.learners:
+                    if at % (which + 1):
                         below[node] = below.get(node, 0) + len(on_node)
+                    else:
+                        kept[node] = kept.get(node, 0) + len(on_node)
             expected = state.room.slots_with(demand, below, left_out)
-            assert state.slots_freeing_below(demand, priority, left_out) == expected
+            assert state.slots_freeing_below(demand, priority, left_out, kept) == expected
 
 
 def test_a_job_placed_in_a_step_is_never_its_victim_even_with_no_minimum_runtime() -> None:

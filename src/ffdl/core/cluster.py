@@ -607,6 +607,8 @@ class HeldJob:
 #: a GPU-equivalent in the thousandths that quotas and fair share count (:class:`Charges`)
 MILLI_GPUS = 1000
 
+_NONE_KEPT: Mapping[str, int] = {}  # no GPUs kept (read only)
+
 
 def counted(charge: int, gpus: int) -> str:
     """What a job of ``gpus`` GPUs counts against its quota (``charge``), in the user's words: its
@@ -804,12 +806,15 @@ class ClusterState:
         del by_start[bisect_left(by_start, (-job.started_at, job.job_id))]
         self._count_on_nodes(job, -1)
 
-    def slots_freeing_below(self, demand: Demand, priority: int, excluded: Iterable[str]) -> int:
+    def slots_freeing_below(
+        self, demand: Demand, priority: int, excluded: Iterable[str], kept: Mapping[str, int] = _NONE_KEPT
+    ) -> int:
         """How many learners of ``demand`` (which asks for GPUs) would fit outside ``excluded`` were
-        every running job of a class below ``priority`` halted, by GPUs alone (CPUs and memory not
-        counted): :meth:`ClusterRoom.slots_with` of what those jobs hold on each node, without
-        reading every node. A victim search is ruled out by it many times a step (a gang of whole
-        nodes mostly is), and every placement changed what that read."""
+        every running job of a class below ``priority`` halted but for the GPUs ``kept`` on each
+        node (a search's young jobs), by GPUs alone (CPUs and memory not counted):
+        :meth:`ClusterRoom.slots_with` of what those jobs hold on each node, without reading every
+        node. A victim search is ruled out by it many times a step (a gang of whole nodes mostly
+        is), and every placement changed what that read."""
         freeable = self._freeable.get(priority)
         if freeable is None:
             if len(self._freeable) >= _FREEABLE_KEPT:
@@ -820,14 +825,20 @@ class ClusterState:
         cluster = self.room
         per = demand.gpus
         types = cluster.types_for(demand)
+        values = freeable.values
         total = 0
         for gpu_type in types:
             for value, nodes in enumerate(freeable.counts.get(gpu_type, ())):
                 total += nodes * (value // per)
+        for name, gpus in kept.items():
+            left = cluster.usable.get(name)
+            if gpus and left is not None and left.node.gpu_type in types:
+                value = values[left.index]
+                total += (value - gpus) // per - value // per
         for name in excluded:
-            left_out = cluster.usable.get(name)
-            if left_out is not None and left_out.node.gpu_type in types:
-                total -= freeable.values[left_out.index] // per
+            left = cluster.usable.get(name)
+            if left is not None and left.node.gpu_type in types:
+                total -= (values[left.index] - kept.get(name, 0)) // per
         return total
 
     def _freeable_on(self, room: NodeRoom, priority: int) -> int:

@@ -99,8 +99,6 @@ class VictimPool:
     eligible: dict[tuple[int, str | None, str | None], tuple[tuple[int, int], Eligible]] = field(
         default_factory=dict
     )
-    # priority -> (ClusterState.running_changes when added up, the GPUs running jobs below it hold per node)
-    held_below: dict[int, tuple[int, Mapping[str, int]]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, state: ClusterState, ledger: TenantLedger, now: float, min_runtime_s: float) -> VictimPool:
@@ -149,7 +147,7 @@ class VictimPool:
         found = self._eligible_of(preemptor)
         if found.gpus < demand.total_gpus - room.free_for(demand):
             return None
-        if demand.gpus and room.slots_with(demand, found.per_node, excluded) < demand.learners:
+        if demand.gpus and found.slots(demand, excluded) < demand.learners:
             return None  # not even halting every candidate would make room
         eligible = found.jobs()
         if not eligible:
@@ -180,27 +178,6 @@ class VictimPool:
         self.chosen.update(victim.job_id for victim in victims)
         return victims, gang
 
-    def _held_below(self, priority: int) -> Mapping[str, int]:
-        """The GPUs running jobs of classes below ``priority`` hold on each node (memoised while
-        they stay as they were)."""
-        changes = self.state.running_changes
-        known = self.held_below.get(priority)
-        if known is not None and known[0] == changes:
-            return known[1]
-        held = self._add_up_below(priority)
-        self.held_below[priority] = (changes, held)
-        return held
-
-    def _add_up_below(self, priority: int) -> Mapping[str, int]:
-        maps = [on_nodes for p, on_nodes in self.state.gpus_on_nodes.items() if p < priority and on_nodes]
-        if len(maps) == 1:
-            return maps[0]
-        held: dict[str, int] = {}
-        for on_nodes in maps:
-            for node, gpus in on_nodes.items():
-                held[node] = held.get(node, 0) + gpus
-        return held
-
     def _eligible_of(self, preemptor: Preemptor) -> Eligible:
         """The victims :meth:`_eligible` would list, with the GPUs they hold in all and on each
         node. For a preemptor that does not reclaim they depend only on its class, its GPU type,
@@ -222,7 +199,13 @@ class VictimPool:
         if preemptor.reclaims or tenant is not None or gpu_type is not None:
             eligible = self._eligible(preemptor)
             gpus = sum(victim.gang.gpus for victim in eligible)
-            found = Eligible(gpus, _gpus_per_node(eligible), lambda: eligible, eligible)
+            per_node, room = _gpus_per_node(eligible), self.state.room
+            found = Eligible(
+                gpus,
+                lambda demand, excluded: room.slots_with(demand, per_node, excluded),
+                lambda: eligible,
+                eligible,
+            )
         else:
             found = self._below(preemptor.priority)
         if not preemptor.reclaims:
@@ -231,25 +214,21 @@ class VictimPool:
 
     def _below(self, priority: int) -> Eligible:
         """Every candidate of the classes below ``priority``: :meth:`_eligible` where no guarantee
-        protects a job and no GPU type narrows the search. What they hold is what the state counts
+        protects a job and no GPU type narrows the search. What they hold is what the state keeps
         for those classes less what their young jobs hold, so it costs the young jobs, not the
         running ones; the list is made only for a search that gets past the bounds."""
         state = self.state
         classes = sorted(p for p in state.by_start if p < priority)
         young = [entry[2] for p in classes for entry in state.by_start[p][: self._young(p)]]
         gpus = sum(state.gpus_by_priority.get(p, 0) for p in classes) - sum(job.gang.gpus for job in young)
-        per_node = self._held_below(priority)
-        if young:
-            per_node = dict(per_node)
-            for job in young:
-                for node, held in job.gang.learners:
-                    if held:  # a job without GPUs is not counted on its nodes
-                        per_node[node] -= len(held)
-        # (the listing names what it reads, not the pool: a pool whose memo held a listing that held
-        # the pool was a cycle, and a run left every step's pool to the cyclic collector)
+        kept = _gpus_per_node(young)
+        # (the callables name what they read, not the pool: a pool whose memo held a listing that
+        # held the pool was a cycle, and a run left every step's pool to the cyclic collector)
         now, min_runtime_s = self.now, self.min_runtime_s
         return Eligible(
-            gpus, per_node, lambda: [job for p in classes for job in candidates(state, p, now, min_runtime_s)]
+            gpus,
+            lambda demand, excluded: state.slots_freeing_below(demand, priority, excluded, kept),
+            lambda: [job for p in classes for job in candidates(state, p, now, min_runtime_s)],
         )
 
     def _eligible(self, preemptor: Preemptor) -> list[HeldJob]:
@@ -277,12 +256,13 @@ class VictimPool:
 
 @dataclass(slots=True)
 class Eligible:
-    """The victims a search may take: the GPUs they hold in all and on each node (what its bounds
-    read) and the jobs themselves in the order it takes them, listed only when a search gets past
-    those bounds (:meth:`jobs`)."""
+    """The victims a search may take: the GPUs they hold, the learners of a demand that would fit
+    outside the nodes left out were they all halted (by GPUs: what its bounds read), and the jobs
+    themselves in the order it takes them, listed only when a search gets past those bounds
+    (:meth:`jobs`)."""
 
     gpus: int
-    per_node: Mapping[str, int]
+    slots: Callable[[Demand, Set[str]], int]
     listing: Callable[[], list[HeldJob]]
     listed: list[HeldJob] | None = None
 
