@@ -669,7 +669,11 @@ class ClusterState:
     decisions to it, so it reads the same afterwards as the cluster will once they take effect.
 
     What a tenant holds is counted in *GPU-equivalents* (:class:`Charges`), what quotas and fair
-    share read; the GPUs themselves are ``gpus_held``."""
+    share read; the GPUs themselves are ``gpus_held``.
+
+    Its ``room`` changes only through it (:meth:`hold`, :meth:`stop`, :meth:`release`), as what it
+    keeps for victim searches follows the room's free GPUs; a search that gives back and takes
+    again a gang to place another in between reads nothing of that meanwhile."""
 
     def __init__(self, nodes: Iterable[Node]) -> None:
         nodes = list(nodes)
