@@ -43,6 +43,10 @@ demands = st.builds(
 )
 
 
+#: some of the nodes a cluster may have (clusters() names them n0 to n7), left out
+excluded_nodes = st.sets(st.sampled_from([f"n{i}" for i in range(8)]))
+
+
 def fill(room: ClusterRoom, earlier: list[Demand]) -> list[tuple[Demand, Gang]]:
     """Place ``earlier`` gangs one by one (those that fit), as a planning cycle would."""
     held = []
@@ -120,7 +124,7 @@ def test_a_gang_is_placed_whole_within_free_room_or_not_at_all(
 
 
 @settings(max_examples=100, deadline=None)
-@given(nodes=clusters(), demand=demands, excluded=st.sets(st.sampled_from([f"n{i}" for i in range(8)])))
+@given(nodes=clusters(), demand=demands, excluded=excluded_nodes)
 def test_excluded_nodes_are_never_used(nodes: list[Node], demand: Demand, excluded: set[str]) -> None:
     gang = ClusterRoom(nodes).find(demand, excluded)
     assert gang is None or not set(gang.nodes) & excluded
@@ -255,7 +259,7 @@ def test_reservations_for_more_distinct_demands_than_a_room_keeps_stay_right_and
     nodes=clusters(),
     earlier=st.lists(demands, max_size=6),
     demand=demands,
-    excluded=st.sets(st.sampled_from([f"n{i}" for i in range(8)])),
+    excluded=excluded_nodes,
 )
 def test_a_reservation_is_the_fewest_nodes_closest_to_empty_that_could_hold_the_gang(
     nodes: list[Node], earlier: list[Demand], demand: Demand, excluded: set[str]
@@ -295,7 +299,7 @@ def test_a_reservation_is_the_fewest_nodes_closest_to_empty_that_could_hold_the_
     nodes=clusters(),
     earlier=st.lists(demands, max_size=10),
     demand=demands,
-    excluded=st.sets(st.sampled_from([f"n{i}" for i in range(8)])),
+    excluded=excluded_nodes,
     moves=st.lists(st.tuples(st.integers(0, 7), st.booleans()), max_size=12),
 )
 def test_counting_holdings_given_back_says_whether_the_gang_fits_as_placing_it_would(
