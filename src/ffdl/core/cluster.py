@@ -159,8 +159,6 @@ class ClusterRoom:
                 buckets[node.gpus].append(index)
                 self._free[node.gpu_type] = self._free.get(node.gpu_type, 0) + node.gpus
         self._types = tuple(sorted(self._buckets))
-        #: bumped whenever a node's free GPU count changes: what a memo of a bound on slots checks
-        self.changes = 0
         self._when_empty: dict[Demand, tuple[dict[int, int], int]] = {}  # see _holding_when_empty
         #: the schedulable rooms by node name (what a bound on slots reads, node by node); read only
         self.usable = {name: room for name, room in self._rooms.items() if room.node.schedulable}
@@ -247,7 +245,6 @@ class ClusterRoom:
         after = len(room.free)
         if after == before:
             return
-        self.changes += 1
         if not node.schedulable:
             self._cordoned_free[node.gpu_type] += after - before
             return

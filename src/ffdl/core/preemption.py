@@ -141,8 +141,8 @@ class VictimPool:
         # Ruled out cheaply first, by what the state keeps: not even halting every running job of
         # the classes it outranks (young ones too: more than may be halted) makes room.
         outranked = demand.gpus and not preemptor.reclaims
-        below = self.state.slots_freeing_below
-        if outranked and below(demand, preemptor.priority, excluded) < demand.learners:
+        state = self.state
+        if outranked and state.slots_freeing_below(demand, preemptor.priority, excluded) < demand.learners:
             return None
         found = self._eligible_of(preemptor)
         if found.gpus < demand.total_gpus - room.free_for(demand):
