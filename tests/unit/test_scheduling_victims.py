@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ffdl.core.allocator import Node
-from ffdl.core.cluster import ClusterState, Demand, Gang, HeldJob
+from ffdl.core.cluster import _FREEABLE_KEPT, ClusterState, Demand, Gang, HeldJob
 from ffdl.core.job import WaitRecord
-from ffdl.core.preemption import Preemptor, VictimPool
+from ffdl.core.preemption import Preemptor, VictimPool, gpus_per_node
 from ffdl.core.scheduling import Planner, SchedulerPolicy, WaitingJob
 from ffdl.core.tenancy import TenancyPolicy, TenantLedger, TenantQuota
 from ffdl.events.model import WaitReason
@@ -91,10 +91,7 @@ def test_the_victims_below_a_class_counted_from_totals_are_those_listed_one_by_o
     assert listed == sorted(past_minimum, key=lambda job: (job.priority, -job.started_at, job.job_id))
     assert counted.jobs() == listed
     assert counted.gpus == sum(job.gang.gpus for job in listed)
-    per_node: dict[str, int] = {}
-    for job in listed:
-        for node, gpus in job.gang.learners:
-            per_node[node] = per_node.get(node, 0) + len(gpus)
+    per_node = gpus_per_node(listed)
     for demand in (Demand(1, 1), Demand(2, 2), Demand(1, 3), Demand(2, 8)):
         for excluded in (frozenset(), frozenset({"n0"}), frozenset({"n1", "n3", "gone"})):
             assert counted.slots(demand, excluded) == state.room.slots_with(demand, per_node, excluded)
@@ -150,17 +147,31 @@ def test_the_slots_halting_every_lower_class_would_give_are_kept_as_jobs_come_st
         elif what == "release" and held:
             state.release(held.pop(which % len(held)))
         elif what == "ask":
-            below: dict[str, int] = {}
-            kept: dict[str, int] = {}  # as a search's young jobs: every ``which``-th job below stays
             running = [job for job in state.held.values() if not job.stopping and job.priority < priority]
-            for at, job in enumerate(running):
-                for node, on_node in job.gang.learners:
-                    if at % (which + 1):
-                        below[node] = below.get(node, 0) + len(on_node)
-                    else:
-                        kept[node] = kept.get(node, 0) + len(on_node)
+            below = gpus_per_node(job for at, job in enumerate(running) if at % (which + 1))
+            # as a search's young jobs: every ``which``-th job below keeps its GPUs
+            kept = gpus_per_node(job for at, job in enumerate(running) if not at % (which + 1))
             expected = state.room.slots_with(demand, below, left_out)
             assert state.slots_freeing_below(demand, priority, left_out, kept) == expected
+
+
+def test_the_slots_below_more_distinct_priorities_than_a_state_keeps_stay_right_and_bounded() -> None:
+    """Tenants choose their jobs' priorities (-1000 to 1000, times the service bands): a state asked
+    for more distinct ones than it keeps figures for must neither grow without bound nor answer
+    from figures that stopped following the room while they were set aside."""
+    state = ClusterState(MIXED)
+    for index, priority in enumerate((-900, 0, 700)):
+        gang = state.room.find(Demand(1, 4))
+        assert gang is not None
+        state.hold(HeldJob(f"j{index}", "t", Demand(1, 4), priority, gang, 0.0))
+    demand = Demand(1, 8)
+    for round_ in range(3):
+        for priority in range(-1000, -1000 + 3 * _FREEABLE_KEPT):
+            running = (job for job in state.held.values() if not job.stopping and job.priority < priority)
+            expected = state.room.slots_with(demand, gpus_per_node(running), frozenset())
+            assert state.slots_freeing_below(demand, priority, frozenset()) == expected
+        assert len(state._freeable) <= _FREEABLE_KEPT
+        state.release(f"j{round_}")  # the room moves between rounds
 
 
 def test_a_job_placed_in_a_step_is_never_its_victim_even_with_no_minimum_runtime() -> None:

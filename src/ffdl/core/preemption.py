@@ -199,7 +199,7 @@ class VictimPool:
         if preemptor.reclaims or tenant is not None or gpu_type is not None:
             eligible = self._eligible(preemptor)
             gpus = sum(victim.gang.gpus for victim in eligible)
-            per_node, room = _gpus_per_node(eligible), self.state.room
+            per_node, room = gpus_per_node(eligible), self.state.room
             found = Eligible(
                 gpus,
                 lambda demand, excluded: room.slots_with(demand, per_node, excluded),
@@ -221,7 +221,7 @@ class VictimPool:
         classes = sorted(p for p in state.by_start if p < priority)
         young = [entry[2] for p in classes for entry in state.by_start[p][: self._young(p)]]
         gpus = sum(state.gpus_by_priority.get(p, 0) for p in classes) - sum(job.gang.gpus for job in young)
-        kept = _gpus_per_node(young)
+        kept = gpus_per_node(young)
         # (the callables name what they read, not the pool: a pool whose memo held a listing that
         # held the pool was a cycle, and a run left every step's pool to the cyclic collector)
         now, min_runtime_s = self.now, self.min_runtime_s
@@ -272,7 +272,7 @@ class Eligible:
         return self.listed
 
 
-def _gpus_per_node(jobs: Iterable[HeldJob]) -> dict[str, int]:
+def gpus_per_node(jobs: Iterable[HeldJob]) -> dict[str, int]:
     """The GPUs ``jobs`` hold on each node."""
     held: dict[str, int] = {}
     for job in jobs:
