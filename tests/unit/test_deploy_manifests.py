@@ -260,6 +260,18 @@ def test_the_image_is_multi_stage_unprivileged_and_starts_under_tini() -> None:
     assert any("apt-get install" in line and "tini" in line for line in lines)
 
 
+def test_the_image_runs_the_compiled_planner_and_carries_no_compiler() -> None:
+    """The build stage compiles the planner (``ffdl.native``) from the source tree and fails unless
+    the installed package then runs it; the compiler and mypy stay in that stage."""
+    build, run = (DEPLOY / "Dockerfile").read_text().split(" AS run\n")
+    steps = " ".join(build.replace("\\\n", " ").split())
+    assert "apt-get install -y --no-install-recommends gcc libc6-dev" in steps
+    assert "native.build()" in steps and "cp -r src/ffdl/compiled" in steps
+    assert "assert native.active()" in steps.split("native.build()")[1]
+    assert "gcc" not in run and "mypy" not in run
+    assert "COPY --from=build /opt/ffdl /opt/ffdl" in run
+
+
 def test_the_compose_stack_runs_the_platform_on_kafka_and_mosquitto_with_learners_shut_out() -> None:
     compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
     services = compose["services"]
