@@ -36,15 +36,18 @@ from ffdl.core.cluster import ClusterState, Demand, Gang, HeldJob
 from ffdl.core.tenancy import TenantLedger
 
 
-@dataclass(frozen=True, slots=True)
 class Preemptor:
-    """The waiting job that needs room, as the victim search sees it."""
+    """The waiting job that needs room, as the victim search sees it. (A plain class: compiled, a
+    dataclass's generated ``__init__`` runs as Python code, at every one of a step's searches.)"""
 
-    job_id: str
-    tenant: str
-    demand: Demand
-    priority: int
-    reclaims: bool  # its tenant stays inside its guarantee with this job
+    __slots__ = ("demand", "job_id", "priority", "reclaims", "tenant")
+
+    def __init__(self, job_id: str, tenant: str, demand: Demand, priority: int, reclaims: bool) -> None:
+        self.job_id = job_id
+        self.tenant = tenant
+        self.demand = demand
+        self.priority = priority
+        self.reclaims = reclaims  # its tenant stays inside its guarantee with this job
 
 
 def may_halt(started_at: float, now: float, min_runtime_s: float) -> bool:

@@ -57,7 +57,7 @@ from collections.abc import Collection, Generator, Iterable, Iterator, Set
 from dataclasses import dataclass, field
 from functools import lru_cache
 from heapq import heappop, heappush
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from ffdl.core.cluster import MILLI_GPUS, ClusterState, Demand, Gang, HeldJob, counted
 from ffdl.core.job import WaitRecord
@@ -66,8 +66,16 @@ from ffdl.core.tenancy import TenancyPolicy, TenantLedger
 from ffdl.events.job_events import NAMES_MAX
 from ffdl.events.model import WaitReason
 
-W = WaitReason
-_COMPETING = frozenset({W.CAPACITY, W.FRAGMENTATION, W.GPU_TYPE, W.PRIORITY})
+# WaitReason's members as constants: compiled, ``WaitReason.X`` is a lookup on the enum class at
+# every use, through Python 3.11's ``EnumType.__getattr__`` hook (3.7% of a planning step's time)
+_QUOTA: Final = WaitReason.QUOTA
+_CAPACITY: Final = WaitReason.CAPACITY
+_FRAGMENTATION: Final = WaitReason.FRAGMENTATION
+_GPU_TYPE: Final = WaitReason.GPU_TYPE
+_PRIORITY: Final = WaitReason.PRIORITY
+_RESERVATION: Final = WaitReason.RESERVATION
+_PREEMPTION: Final = WaitReason.PREEMPTION
+_COMPETING: Final = frozenset({_CAPACITY, _FRAGMENTATION, _GPU_TYPE, _PRIORITY})
 #: from how many distinct demands of a tenant a pass over its settled jobs reads them one by one
 #: before it looks the end of the run up by demand (Planner._settled_run)
 SHORT_RUN = 16
@@ -167,7 +175,7 @@ class WaitingQueue:
         claimants = self._claimants.setdefault(job.priority, set())
         headed = self._headed.setdefault(job.priority, set())
         wait = job.wait
-        if wait is not None and wait.code is W.PREEMPTION:
+        if wait is not None and wait.code is _PREEMPTION:
             claimants.add(job.job_id)
             headed.discard(job.job_id)
         else:
@@ -259,7 +267,7 @@ def _marked(says: Said) -> bool:
     """Whether a reason that says ``says`` counts its job among the claimants or heads
     (:meth:`WaitingQueue._mark`): a job whose reason says neither before nor after a change
     stays out of both."""
-    return says is not None and (says[0] is W.PREEMPTION or bool(says[2]))
+    return says is not None and (says[0] is _PREEMPTION or bool(says[2]))
 
 
 def _key(job: WaitingJob) -> QueueKey:
@@ -339,14 +347,24 @@ class Eviction:
     preempted_by: str | None = None
 
 
-class Decision(NamedTuple):
+class Decision:
     """What one planning step decided for one waiting job: GPUs now, or why not (and whom it preempts).
-    (A named tuple: a step makes one per waiting job it passes, and tuples are made fastest.)"""
+    (A plain class, not a named tuple or a dataclass: a step makes one per waiting job it passes,
+    and compiled, only a class with its own ``__init__`` is made without running Python code.)"""
 
-    job: WaitingJob
-    allocation: Allocation | None = None
-    wait: WaitRecord | None = None
-    evictions: tuple[Eviction, ...] = ()
+    __slots__ = ("allocation", "evictions", "job", "wait")
+
+    def __init__(
+        self,
+        job: WaitingJob,
+        allocation: Allocation | None = None,
+        wait: WaitRecord | None = None,
+        evictions: tuple[Eviction, ...] = (),
+    ) -> None:
+        self.job = job
+        self.allocation = allocation
+        self.wait = wait
+        self.evictions = evictions
 
 
 @dataclass(slots=True)
@@ -589,7 +607,7 @@ class Planner:
                 return False
             self._no_victims.add(key)
         code, waiting_for = self._blocking_reason(priority, demand, held_back=True)
-        cordoned = self._cordoned_for(demand) if code in (W.CAPACITY, W.GPU_TYPE) and demand.gpus else 0
+        cordoned = self._cordoned_for(demand) if code in (_CAPACITY, _GPU_TYPE) and demand.gpus else 0
         wait = _blocked_record(code, demand, waiting_for, cordoned, ())
         self._verdicts[(priority, demand, None, False)] = (self._version, wait, (wait.code, wait.waiting_for))
         self._verdicts_made += 1
@@ -812,7 +830,7 @@ class Planner:
         settled = (
             not self._weigh_all
             and job.job_id not in self._head_nodes
-            and (job.wait is None or job.wait.code is not W.PREEMPTION)
+            and (job.wait is None or job.wait.code is not _PREEMPTION)
         )
         alike = self._alike(job.priority, job.tenant, demand) if settled else None
         if (
@@ -823,7 +841,7 @@ class Planner:
         if not self._ledger.within_limit(job.tenant, self._state.charge(demand)):
             wait = self._quota_wait(job)
             if alike is not None:
-                self._verdicts[alike] = (self._version, wait, (W.QUOTA,))
+                self._verdicts[alike] = (self._version, wait, (_QUOTA,))
                 self._verdicts_made += 1
             return Decision(job, wait=wait)
         gang = self._place(job)
@@ -905,7 +923,7 @@ class Planner:
         weighed: it might fit, or find victims."""
         need = self._state.charge(demand)
         if not self._ledger.within_limit(tenant, need):
-            return (W.QUOTA,)
+            return (_QUOTA,)
         if demand not in self._no_fit:
             return None
         if self._policy.preemption:
@@ -919,7 +937,7 @@ class Planner:
         priority wait that still holds (:meth:`_still_said`); else ``wait``. A quota wait is always
         given afresh."""
         recorded = job.wait
-        if recorded is None or wait.code is W.QUOTA:
+        if recorded is None or wait.code is _QUOTA:
             return wait
         if wait.same_as(recorded) or self._still_said(said(recorded), said(wait), job.priority, job.demand):
             return recorded
@@ -940,8 +958,8 @@ class Planner:
         return (
             recorded is not None
             and verdict is not None
-            and recorded[0] is W.PRIORITY
-            and (verdict[0] is W.PRIORITY or verdict[0] is W.RESERVATION)
+            and recorded[0] is _PRIORITY
+            and (verdict[0] is _PRIORITY or verdict[0] is _RESERVATION)
             and recorded[2] == verdict[2]
             and self._still_ahead(recorded[1], priority, demand)
         )
@@ -988,13 +1006,13 @@ class Planner:
         need = counted(charge, job.demand.total_gpus)
         limit = f"its tenant {job.tenant} may hold at most {quota.limit} GPUs ({quota.describe()})"
         if quota.limit is not None and charge > quota.limit * MILLI_GPUS:
-            return WaitRecord(W.QUOTA, f"{limit} and it needs {need}: it cannot run under this quota")
-        return WaitRecord(W.QUOTA, f"{limit}; it needs {need} on top of what the tenant holds")
+            return WaitRecord(_QUOTA, f"{limit} and it needs {need}: it cannot run under this quota")
+        return WaitRecord(_QUOTA, f"{limit}; it needs {need} on top of what the tenant holds")
 
     def _claim(self, job: WaitingJob) -> WaitRecord | None:
         """The job's own preemption, while its victims are still stopping: keep waiting for them."""
         wait = job.wait
-        if wait is None or wait.code is not W.PREEMPTION:
+        if wait is None or wait.code is not _PREEMPTION:
             return None
         held = self._state.held
         if not any(victim in held and held[victim].stopping for victim in wait.waiting_for):
@@ -1003,7 +1021,7 @@ class Planner:
         if nodes is None:
             nodes = self._claimable(wait)
             self._reserve(job, nodes)
-        return WaitRecord(W.PREEMPTION, wait.detail, wait.waiting_for, nodes)
+        return WaitRecord(_PREEMPTION, wait.detail, wait.waiting_for, nodes)
 
     def _preempt(self, job: WaitingJob) -> Decision | None:
         demand = job.demand
@@ -1032,7 +1050,7 @@ class Planner:
         self._claim_for(job, gang.nodes)
         named = tuple(victim.job_id for victim in victims)
         detail = f"preempting {len(victims)} job(s) ({_some(named)}); it starts once their GPUs are released"
-        wait = WaitRecord(W.PREEMPTION, detail, named[:NAMES_MAX], gang.nodes)
+        wait = WaitRecord(_PREEMPTION, detail, named[:NAMES_MAX], gang.nodes)
         return Decision(job, wait=wait, evictions=evictions)
 
     def _preempt_drain(self, job: WaitingJob) -> Decision | None:
@@ -1112,7 +1130,7 @@ class Planner:
             f"would idle about {idle / 3600:.1f} GPU-hours and the halts cost {cost / 3600:.1f}; "
             "it starts once their GPUs are released"
         )
-        wait = WaitRecord(W.PREEMPTION, detail, named[:NAMES_MAX], nodes)
+        wait = WaitRecord(_PREEMPTION, detail, named[:NAMES_MAX], nodes)
         return Decision(job, wait=wait, evictions=evictions)
 
     def _guaranteed(self, victim: HeldJob, job: WaitingJob) -> bool:
@@ -1162,7 +1180,7 @@ class Planner:
         code, waiting_for = self._blocking_reason(job.priority, demand, held_back=not nodes)
         if code in _COMPETING:
             self._blocked.setdefault((job.priority, demand.gpu_kind), job.job_id)
-        cordoned = self._cordoned_for(demand) if code in (W.CAPACITY, W.GPU_TYPE) and demand.gpus else 0
+        cordoned = self._cordoned_for(demand) if code in (_CAPACITY, _GPU_TYPE) and demand.gpus else 0
         return _blocked_record(code, demand, waiting_for, cordoned, nodes)
 
     def _blocking_reason(
@@ -1173,15 +1191,15 @@ class Planner:
         room = self._room
         need = demand.total_gpus
         if demand.gpus and room.free_for(demand) < need:
-            code = W.GPU_TYPE if demand.gpu_type is not None and room.free_gpus() >= need else W.CAPACITY
+            code = _GPU_TYPE if demand.gpu_type is not None and room.free_gpus() >= need else _CAPACITY
         else:
-            code = W.FRAGMENTATION if demand.gpus else W.CAPACITY
+            code = _FRAGMENTATION if demand.gpus else _CAPACITY
             holders = self._held_back_by(demand) if held_back else ()
             if holders:
-                return W.RESERVATION, holders
+                return _RESERVATION, holders
         ahead = self._higher_priority_blocked(priority, demand)
         if ahead is not None:
-            return W.PRIORITY, (ahead,)
+            return _PRIORITY, (ahead,)
         return code, ()
 
     def _cordoned_for(self, demand: Demand) -> int:
@@ -1216,7 +1234,7 @@ class Planner:
     def _reservation_nodes(self, job: WaitingJob) -> tuple[str, ...]:
         """The job's recorded reservation while it is still valid and free; else a new one (or none)."""
         wait = job.wait
-        if wait is not None and wait.reserved_nodes and wait.code is not W.PREEMPTION:
+        if wait is not None and wait.reserved_nodes and wait.code is not _PREEMPTION:
             kept = wait.reserved_nodes
             if all(node not in self._reserved for node in kept) and self._room.can_hold_when_empty(
                 job.demand, kept
@@ -1259,12 +1277,12 @@ class _Settling:
 
 
 _DETAILS: dict[WaitReason, str] = {
-    W.CAPACITY: "needs {need}; not enough are free",
-    W.GPU_TYPE: "needs {need}; GPUs are free, but too few of that type",
-    W.FRAGMENTATION: "needs {need}; enough GPUs are free, but not on few enough nodes to hold the gang",
-    W.PRIORITY: "needs {need}; job {ahead}, of a higher priority or with less GPU time run, waits "
+    _CAPACITY: "needs {need}; not enough are free",
+    _GPU_TYPE: "needs {need}; GPUs are free, but too few of that type",
+    _FRAGMENTATION: "needs {need}; enough GPUs are free, but not on few enough nodes to hold the gang",
+    _PRIORITY: "needs {need}; job {ahead}, of a higher priority or with less GPU time run, waits "
     "ahead of it for the same GPUs",
-    W.RESERVATION: "needs {need}; it would fit, but only on nodes kept free for {ahead}, ahead of it",
+    _RESERVATION: "needs {need}; it would fit, but only on nodes kept free for {ahead}, ahead of it",
 }
 
 
