@@ -169,7 +169,7 @@ def test_the_slots_below_more_distinct_priorities_than_a_state_keeps_stay_right_
         for priority in range(-1000, -1000 + 3 * _FREEABLE_KEPT):
             running = (job for job in state.held.values() if not job.stopping and job.priority < priority)
             expected = state.room.slots_with(demand, gpus_per_node(running), frozenset())
-            assert state.slots_freeing_below(demand, priority, frozenset()) == expected
+            assert state.slots_freeing_below(demand, priority, frozenset(), {}) == expected
         assert len(state._freeable) <= _FREEABLE_KEPT
         state.release(f"j{round_}")  # the room moves between rounds
 

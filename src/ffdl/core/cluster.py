@@ -611,8 +611,6 @@ class HeldJob:
 #: a GPU-equivalent in the thousandths that quotas and fair share count (:class:`Charges`)
 MILLI_GPUS = 1000
 
-_NONE_KEPT: Mapping[str, int] = {}  # no GPUs kept (read only)
-
 
 def counted(charge: int, gpus: int) -> str:
     """What a job of ``gpus`` GPUs counts against its quota (``charge``), in the user's words: its
@@ -815,7 +813,7 @@ class ClusterState:
         self._count_on_nodes(job, -1)
 
     def slots_freeing_below(
-        self, demand: Demand, priority: int, excluded: Iterable[str], kept: Mapping[str, int] = _NONE_KEPT
+        self, demand: Demand, priority: int, excluded: Iterable[str], kept: dict[str, int]
     ) -> int:
         """How many learners of ``demand`` (which asks for GPUs) would fit outside ``excluded`` were
         every running job of a class below ``priority`` halted but for the GPUs ``kept`` on each
@@ -836,8 +834,12 @@ class ClusterState:
         values = freeable.values
         total = 0
         for gpu_type in types:
-            for value, nodes in enumerate(freeable.counts.get(gpu_type, ())):
-                total += nodes * (value // per)
+            # a list or None, not ``.get(gpu_type, ())``: compiled, a list is read by index, a list
+            # or a tuple through the iterator protocol
+            counts = freeable.counts.get(gpu_type)
+            if counts is not None:
+                for value, nodes in enumerate(counts):
+                    total += nodes * (value // per)
         for name, gpus in kept.items():
             left = cluster.usable.get(name)
             if gpus and left is not None and left.node.gpu_type in types:

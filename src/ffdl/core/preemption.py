@@ -144,8 +144,12 @@ class VictimPool:
         # Ruled out cheaply first, by what the state keeps: not even halting every running job of
         # the classes it outranks (young ones too: more than may be halted) makes room.
         outranked = demand.gpus and not preemptor.reclaims
-        state = self.state
-        if outranked and state.slots_freeing_below(demand, preemptor.priority, excluded) < demand.learners:
+        none_kept: dict[str, int] = {}
+        if (
+            outranked
+            and self.state.slots_freeing_below(demand, preemptor.priority, excluded, none_kept)
+            < demand.learners
+        ):
             return None
         found = self._eligible_of(preemptor)
         if found.gpus < demand.total_gpus - room.free_for(demand):

@@ -97,14 +97,16 @@ class TenantLedger:
     (``usage``), how much of that is being freed by preemption (``releasing``), and how much its
     preempting jobs will take once their victims are gone (``claimed``). The counts are in
     thousandths of a GPU-equivalent (:class:`ffdl.core.cluster.Charges`), and so is
-    every amount asked of the ledger; the quotas, in GPUs, are scaled to them."""
+    every amount asked of the ledger; the quotas, in GPUs, are scaled to them. (Dicts, not
+    mappings: compiled, a dict is read in place, a mapping through a method call, for every job a
+    step weighs.)"""
 
     def __init__(
         self,
         policy: TenancyPolicy,
-        usage: Mapping[str, int],
-        releasing: Mapping[str, int],
-        claimed: Mapping[str, int],
+        usage: dict[str, int],
+        releasing: dict[str, int],
+        claimed: dict[str, int],
     ) -> None:
         self._policy = policy
         self._usage = usage
