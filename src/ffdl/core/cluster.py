@@ -30,7 +30,6 @@ from bisect import bisect_left, insort
 from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
 from heapq import heapify, heappop, heappush
-from operator import add
 from typing import NamedTuple
 
 from ffdl.core.allocator import Node, PlacementPolicy
@@ -260,9 +259,9 @@ class ClusterRoom:
         del leaving[bisect_left(leaving, room.index)]
         insort(buckets[after], room.index)
         self._free[node.gpu_type] += after - before
-        self._slots[node.gpu_type] = list(
-            map(add, self._slots[node.gpu_type], self._slot_changes[before][after])
-        )
+        slots = self._slots[node.gpu_type]
+        for per, change in enumerate(self._slot_changes[before][after]):
+            slots[per] += change
 
     # -- placing ----------------------------------------------------------------------------------
 

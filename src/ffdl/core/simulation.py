@@ -134,6 +134,9 @@ class _Simulator:
     quiet_at: float = 0.0  # when the step that decided nothing was (while ``quiet`` is not None)
     #: demand -> whether it fits the cluster when empty (a trace asks the same few demands again and again)
     fits_empty: dict[Demand, bool] = field(default_factory=dict)
+    #: demand -> the one object of it that every job asking for it shares: the planner's memos are
+    #: keyed by demands, and a dict matches an identical key without comparing it field by field
+    demands: dict[Demand, Demand] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.state = ClusterState(self.nodes)
@@ -157,7 +160,9 @@ class _Simulator:
         return self.policy.band_class(job.priority, band)
 
     def demand(self, job: TraceJob) -> Demand:
-        return Demand(job.learners, job.gpus_per_learner, job.gpu_type, policy=self.placement or "pack")
+        """The job's demand, the very object every job of an equal one gets (``demands``)."""
+        demand = Demand(job.learners, job.gpus_per_learner, job.gpu_type, policy=self.placement or "pack")
+        return self.demands.setdefault(demand, demand)
 
     def arrive(self, job: TraceJob, now: float, empty: ClusterRoom) -> None:
         outcome = self.outcomes[job.job_id] = JobOutcome(job)
