@@ -152,6 +152,7 @@ class ClusterRoom:
         # GPU type -> free GPU count -> the indices of the schedulable nodes with that many free, sorted
         self._buckets: dict[str, list[list[int]]] = {}
         self._free: dict[str, int] = {}
+        self._free_total = 0  # the sum of ``_free``: the free GPUs of any type a step asks about often
         self._cordoned_free: dict[str, int] = {}  # GPU type -> free GPUs on nodes not schedulable
         for index, node in enumerate(sorted(nodes, key=lambda n: n.name)):
             room = NodeRoom(node, index)
@@ -164,6 +165,7 @@ class ClusterRoom:
                 buckets.extend([] for _ in range(len(buckets), node.gpus + 1))
                 buckets[node.gpus].append(index)
                 self._free[node.gpu_type] = self._free.get(node.gpu_type, 0) + node.gpus
+                self._free_total += node.gpus
         self._types = tuple(sorted(self._buckets))
         self._when_empty: dict[Demand, tuple[dict[int, int], int]] = {}  # see _holding_when_empty
         #: the schedulable rooms by node name (what a bound on slots reads, node by node); read only
@@ -205,7 +207,7 @@ class ClusterRoom:
     def free_gpus(self, gpu_type: str | None = None) -> int:
         """Free GPUs on schedulable nodes, of ``gpu_type`` (``None``: of any type)."""
         if gpu_type is None:
-            return sum(self._free.values())
+            return self._free_total
         return self._free.get(gpu_type, 0)
 
     def free_for(self, demand: Demand) -> int:
@@ -259,6 +261,7 @@ class ClusterRoom:
         del leaving[bisect_left(leaving, room.index)]
         insort(buckets[after], room.index)
         self._free[node.gpu_type] += after - before
+        self._free_total += after - before
         slots = self._slots[node.gpu_type]
         for per, change in enumerate(self._slot_changes[before][after]):
             slots[per] += change

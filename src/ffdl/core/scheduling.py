@@ -232,7 +232,10 @@ class WaitingQueue:
 
     def claimants(self, priority: int) -> list[WaitingJob]:
         """The class's jobs whose preemption is under way, in queue order."""
-        jobs = [self._jobs[job_id] for job_id in self._claimants.get(priority, ())]
+        claimants = self._claimants.get(priority)
+        if not claimants:  # (a set, or nothing: compiled, a set is walked as one, not as any iterable)
+            return []
+        jobs = [self._jobs[job_id] for job_id in claimants]
         jobs.sort(key=_key)
         return jobs
 
@@ -248,8 +251,10 @@ class WaitingQueue:
     def in_order(self, priority: int) -> Iterator[WaitingJob]:
         """The class's jobs in queue order, whatever their tenant (lazily: a walk may stop early)."""
         jobs = self._jobs
-        for _, job_id in self._orders.get(priority, ()):
-            yield jobs[job_id]
+        order = self._orders.get(priority)  # (a list, or nothing: compiled, a list is read by index)
+        if order is not None:
+            for _, job_id in order:
+                yield jobs[job_id]
 
 
 QueueKey = tuple[tuple[float, str], str]  # (queued order, job id): a job's place in its queue
@@ -939,7 +944,11 @@ class Planner:
         recorded = job.wait
         if recorded is None or wait.code is _QUOTA:
             return wait
-        if wait.same_as(recorded) or self._still_said(said(recorded), said(wait), job.priority, job.demand):
+        if (
+            wait is recorded  # a wait's wording is kept across steps (_blocked_record): mostly this one
+            or wait.same_as(recorded)
+            or self._still_said(said(recorded), said(wait), job.priority, job.demand)
+        ):
             return recorded
         return wait
 
@@ -1265,15 +1274,18 @@ class Planner:
         self._version += 1
 
 
-@dataclass(slots=True)
 class _Settling:
-    """How far :meth:`Planner._settles_all` got through a class's demands at a version."""
+    """How far :meth:`Planner._settles_all` got through a class's demands at a version. (A plain
+    class: compiled, a dataclass's generated ``__init__`` runs as Python code, many times a step.)"""
 
-    priority: int
-    version: int
-    demands: list[Demand]
-    settled: int = 0  # the first ``settled`` of ``demands`` have a verdict that holds
-    weigh_first: bool = False  # the next one cannot be settled before one of its jobs is weighed
+    __slots__ = ("demands", "priority", "settled", "version", "weigh_first")
+
+    def __init__(self, priority: int, version: int, demands: list[Demand]) -> None:
+        self.priority = priority
+        self.version = version
+        self.demands = demands
+        self.settled = 0  # the first ``settled`` of ``demands`` have a verdict that holds
+        self.weigh_first = False  # the next one cannot be settled before one of its jobs is weighed
 
 
 _DETAILS: dict[WaitReason, str] = {
