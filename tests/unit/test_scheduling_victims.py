@@ -5,6 +5,8 @@ out by first, kept by the state as jobs come, stop and go."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Set
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -94,7 +96,26 @@ def test_the_victims_below_a_class_counted_from_totals_are_those_listed_one_by_o
     per_node = gpus_per_node(listed)
     for demand in (Demand(1, 1), Demand(2, 2), Demand(1, 3), Demand(2, 8)):
         for excluded in (frozenset(), frozenset({"n0"}), frozenset({"n1", "n3", "gone"})):
-            assert counted.slots(demand, excluded) == state.room.slots_with(demand, per_node, excluded)
+            slots = state.room.slots_with(demand, per_node, excluded)
+            assert counted.fits(demand, excluded) == (slots >= demand.learners)
+            assert_fits_exactly(counted.fits, demand, excluded, slots)
+
+
+def assert_fits_exactly(
+    fits: Callable[[Demand, Set[str]], bool], demand: Demand, excluded: Set[str], slots: int
+) -> None:
+    """``fits`` answers as a count of ``slots`` learners would: yes for a gang of that many of the
+    demand's learners (where there is one), no for a gang of one more."""
+    if slots >= 1:
+        assert fits(demand._replace(learners=slots), excluded)
+    assert not fits(demand._replace(learners=slots + 1), excluded)
+
+
+def freeing_below(
+    state: ClusterState, priority: int, kept: dict[str, int]
+) -> Callable[[Demand, Set[str]], bool]:
+    """The state's bound for a search of ``priority`` whose young jobs hold ``kept``."""
+    return lambda demand, excluded: state.frees_room_below(demand, priority, excluded, kept)
 
 
 MIXED = [
@@ -152,7 +173,8 @@ def test_the_slots_halting_every_lower_class_would_give_are_kept_as_jobs_come_st
             # as a search's young jobs: every ``which``-th job below keeps its GPUs
             kept = gpus_per_node(job for at, job in enumerate(running) if not at % (which + 1))
             expected = state.room.slots_with(demand, below, left_out)
-            assert state.slots_freeing_below(demand, priority, left_out, kept) == expected
+            assert state.frees_room_below(demand, priority, left_out, kept) == (expected >= demand.learners)
+            assert_fits_exactly(freeing_below(state, priority, kept), demand, left_out, expected)
 
 
 def test_the_slots_below_more_distinct_priorities_than_a_state_keeps_stay_right_and_bounded() -> None:
@@ -169,7 +191,7 @@ def test_the_slots_below_more_distinct_priorities_than_a_state_keeps_stay_right_
         for priority in range(-1000, -1000 + 3 * _FREEABLE_KEPT):
             running = (job for job in state.held.values() if not job.stopping and job.priority < priority)
             expected = state.room.slots_with(demand, gpus_per_node(running), frozenset())
-            assert state.slots_freeing_below(demand, priority, frozenset(), {}) == expected
+            assert_fits_exactly(freeing_below(state, priority, {}), demand, frozenset(), expected)
         assert len(state._freeable) <= _FREEABLE_KEPT
         state.release(f"j{round_}")  # the room moves between rounds
 

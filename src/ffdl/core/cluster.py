@@ -710,7 +710,7 @@ class ClusterState:
         # priority -> (``running_changes`` when counted, :meth:`gpus_below`)
         self._below: dict[int, tuple[int, int | None]] = {}
         # priority -> what each schedulable node would have free were the running jobs of the
-        # classes below it halted (:meth:`slots_freeing_below`), kept as jobs come, stop and go
+        # classes below it halted (:meth:`frees_room_below`), kept as jobs come, stop and go
         self._freeable: dict[int, _Freeable] = {}
 
     def gpus_below(self, priority: int) -> int | None:
@@ -814,15 +814,17 @@ class ClusterState:
         del by_start[bisect_left(by_start, (-job.started_at, job.job_id))]
         self._count_on_nodes(job, -1)
 
-    def slots_freeing_below(
+    def frees_room_below(
         self, demand: Demand, priority: int, excluded: Iterable[str], kept: dict[str, int]
-    ) -> int:
-        """How many learners of ``demand`` (which asks for GPUs) would fit outside ``excluded`` were
-        every running job of a class below ``priority`` halted but for the GPUs ``kept`` on each
-        node (a search's young jobs), by GPUs alone (CPUs and memory not counted):
-        :meth:`ClusterRoom.slots_with` of what those jobs hold on each node, without reading every
-        node. A victim search is ruled out by it many times a step (a gang of whole nodes mostly
-        is), and every placement changed what that read."""
+    ) -> bool:
+        """Whether every learner of ``demand`` (which asks for GPUs) would fit outside ``excluded``
+        were every running job of a class below ``priority`` halted but for the GPUs ``kept`` on
+        each node (a search's young jobs), by GPUs alone (CPUs and memory not counted):
+        :meth:`ClusterRoom.slots_with` of what those jobs hold on each node, against its learners,
+        without reading every node. A victim search is ruled out by it many times a step (a gang
+        of whole nodes mostly is), and every placement changed what that read. The nodes left out
+        are read only while the rest could still do: three asks in four fail on the whole cluster
+        already (at load 1.3), and reading them was most of an ask's cost."""
         freeable = self._freeable.get(priority)
         if freeable is None:
             if len(self._freeable) >= _FREEABLE_KEPT:
@@ -832,6 +834,7 @@ class ClusterState:
                 freeable.move(room, self._freeable_on(room, priority))
         cluster = self.room
         per = demand.gpus
+        needed = demand.learners
         types = cluster.types_for(demand)
         values = freeable.values
         total = 0
@@ -847,11 +850,13 @@ class ClusterState:
             if gpus and left is not None and left.node.gpu_type in types:
                 value = values[left.index]
                 total += (value - gpus) // per - value // per
-        for name in excluded:
+        for name in excluded:  # each takes off what that node counted (none below nothing)
+            if total < needed:
+                return False
             left = cluster.usable.get(name)
             if left is not None and left.node.gpu_type in types:
                 total -= (values[left.index] - kept.get(name, 0)) // per
-        return total
+        return total >= needed
 
     def _freeable_on(self, room: NodeRoom, priority: int) -> int:
         """The GPUs free on ``room`` with those of the running jobs below ``priority`` added."""
@@ -874,7 +879,7 @@ class ClusterState:
                     freeable.move(room, self._freeable_on(room, priority))
 
 
-#: priorities whose freeable GPUs a state keeps (:meth:`ClusterState.slots_freeing_below`): a
+#: priorities whose freeable GPUs a state keeps (:meth:`ClusterState.frees_room_below`): a
 #: class is a priority and a service band, so a state sees a few; the bound keeps a tenant's many
 #: distinct priorities from costing every hold that many updates
 _FREEABLE_KEPT = 32

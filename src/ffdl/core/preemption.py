@@ -145,16 +145,12 @@ class VictimPool:
         # the classes it outranks (young ones too: more than may be halted) makes room.
         outranked = demand.gpus and not preemptor.reclaims
         none_kept: dict[str, int] = {}
-        if (
-            outranked
-            and self.state.slots_freeing_below(demand, preemptor.priority, excluded, none_kept)
-            < demand.learners
-        ):
+        if outranked and not self.state.frees_room_below(demand, preemptor.priority, excluded, none_kept):
             return None
         found = self._eligible_of(preemptor)
         if found.gpus < demand.total_gpus - room.free_for(demand):
             return None
-        if demand.gpus and found.slots(demand, excluded) < demand.learners:
+        if demand.gpus and not found.fits(demand, excluded):
             return None  # not even halting every candidate would make room
         eligible = found.jobs()
         if not eligible:
@@ -209,7 +205,7 @@ class VictimPool:
             per_node, room = gpus_per_node(eligible), self.state.room
             found = Eligible(
                 gpus,
-                lambda demand, excluded: room.slots_with(demand, per_node, excluded),
+                lambda demand, excluded: room.slots_with(demand, per_node, excluded) >= demand.learners,
                 lambda: eligible,
                 eligible,
             )
@@ -234,7 +230,7 @@ class VictimPool:
         now, min_runtime_s = self.now, self.min_runtime_s
         return Eligible(
             gpus,
-            lambda demand, excluded: state.slots_freeing_below(demand, priority, excluded, kept),
+            lambda demand, excluded: state.frees_room_below(demand, priority, excluded, kept),
             lambda: [job for p in classes for job in candidates(state, p, now, min_runtime_s)],
         )
 
@@ -263,13 +259,13 @@ class VictimPool:
 
 @dataclass(slots=True)
 class Eligible:
-    """The victims a search may take: the GPUs they hold, the learners of a demand that would fit
-    outside the nodes left out were they all halted (by GPUs: what its bounds read), and the jobs
-    themselves in the order it takes them, listed only when a search gets past those bounds
+    """The victims a search may take: the GPUs they hold, whether every learner of a demand would
+    fit outside the nodes left out were they all halted (by GPUs: what its bounds read), and the
+    jobs themselves in the order it takes them, listed only when a search gets past those bounds
     (:meth:`jobs`)."""
 
     gpus: int
-    slots: Callable[[Demand, Set[str]], int]
+    fits: Callable[[Demand, Set[str]], bool]
     listing: Callable[[], list[HeldJob]]
     listed: list[HeldJob] | None = None
 
