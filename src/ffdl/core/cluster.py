@@ -82,10 +82,20 @@ class Gang:
     learners: tuple[tuple[str, tuple[int, ...]], ...]
     nodes: tuple[str, ...] = field(init=False, compare=False)  # the distinct nodes it uses, sorted
     gpus: int = field(init=False, compare=False)  # how many GPUs it holds in all
+    #: per node it uses (first use first): the node, the GPUs it holds there and how many of its
+    #: learners run there; what the room takes and gives back (a victim search, many times a step)
+    on_nodes: tuple[tuple[str, tuple[int, ...], int], ...] = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "nodes", tuple(sorted({node for node, _ in self.learners})))
         object.__setattr__(self, "gpus", sum(len(gpus) for _, gpus in self.learners))
+        by_node: dict[str, tuple[tuple[int, ...], int]] = {}
+        for node, gpus in self.learners:
+            held, learners = by_node.get(node, ((), 0))
+            by_node[node] = ((*held, *gpus), learners + 1)
+        object.__setattr__(
+            self, "on_nodes", tuple((node, gpus, learners) for node, (gpus, learners) in by_node.items())
+        )
 
     @classmethod
     def of(cls, placement: Placement) -> Gang:
@@ -225,7 +235,7 @@ class ClusterRoom:
     def take(self, demand: Demand, gang: Gang) -> None:
         """Hold ``gang`` (of a job with ``demand``). GPUs already taken or unknown are skipped, so a
         stale or doubled holding never makes the room negative."""
-        for node, (gpus, learners) in _per_node(gang).items():
+        for node, gpus, learners in gang.on_nodes:
             room = self._rooms.get(node)
             if room is None:
                 continue
@@ -238,7 +248,7 @@ class ClusterRoom:
 
     def release(self, demand: Demand, gang: Gang) -> None:
         """Give back what :meth:`take` held for ``gang``."""
-        for node, (gpus, learners) in _per_node(gang).items():
+        for node, gpus, learners in gang.on_nodes:
             room = self._rooms.get(node)
             if room is None:
                 continue
@@ -521,7 +531,7 @@ class Freeing:
 
     def release(self, demand: Demand, gang: Gang) -> None:
         """Count ``gang`` (of a job with ``demand``) as given back."""
-        for node, (gpus, learners) in _per_node(gang).items():
+        for node, gpus, learners in gang.on_nodes:
             freed = self._node(node)
             if freed is not None:
                 freed.free.update(gpu for gpu in gpus if gpu < freed.gpus)
@@ -529,7 +539,7 @@ class Freeing:
 
     def take(self, demand: Demand, gang: Gang) -> None:
         """Count ``gang`` as held again."""
-        for node, (gpus, learners) in _per_node(gang).items():
+        for node, gpus, learners in gang.on_nodes:
             freed = self._node(node)
             if freed is not None:
                 freed.free.difference_update(gpus)
@@ -586,15 +596,6 @@ def _gang(demand: Demand, chosen: Sequence[tuple[NodeRoom, int]]) -> Gang:
             start = index * demand.gpus
             learners.append((room.node.name, tuple(room.free[start : start + demand.gpus])))
     return Gang(tuple(learners))
-
-
-def _per_node(gang: Gang) -> dict[str, tuple[list[int], int]]:
-    """Per node of the gang: the GPUs it holds there and how many of its learners run there."""
-    by_node: dict[str, tuple[list[int], int]] = {}
-    for node, gpus in gang.learners:
-        held, learners = by_node.get(node, ([], 0))
-        by_node[node] = ([*held, *gpus], learners + 1)
-    return by_node
 
 
 @dataclass(frozen=True, slots=True)
