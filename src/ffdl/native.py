@@ -4,8 +4,10 @@ A planning step is pure Python over dicts, tuples and small classes: the simulat
 thousands of them (Philly's replay, 181,796), and the interpreter's dispatch is most of their cost.
 mypyc compiles the same sources, typed as they are for ``mypy --strict``, to a C extension that
 decides exactly as they do (``tests/unit/test_native.py`` holds it; the benchmark compares every
-job's outcome) in about two thirds of the time: Philly's replay 25.4 s against 39.2 s, 100,000
-generated jobs at load 1.3 125.6 s against 205.1 s (docs/benchmarks.md).
+job's outcome) in about half the time: Philly's replay 21.3 s against 36.5 s, 100,000 generated
+jobs at load 1.3 81.0 s against 158.1 s (docs/benchmarks.md). Compiled code still runs Python
+where the sources call it: a dataclass's or a named tuple's constructor, an enum member looked up
+on its class (3.11's ``EnumType.__getattr__``); the planner's hot paths avoid them.
 
 ``make native`` (``make test`` runs it) builds the modules of
 :data:`COMPILED` into ``ffdl/compiled/``, beside this file, with a manifest of the sources they were
