@@ -587,16 +587,26 @@ def test_a_head_placed_as_its_nodes_drain_does_not_wait_for_the_younger_jobs_it_
 def test_the_reserved_big_job_starts_while_small_jobs_keep_coming(
     seed: int, small_gpus: int, nodes: int
 ) -> None:
+    """Once the jobs queued before it have started, the big job heads its class and its nodes
+    drain: it starts within the longest small job's runtime (100 s) of the last of them starting,
+    and one gap between arrivals (5 s: the step that reserves for it), however many younger small
+    jobs keep coming. (Bounded by the last small job's submission instead, it failed for 25 of
+    6,930 draws, seed 183 among them: there the last job queued before it started at 261 s, the big job at
+    358 s, and the last small job came at 353 s.)"""
     rng = random.Random(seed)
     trace = [TraceJob("big", 50.0, "big-tenant", nodes, 8, 100.0)]
     now = 0.0
     for index in range(120):  # more small work than the nodes can do: they never run out of it
         now += rng.uniform(1.0, 5.0)
         trace.append(TraceJob(f"small-{index}", now, "busy", 1, small_gpus, rng.uniform(20.0, 100.0)))
-    last_small_submit = now
     result = simulate(trace, [Node(f"n{i}", 8) for i in range(nodes)])
     big = next(o for o in result.outcomes if o.job.job_id == "big")
-    assert big.first_start is not None and big.first_start < last_small_submit
+    ahead = [o.first_start for o in result.outcomes if o.job.submit_time < big.job.submit_time]
+    started = [start for start in ahead if start is not None]
+    assert big.first_start is not None and len(started) == len(ahead)
+    assert big.first_start <= max(started) + 100.0 + 5.0
+    younger = [o.first_start for o in result.outcomes if o.job.submit_time > big.job.submit_time]
+    assert any(start is not None and start > big.first_start for start in younger)  # they kept coming
     assert result.max_gpus_in_use <= nodes * 8
 
 
