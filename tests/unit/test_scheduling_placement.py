@@ -243,6 +243,34 @@ def test_a_reservation_prefers_the_nodes_closest_to_empty() -> None:
     assert room.reservation(Demand(4, 8), frozenset()) is None
 
 
+@settings(max_examples=200, deadline=None)
+@given(nodes=clusters(), earlier=st.lists(demands, max_size=10), given_back=st.lists(st.integers(0, 9)))
+def test_the_free_counts_kept_as_gangs_come_and_go_are_those_of_the_nodes(
+    nodes: list[Node], earlier: list[Demand], given_back: list[int]
+) -> None:
+    """What the room keeps instead of reading every node (the free GPUs of each type and of any
+    type, each gang's GPUs and learners per node) is what the nodes and the gangs say."""
+    room = ClusterRoom(nodes)
+    held = fill(room, earlier)
+    for which in given_back:
+        if held:
+            demand, gang = held.pop(which % len(held))
+            room.release(demand, gang)
+    rooms = [room.room(node.name) for node in nodes if node.schedulable]
+    free_by_type = Counter[str]()
+    for node_room in rooms:
+        assert node_room is not None
+        free_by_type[node_room.node.gpu_type] += len(node_room.free)
+    assert room.free_gpus() == sum(free_by_type.values())
+    assert all(room.free_gpus(gpu_type) == free for gpu_type, free in free_by_type.items())
+    for _, gang in held:
+        per_node = Counter[str]()
+        for node, gpus in gang.learners:
+            per_node[node] += len(gpus)
+        assert {node: len(gpus) for node, gpus, _ in gang.on_nodes} == per_node
+        assert sum(learners for *_, learners in gang.on_nodes) == len(gang.learners)
+
+
 def test_reservations_for_more_distinct_demands_than_a_room_keeps_stay_right_and_bounded() -> None:
     # tenants choose their demands' CPUs and memory: a room kept for hours must not grow a memo per
     # demand for ever, and clearing the memo changes no answer
